@@ -1,0 +1,57 @@
+"""Error hierarchy and CLI exit codes.
+
+Every error a user can cause is a `RlsmokeError` (a `ValueError`): the CLI prints it as one
+`error:` line and exits with `ExitCode.USAGE`. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    GATE_FAILED = 1  # the run finished and at least one gate failed
+    USAGE = 2  # bad input: unknown case, invalid topology, corrupt checkpoint, ...
+    RUN_FAILED = 3  # the run itself broke (NaN, OOM, a crashed process)
+
+
+class RlsmokeError(ValueError):
+    """Bad user input. `rule` names what was violated; `fix` says what to change."""
+
+    def __init__(self, message: str, *, rule: str = "", fix: str = ""):
+        self.rule = rule
+        self.fix = fix
+        super().__init__(message)
+
+    def one_line(self) -> str:
+        parts = [f"[{self.rule}]" if self.rule else "", str(self)]
+        if self.fix:
+            parts.append(f"Fix: {self.fix}")
+        return " ".join(p for p in parts if p)
+
+
+class UnknownNameError(RlsmokeError):
+    """An unknown case, platform, model, key or option value."""
+
+
+class TopologyError(RlsmokeError):
+    """One or more topology rules failed; `violations` lists each (rule, message, fix)."""
+
+    def __init__(self, violations: list[tuple[str, str, str]]):
+        self.violations = violations
+        rule, message, fix = violations[0]
+        extra = f" (+{len(violations) - 1} more: {', '.join(v[0] for v in violations[1:])})" if len(violations) > 1 else ""
+        super().__init__(message + extra, rule=rule, fix=fix)
+
+
+class CheckpointError(RlsmokeError):
+    """A checkpoint is missing, corrupt or does not match its config. Names the file and the tensor."""
+
+
+class RunError(RuntimeError):
+    """The run broke (NaN/inf, OOM, crashed worker). Not a gate verdict."""
+
+    def __init__(self, message: str, *, rule: str = ""):
+        self.rule = rule
+        super().__init__(message)

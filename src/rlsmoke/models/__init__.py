@@ -1,0 +1,54 @@
+"""Model specs and the named reductions of them that tests run (the *cases*' models)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlsmoke.errors import UnknownNameError
+from rlsmoke.models.base import ModelSpec, moe_layer_freq, reduce_layers
+from rlsmoke.models.glm5 import glm5_744b_a40b, glm5_tiny
+from rlsmoke.models.glm5_flash import glm5_3_flash, glm5_flash_tiny
+from rlsmoke.models.glm45 import glm45_355b_a32b, glm45_air, glm45_tiny
+
+__all__ = ["ModelSpec", "MODEL_NAMES", "model_spec", "moe_layer_freq", "reduce_layers"]
+
+_TINY: dict[str, Callable[[ModelSpec], ModelSpec]] = {
+    "glm5": glm5_tiny,
+    "glm5.3-flash": glm5_flash_tiny,
+    "glm4.5": glm45_tiny,
+}
+
+
+def _glm5_4layer_1gpu() -> ModelSpec:
+    """GLM-5 4-layer at full width in every dimension but the routed experts, cut 256 -> 64.
+
+    Why: the 4-layer model has ~13 B parameters; AdamW with fp32 master weights needs ~200 GB and
+    does not fit one 141 GB H200. 64 experts is the largest count that fits (~128 GB peak with
+    gradient checkpointing and a bf16 rollout copy); 96 did not. Attention, the dense MLPs, the
+    router top-k and every other width are untouched, so the log-prob path is the real one.
+    """
+    return reduce_layers(glm5_744b_a40b(), 3, 1).replace(num_experts=64, reduction="4layer-1gpu")
+
+
+_MODELS: dict[str, Callable[[], ModelSpec]] = {
+    "glm5-744b-a40b": glm5_744b_a40b,
+    "glm5-744b-a40b-4layer": lambda: reduce_layers(glm5_744b_a40b(), 3, 1),
+    "glm5-744b-a40b-4layer-1gpu": _glm5_4layer_1gpu,
+    "glm5.3-flash": glm5_3_flash,
+    "glm5.3-flash-4layer": lambda: reduce_layers(glm5_3_flash(), 3, 1),
+    "glm4.5-355b-a32b": glm45_355b_a32b,
+    "glm4.5-355b-a32b-4layer": lambda: reduce_layers(glm45_355b_a32b(), 3, 1),
+    "glm4.5-air": glm45_air,
+}
+MODEL_NAMES = tuple(_MODELS)
+
+
+def model_spec(name: str, *, tiny: bool = False) -> ModelSpec:
+    """The spec of a case's model: full width, or the `tiny` width of the same layer structure."""
+    if name not in _MODELS:
+        raise UnknownNameError(
+            f"case={name!r} is unknown", rule="case.known", fix=f"use one of: {', '.join(MODEL_NAMES)}"
+        )
+    spec = _MODELS[name]()
+    spec = spec.replace(name=name)
+    return _TINY[spec.family](spec) if tiny else spec

@@ -1,0 +1,115 @@
+"""The model spec: literals only, no I/O, no torch.
+
+A spec knows three renderings of itself: the HF config kwargs (for `AutoConfig.for_model`),
+the Megatron model args Miles passes to `train.py`, and its reductions (`4layer`, `tiny`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+def frozen(d: Mapping | None = None, **kwargs) -> Mapping:
+    return MappingProxyType({**(d or {}), **kwargs})
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # e.g. "glm5-744b-a40b"
+    family: str  # "glm5" | "glm5.3-flash" | "glm4.5"
+    hf_model_type: str  # AutoConfig.for_model key
+    hf_architecture: str
+    attention: str  # "mla" | "gqa"
+    num_layers: int
+    first_k_dense: int  # leading dense layers; the rest are MoE
+    hidden_size: int
+    ffn_hidden_size: int  # dense MLP
+    moe_ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int  # KV heads; equal to the heads for MLA
+    num_experts: int
+    moe_topk: int
+    vocab_size: int
+    # Everything else transformers needs, as constructor kwargs (MLA ranks, DSA, KDA, ...).
+    hf_extra: Mapping = field(default_factory=frozen)
+    # Kwargs of the composite top-level config (vision tower of a multimodal model).
+    hf_outer: Mapping = field(default_factory=frozen)
+    megatron_args_fn: Callable[[ModelSpec], list[str]] | None = field(default=None, compare=False, repr=False)
+    width: str = "full"  # "full" | "tiny"
+    reduction: str = ""  # "" | "4layer" | "4layer-1gpu"
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense
+
+    @property
+    def tp_divisor(self) -> int:
+        """What training TP must divide: the heads, or the query groups under GQA."""
+        return self.num_query_groups if self.attention == "gqa" else self.num_attention_heads
+
+    def hf_text_kwargs(self) -> dict:
+        """Constructor kwargs of the (text) HF config. Derived per-layer lists are left to transformers."""
+        kw = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.ffn_hidden_size,
+            "moe_intermediate_size": self.moe_ffn_hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_query_groups,
+            "n_routed_experts": self.num_experts,
+            "num_experts_per_tok": self.moe_topk,
+            "first_k_dense_replace": self.first_k_dense,
+            "tie_word_embeddings": False,
+        }
+        kw.update(self.hf_extra)
+        return kw
+
+    def megatron_args(self) -> list[str]:
+        assert self.megatron_args_fn is not None, f"{self.name} has no Megatron args"
+        return self.megatron_args_fn(self)
+
+    def replace(self, **changes) -> ModelSpec:
+        return dataclasses.replace(self, **changes)
+
+    def parameter_count(self) -> int:
+        """Approximate parameter count from the shape (embeddings, attention, MLPs, experts)."""
+        h, v = self.hidden_size, self.vocab_size
+        embed = 2 * v * h
+        x = dict(self.hf_extra)
+        if self.attention == "mla":
+            q_rank, kv_rank = x.get("q_lora_rank", 0), x.get("kv_lora_rank", 0)
+            qk = x.get("qk_nope_head_dim", 0) + x.get("qk_rope_head_dim", 0)
+            heads = self.num_attention_heads
+            attn = h * q_rank + q_rank * heads * qk + h * (kv_rank + x.get("qk_rope_head_dim", 0))
+            attn += kv_rank * heads * (x.get("qk_nope_head_dim", 0) + x.get("v_head_dim", 0))
+            attn += heads * x.get("v_head_dim", 0) * h
+        else:
+            head_dim = x.get("head_dim", h // self.num_attention_heads)
+            attn = h * head_dim * (self.num_attention_heads * 2 + self.num_query_groups * 2)
+        dense_mlp = 3 * h * self.ffn_hidden_size
+        n_shared = x.get("n_shared_experts", 1)
+        moe_mlp = 3 * h * self.moe_ffn_hidden_size * (self.num_experts + n_shared) + h * self.num_experts
+        return embed + self.num_layers * attn + self.first_k_dense * dense_mlp + self.num_moe_layers * moe_mlp
+
+
+def moe_layer_freq(spec: ModelSpec) -> str:
+    """Megatron's layer-frequency expression, e.g. `[0]*3+[1]*1`. One shell token."""
+    return f"[0]*{spec.first_k_dense}+[1]*{spec.num_moe_layers}"
+
+
+def reduce_layers(spec: ModelSpec, dense: int = 3, moe: int = 1) -> ModelSpec:
+    """Keep `dense` leading dense layers and `moe` MoE layers at full width (upstream's `_4layer`)."""
+    if dense > spec.first_k_dense or moe > spec.num_moe_layers:
+        from rlsmoke.errors import RlsmokeError
+
+        raise RlsmokeError(
+            f"reduction to {dense} dense + {moe} MoE layers exceeds {spec.name} "
+            f"({spec.first_k_dense} dense + {spec.num_moe_layers} MoE)",
+            rule="model.reduction",
+            fix="ask for at most the layers the model has",
+        )
+    return spec.replace(num_layers=dense + moe, first_k_dense=dense, reduction=f"{dense + moe}layer")

@@ -1,0 +1,111 @@
+"""GLM-5 744B-A40B (HF `glm_moe_dsa`): MLA attention with the DSA indexer, 3 dense + 75 MoE layers."""
+
+from __future__ import annotations
+
+from rlsmoke.models.base import ModelSpec, frozen, moe_layer_freq
+
+
+def glm5_megatron_args(spec: ModelSpec) -> list[str]:
+    x = spec.hf_extra
+    return [
+        "--spec", "miles_plugins.models.glm5.glm5", "get_glm5_spec",
+        # MoE
+        "--moe-layer-freq", moe_layer_freq(spec),
+        "--num-experts", str(spec.num_experts),
+        "--moe-router-topk", str(spec.moe_topk),
+        "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size),
+        "--moe-shared-expert-intermediate-size", str(spec.moe_ffn_hidden_size),
+        "--moe-grouped-gemm", "--moe-permute-fusion",
+        "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax",
+        "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0",
+        "--moe-router-load-balancing-type", "seq_aux_loss",
+        "--moe-router-topk-scaling-factor", str(x["routed_scaling_factor"]),
+        "--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32",
+        # shape
+        "--make-vocab-size-divisible-by", "16",
+        "--num-layers", str(spec.num_layers),
+        "--hidden-size", str(spec.hidden_size),
+        "--ffn-hidden-size", str(spec.ffn_hidden_size),
+        "--num-attention-heads", str(spec.num_attention_heads),
+        # layers
+        "--disable-bias-linear", "--swiglu", "--untie-embeddings-and-output-weights",
+        "--position-embedding-type", "rope", "--no-position-embedding",
+        "--normalization", "RMSNorm", "--qk-layernorm",
+        # MLA
+        "--multi-latent-attention",
+        "--q-lora-rank", str(x["q_lora_rank"]),
+        "--kv-lora-rank", str(x["kv_lora_rank"]),
+        "--qk-head-dim", str(x["qk_nope_head_dim"]),
+        "--v-head-dim", str(x["v_head_dim"]),
+        "--kv-channels", str(x["qk_nope_head_dim"]),
+        "--qk-pos-emb-head-dim", str(x["qk_rope_head_dim"]),
+        # the rest
+        "--vocab-size", str(spec.vocab_size),
+        "--rotary-base", "1000000",
+        "--enable-experimental",
+    ]  # fmt: skip
+
+
+def glm5_744b_a40b() -> ModelSpec:
+    return ModelSpec(
+        name="glm5-744b-a40b",
+        family="glm5",
+        hf_model_type="glm_moe_dsa",
+        hf_architecture="GlmMoeDsaForCausalLM",
+        attention="mla",
+        num_layers=78,
+        first_k_dense=3,
+        hidden_size=6144,
+        ffn_hidden_size=12288,
+        moe_ffn_hidden_size=2048,
+        num_attention_heads=64,
+        num_query_groups=64,
+        num_experts=256,
+        moe_topk=8,
+        vocab_size=154880,
+        hf_extra=frozen(
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            q_lora_rank=2048,
+            kv_lora_rank=512,
+            qk_nope_head_dim=192,
+            qk_rope_head_dim=64,
+            v_head_dim=256,
+            index_topk=2048,
+            index_head_dim=128,
+            index_n_heads=32,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+        ),
+        megatron_args_fn=glm5_megatron_args,
+    )
+
+
+def glm5_tiny(spec: ModelSpec) -> ModelSpec:
+    """The same layer structure at a width that trains on 2 CPU cores in seconds."""
+    return spec.replace(
+        width="tiny",
+        hidden_size=256,
+        ffn_hidden_size=512,
+        moe_ffn_hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=4,
+        num_experts=16,
+        moe_topk=4,
+        vocab_size=4096,
+        hf_extra=frozen(
+            {
+                **spec.hf_extra,
+                "q_lora_rank": 64,
+                "kv_lora_rank": 32,
+                "qk_nope_head_dim": 32,
+                "qk_rope_head_dim": 16,
+                "v_head_dim": 32,
+                "index_topk": 64,
+                "index_head_dim": 32,
+                "index_n_heads": 4,
+                "max_position_embeddings": 4096,
+            }
+        ),
+    )

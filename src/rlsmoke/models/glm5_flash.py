@@ -1,0 +1,119 @@
+"""GLM-5.3-Flash (HF `glm5_next`): hybrid KDA linear attention + MLA/DSA, 3 dense + 42 MoE layers.
+
+The top-level HF config is multimodal (text_config + vision_config); rlsmoke trains the text tower.
+"""
+
+from __future__ import annotations
+
+from rlsmoke.models.base import ModelSpec, frozen, moe_layer_freq
+
+
+def glm5_flash_megatron_args(spec: ModelSpec) -> list[str]:
+    x = spec.hf_extra
+    return [
+        "--spec", "miles_plugins.models.glm5_next.glm5_next", "get_glm5_next_spec",
+        "--moe-layer-freq", moe_layer_freq(spec),
+        "--num-experts", str(spec.num_experts),
+        "--moe-router-topk", str(spec.moe_topk),
+        "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size),
+        "--moe-shared-expert-intermediate-size", str(spec.moe_ffn_hidden_size),
+        "--moe-grouped-gemm", "--moe-permute-fusion",
+        "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax",
+        "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0",
+        "--moe-router-load-balancing-type", "seq_aux_loss",
+        "--moe-router-topk-scaling-factor", str(x["routed_scaling_factor"]),
+        "--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32",
+        "--make-vocab-size-divisible-by", "16",
+        "--num-layers", str(spec.num_layers),
+        "--hidden-size", str(spec.hidden_size),
+        "--ffn-hidden-size", str(spec.ffn_hidden_size),
+        "--num-attention-heads", str(spec.num_attention_heads),
+        "--disable-bias-linear", "--swiglu", "--untie-embeddings-and-output-weights",
+        "--position-embedding-type", "none",
+        "--normalization", "RMSNorm", "--qk-layernorm",
+        "--multi-latent-attention",
+        "--q-lora-rank", str(x["q_lora_rank"]),
+        "--kv-lora-rank", str(x["kv_lora_rank"]),
+        "--qk-head-dim", str(x["qk_nope_head_dim"]),
+        "--v-head-dim", str(x["v_head_dim"]),
+        "--kv-channels", str(x["qk_nope_head_dim"]),
+        "--qk-pos-emb-head-dim", str(x["qk_rope_head_dim"]),
+        "--vocab-size", str(spec.vocab_size),
+        "--enable-experimental",
+    ]  # fmt: skip
+
+
+def glm5_3_flash() -> ModelSpec:
+    return ModelSpec(
+        name="glm5.3-flash",
+        family="glm5.3-flash",
+        hf_model_type="glm5_next",
+        hf_architecture="Glm5NextForConditionalGeneration",
+        attention="mla",
+        num_layers=45,
+        first_k_dense=3,
+        hidden_size=4096,
+        ffn_hidden_size=12288,
+        moe_ffn_hidden_size=2048,
+        num_attention_heads=64,
+        num_query_groups=64,
+        num_experts=288,
+        moe_topk=8,
+        vocab_size=154880,
+        hf_extra=frozen(
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=256,
+            qk_rope_head_dim=0,
+            v_head_dim=256,
+            index_topk=2048,
+            index_head_dim=128,
+            index_n_heads=32,
+            linear_num_heads=64,
+            linear_head_dim=128,
+            linear_conv_kernel_dim=4,
+            swiglu_limit=10.0,
+            hc_mult=4,
+        ),
+        megatron_args_fn=glm5_flash_megatron_args,
+    )
+
+
+def glm5_flash_tiny(spec: ModelSpec) -> ModelSpec:
+    return spec.replace(
+        width="tiny",
+        hidden_size=256,
+        ffn_hidden_size=512,
+        moe_ffn_hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=4,
+        num_experts=16,
+        moe_topk=4,
+        vocab_size=4096,
+        hf_extra=frozen(
+            {
+                **spec.hf_extra,
+                "q_lora_rank": 64,
+                "kv_lora_rank": 32,
+                "qk_nope_head_dim": 32,
+                "v_head_dim": 32,
+                "index_topk": 64,
+                "index_head_dim": 32,
+                "index_n_heads": 4,
+                "linear_num_heads": 4,
+                "linear_head_dim": 32,
+                "hc_mult": 2,
+                "max_position_embeddings": 4096,
+                "pad_token_id": None,  # the full model's pad id lies outside the tiny vocab
+            }
+        ),
+        # A vision tower is mandatory in the composite config; make it negligible.
+        hf_outer=frozen(
+            vision_config={
+                "depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
+                "out_hidden_size": 256, "projection_intermediate_size": 64,
+            }
+        ),  # fmt: skip
+    )
