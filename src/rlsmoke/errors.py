@@ -25,7 +25,7 @@ class RlsmokeError(ValueError):
         super().__init__(message)
 
     def one_line(self) -> str:
-        parts = [f"[{self.rule}]" if self.rule else "", str(self)]
+        parts = [f"[{self.rule}]" if self.rule else "", str(self).rstrip(".") + "."]
         if self.fix:
             parts.append(f"Fix: {self.fix}")
         return " ".join(p for p in parts if p)

@@ -1,0 +1,151 @@
+"""The `rlsmoke` command. Exit codes: see `rlsmoke.errors.ExitCode`.
+
+`cases` and `plan` import neither torch nor transformers; the other subcommands live in their own
+packages and are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shlex
+import sys
+
+from rlsmoke.errors import ExitCode, RlsmokeError
+
+# Subcommands registered by other packages: name -> module with `register(subparsers)`.
+EXTERNAL = {
+    "prepare": "rlsmoke.checkpoints.cli",
+    "verify": "rlsmoke.checkpoints.cli",
+    "run": "rlsmoke.engine.cli",
+    "report": "rlsmoke.report",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one `error:` line and exit 2, like every other bad input."""
+
+    def error(self, message: str):  # noqa: D401
+        sys.stderr.write(f"error: [usage] {message}. Fix: see `{self.prog} --help`.\n")
+        sys.exit(ExitCode.USAGE)
+
+
+def add_case_args(p: argparse.ArgumentParser, *, default_platform: str | None = None) -> None:
+    """The case flags shared by `plan` and `run`."""
+    p.add_argument("case", help="case name (see `rlsmoke cases`)")
+    p.add_argument("--platform", default=default_platform, required=default_platform is None,
+                   help="nvidia | rocm | cpu")  # fmt: skip
+    p.add_argument("--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it")
+    p.add_argument("--mode", default=None, help="colocate | async (default: colocate on NVIDIA, async on ROCm)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
+    p.add_argument("--gpus-per-node", type=int, default=None, help="default: 8, or NUM_GPUS when smaller")
+    p.add_argument("--target", default=None, help="Miles/SGLang versions to render flags for (default miles-0.0.2)")
+
+
+def case_from_args(args, *, tiny: bool = False):
+    from rlsmoke.cases import Case
+    from rlsmoke.models import model_spec
+    from rlsmoke.topology import DEFAULT_TARGET, parse_num_gpus
+
+    model_spec(args.case)  # unknown case: a named error before anything else
+    num_gpus = parse_num_gpus(args.num_gpus if args.num_gpus is not None else 1)
+    case = Case(args.case, platform=args.platform, num_gpus=num_gpus, mode=args.mode,
+                gpus_per_node=args.gpus_per_node, target=args.target or DEFAULT_TARGET, tiny=tiny)  # fmt: skip
+    return case.with_overrides(args.sets)
+
+
+def cmd_cases(args) -> int:
+    from rlsmoke.cases import CASE_NAMES
+
+    for name in CASE_NAMES:
+        print(name)
+    return ExitCode.OK
+
+
+def shell_script(plan) -> str:
+    """The launch as a readable, shell-safe script: env, then argv one group per line."""
+    lines = ["#!/usr/bin/env bash", f"# rlsmoke plan {plan.case.name} --platform {plan.topology.platform} "
+             f"--num-gpus {plan.topology.num_gpus} --mode {plan.topology.mode}", "set -euo pipefail"]  # fmt: skip
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.launch.env.items()]
+    lines.append(shlex.join(plan.launch.argv[:2]) + " \\")
+    body = [(g, toks) for g, toks in plan.launch.groups.items() if toks]
+    for i, (group, toks) in enumerate(body):
+        tail = " \\" if i < len(body) - 1 else ""
+        lines.append(f"  {shlex.join(toks)}{tail}")
+    return "\n".join(lines)
+
+
+def cmd_plan(args) -> int:
+    case = case_from_args(args)
+    plan = case.plan(validate=not args.no_validate)
+    if args.diff:
+        from rlsmoke.launch.diff import diff_platforms
+
+        print(diff_platforms(case, args.diff))
+        return ExitCode.OK
+    if args.format == "json":
+        print(json.dumps(plan.to_json(), indent=2))
+    else:
+        print(shell_script(plan))
+    if args.check:
+        return _check(plan)
+    return ExitCode.OK
+
+
+def _check(plan) -> int:
+    try:
+        from rlsmoke.conformance import check_plan
+    except ImportError as exc:
+        print(f"check: the conformance checks are not available ({exc})", file=sys.stderr)
+        return ExitCode.OK
+    failed = False
+    for verdict in check_plan(plan.to_json()):
+        print(f"check: {verdict}", file=sys.stderr)
+        failed |= verdict.accepted is False
+    return ExitCode.GATE_FAILED if failed else ExitCode.OK
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="rlsmoke", description="One-step end-to-end tests for GRPO on large MoE models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("cases", help="list the case names")
+    p.set_defaults(func=cmd_cases)
+
+    p = sub.add_parser("plan", help="validate a case's topology and render its Miles launch")
+    add_case_args(p)
+    p.add_argument("--format", choices=("shell", "json"), default="shell")
+    p.add_argument("--diff", metavar="PLATFORM", help="print the flags and env that differ on PLATFORM")
+    p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
+    p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
+    p.set_defaults(func=cmd_plan)
+
+    modules = {EXTERNAL[only]} if only in EXTERNAL else (set(EXTERNAL.values()) if only is None else set())
+    for module in sorted(modules):
+        try:
+            importlib.import_module(module).register(sub)
+        except ImportError:
+            if only is not None:
+                raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    try:
+        parser = build_parser(command if command in EXTERNAL or command in ("cases", "plan") else None)
+        args = parser.parse_args(argv)
+        return int(args.func(args))
+    except RlsmokeError as exc:
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        return ExitCode.USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Launch rendering (`miles.py`) and running (`runner.py`)."""

@@ -1,0 +1,44 @@
+"""`rlsmoke plan --diff`: seed 004's NVIDIA -> ROCm table, generated from two renders."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlsmoke.launch.miles import GROUP_ORDER, _flags
+
+
+def _by_flag(plan) -> dict[str, tuple[str, str]]:
+    out = {}
+    for group in GROUP_ORDER:
+        for flag, values in _flags(plan.launch.groups.get(group, [])):
+            out[flag] = (group, " ".join(values) if values else "(set)")
+    return out
+
+
+def diff_rows(case, other_platform: str) -> list[tuple[str, str, str, str]]:
+    """(group, flag or env var, value here, value on the other platform) for everything that differs."""
+    here = case.plan()
+    there = dataclasses.replace(case, platform=other_platform, mode=None).plan()
+    a, b = _by_flag(here), _by_flag(there)
+    rows = []
+    for flag in list(a) + [f for f in b if f not in a]:
+        va, vb = a.get(flag, ("", "—"))[1], b.get(flag, ("", "—"))[1]
+        if va != vb:
+            rows.append((a.get(flag, b.get(flag))[0], flag, va, vb))
+    ea, eb = here.launch.env, there.launch.env
+    for var in list(ea) + [v for v in eb if v not in ea]:
+        if ea.get(var) != eb.get(var):
+            rows.append(("env", var, ea.get(var, "—"), eb.get(var, "—")))
+    if here.launch.script != there.launch.script:
+        rows.insert(0, ("mode", "script", here.launch.script, there.launch.script))
+    return rows
+
+
+def diff_platforms(case, other_platform: str) -> str:
+    rows = diff_rows(case, other_platform)
+    head = ("group", "flag / env", case.platform, other_platform)
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
+    fmt = " | ".join(f"{{:{w}}}" for w in widths)
+    lines = [fmt.format(*head), "-+-".join("-" * w for w in widths)]
+    lines += [fmt.format(*r) for r in rows]
+    return "\n".join(lines)

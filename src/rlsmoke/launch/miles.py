@@ -1,0 +1,241 @@
+"""Render a topology into the argv and env of Miles' `train.py` (colocate) or `train_async.py` (async).
+
+The rule: argv is `python3 <script>` followed by the groups in `GROUP_ORDER`; each group is a list of
+flags; when a later group sets a flag an earlier one set, the later one wins and the earlier is
+dropped, so each flag appears once. No GPU count is a literal: every one is read off the topology.
+Fields of `Recipe` that are not flags (`LAUNCHER_ONLY`) never reach the command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from rlsmoke.models import ModelSpec
+from rlsmoke.platforms import SUBSTITUTIONS, get_platform
+from rlsmoke.topology import Topology
+
+GROUP_ORDER = ("model", "ckpt", "rollout", "perf", "grpo", "optimizer", "sglang", "ci", "misc")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the cluster keeps things. Upstream's defaults; golden files use placeholders."""
+
+    model_dir: str = "/root/models"
+    data_dir: str = "/root/datasets"
+    output_dir: str = "/root/shared_data"
+    megatron_root: str = "/root/Megatron-LM"
+
+    @classmethod
+    def placeholders(cls) -> Paths:
+        return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Seed 004's one-step CI settings (not topology)."""
+
+    num_rollout: int = 3
+    rollout_batch_size: int = 8
+    n_samples_per_prompt: int = 8
+    rollout_max_response_len: int = 100
+    rollout_temperature: float = 1.0
+    max_tokens_per_gpu: int = 2048
+    lr: str = "1e-6"  # a string: rendered as written, not as 1e-06
+    sglang_mem_fraction: float = 0.70
+    update_weights_interval: int = 2  # async only
+    master_addr: str = "127.0.0.1"  # launcher-only: goes to env, not argv
+    prompt_file: str = "dapo-math-17k/dapo-math-17k.jsonl"
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+
+LAUNCHER_ONLY = frozenset({"master_addr"})
+
+
+@dataclass(frozen=True)
+class Launch:
+    script: str  # "train.py" | "train_async.py"
+    groups: dict[str, list[str]]
+    env: dict[str, str]
+    ray_num_gpus: int
+    master_addr: str = "127.0.0.1"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def argv(self) -> list[str]:
+        return ["python3", self.script, *(tok for g in GROUP_ORDER for tok in self.groups.get(g, []))]
+
+    def ray_start(self) -> list[str]:
+        return ["ray", "start", "--head", "--node-ip-address", self.master_addr, "--num-gpus", str(self.ray_num_gpus),
+                "--disable-usage-stats"]  # fmt: skip
+
+    def job_submit(self, runtime_env_json: str) -> list[str]:
+        return ["ray", "job", "submit", "--address", f"http://{self.master_addr}:8265",
+                "--runtime-env-json", runtime_env_json, "--", *self.argv]  # fmt: skip
+
+    def shell(self) -> str:
+        """The launch as one shell-safe command line (env prefix, then argv)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return f"{env} {shlex.join(self.argv)}"
+
+
+def _flags(tokens: list[str]) -> list[tuple[str, list[str]]]:
+    """Split a token list into (flag, values) items."""
+    items: list[tuple[str, list[str]]] = []
+    for tok in tokens:
+        if tok.startswith("--"):
+            items.append((tok, []))
+        else:
+            items[-1][1].append(tok)
+    return items
+
+
+def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
+    """A flag set by a later group replaces the same flag set by an earlier one."""
+    last_group = {}
+    for g in GROUP_ORDER:
+        for flag, _ in _flags(groups.get(g, [])):
+            last_group[flag] = g
+    out = {}
+    for g in GROUP_ORDER:
+        kept = [(f, v) for f, v in _flags(groups.get(g, [])) if last_group[f] == g]
+        seen, toks = set(), []
+        for f, v in kept:
+            if f not in seen:
+                seen.add(f)
+                toks += [f, *v]
+        out[g] = toks
+    return out
+
+
+def _substituted(platform: str, group: str, dsa_flag: str, uses_dsa: bool) -> list[str]:
+    toks: list[str] = []
+    for row in SUBSTITUTIONS:
+        if row.group != group:
+            continue
+        flags = row.flags(platform)
+        if any("{dsa}" in f for f in flags):
+            if not uses_dsa:
+                continue
+            flags = tuple(f.format(dsa=dsa_flag) for f in flags)
+        toks += flags
+    return toks
+
+
+def render(spec: ModelSpec, topo: Topology, paths: Paths = Paths(), recipe: Recipe = Recipe()) -> Launch:
+    plat = topo.platform if topo.platform != "cpu" else "nvidia"  # CPU plans render the NVIDIA launch
+    t, r = topo.train, topo.rollout
+    uses_dsa = "index_topk" in spec.hf_extra  # DSA-indexer models run SGLang's nsa/dsa attention
+    hf_dir = f"{paths.model_dir}/{topo.case}"
+    ckpt_dir = f"{paths.output_dir}/{topo.case}/checkpoints"
+
+    perf = [
+        "--tensor-model-parallel-size", str(t.tp), *(["--sequence-parallel"] if t.sp else []),
+        "--pipeline-model-parallel-size", str(t.pp),
+        *_uneven_stages(t.pp_layers),
+        "--context-parallel-size", str(t.cp),
+        "--expert-model-parallel-size", str(t.ep),
+        "--expert-tensor-parallel-size", str(t.etp),
+    ]  # fmt: skip
+    if plat == "nvidia":
+        # Seed 004 NVIDIA: full recompute and padded, chunked log-probs; the ROCm port drops them.
+        perf += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    perf += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(recipe.max_tokens_per_gpu)]
+    if plat == "nvidia":
+        perf += ["--data-pad-size-multiplier", "4096", "--log-probs-chunk-size", "1024"]
+
+    sglang = ["--rollout-num-gpus-per-engine", str(r.gpus_per_engine),
+              "--sglang-mem-fraction-static", f"{recipe.sglang_mem_fraction:.2f}"]  # fmt: skip
+    if r.dp_attention:
+        sglang.append("--sglang-enable-dp-attention")
+    if r.ep > 1:
+        sglang += ["--sglang-ep-size", str(r.ep)]
+    if r.dp > 1 or r.dp_attention:
+        sglang += ["--sglang-dp-size", str(r.dp)]
+    if r.dense_tp_lm_head:
+        sglang += ["--sglang-moe-dense-tp-size", "1", "--sglang-enable-dp-lm-head"]
+    sglang += _substituted(plat, "sglang", topo.target.dsa_flag, uses_dsa)
+    if uses_dsa:
+        sglang += ["--sglang-attention-backend", "nsa"]
+    sglang += ["--sglang-watchdog-timeout", "3600"]
+
+    placement = [
+        "--actor-num-nodes", str(topo.actor_num_nodes),
+        "--actor-num-gpus-per-node", str(topo.actor_gpus_per_node),
+        "--num-gpus-per-node", str(topo.gpus_per_node),
+    ]  # fmt: skip
+    if topo.mode == "colocate":
+        placement.append("--colocate")
+    else:
+        placement += ["--rollout-num-gpus", str(topo.rollout_gpus),
+                      "--update-weights-interval", str(recipe.update_weights_interval)]  # fmt: skip
+    misc = [
+        "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+        "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32",
+    ]  # fmt: skip
+    misc += _substituted(plat, "misc", topo.target.dsa_flag, uses_dsa)
+    if t.cp > 1:
+        misc.append("--allgather-cp")
+    misc += ["--update-weight-buffer-size", str(2 * 1024**3), *placement,
+             "--dump-details", f"{paths.output_dir}/{topo.case}/dump"]  # fmt: skip
+
+    groups = {
+        "model": spec.megatron_args(),
+        "ckpt": ["--hf-checkpoint", hf_dir, "--ref-load", f"{hf_dir}_torch_dist", "--load", ckpt_dir,
+                 "--save", ckpt_dir, "--save-interval", "20"],
+        "rollout": [
+            "--prompt-data", f"{paths.data_dir}/{recipe.prompt_file}", "--input-key", "prompt",
+            "--label-key", "label", "--apply-chat-template", "--rollout-shuffle", "--rm-type", "deepscaler",
+            "--num-rollout", str(recipe.num_rollout), "--rollout-batch-size", str(recipe.rollout_batch_size),
+            "--n-samples-per-prompt", str(recipe.n_samples_per_prompt),
+            "--rollout-max-response-len", str(recipe.rollout_max_response_len),
+            "--rollout-temperature", f"{recipe.rollout_temperature:g}",
+            "--global-batch-size", str(recipe.global_batch_size),
+        ],
+        "perf": perf,
+        "grpo": ["--advantage-estimator", "grpo", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl",
+                 "--kl-coef", "0.00", "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28"],
+        "optimizer": ["--optimizer", "adam", "--lr", recipe.lr, "--lr-decay-style", "constant",
+                      "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.98",
+                      *_substituted(plat, "optimizer", topo.target.dsa_flag, uses_dsa)],
+        "sglang": sglang,
+        "ci": ["--ci-test", "--ci-disable-logprobs-checker"],
+        "misc": misc,
+    }  # fmt: skip
+    return Launch(
+        script="train.py" if topo.mode == "colocate" else "train_async.py",
+        groups=_dedupe(groups),
+        env=render_env(topo, paths, recipe),
+        ray_num_gpus=topo.ray_num_gpus,
+        master_addr=recipe.master_addr,
+    )
+
+
+def _uneven_stages(pp_layers: tuple[int, ...]) -> list[str]:
+    """Megatron's first/last stage sizes, when the split is not even (e.g. 11/11/11/12)."""
+    if len(pp_layers) < 2 or len(set(pp_layers)) == 1:
+        return []
+    return ["--decoder-first-pipeline-num-layers", str(pp_layers[0]),
+            "--decoder-last-pipeline-num-layers", str(pp_layers[-1])]  # fmt: skip
+
+
+def render_env(topo: Topology, paths: Paths, recipe: Recipe) -> dict[str, str]:
+    plat = topo.platform if topo.platform != "cpu" else "nvidia"
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
+        "no_proxy": f"127.0.0.1,{recipe.master_addr}",
+        "MASTER_ADDR": recipe.master_addr,
+        "PYTHONPATH": paths.megatron_root,
+    }
+    for row in SUBSTITUTIONS:
+        env.update(row.env(plat))
+    var = get_platform(plat).visible_devices_var
+    if plat == "rocm" and var:
+        env[var] = ",".join(str(i) for i in topo.visible_devices)
+    return env
