@@ -1,0 +1,36 @@
+"""The rendered launches against golden snapshots (one token per line, paths as placeholders).
+
+Rewrite them with `pytest tests/unit/test_golden.py --update-golden` and review the diff.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from rlsmoke.cases import Case
+from rlsmoke.launch.miles import Paths
+
+GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
+RENDERS = [
+    ("glm5-744b-a40b-4layer", platform, n)
+    for platform in ("nvidia", "rocm")
+    for n in (2, 4, 8)
+] + [("glm5.3-flash", "nvidia", 32), ("glm4.5-355b-a32b", "nvidia", 64)]
+
+
+def snapshot(case: str, platform: str, n: int) -> str:
+    plan = Case(case, platform=platform, num_gpus=n).plan(paths=Paths.placeholders())
+    lines = [f"# rlsmoke plan {case} --platform {platform} --num-gpus {n}  (mode {plan.topology.mode})"]
+    lines += [f"env {k}={v}" for k, v in plan.launch.env.items()]
+    lines += plan.launch.argv
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("case, platform, n", RENDERS)
+def test_golden(case, platform, n, request):
+    path = GOLDEN / f"{case}__{platform}__{n}.txt"
+    got = snapshot(case, platform, n)
+    if request.config.getoption("--update-golden", default=False):
+        path.write_text(got)
+    assert path.exists(), f"no golden file {path.name}: run pytest {__file__} --update-golden"
+    assert got == path.read_text(), f"{path.name} differs from the render: review, then --update-golden"
