@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 
 from rlsmoke.errors import UnknownNameError
@@ -153,6 +151,9 @@ def _device_class(platform: str, product_name: str) -> str:
 
 
 def _query(argv: list[str]) -> list[str]:
+    import shutil
+    import subprocess  # imported here: a plan never detects, and stays light
+
     if not shutil.which(argv[0]):
         return []
     try:
