@@ -1,3 +1,24 @@
-"""rlsmoke: one-step end-to-end tests for GRPO post-training of large MoE models."""
+"""rlsmoke: one-step end-to-end tests for GRPO post-training of large MoE models.
+
+The public names load lazily, so `import rlsmoke` (and a test module's collection) never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Case": "rlsmoke.cases",
+    "Plan": "rlsmoke.cases",
+    "run_case": "rlsmoke.suite",
+    "gates_for": "rlsmoke.suite",
+}
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rlsmoke' has no attribute {name!r}")
