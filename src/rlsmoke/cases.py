@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from rlsmoke.launch.miles import Launch, Paths, Recipe, render
@@ -27,15 +28,15 @@ class Case:
 
     def with_overrides(self, items: list[str]) -> Case:
         merged = dict(self.overrides) | parse_overrides(items)
-        return Case(**{**self.__dict__, "overrides": tuple(merged.items())})
+        return dataclasses.replace(self, overrides=tuple(merged.items()))
 
-    def plan(self, *, validate: bool = True, paths: Paths = Paths(), recipe: Recipe = Recipe()) -> Plan:
+    def plan(self, *, validate: bool = True, paths: Paths | None = None, recipe: Recipe | None = None) -> Plan:
         spec = model_spec(self.name)  # plans are always rendered at full width: that is what Miles runs
         topo = plan_topology(
             spec, self.platform, self.num_gpus, self.mode, dict(self.overrides),
             gpus_per_node=self.gpus_per_node, target=self.target, validate=validate,
         )  # fmt: skip
-        return Plan(self, spec, topo, render(spec, topo, paths, recipe))
+        return Plan(self, spec, topo, render(spec, topo, paths or Paths(), recipe or Recipe()))
 
 
 @dataclass(frozen=True)

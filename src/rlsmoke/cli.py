@@ -70,8 +70,8 @@ def shell_script(plan) -> str:
              f"--num-gpus {plan.topology.num_gpus} --mode {plan.topology.mode}", "set -euo pipefail"]  # fmt: skip
     lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.launch.env.items()]
     lines.append(shlex.join(plan.launch.argv[:2]) + " \\")
-    body = [(g, toks) for g, toks in plan.launch.groups.items() if toks]
-    for i, (group, toks) in enumerate(body):
+    body = [toks for toks in plan.launch.groups.values() if toks]
+    for i, toks in enumerate(body):
         tail = " \\" if i < len(body) - 1 else ""
         lines.append(f"  {shlex.join(toks)}{tail}")
     return "\n".join(lines)

@@ -126,7 +126,8 @@ def _substituted(platform: str, group: str, dsa_flag: str, uses_dsa: bool) -> li
     return toks
 
 
-def render(spec: ModelSpec, topo: Topology, paths: Paths = Paths(), recipe: Recipe = Recipe()) -> Launch:
+def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: Recipe | None = None) -> Launch:
+    paths, recipe = paths or Paths(), recipe or Recipe()
     plat = topo.platform if topo.platform != "cpu" else "nvidia"  # CPU plans render the NVIDIA launch
     t, r = topo.train, topo.rollout
     uses_dsa = "index_topk" in spec.hf_extra  # DSA-indexer models run SGLang's nsa/dsa attention

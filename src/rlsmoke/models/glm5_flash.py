@@ -5,39 +5,18 @@ The top-level HF config is multimodal (text_config + vision_config); rlsmoke tra
 
 from __future__ import annotations
 
-from rlsmoke.models.base import ModelSpec, frozen, moe_layer_freq
+from rlsmoke.models.base import ModelSpec, frozen
+from rlsmoke.models.glm5 import dsa_moe_args, mla_args
 
 
 def glm5_flash_megatron_args(spec: ModelSpec) -> list[str]:
-    x = spec.hf_extra
     return [
         "--spec", "miles_plugins.models.glm5_next.glm5_next", "get_glm5_next_spec",
-        "--moe-layer-freq", moe_layer_freq(spec),
-        "--num-experts", str(spec.num_experts),
-        "--moe-router-topk", str(spec.moe_topk),
-        "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size),
-        "--moe-shared-expert-intermediate-size", str(spec.moe_ffn_hidden_size),
-        "--moe-grouped-gemm", "--moe-permute-fusion",
-        "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax",
-        "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0",
-        "--moe-router-load-balancing-type", "seq_aux_loss",
-        "--moe-router-topk-scaling-factor", str(x["routed_scaling_factor"]),
-        "--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32",
-        "--make-vocab-size-divisible-by", "16",
-        "--num-layers", str(spec.num_layers),
-        "--hidden-size", str(spec.hidden_size),
-        "--ffn-hidden-size", str(spec.ffn_hidden_size),
-        "--num-attention-heads", str(spec.num_attention_heads),
+        *dsa_moe_args(spec),
         "--disable-bias-linear", "--swiglu", "--untie-embeddings-and-output-weights",
-        "--position-embedding-type", "none",
+        "--position-embedding-type", "none",  # qk_rope_head_dim is 0: no rotary part
         "--normalization", "RMSNorm", "--qk-layernorm",
-        "--multi-latent-attention",
-        "--q-lora-rank", str(x["q_lora_rank"]),
-        "--kv-lora-rank", str(x["kv_lora_rank"]),
-        "--qk-head-dim", str(x["qk_nope_head_dim"]),
-        "--v-head-dim", str(x["v_head_dim"]),
-        "--kv-channels", str(x["qk_nope_head_dim"]),
-        "--qk-pos-emb-head-dim", str(x["qk_rope_head_dim"]),
+        *mla_args(spec),
         "--vocab-size", str(spec.vocab_size),
         "--enable-experimental",
     ]  # fmt: skip
