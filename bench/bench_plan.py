@@ -40,7 +40,9 @@ def end_to_end(repeat: int) -> tuple[float, float]:
     plan = [sys.executable, "-m", "rlsmoke.cli", "plan", "glm5-744b-a40b-4layer", "--platform", "rocm",
             "--num-gpus", "8", "--format", "json"]  # fmt: skip
     bare = [sys.executable, "-c", "pass"]
-    return statistics.median(run(plan) for _ in range(repeat)), statistics.median(run(bare) for _ in range(repeat))
+    return statistics.median(run(plan) for _ in range(repeat)), statistics.median(
+        run(bare) for _ in range(repeat)
+    )
 
 
 def main() -> None:

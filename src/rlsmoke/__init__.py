@@ -14,6 +14,7 @@ _LAZY = {
     "Plan": "rlsmoke.cases",
     "run_case": "rlsmoke.suite",
     "gates_for": "rlsmoke.suite",
+    "GateFailure": "rlsmoke.suite",
 }
 __all__ = ["__version__", *_LAZY]
 

@@ -10,7 +10,9 @@ GLM5 = "glm5-744b-a40b-4layer"
 
 
 def rlsmoke(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlsmoke.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "rlsmoke.cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cases_lists_the_required_names():
@@ -21,7 +23,9 @@ def test_cases_lists_the_required_names():
 
 
 def test_plan_json_shape():
-    out = rlsmoke("plan", GLM5, "--platform", "rocm", "--num-gpus", "8", "--mode", "async", "--format", "json")
+    out = rlsmoke(
+        "plan", GLM5, "--platform", "rocm", "--num-gpus", "8", "--mode", "async", "--format", "json"
+    )
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["argv"][:2] == ["python3", "train_async.py"] and isinstance(plan["env"], dict)
@@ -93,7 +97,9 @@ def test_diff_generates_seed_004_table():
 
 
 def test_target_renders_the_sglang_flag_dialect():
-    old = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json").stdout)
+    old = json.loads(
+        rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json").stdout
+    )
     new = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json",
                              "--target", "sglang-0.5.23").stdout)  # fmt: skip
     assert "--sglang-nsa-prefill-backend" in old["argv"] and "--sglang-dsa-prefill-backend" not in old["argv"]
@@ -104,7 +110,9 @@ def test_shell_format_is_shell_safe(tmp_path):
     out = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8")
     script = tmp_path / "launch.sh"
     script.write_text(out.stdout.replace("python3 train.py", "printf '%s\\n' python3 train.py"))
-    tokens = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path).stdout.split("\n")
+    tokens = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path).stdout.split(
+        "\n"
+    )
     assert "[0]*3+[1]*1" in tokens
 
 

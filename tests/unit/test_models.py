@@ -64,7 +64,11 @@ def test_4layer_is_3_dense_1_moe_at_full_width(name):
 
 def test_tiny_keeps_the_layer_structure():
     tiny, full = model_spec("glm5-744b-a40b-4layer", tiny=True), model_spec("glm5-744b-a40b-4layer")
-    assert (tiny.num_layers, tiny.first_k_dense, tiny.attention) == (full.num_layers, full.first_k_dense, "mla")
+    assert (tiny.num_layers, tiny.first_k_dense, tiny.attention) == (
+        full.num_layers,
+        full.first_k_dense,
+        "mla",
+    )
     assert tiny.hidden_size < full.hidden_size and tiny.width == "tiny"
 
 

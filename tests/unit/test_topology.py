@@ -46,7 +46,9 @@ PASSES = {
 
 def _violated(case, platform, n, mode, sets):
     spec = model_spec(case)
-    return {rule for rule, _, _ in violations(plan_topology(spec, platform, n, mode, sets, validate=False), spec)}
+    return {
+        rule for rule, _, _ in violations(plan_topology(spec, platform, n, mode, sets, validate=False), spec)
+    }
 
 
 def test_every_rule_has_a_trip_case():
@@ -96,7 +98,13 @@ def test_seed_004_rocm_grid_and_review_case():
     t = plan_topology(model_spec(GLM5), "rocm", 8)
     assert t.mode == "async"
     assert (t.train.tp, t.train.pp, t.train.cp, t.train.ep, t.train.etp, t.train.dp) == (1, 1, 1, 4, 1, 4)
-    assert (t.rollout.engines, t.rollout.gpus_per_engine, t.rollout.tp, t.rollout.dp, t.rollout.ep) == (2, 2, 2, 2, 2)
+    assert (t.rollout.engines, t.rollout.gpus_per_engine, t.rollout.tp, t.rollout.dp, t.rollout.ep) == (
+        2,
+        2,
+        2,
+        2,
+        2,
+    )
     assert t.rollout.dp_attention
     assert (t.actor_gpus, t.rollout_gpus, t.ray_num_gpus, t.visible_devices) == (4, 4, 8, tuple(range(8)))
 
@@ -119,7 +127,12 @@ def test_seed_003_glm45_rows(n, grid):
 
 def test_seed_003_glm45_rollout_engines():
     t = plan_topology(model_spec("glm4.5-355b-a32b"), "nvidia", 64)
-    assert (t.rollout.gpus_per_engine, t.rollout.dp, t.rollout.ep, t.rollout.dp_attention) == (32, 4, 32, True)
+    assert (t.rollout.gpus_per_engine, t.rollout.dp, t.rollout.ep, t.rollout.dp_attention) == (
+        32,
+        4,
+        32,
+        True,
+    )
 
 
 DEFAULT_GRID = [

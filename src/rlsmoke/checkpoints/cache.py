@@ -1,0 +1,149 @@
+"""`prepare`: the one call the engine makes. Builds (synthesize or prune, FP8, dialect) and caches.
+
+The cache is keyed by (case, width, seed, dialect, fp8) under $RLSMOKE_CACHE or ~/.cache/rlsmoke, so
+e2e tests prepare once. A file lock makes concurrent test workers wait instead of writing twice; a
+cached folder is verified on every hit and rebuilt if it does not pass.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from rlsmoke.errors import CheckpointError
+
+FORMAT_VERSION = 1  # bump when synthesis changes a byte, so stale caches are not reused
+
+
+def cache_root(cache_dir: Path | str | None = None) -> Path:
+    root = cache_dir or os.environ.get("RLSMOKE_CACHE") or Path.home() / ".cache" / "rlsmoke"
+    return Path(root) / "checkpoints"
+
+
+def cache_key(case: str, *, tiny: bool, seed: int, dialect: str | None, fp8: bool) -> str:
+    width = "tiny" if tiny else "full"
+    return f"{case}-{width}-seed{seed}-{dialect or 'native'}{'-fp8' if fp8 else ''}-v{FORMAT_VERSION}"
+
+
+def prepare(
+    case_name: str,
+    *,
+    tiny: bool,
+    seed: int = 0,
+    dialect: str | None = None,
+    fp8: bool = False,
+    cache_dir: Path | str | None = None,
+    progress: bool = False,
+) -> Path:
+    """A cached, verified synthesized checkpoint folder for the case."""
+    from filelock import FileLock
+
+    from rlsmoke.checkpoints.verification import verify
+
+    _check_dialect(case_name, tiny, dialect)
+    root = cache_root(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    key = cache_key(case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8)
+    out = root / key
+    with FileLock(str(root / f"{key}.lock")):
+        if out.exists():
+            try:
+                verify(out, checksums=False)
+                return out
+            except CheckpointError as e:
+                print(f"rlsmoke: cached checkpoint failed verification, rebuilding: {e}", file=sys.stderr)
+        prepare_to(
+            out, case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8, force=True, progress=progress
+        )
+    return out
+
+
+def _check_dialect(case: str, tiny: bool, dialect: str | None) -> None:
+    if dialect is None:
+        return
+    from rlsmoke.checkpoints.dialects import check_dialect_name
+    from rlsmoke.models import model_spec
+
+    check_dialect_name(dialect, model_spec(case, tiny=tiny).hf_model_type)
+
+
+def prepare_to(
+    out: Path | str,
+    case_name: str,
+    *,
+    tiny: bool = False,
+    seed: int = 0,
+    dialect: str | None = None,
+    fp8: bool = False,
+    prune_from: Path | str | None = None,
+    from_hub: str | None = None,
+    keep_mtp: bool = False,
+    dtype: str = "bf16",
+    max_shard_bytes: int | None = None,
+    force: bool = False,
+    progress: bool = False,
+) -> Path:
+    """Build one checkpoint into `out` (atomically) and verify it: the body of `rlsmoke prepare`."""
+    from rlsmoke.checkpoints import dialects, pruning, quantize, synthesis
+    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight, sibling
+    from rlsmoke.checkpoints.shards import DEFAULT_MAX_SHARD_BYTES
+    from rlsmoke.checkpoints.verification import verify
+    from rlsmoke.models import model_spec
+
+    out = Path(out).absolute()
+    check_target(out, force)
+    _check_dialect(case_name, tiny, dialect)
+    if prune_from and from_hub:
+        raise CheckpointError(
+            "--prune-from and --from-hub exclude each other", rule="prepare.source", fix="pick one"
+        )
+    spec = model_spec(case_name, tiny=tiny)
+    shard = max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
+    if from_hub:
+        prune_from = download(from_hub, out.parent)
+    if prune_from:
+        src = Path(prune_from)
+        plans, _ = pruning._plans(src, spec.first_k_dense, spec.num_moe_layers, keep_mtp)
+        size = sum(p.nbytes for p in plans)
+    else:
+        size = synthesis.synth_bytes(spec, dtype)
+    preflight(out, size * (2 if fp8 else 1))  # FP8 goes through a bf16 stage next to `out`
+    with atomic_dir(out, force=force) as tmp:
+        stage = sibling(out, "bf16") if fp8 else tmp
+        stage.mkdir(exist_ok=True)
+        try:
+            if prune_from:
+                pruning.prune_into(stage, src, spec.first_k_dense, spec.num_moe_layers, keep_mtp=keep_mtp,
+                                   max_shard_bytes=shard, progress=progress)  # fmt: skip
+            else:
+                synthesis.synthesize_into(stage, spec, dtype=dtype, seed=seed, max_shard_bytes=shard,
+                                          progress=progress)  # fmt: skip
+            if fp8:
+                quantize.fp8_into(tmp, stage, max_shard_bytes=shard, progress=progress)
+        finally:
+            if stage != tmp:
+                shutil.rmtree(stage, ignore_errors=True)
+        if dialect:
+            dialects.patch(tmp, dialect)
+        verify(tmp)
+    return out
+
+
+def download(repo_id: str, parent: Path) -> Path:
+    """Snapshot a hub repo for --from-hub; offline, fail with one clear line."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise CheckpointError(
+            "--from-hub needs huggingface_hub", rule="prepare.hub", fix="pip install 'rlsmoke[hub]'"
+        ) from e
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.py"]))
+    except Exception as e:  # offline, unknown repo, gated: all end the same way for the user
+        raise CheckpointError(
+            f"--from-hub {repo_id}: cannot download ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+            rule="prepare.hub",
+            fix="copy the checkpoint here and pass --prune-from DIR, or drop --from-hub to synthesize one",
+        ) from e

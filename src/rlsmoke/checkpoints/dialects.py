@@ -1,0 +1,111 @@
+"""GLM-5 config.json dialects: the older Miles (`deepseek_v32`) and the newer, native one (`glm_moe_dsa`).
+
+The older Miles relabels GLM-5 as DeepSeek-V3.2 (architectures, model_type, an auto_map) and copies
+rope_parameters.rope_theta to a flat `rope_theta` for older mbridge. The newer Miles refuses exactly
+that: it wants the native labels, no auto_map, and num_hidden_layers equal to the Megatron layer count.
+Only config.json changes; tensors are named the same in both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rlsmoke.errors import CheckpointError
+
+NATIVE = "glm_moe_dsa"
+OLD_MILES = "deepseek_v32"
+DIALECTS = (NATIVE, OLD_MILES)
+NATIVE_ARCH = "GlmMoeDsaForCausalLM"
+OLD_ARCH = "DeepseekV32ForCausalLM"
+OLD_AUTO_MAP = {
+    "AutoConfig": "configuration_deepseek_v32.DeepseekV32Config",
+    "AutoModelForCausalLM": "modeling_deepseek_v32.DeepseekV32ForCausalLM",
+}
+
+
+def check_dialect_name(dialect: str, model_type: str | None = None) -> None:
+    if dialect not in DIALECTS:
+        raise CheckpointError(
+            f"dialect={dialect!r} is unknown",
+            rule="checkpoint.dialect",
+            fix=f"use one of: {', '.join(DIALECTS)}",
+        )
+    if model_type is not None and model_type not in DIALECTS:
+        raise CheckpointError(
+            f"dialect={dialect!r} applies to GLM-5 (glm_moe_dsa) checkpoints, not model_type={model_type!r}",
+            rule="checkpoint.dialect",
+            fix="drop --dialect for this case",
+        )
+
+
+def dialect_problems(cfg: dict, dialect: str, num_layers: int | None = None) -> list[str]:
+    """What a Miles of `dialect` would reject in this config.json (empty: it is accepted)."""
+    check_dialect_name(dialect, cfg.get("model_type"))
+    problems = []
+    if dialect == NATIVE:
+        if cfg.get("model_type") != NATIVE:
+            problems.append(f"model_type={cfg.get('model_type')!r}, the newer Miles requires {NATIVE!r}")
+        if cfg.get("architectures") != [NATIVE_ARCH]:
+            problems.append(
+                f"architectures={cfg.get('architectures')!r}, the newer Miles requires [{NATIVE_ARCH!r}]"
+            )
+        if "auto_map" in cfg:
+            problems.append("has an auto_map, which the newer Miles refuses")
+        if num_layers is not None and cfg.get("num_hidden_layers") != num_layers:
+            problems.append(
+                f"num_hidden_layers={cfg.get('num_hidden_layers')} but the Megatron model has {num_layers} layers"
+            )
+    else:
+        if cfg.get("model_type") != OLD_MILES:
+            problems.append(f"model_type={cfg.get('model_type')!r}, the older Miles expects {OLD_MILES!r}")
+        if cfg.get("architectures") != [OLD_ARCH]:
+            problems.append(
+                f"architectures={cfg.get('architectures')!r}, the older Miles expects [{OLD_ARCH!r}]"
+            )
+        if cfg.get("auto_map") != OLD_AUTO_MAP:
+            problems.append("has no DeepseekV32 auto_map, which the older Miles loads through")
+        if "rope_theta" not in cfg:
+            problems.append("has no top-level rope_theta, which older mbridge reads")
+    return problems
+
+
+def patched(cfg: dict, dialect: str) -> dict:
+    """config.json rewritten for `dialect`; applying it twice changes nothing."""
+    check_dialect_name(dialect, cfg.get("model_type"))
+    out = dict(cfg)
+    if dialect == NATIVE:
+        out.update(model_type=NATIVE, architectures=[NATIVE_ARCH])
+        out.pop("auto_map", None)
+        if "rope_theta" in out and "rope_parameters" in out:
+            out.pop("rope_theta")  # transformers v5 keeps it nested only
+    else:
+        out.update(model_type=OLD_MILES, architectures=[OLD_ARCH], auto_map=dict(OLD_AUTO_MAP))
+        theta = (out.get("rope_parameters") or {}).get("rope_theta", out.get("rope_theta"))
+        if theta is None:
+            raise CheckpointError(
+                "config.json: has no rope_parameters.rope_theta to flatten",
+                rule="checkpoint.dialect",
+                fix="add rope_parameters.rope_theta",
+            )
+        out["rope_theta"] = theta
+    return out
+
+
+def patch(folder: Path | str, dialect: str, *, check: bool = False) -> list[str]:
+    """Rewrite folder/config.json for `dialect` (atomically); with check=True only report the problems."""
+    path = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError) as e:
+        raise CheckpointError(
+            f"{path}: cannot read ({e})", rule="checkpoint.config", fix="restore config.json"
+        ) from e
+    problems = dialect_problems(cfg, dialect)
+    if check or not problems:
+        return problems
+    tmp = path.with_name(f".config.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(patched(cfg, dialect), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)  # atomic on one file system
+    return problems

@@ -1,0 +1,191 @@
+"""FP8 for rollout, as Miles' converter does it: e4m3fn in 128x128 blocks with a weight_scale_inv.
+
+Per block, scale = amax / 448 (fp32), q = w / scale, and the checkpoint stores `<module>.weight` as
+F8_E4M3 and `<module>.weight_scale_inv` = scale, so that w ~= q * weight_scale_inv. For DSA models
+(any tensor name contains "indexer") the config says scale_fmt "ue8m0"; there the scale is rounded up
+to a power of two, which is what that format can hold, so the config does not lie about the bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from rlsmoke.checkpoints.shards import (
+    CHUNK_BYTES,
+    DEFAULT_MAX_SHARD_BYTES,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    Entry,
+    TensorPlan,
+    load_index,
+    read_header,
+    read_tensor,
+    tensor_bytes,
+    write_shards,
+)
+from rlsmoke.errors import CheckpointError
+
+BLOCK = 128
+FP8_MAX = 448.0  # largest finite e4m3fn
+# Kept in bf16, from models.md; `shared_head.head` is the MTP layer's own lm_head.
+SKIP = (
+    "norm",
+    "embed",
+    "mlp.gate.",
+    "lm_head",
+    "shared_head.head",
+    "eh_proj",
+    "indexer.weights_proj",
+    "visual",
+    "vision",
+)
+FLOAT_SOURCES = ("BF16", "F16", "F32")
+
+
+def quantizes(name: str, entry: Entry) -> bool:
+    return (
+        name.endswith(".weight")
+        and len(entry.shape) == 2
+        and entry.dtype in FLOAT_SOURCES
+        and not any(s in name for s in SKIP)
+    )
+
+
+def quantize_blocks(w: torch.Tensor, *, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q e4m3fn like w, scale_inv fp32 of shape ceil(w.shape / 128)); w ~= q * scale_inv per block."""
+    r, c = w.shape
+    nr, nc = -(-r // BLOCK), -(-c // BLOCK)
+    wp = w.to(torch.float32, copy=True)  # our own copy: scaled in place below
+    if (r, c) != (nr * BLOCK, nc * BLOCK):
+        wp = F.pad(wp, (0, nc * BLOCK - c, 0, nr * BLOCK - r))
+    blocks = wp.view(nr, BLOCK, nc, BLOCK)  # (R, 128, C, 128)
+    # Two single-dim reductions: on CPU, amax over dims (1, 3) at once is several times slower.
+    amax = blocks.abs().amax(dim=3).amax(dim=1)  # (R, C)
+    scale = (amax / FP8_MAX).clamp_min(1e-12)
+    if ue8m0:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    q = blocks.div_(scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(nr * BLOCK, nc * BLOCK)[:r, :c].contiguous(), scale
+
+
+def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    r, c = q.shape
+    s = scale_inv.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:r, :c]
+    return q.float() * s
+
+
+def fp8(
+    src: Path | str,
+    out: Path | str,
+    *,
+    force: bool = False,
+    device: str | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: bool = False,
+) -> Path:
+    """Write an FP8 copy of bf16 checkpoint `src` into `out`, atomically; GPU when there is one."""
+    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
+
+    src, out = Path(src), Path(out)
+    check_target(out, force)
+    preflight(out, sum(p.nbytes for p in _plans(src, device)[0]))
+    with atomic_dir(out, force=force) as tmp:
+        fp8_into(tmp, src, device=device, max_shard_bytes=max_shard_bytes, progress=progress)
+    return out.absolute()
+
+
+def _plans(src: Path, device: str | None) -> tuple[list[TensorPlan], dict]:
+    from rlsmoke.checkpoints.verification import verify
+
+    verify(src, checksums=False, config=False)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    weight_map = load_index(src)
+    entries = {}
+    for shard in sorted(set(weight_map.values())):
+        for name, e in sorted(read_header(src / shard).items(), key=lambda kv: kv[1].begin):
+            entries[name] = (src / shard, e)
+    fp8_already = [n for n, (_, e) in entries.items() if e.dtype.startswith("F8")]
+    if fp8_already:
+        raise CheckpointError(
+            f"{weight_map[fp8_already[0]]}: {fp8_already[0]} is already FP8",
+            rule="checkpoint.fp8",
+            fix="convert the bf16 checkpoint, not an FP8 one",
+        )
+    ue8m0 = any("indexer" in n for n in entries)
+
+    @functools.lru_cache(maxsize=4)  # the weight's chunks and its scale are written back to back
+    def quantized(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        path, e = entries[name]
+        q, s = quantize_blocks(read_tensor(path, e).to(device), ue8m0=ue8m0)
+        return q.cpu(), s.cpu()
+
+    plans, skipped = [], []
+    for name, (path, e) in entries.items():
+        if not quantizes(name, e):
+            plans.append(TensorPlan(name, e.dtype, e.shape, _copier(path, e)))
+            if name.endswith(".weight") and len(e.shape) == 2:
+                skipped.append(name[: -len(".weight")])
+            continue
+        r, c = e.shape
+        plans.append(TensorPlan(name, "F8_E4M3", e.shape, _fp8_chunk(quantized, name)))
+        scale_shape = (-(-r // BLOCK), -(-c // BLOCK))
+        plans.append(TensorPlan(name + "_scale_inv", "F32", scale_shape, _scale_chunk(quantized, name)))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [BLOCK, BLOCK],
+        "modules_to_not_convert": sorted(skipped),
+        **({"scale_fmt": "ue8m0"} if ue8m0 else {}),
+    }
+    return plans, cfg
+
+
+def _copier(path: Path, e: Entry):
+    from rlsmoke.checkpoints.shards import read_chunk
+
+    return lambda i: read_chunk(path, e, i)
+
+
+def _fp8_chunk(quantized, name: str):
+    def chunk(i: int) -> memoryview:
+        flat = quantized(name)[0].view(torch.uint8).reshape(-1)
+        return tensor_bytes(flat[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES])
+
+    return chunk
+
+
+def _scale_chunk(quantized, name: str):
+    return lambda i: tensor_bytes(quantized(name)[1])
+
+
+def fp8_into(
+    folder: Path,
+    src: Path,
+    *,
+    device: str | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: bool = False,
+) -> None:
+    """fp8() without the safety wrapper: writes into an existing empty folder."""
+    from rlsmoke.checkpoints.synthesis import _bar
+
+    plans, cfg = _plans(Path(src), device)
+    for f in Path(src).iterdir():
+        if (
+            f.is_file()
+            and f.name not in ("config.json", INDEX_NAME, MANIFEST_NAME)
+            and f.suffix != ".safetensors"
+        ):
+            shutil.copyfile(f, folder / f.name)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    with _bar(sum(p.nbytes for p in plans), "fp8", progress) as bar:
+        # One worker: quantizing a tensor twice in parallel would only waste the cores it needs.
+        write_shards(folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, workers=1)

@@ -1,0 +1,249 @@
+"""Safetensors shards, read and written by hand so that tensors stream in chunks.
+
+The format: 8 bytes little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
+then the raw bytes. Writing it ourselves lets a 2 GB embedding go to disk 32 MB at a time; the
+`safetensors` library wants every tensor of a file in memory at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import struct
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+MANIFEST_NAME = "checksums.sha256"
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # HF's "5GB"
+MAX_HEADER_BYTES = 100 * 2**20  # the safetensors library's own limit
+
+DTYPES: dict[str, torch.dtype] = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+DTYPE_SIZES = {k: v.itemsize for k, v in DTYPES.items()}
+
+
+CHUNK_BYTES = 32 * 2**20  # the unit of generation, copying and writing
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One tensor to write: name, dtype, shape, and `chunk(i)`, its i-th CHUNK_BYTES in flat order.
+
+    Chunks are addressed by index, not produced by an iterator, so that workers can make the next
+    ones (across tensor and shard boundaries) while the current one is written.
+    """
+
+    name: str
+    dtype: str  # safetensors name, e.g. "BF16"
+    shape: tuple[int, ...]
+    chunk: Callable[[int], bytes | memoryview]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.nbytes // CHUNK_BYTES)
+
+    @property
+    def chunk_elems(self) -> int:
+        return CHUNK_BYTES // DTYPE_SIZES[self.dtype]
+
+
+def shard_name(i: int, n: int) -> str:
+    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def split_into_shards(plans: list[TensorPlan], max_shard_bytes: int) -> list[list[TensorPlan]]:
+    """Greedy, in order: a new shard starts when the next tensor would overflow this one."""
+    shards: list[list[TensorPlan]] = [[]]
+    size = 0
+    for p in plans:
+        if shards[-1] and size + p.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(p)
+        size += p.nbytes
+    return shards
+
+
+def encode_header(plans: list[TensorPlan], metadata: dict[str, str] | None = None) -> bytes:
+    header: dict = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    for p in plans:
+        header[p.name] = {
+            "dtype": p.dtype,
+            "shape": list(p.shape),
+            "data_offsets": [offset, offset + p.nbytes],
+        }
+        offset += p.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as the library writes it
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_shards(
+    out: Path,
+    plans: list[TensorPlan],
+    *,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: Callable[[int], None] | None = None,
+    manifest: bool = True,
+    workers: int | None = None,
+) -> dict[str, str]:
+    """Write `plans` as HF shards plus the index into `out`; returns {tensor: shard file}."""
+    groups = split_into_shards(plans, max_shard_bytes)
+    tasks = [(p, i) for group in groups for p in group for i in range(p.n_chunks)]
+    chunks = _prefetch(tasks, workers or max(1, min(4, os.cpu_count() or 1)))
+    weight_map: dict[str, str] = {}
+    digests: dict[str, str] = {}
+    for n, group in enumerate(groups):
+        fname = shard_name(n, len(groups))
+        digests[fname] = _write_one(out / fname, group, chunks, progress)
+        weight_map.update({p.name: fname for p in group})
+    index = {
+        "metadata": {"total_size": sum(p.nbytes for p in plans)},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    if manifest:
+        write_manifest(out, digests)
+    return weight_map
+
+
+def _prefetch(tasks: list[tuple[TensorPlan, int]], workers: int) -> Iterator[bytes | memoryview]:
+    """Chunks in order, made by `workers` threads a few chunks ahead (torch and file reads drop the GIL)."""
+    if workers <= 1:
+        yield from (p.chunk(i) for p, i in tasks)
+        return
+    ahead = 2 * workers  # bounds memory to a few chunks
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque = deque()
+        it = iter(tasks)
+        for p, i in itertools.islice(it, ahead):
+            pending.append(pool.submit(p.chunk, i))
+        while pending:
+            chunk = pending.popleft().result()
+            for p, i in itertools.islice(it, 1):
+                pending.append(pool.submit(p.chunk, i))
+            yield chunk
+
+
+def _write_one(
+    path: Path, plans: list[TensorPlan], chunks: Iterator, progress: Callable[[int], None] | None
+) -> str:
+    sha = hashlib.sha256()
+    with open(path, "wb") as f:
+        head = encode_header(plans)
+        f.write(head)
+        sha.update(head)
+        for p in plans:
+            written = 0
+            for _ in range(p.n_chunks):
+                chunk = next(chunks)
+                f.write(chunk)
+                sha.update(chunk)
+                n = memoryview(chunk).nbytes
+                written += n
+                if progress:
+                    progress(n)
+            assert written == p.nbytes, f"{p.name}: wrote {written} bytes, planned {p.nbytes}"
+        f.flush()
+        os.fsync(f.fileno())
+    return sha.hexdigest()
+
+
+def write_manifest(out: Path, digests: dict[str, str]) -> None:
+    lines = "".join(f"{d}  {name}\n" for name, d in sorted(digests.items()))
+    (out / MANIFEST_NAME).write_text(lines)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """Raw little-endian bytes of a contiguous CPU tensor, without a copy."""
+    t = t.contiguous()
+    return memoryview(t.view(torch.uint8).reshape(-1).numpy())
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute file offset of the first byte
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+def read_header(path: Path) -> dict[str, Entry]:
+    """Parse a shard header without validating it (verify does that); raises on unreadable bytes."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        raw = f.read(n)
+    header = json.loads(raw)
+    base = 8 + n
+    return {
+        k: Entry(k, v["dtype"], tuple(v["shape"]), base + v["data_offsets"][0], base + v["data_offsets"][1])
+        for k, v in header.items()
+        if k != "__metadata__"
+    }
+
+
+def read_chunk(path: Path, entry: Entry, i: int) -> bytes:
+    """The i-th CHUNK_BYTES of one tensor, read straight from its shard."""
+    with open(path, "rb") as f:
+        f.seek(entry.begin + i * CHUNK_BYTES)
+        want = min(CHUNK_BYTES, entry.nbytes - i * CHUNK_BYTES)
+        buf = f.read(want)
+    if len(buf) != want:
+        raise EOFError(f"{path.name}: tensor {entry.name} ends early")
+    return buf
+
+
+def read_tensor(path: Path, entry: Entry, rows: slice | None = None) -> torch.Tensor:
+    """One tensor (or a band of its rows) as a CPU tensor; reads only those bytes."""
+    shape = list(entry.shape)
+    row_bytes = entry.nbytes // shape[0] if shape and shape[0] else entry.nbytes
+    start, stop = (0, shape[0] if shape else 1) if rows is None else (rows.start, min(rows.stop, shape[0]))
+    with open(path, "rb") as f:
+        f.seek(entry.begin + start * row_bytes)
+        buf = bytearray(f.read((stop - start) * row_bytes))
+    t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+    if shape:
+        shape[0] = stop - start
+    return t.view(DTYPES[entry.dtype]).reshape(shape)
+
+
+def load_index(ckpt: Path) -> dict[str, str]:
+    """{tensor: shard file} of a folder, sharded or single-file."""
+    idx = ckpt / INDEX_NAME
+    if idx.exists():
+        return json.loads(idx.read_text())["weight_map"]
+    single = ckpt / SINGLE_NAME
+    return {k: SINGLE_NAME for k in read_header(single)}

@@ -1,0 +1,273 @@
+"""Synthesize a complete HF checkpoint for a model spec, streamed one chunk at a time.
+
+Tensor names and shapes come from transformers itself: the model class is built on the meta device
+and its state dict is mapped back to the on-disk (hub) layout with transformers' own reverse weight
+conversion (per-expert `experts.N.gate_proj.weight`, not the fused `gate_up_proj` it holds in memory).
+
+Each tensor's values depend only on (seed, tensor name): chunk i of a tensor comes from a generator
+seeded by sha256(seed, name, i). The shard layout, the number of layers around it and the writer's
+thread count do not change a single byte, so pruning 8 synthesized layers to 4 equals synthesizing 4.
+
+Peaked next-token distribution: the final RMSNorm gives the last hidden state unit RMS, so the logits'
+standard deviation is the lm_head's std times sqrt(hidden). lm_head is drawn with std
+LOGIT_STD / sqrt(hidden), which makes the logits roughly N(0, LOGIT_STD**2) whatever the width: a few
+tokens dominate each position (measured entropy in docs/benchmarks.md, `next_token_entropy`). Rows of
+lm_head beyond the fixture tokenizer's vocab are zero, so the sampler rarely leaves the tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlsmoke.checkpoints.shards import (
+    DEFAULT_MAX_SHARD_BYTES,
+    DTYPE_NAMES,
+    DTYPE_SIZES,
+    DTYPES,
+    TensorPlan,
+    tensor_bytes,
+    write_shards,
+)
+from rlsmoke.errors import CheckpointError
+from rlsmoke.models import ModelSpec, model_spec
+
+LOGIT_STD = 8.0  # logits ~ N(0, 8^2): measured next-token entropy ~1.05 nat on the tiny width (uniform: 8.3)
+INIT_STD = 0.02  # every other matrix, as transformers' initializer_range
+FIXTURE_TOKENIZER = Path(__file__).resolve().parents[3] / "fixtures" / "tokenizer"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TORCH_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a checkpoint of a config holds on disk: {tensor: (safetensors dtype, shape)}."""
+
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(math.prod(s) * DTYPE_SIZES[d] for d, s in self.tensors.values())
+
+
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in TORCH_DTYPES:
+        raise CheckpointError(
+            f"dtype={dtype!r} is not supported", rule="checkpoint.dtype", fix="use bf16 or fp32"
+        )
+    return TORCH_DTYPES[dtype]
+
+
+def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
+    """Names, dtypes and shapes `from_pretrained` expects for `cfg`, in the hub's on-disk form."""
+    import transformers
+    from transformers.core_model_loading import revert_weight_conversion
+
+    arch = cfg.architectures[0]
+    cls = getattr(transformers, arch, None)
+    if cls is None:
+        raise CheckpointError(
+            f"config.json: architectures={arch!r} is not a transformers class",
+            rule="checkpoint.config",
+            fix="use a native dialect (patch --dialect glm_moe_dsa) or a supported model",
+        )
+    with torch.device("meta"):
+        model = cls._from_config(cfg, dtype=dtype)
+    state = revert_weight_conversion(model, model.state_dict())
+    return Layout({k: (DTYPE_NAMES[v.dtype], tuple(v.shape)) for k, v in state.items()})
+
+
+def _chunk_seed(seed: int, name: str, i: int) -> int:
+    h = hashlib.sha256(f"{seed}\0{name}\0{i}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & (2**63 - 1)
+
+
+def _special_init(name: str, shape: tuple[int, ...], g: torch.Generator, cfg) -> torch.Tensor | None:
+    """The tensors that are not N(0, INIT_STD): norms, biases, gates. Values follow transformers' _init_weights."""
+    leaf = name.rsplit(".", 1)[-1]
+    module = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+    if "norm" in module:  # RMSNorm, LayerNorm, q_a_layernorm, k_norm, norm1, ...: weight 1, bias 0
+        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+    if leaf in ("bias", "e_score_correction_bias", "index_kpool_compress_ape") or leaf.endswith("_base"):
+        return torch.zeros(shape)
+    if leaf == "index_kpool_compress_gate" or (leaf.startswith("hc_") and leaf.endswith("_scale")):
+        return torch.ones(shape)
+    if leaf == "A_log":
+        # KDA forget gate: zero under the safe-gate lower bound, else log U(1, 16) (FLA's init).
+        if getattr(cfg, "linear_lower_bound", None) is not None:
+            return torch.zeros(shape)
+        return torch.empty(shape).uniform_(1.0, 16.0, generator=g).log()
+    if leaf == "dt_bias":
+        dt = torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=g).exp().clamp_min(1e-4)
+        return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+    return None
+
+
+def _text_config(cfg):
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def tensor_plan(
+    name: str, dtype: str, shape: tuple[int, ...], cfg, seed: int, tokenizer_vocab: int
+) -> TensorPlan:
+    """How to make one tensor, chunk by chunk, from (seed, name)."""
+    tdtype = DTYPES[dtype]
+    text = _text_config(cfg)
+    std = INIT_STD
+    zero_from = None  # flat index from which the tensor is zero
+    if name == "lm_head.weight":
+        std = LOGIT_STD / math.sqrt(shape[1])
+        zero_from = min(tokenizer_vocab, shape[0]) * shape[1]
+
+    def chunk(i: int) -> memoryview:
+        g = torch.Generator().manual_seed(_chunk_seed(seed, name, i))
+        n = math.prod(shape)
+        per = plan.chunk_elems
+        lo, hi = i * per, min(n, (i + 1) * per)
+        special = _special_init(name, shape, g, text) if i == 0 else None
+        if special is not None:
+            assert n <= per, f"{name}: special init of {n} elements spans chunks"
+            return tensor_bytes(special.to(tdtype).reshape(-1))
+        t = torch.empty(hi - lo, dtype=tdtype).normal_(0.0, std, generator=g)
+        if zero_from is not None and hi > zero_from:
+            t[max(0, zero_from - lo) :] = 0
+        return tensor_bytes(t)
+
+    plan = TensorPlan(name, dtype, shape, chunk)
+    return plan
+
+
+def synth_config(spec: ModelSpec, dtype: torch.dtype):
+    """The transformers config of `spec`, with the fixture tokenizer's special token ids."""
+    from rlsmoke.models.hf import hf_config
+
+    cfg = hf_config(spec)
+    tok = tokenizer_ids()
+    for c in {id(cfg): cfg, id(_text_config(cfg)): _text_config(cfg)}.values():
+        c.eos_token_id = tok["eos"][0]
+        c.pad_token_id = tok["pad"]
+        c.bos_token_id = None
+        c.dtype = dtype
+        if hasattr(c, "num_nextn_predict_layers"):
+            c.num_nextn_predict_layers = (
+                0  # no MTP tensors are synthesized; say so, or SGLang's MTP looks for them
+            )
+    return cfg
+
+
+def tokenizer_ids() -> dict:
+    from rlsmoke.checkpoints.make_tokenizer import EOS_TOKENS
+
+    vocab = json.loads((FIXTURE_TOKENIZER / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in vocab["added_tokens"]}
+    size = 1 + max([*vocab["model"]["vocab"].values(), *ids.values()])
+    return {"eos": [ids[t] for t in EOS_TOKENS], "pad": ids["<|pad|>"], "size": size}
+
+
+def write_metadata(out: Path, cfg) -> None:
+    """config.json, generation_config.json and the fixture tokenizer."""
+    cfg.to_json_file(out / "config.json", use_diff=False)
+    tok = tokenizer_ids()
+    gen = {"eos_token_id": tok["eos"], "pad_token_id": tok["pad"], "do_sample": True, "temperature": 1.0}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    for f in TOKENIZER_FILES:
+        shutil.copyfile(FIXTURE_TOKENIZER / f, out / f)
+
+
+def synthesize(
+    case: str | ModelSpec,
+    out: Path | str,
+    *,
+    tiny: bool = False,
+    dtype: str | torch.dtype = "bf16",
+    seed: int = 0,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    force: bool = False,
+    manifest: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+) -> Path:
+    """Write a complete HF checkpoint of `case` (a name or a ModelSpec) into `out`, atomically."""
+    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
+
+    spec = case if isinstance(case, ModelSpec) else model_spec(case, tiny=tiny)
+    out = Path(out)
+    check_target(out, force)
+    preflight(out, synth_bytes(spec, dtype))
+    with atomic_dir(out, force=force) as tmp:
+        synthesize_into(tmp, spec, dtype=dtype, seed=seed, max_shard_bytes=max_shard_bytes, manifest=manifest,
+                        workers=workers, progress=progress)  # fmt: skip
+    return out.absolute()
+
+
+def synth_bytes(spec: ModelSpec, dtype: str | torch.dtype = "bf16") -> int:
+    tdtype = torch_dtype(dtype)
+    return expected_layout(synth_config(spec, tdtype), tdtype).nbytes
+
+
+def synthesize_into(
+    folder: Path,
+    spec: ModelSpec,
+    *,
+    dtype: str | torch.dtype = "bf16",
+    seed: int = 0,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    manifest: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+) -> None:
+    """synthesize() without the safety wrapper: writes into an existing empty folder."""
+    tdtype = torch_dtype(dtype)
+    cfg = synth_config(spec, tdtype)
+    layout = expected_layout(cfg, tdtype)
+    vocab = tokenizer_ids()["size"]
+    plans = [tensor_plan(k, d, s, cfg, seed, vocab) for k, (d, s) in layout.tensors.items()]
+    write_metadata(folder, cfg)
+    with _bar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
+        write_shards(
+            folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, manifest=manifest, workers=workers
+        )
+
+
+class _bar:
+    """A tqdm byte counter when asked for, else nothing; used as the writer's progress callback."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.tqdm = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.tqdm = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
+
+    def __enter__(self):
+        return self if self.tqdm else None
+
+    def __call__(self, n: int) -> None:
+        self.tqdm.update(n)
+
+    def __exit__(self, *exc):
+        if self.tqdm:
+            self.tqdm.close()
+
+
+def next_token_entropy(model, vocab: int, *, n_seq: int = 8, seq_len: int = 32, seed: int = 0) -> float:
+    """Mean entropy (nats) of the model's next-token distribution over random in-vocab contexts."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (n_seq, seq_len), generator=g)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()  # (B, T, V)
+    logp = torch.log_softmax(logits, dim=-1)
+    return float(-(logp.exp() * logp).sum(-1).mean())

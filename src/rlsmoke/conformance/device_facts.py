@@ -1,0 +1,109 @@
+"""The only fakes the real parsers run under: device facts and import-only modules.
+
+Never a validator. What is faked, and why (see shared/reference/real-parsers.md):
+- `torch.cuda.get_device_capability` and `get_device_properties` (name, major, minor, total_memory):
+  Megatron's `validate_args` asserts capability >= 8 with `--moe-grouped-gemm`, and reads the arch
+  (`.major`) with TP or CP > 1. The values are the platform's real ones: (9, 0) for H200, (9, 4) for MI300X.
+- the device memory capacity (MiB): SGLang sizes its defaults from it; the value is the real one.
+- `device="cuda"` for SGLang's `ServerArgs` (ROCm torch calls its devices "cuda" too).
+- torchvision: PyPI's wheel is a CUDA build that cannot load beside CPU torch; SGLang imports it
+  only for images. Its modules are empty stand-ins, served after transformers cached "unavailable".
+- triton (Miles venv only): SGLang's own import-time stub; the SGLang 0.5.23 venv has real triton.
+
+Runs inside a conformance venv; importing this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    name: str
+    device: str  # the torch device string SGLang is given
+    capability: tuple[int, int]
+    memory_mib: int  # what SGLang's get_device_memory_capacity() would report
+
+
+# One GPU class per platform: the one the platform's presets are written for.
+DEVICE_FACTS = {
+    "nvidia": DeviceFacts("NVIDIA H200", "cuda", (9, 0), 141 * 1024),
+    "rocm": DeviceFacts("AMD Instinct MI300X", "cuda", (9, 4), 192 * 1024),
+}
+
+
+def facts_for(platform: str) -> DeviceFacts:
+    if platform not in DEVICE_FACTS:
+        raise ValueError(
+            f"platform={platform!r} has no GPU device facts. Adjust --platform to nvidia or rocm."
+        )
+    return DEVICE_FACTS[platform]
+
+
+class _EmptyModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves an empty module for `root` and everything under it."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.root or fullname.startswith(self.root + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        return None
+
+
+_installed: set[str] = set()
+
+
+def stub_torchvision() -> None:
+    """Hide the CUDA-only torchvision: transformers must see it as absent before the stand-in exists."""
+    if "torchvision" in _installed:
+        return
+    from transformers.utils import import_utils
+
+    assert not import_utils.is_torchvision_available(), "transformers must cache torchvision as unavailable"
+    sys.meta_path.insert(0, _EmptyModuleFinder("torchvision"))
+    _installed.add("torchvision")
+
+
+def stub_triton() -> None:
+    """SGLang's own import-only triton stub, when real triton is not installed (the Miles venv)."""
+    if "triton" in _installed or importlib.util.find_spec("triton") is not None:
+        return
+    # Megatron compiles at import time; torch's inductor must be imported before triton is a stub.
+    import torch._inductor.compile_fx  # noqa: F401
+    from sglang._triton_stub import install
+
+    install()
+    _installed.add("triton")
+
+
+@dataclass(frozen=True)
+class _DeviceProperties:
+    name: str
+    major: int
+    minor: int
+    total_memory: int  # bytes
+
+
+def fake_device(facts: DeviceFacts) -> None:
+    """What torch.cuda reports about device 0: capability and properties. Nothing else is faked."""
+    import torch
+
+    props = _DeviceProperties(facts.name, *facts.capability, facts.memory_mib * 1024 * 1024)
+    torch.cuda.get_device_capability = lambda device=None: facts.capability
+    torch.cuda.get_device_properties = lambda device=None: props

@@ -1,0 +1,65 @@
+"""Standalone SGLang 0.5.23 on a rendered plan's rollout layout: `prepare_server_args` + `resolve_once()`.
+
+The engine command line is derived from the Miles argv by Miles' own rule: every `--sglang-X` flag is
+SGLang's `--X` (except Miles' router/concurrency flags), the engine's TP is the GPUs per engine, and
+the model path is the HF checkpoint. A flag SGLang 0.5.23 does not know is an argparse rejection:
+that is how the `--nsa-*` -> `--dsa-*` drift shows up. Runs in the SGLang 0.5.23 venv.
+"""
+
+from __future__ import annotations
+
+from rlsmoke.conformance import device_facts
+from rlsmoke.conformance._capture import plan_env, run_validator
+from rlsmoke.conformance.hf_fixtures import checkpoint_for
+from rlsmoke.conformance.verdict import Verdict, applies, flag_value, model_of, topology_of
+
+PARSER = "sglang"
+# `--sglang-*` flags that Miles defines for itself: they never reach the engine.
+MILES_ONLY = ("--sglang-router-", "--sglang-server-concurrency", "--sglang-config")
+_memory_mib = {"value": 0}
+
+
+def load() -> None:
+    """Fake the memory capacity before SGLang's arg hooks import it; stub torchvision; import."""
+    from sglang.srt.utils import common
+
+    common.get_device_memory_capacity = lambda device=None: _memory_mib["value"]
+    device_facts.stub_torchvision()
+    import sglang.srt.server_args  # noqa: F401
+
+
+def engine_argv(plan: dict) -> list[str]:
+    """SGLang's own command line for one rollout engine of the plan."""
+    argv = list(plan["argv"])
+    gpus_per_engine = flag_value(argv, "--rollout-num-gpus-per-engine") or "1"
+    out = [
+        "--model-path", checkpoint_for(model_of(plan), flag_value(argv, "--hf-checkpoint")),
+        "--trust-remote-code",
+        "--tp-size", gpus_per_engine,
+    ]  # fmt: skip
+    keep = False
+    for tok in argv[2:]:
+        if tok.startswith("--"):
+            keep = tok.startswith("--sglang-") and not tok.startswith(MILES_ONLY)
+            if keep:
+                out.append("--" + tok.removeprefix("--sglang-"))
+        elif keep:
+            out.append(tok)
+    return out
+
+
+def check(plan: dict) -> Verdict:
+    from sglang.srt.server_args import prepare_server_args
+
+    facts = device_facts.facts_for(topology_of(plan)["platform"])
+    device_facts.fake_device(facts)
+    _memory_mib["value"] = facts.memory_mib
+    argv = [*engine_argv(plan), "--device", facts.device]
+
+    def resolve() -> str:
+        server_args = prepare_server_args(argv)
+        server_args.resolve_once()
+        return f"ServerArgs.resolve_once accepted (tp={server_args.tp_size} dp={server_args.dp_size})"
+
+    with plan_env(plan.get("env") or {}):
+        return run_validator(PARSER, resolve, applies=applies(PARSER, plan))

@@ -1,0 +1,111 @@
+"""A real parser's verdict on one plan, and the plan fields the harness reads. Pure Python."""
+
+from __future__ import annotations
+
+import linecache
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Parser keys, in the order verdicts are reported, with the versions they pin.
+PARSERS = {
+    "miles": "miles-rl 0.0.2 (vendored Megatron-LM + bundled SGLang)",
+    "sglang": "sglang 0.5.23",
+    "mcore": "megatron-core 0.16.1",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`accepted` is None when the parser did not run (not installed, or the harness broke)."""
+
+    parser: str  # a key of PARSERS
+    accepted: bool | None
+    message: str
+    # False when the plan's target renders another dialect than this parser's: its rejection of the
+    # dialect's flags is drift, not a topology verdict.
+    applies: bool = True
+
+    @property
+    def status(self) -> str:
+        if self.accepted is None:
+            return "not run"
+        return "accepted" if self.accepted else "rejected"
+
+    def __str__(self) -> str:
+        return self.one_line()
+
+    def one_line(self) -> str:
+        scope = "" if self.applies else " (other target: drift check)"
+        return f"{self.parser:7s} {self.status:9s}{scope} {self.message}".rstrip()
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Verdict:
+        return cls(**data)
+
+
+def topology_of(plan: dict) -> dict:
+    """The topology part of a rendered plan (`rlsmoke plan --format json`), nested or flat."""
+    return plan.get("topology", plan)
+
+
+def target_of(plan: dict) -> dict:
+    """{"miles": ..., "sglang": "bundled" | "0.5.23"}: Miles 0.0.2 with its bundled SGLang by default.
+
+    The topology names its target (`"target": "miles-0.0.2"`) and gives the versions in `target_versions`.
+    """
+    topo = topology_of(plan)
+    versions = topo.get("target_versions") or (topo["target"] if isinstance(topo.get("target"), dict) else {})
+    return {"miles": "0.0.2", "sglang": "bundled", **versions}
+
+
+def applies(parser: str, plan: dict) -> bool:
+    """Whether `parser` is the version the plan's target renders flags for."""
+    target = target_of(plan)
+    if parser == "miles":
+        return target["miles"] == "0.0.2" and target["sglang"] == "bundled"
+    if parser == "sglang":
+        return target["sglang"] == "0.5.23"
+    return True  # megatron-core reads only the training grid
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value after the last `flag` (or of `flag=value`) in argv; None when absent."""
+    value = None
+    for i, tok in enumerate(argv):
+        if tok == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif tok.startswith(flag + "="):
+            value = tok.split("=", 1)[1]
+    return value
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line: the type, the message, and where the real code raised it (a bare assert has no message)."""
+    if isinstance(exc, SystemExit):
+        return f"exit {exc.code}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    if frames:
+        last = frames[-1]
+        source = (last.line or linecache.getline(last.filename, last.lineno)).strip()
+        where = f" at {_short_path(last.filename)}:{last.lineno}"
+        if not str(exc) and source:
+            where += f": `{source}`"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
+
+
+def _short_path(filename: str) -> str:
+    parts = Path(filename).parts
+    return "/".join(parts[parts.index("site-packages") + 1 :]) if "site-packages" in parts else filename
+
+
+def model_of(plan: dict) -> str:
+    """The model name of the plan's case (the key of its HF config fixture)."""
+    topo = topology_of(plan)
+    model = topo.get("model") or plan.get("model") or topo["case"]
+    return model["name"] if isinstance(model, dict) else str(model)

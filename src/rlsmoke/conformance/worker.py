@@ -1,0 +1,66 @@
+"""Entry point inside a conformance venv: check a batch of plans with one real parser.
+
+    python -m rlsmoke.conformance.worker miles|sglang|mcore --plans IN.json --out OUT.json
+
+IN is a JSON list of rendered plans; OUT gets `{"parser", "loaded", "error", "verdicts": [...]}`.
+One process checks the whole batch: importing a parser costs seconds, a check well under one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import traceback
+
+from rlsmoke.conformance.verdict import PARSERS, Verdict, applies
+
+MODULES = {
+    "miles": "rlsmoke.conformance.miles_parser",
+    "sglang": "rlsmoke.conformance.sglang_parser",
+    "mcore": "rlsmoke.conformance.mcore",
+}
+
+
+def load(parser: str):
+    """The harness module with its real parser imported; raises ImportError when it is not installed."""
+    module = importlib.import_module(MODULES[parser])
+    module.load()
+    return module
+
+
+def check_all(parser: str, plans: list[dict]) -> dict:
+    try:
+        module = load(parser)
+    except ImportError as exc:
+        error = f"not installed: {PARSERS[parser]} cannot be imported here ({exc})"
+        return {"parser": parser, "loaded": False, "error": error,
+                "verdicts": [Verdict(parser, None, error, applies(parser, p)).to_json() for p in plans]}  # fmt: skip
+    verdicts = []
+    for plan in plans:
+        try:
+            verdicts.append(module.check(plan))
+        except Exception as exc:  # the harness itself broke (e.g. no config.json): not a verdict
+            message = f"harness error: {type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            verdicts.append(Verdict(parser, None, message, applies(parser, plan)))
+    return {"parser": parser, "loaded": True, "error": "", "verdicts": [v.to_json() for v in verdicts]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("parser", choices=sorted(MODULES))
+    cli.add_argument("--plans", required=True, help="JSON file: a list of rendered plans")
+    cli.add_argument("--out", required=True, help="JSON file to write the verdicts to")
+    args = cli.parse_args(argv)
+    with open(args.plans) as f:
+        plans = json.load(f)
+    result = check_all(args.parser, plans)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

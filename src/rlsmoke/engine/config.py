@@ -1,0 +1,142 @@
+"""What one engine run is: a frozen, validated config. No torch here."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlsmoke.errors import RlsmokeError
+
+DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+REWARDS = ("target", "math")
+# name -> whether it takes a value (`rollout-noise=0.01`)
+INJECTIONS = {
+    "temperature-mismatch": False,
+    "stale-weights": False,
+    "rollout-noise": True,
+    "train-dropout": True,
+}
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
+
+
+@dataclass(frozen=True)
+class Inject:
+    kind: str = ""  # "" means no fault
+    value: float = 0.0
+
+    def __str__(self) -> str:
+        if not self.kind:
+            return "none"
+        return f"{self.kind}={self.value:g}" if INJECTIONS[self.kind] else self.kind
+
+
+def parse_inject(text: str | None) -> Inject:
+    if not text:
+        return Inject()
+    name, _, value = text.partition("=")
+    if name not in INJECTIONS:
+        raise RlsmokeError(
+            f"inject={text!r} is unknown",
+            rule="inject.known",
+            fix=f"use one of: {', '.join(k + ('=VALUE' if v else '') for k, v in INJECTIONS.items())}",
+        )
+    if INJECTIONS[name] != bool(value):
+        raise RlsmokeError(
+            f"inject={text!r} {'needs a' if INJECTIONS[name] else 'takes no'} value",
+            rule="inject.value",
+            fix=f"write --inject {name}{'=0.01' if INJECTIONS[name] else ''}",
+        )
+    try:
+        return Inject(name, float(value) if value else 0.0)
+    except ValueError:
+        raise RlsmokeError(
+            f"inject={text!r} has a value that is not a number",
+            rule="inject.value",
+            fix=f"write --inject {name}=0.01",
+        ) from None
+
+
+def dtype_name(text: str, flag: str) -> str:
+    name = DTYPE_ALIASES.get(text, text)
+    if name not in DTYPES:
+        raise RlsmokeError(
+            f"{flag}={text!r} is unknown", rule="dtype.known", fix=f"use one of: {', '.join(DTYPES)}"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    case: str
+    tiny: bool
+    platform: str = "cpu"
+    device: str = "cpu"  # torch device of the trainer (and of the rollout engine when colocated)
+    device_class: str = "CPU"  # the thresholds key: "CPU", "H200", ...
+    num_gpus: int = 1
+    mode: str = "colocate"  # colocate: one process; async: Ray actors on separate bundles
+    seed: int = 0
+    rollout_dtype: str = "float32"
+    train_dtype: str = "float32"  # the master weights and the optimizer state
+    rollout_temperature: float = 1.0
+    inject: Inject = field(default_factory=Inject)
+    num_rollout: int = 2  # the last rollout is scored, not trained on: it gates the post-sync drift
+    n_prompts: int = 2
+    n_samples: int = 4
+    # Tiny GLM-5 has index_topk=64: past 64 tokens transformers' DSA decode (KV cache) and prefill
+    # paths pick different keys (measured abs diff 0.09 on those tokens). The longest fixture prompt
+    # is 47 tokens, so 16 keeps every sequence inside the dense regime and the gates seed-stable.
+    max_response_len: int = 16
+    reward: str = "target"  # a random-weight model scores 0 on math, which leaves GRPO no signal
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    gradient_checkpointing: bool = False
+    checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
+    prompt_data: Path = FIXTURES / "data" / "math.jsonl"
+    launcher: str = "builtin"
+
+    @property
+    def dtype_key(self) -> str:
+        return f"{self.rollout_dtype}/{self.train_dtype}"
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> RunConfig:
+        """Every bad combination, named with its flags, before anything is loaded."""
+        problems = []
+        if self.num_rollout < 1:
+            problems.append(f"num_rollout={self.num_rollout} must be >= 1. Adjust --num-rollout")
+        if self.n_samples < 2:
+            problems.append(
+                f"n_samples={self.n_samples} leaves GRPO no group to normalize. Adjust --n-samples"
+            )
+        if self.n_prompts < 1 or self.max_response_len < 1:
+            problems.append(
+                "n_prompts and max_response_len must be >= 1. Adjust --n-prompts, --max-response-len"
+            )
+        if self.rollout_temperature <= 0:
+            problems.append(
+                f"rollout_temperature={self.rollout_temperature} must be > 0. Adjust --rollout-temperature"
+            )
+        if self.reward not in REWARDS:
+            problems.append(f"reward={self.reward!r} is unknown ({', '.join(REWARDS)}). Adjust --reward")
+        if self.inject.kind == "temperature-mismatch" and self.rollout_temperature == 1.0:
+            problems.append(
+                "inject=temperature-mismatch changes nothing at rollout_temperature=1. "
+                "Adjust --rollout-temperature (seed 000 samples at 0.8)"
+            )
+        if self.inject.kind == "rollout-noise" and self.inject.value <= 0:
+            problems.append("inject=rollout-noise needs SIGMA > 0. Adjust --inject rollout-noise=0.01")
+        if self.inject.kind == "stale-weights" and self.num_rollout < 2:
+            problems.append("inject=stale-weights needs a sync, so num_rollout >= 2. Adjust --num-rollout")
+        if problems:
+            raise RlsmokeError("; ".join(problems), rule="run.config")
+        return self

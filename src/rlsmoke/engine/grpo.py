@@ -1,0 +1,56 @@
+"""GRPO: group advantages, the PPO clip loss, and the metrics with Miles' keys and definitions."""
+
+from __future__ import annotations
+
+import torch
+
+KL_CLAMP = 10.0  # Miles clamps the per-token k3 estimate to [-10, 10]
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(r - mean) / (std + eps) within each prompt group. rewards: (G, n) -> (G, n)."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
+    return (rewards - mean) / (std + eps)
+
+
+def sample_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked mean within each sample, then across samples; masked and NaN tokens count 0. (n, R) -> ()"""
+    x = torch.where((mask > 0) & torch.isfinite(x), x, torch.zeros_like(x))
+    per_sample = x.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (n,)
+    return per_sample.mean()
+
+
+def k3(logp: torch.Tensor, logp_base: torch.Tensor) -> torch.Tensor:
+    """Miles' low_var_kl per token: exp(r) - 1 - r with r = base - logp, clamped."""
+    r = logp_base - logp
+    return (torch.exp(r) - 1 - r).clamp(-KL_CLAMP, KL_CLAMP)
+
+
+def train_rollout_stats(
+    train_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """The train-vs-rollout log-prob metrics over one batch. All inputs (n, R)."""
+    diff = (train_lp - rollout_lp).abs()
+    valid = (mask > 0) & torch.isfinite(diff)
+    return {
+        "train/train_rollout_logprob_abs_diff": sample_mean(diff, mask).item(),
+        # the mean hides tails: a few tokens dominate real regressions
+        "train/train_rollout_logprob_abs_diff_max": diff[valid].max().item() if valid.any() else 0.0,
+        "train/train_rollout_kl": sample_mean(k3(train_lp, rollout_lp), mask).item(),
+    }
+
+
+def policy_loss(logp, old_logp, advantages, mask, eps_clip: float, eps_clip_high: float):
+    """Token-level PPO clip loss. logp, old_logp, mask: (n, R); advantages: (n,).
+
+    Returns per-token loss (n, R) and the masked per-token clip and ppo_kl terms, for token sums.
+    """
+    log_ratio = logp - old_logp  # (n, R)
+    ratio = torch.exp(log_ratio)
+    adv = advantages[:, None]  # (n, 1)
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1 - eps_clip, 1 + eps_clip_high)
+    loss = torch.maximum(pg1, pg2)  # (n, R)
+    clipped = (pg2 > pg1).float()  # (n, R)
+    return loss * mask, clipped * mask, -log_ratio.detach() * mask  # ppo_kl = old - new

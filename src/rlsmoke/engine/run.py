@@ -1,0 +1,203 @@
+"""One engine run, top to bottom: prepare, place, roll out, score, train, sync, roll out again, gate.
+
+With --num-rollout 2 (the default) rollout 0 is trained on once, the weights are synced and checked,
+and rollout 1 is scored against the trainer without another update: drift that appears only after
+a weight update is gated too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform as pyplatform
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from rlsmoke.engine import grpo
+from rlsmoke.engine.config import RunConfig
+from rlsmoke.engine.data import encode, read_prompts
+from rlsmoke.engine.model import checkpoint_dir, estimate_memory_gib, load_tokenizer
+from rlsmoke.engine.placement import open_workers
+from rlsmoke.engine.reward import REWARDS
+from rlsmoke.errors import RlsmokeError, RunError
+from rlsmoke.metrics import Record, Verdict, gates_for
+from rlsmoke.models import model_spec
+
+
+class RunLog:
+    """run.log: Miles-style `rollout N: {...}` / `step N: {...}` lines, so `load_record` reads it too."""
+
+    def __init__(self, path: Path):
+        self.file = path.open("w")
+        self.t0 = time.perf_counter()
+
+    def __call__(self, text: str) -> None:
+        self.file.write(f"[{time.perf_counter() - self.t0:7.2f}s] {text}\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog) -> list[dict]:
+    """The GRPO loop for one seed; returns the metrics.jsonl lines."""
+    lines = []
+    score = REWARDS[cfg.reward]
+    for i in range(cfg.num_rollout):
+        groups = workers.generate([p.ids for p in prompts], cfg.n_samples, seed=seed * 100 + i)
+        for g, p in zip(groups, prompts, strict=True):
+            rows = [resp[mask > 0].tolist() for resp, mask in zip(g.response, g.mask, strict=True)]
+            g.rewards = torch.tensor([score(tokenizer.decode(r), r, p.label) for r in rows])  # (n,)
+        old = workers.forward_only(groups)  # [(logp (n, R), entropy (n, R))] per group
+
+        # Groups hold the same n samples, so the mean of group means is the mean over samples.
+        rollout = {
+            "rollout/raw_reward": torch.cat([g.rewards for g in groups]).mean().item(),
+            "rollout/log_probs": _mean(
+                [grpo.sample_mean(lp, g.mask) for g, (lp, _) in zip(groups, old, strict=True)]
+            ),
+            "rollout/rollout_log_probs": _mean(
+                [grpo.sample_mean(g.rollout_logprobs, g.mask) for g in groups]
+            ),
+            "rollout/entropy": _mean(
+                [grpo.sample_mean(ent, g.mask) for g, (_, ent) in zip(groups, old, strict=True)]
+            ),
+            "rollout/response_len": torch.cat([g.mask.sum(1) for g in groups]).mean().item(),
+        }
+        stats = [
+            grpo.train_rollout_stats(lp, g.rollout_logprobs, g.mask)
+            for g, (lp, _) in zip(groups, old, strict=True)
+        ]
+        step = {k: (max if k.endswith("_max") else _mean)([s[k] for s in stats]) for k in stats[0]}
+        if i < cfg.num_rollout - 1:
+            rewards = torch.stack([g.rewards for g in groups])  # (G, n)
+            advantages = list(grpo.group_advantages(rewards))  # G of (n,)
+            step.update(workers.step(groups, [lp for lp, _ in old], advantages))
+            step.update(workers.sync(skip=cfg.inject.kind == "stale-weights"))
+        for kind, metrics in (("rollout", rollout), ("step", step)):
+            lines.append({"kind": kind, "index": i, "metrics": metrics})
+            log(f"{kind} {i}: {metrics!r}")
+    return lines
+
+
+def _mean(values) -> float:
+    values = [float(v) for v in values]
+    return sum(values) / len(values)
+
+
+def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
+    """Run `repeat` seeds from the same initial weights, write the artifacts, return summary.json's dict."""
+    cfg.validate()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = RunLog(out / "run.log")
+    t0 = time.perf_counter()
+    transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
+    spec = model_spec(cfg.case, tiny=cfg.tiny)
+    try:
+        ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
+        log(f"config: {cfg!r}")
+        log(f"checkpoint: {ckpt}")
+        tokenizer = load_tokenizer(ckpt)
+        eos = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        lines, per_repeat, where = [], [], {}
+        for r in range(repeat):
+            seed = cfg.seed + r
+            torch.manual_seed(seed)
+            prompts = [encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)]
+            workers = open_workers(cfg, ckpt, eos, pad)  # fresh from the checkpoint: same initial weights
+            try:
+                where = workers.where
+                log(f"placement: {cfg.mode} {where}")
+                run_lines = one_run(cfg, workers, prompts, tokenizer, seed, log)
+            finally:
+                workers.close()
+            if repeat > 1:
+                for line in run_lines:
+                    line["repeat"] = r
+            lines += run_lines
+            per_repeat.append(run_lines)
+    except torch.OutOfMemoryError:
+        need = estimate_memory_gib(spec, cfg.rollout_dtype, cfg.train_dtype)
+        raise RlsmokeError(
+            f"case={cfg.case} ran out of device memory on {cfg.device_class}; it needs about {need:.0f} GiB "
+            "for weights, grads, AdamW state and the rollout copy, before activations",
+            rule="engine.oom",
+            fix="add --gradient-checkpointing, --rollout-dtype bfloat16, or use --tiny",
+        ) from None
+    finally:
+        log.close()
+    with (out / "metrics.jsonl").open("w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+
+    meta = {"case": cfg.case, "platform": cfg.platform, "device": cfg.device_class, "launcher": cfg.launcher,
+            "dtype": cfg.dtype_key, "width": "tiny" if cfg.tiny else "full"}  # fmt: skip
+    record = Record.from_lines(lines, source=str(out / "metrics.jsonl"), artifacts=str(out), meta=meta)
+    try:
+        gates = gates_for(cfg.case, **{k: v for k, v in meta.items() if k != "case"})
+    except RlsmokeError as exc:
+        # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
+        values = {k: record.value(k) for k in record.keys()}
+        (out / "summary.json").write_text(
+            json.dumps(
+                meta
+                | {
+                    "metrics": values,
+                    "gates": [],
+                    "verdict": "FAIL",
+                    "error": exc.one_line(),
+                    "artifacts": str(out),
+                },
+                indent=2,
+            )
+        )
+        raise
+    verdict = gates.check(record)
+    summary = {
+        **{k: meta[k] for k in ("case", "platform", "device", "launcher")},
+        "width": meta["width"],
+        "mode": cfg.mode,
+        "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype},
+        "seed": cfg.seed,
+        "repeat": repeat,
+        "inject": str(cfg.inject),
+        "rollout_temperature": cfg.rollout_temperature,
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": pyplatform.python_version(),
+        },  # fmt: skip
+        "placement": where,
+        "metrics": verdict.values(),
+        "gates": [r.to_json() for r in verdict.results],
+        "thresholds": gates.source,
+        "verdict": "PASS" if verdict.passed else "FAIL",
+        "artifacts": str(out),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    if repeat > 1:
+        # what calibration reads: each seed's gated values
+        records = [Record.from_lines(rl) for rl in per_repeat]
+        summary["per_repeat"] = [
+            {g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records
+        ]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    return summary | {"_verdict": verdict}
+
+
+def _json_default(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)
+
+
+def verdict_of(summary: dict) -> Verdict:
+    return summary["_verdict"]
+
+
+__all__ = ["execute", "one_run", "RunError"]

@@ -1,0 +1,256 @@
+"""Training across several devices: FSDP2 over the plan's actor GPUs, one process per rank.
+
+Each rank is a data-parallel replica of the colocated flow: it holds an FSDP2 shard of the trainer
+(`fully_shard` per decoder layer, then the root) and a full rollout copy in the rollout dtype, rolls
+out its share of the prompts, and takes part in every collective (forward, backward, the
+all-gather of the weight sync). The driver speaks to the ranks through pipes, so the path needs no
+Ray and runs the same with gloo on CPU (CI) and NCCL on GPUs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlsmoke.engine import sync
+from rlsmoke.engine.config import RunConfig
+from rlsmoke.engine.model import TORCH_DTYPES, load_policy
+from rlsmoke.engine.rollout import Group, RolloutEngine
+from rlsmoke.engine.train import Trainer
+from rlsmoke.errors import RlsmokeError, RunError
+from rlsmoke.models import model_spec
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The repeated blocks FSDP shards one by one (text tower of a multimodal model included)."""
+    layers = [m for name, m in model.named_modules() if name.endswith(".layers") and isinstance(m, torch.nn.ModuleList)]
+    if not layers:
+        raise RunError(f"no decoder layers found in {type(model).__name__}", rule="engine.fsdp")
+    return [block for ml in layers for block in ml]
+
+
+def shard(model, *, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in decoder_layers(model):
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class ShardedTrainer(Trainer):
+    """The same loss and step as `Trainer`; norms, checksums and metrics made global across ranks."""
+
+    def global_sum(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.comm_device)
+        dist.all_reduce(t)
+        return t.item()
+
+    def step(self, groups, old, advantages) -> dict[str, float]:
+        local_tokens = float(sum(g.mask.sum() for g in groups))
+        metrics = super().step(groups, old, advantages)
+        # Per-token means were over this rank's tokens: weight them back to the global mean.
+        total = self.global_sum(local_tokens)
+        for key in ("train/pg_loss", "train/pg_clipfrac", "train/ppo_kl", "train/entropy_loss", "train/kl_loss",
+                    "train/loss"):  # fmt: skip
+            metrics[key] = self.global_sum(metrics[key] * local_tokens) / max(total, 1.0)
+        return metrics
+
+
+def _grad_norm(params, max_norm: float) -> float:
+    return _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).item()
+
+
+class Rank:
+    """One process of the sharded run: a trainer shard and a full rollout copy on its device."""
+
+    def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        spec = model_spec(cfg.case, tiny=cfg.tiny)
+        on_gpu = cfg.device.startswith("cuda")
+        self.device = f"cuda:{rank}" if on_gpu else "cpu"
+        if on_gpu:
+            torch.cuda.set_device(rank)
+        model = load_policy(ckpt, spec, cfg.train_dtype, self.device)
+        low = TORCH_DTYPES[cfg.rollout_dtype] if on_gpu else None  # bf16 compute and reduce on GPUs
+        shard(model, param_dtype=low, reduce_dtype=low)
+        self.trainer = ShardedTrainer(
+            model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+            eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+        )  # fmt: skip
+        self.trainer.comm_device = self.device
+        self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
+        self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,
+                                    max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
+                                    inject=cfg.inject)  # fmt: skip
+
+    def mine(self, items: list) -> list:
+        return items[self.rank :: self.world]
+
+    def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
+        indices = self.mine(list(range(len(prompt_ids))))
+        return [self.engine._group(i, prompt_ids[i], n, seed * 1000 + i) for i in indices]
+
+    def forward_only(self, groups: list[Group]):
+        return self.trainer.forward_only(groups)
+
+    def step(self, groups, old, advantages):
+        return self.trainer.step(groups, old, advantages)
+
+    def sync(self, skip: bool) -> dict[str, float]:
+        dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
+        full = [(name, _full(p.detach()).to(dtype)) for name, p in self.trainer.model.named_parameters()]
+        if not skip:
+            sync.load_weights(self.rollout_model, full)
+        result = sync.compare(self.rollout_model, full)
+        mismatched = self.trainer.global_sum(result["sync/mismatched_params"])
+        return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
+
+    def where(self) -> dict:
+        info = {"pid": os.getpid(), "rank": self.rank, "world": self.world, "device": self.device}
+        if self.device.startswith("cuda"):
+            info["gpu"] = torch.cuda.get_device_name(self.rank)
+        return info
+
+
+def _patch_trainer_for_dtensors() -> None:
+    """`Trainer.step` reads norms and checksums with .item(); on DTensors those need a full tensor."""
+    import rlsmoke.engine.train as train_module
+
+    original = train_module._checksums
+
+    @torch.no_grad()
+    def checksums(model):
+        if not any(hasattr(p, "full_tensor") for p in model.parameters()):
+            return original(model)
+        return {n: _full(p.detach().double().sum()).item() for n, p in model.named_parameters()}
+
+    train_module._checksums = checksums
+
+
+def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
+    try:
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        _patch_trainer_for_dtensors()
+        worker = Rank(cfg, ckpt, eos_id, pad_id, rank, world)
+        conn.send(("ok", worker.where()))
+        while True:
+            method, args = conn.recv()
+            if method == "close":
+                break
+            conn.send(("ok", getattr(worker, method)(*args)))
+    except Exception as exc:  # the driver re-raises it with the rank's traceback
+        conn.send(("error", (type(exc).__name__, str(exc), traceback.format_exc(), getattr(exc, "rule", ""))))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sharded:
+    """The driver: W rank processes, each given its share of the prompts; results gathered back."""
+
+    def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
+        self.world = cfg.num_gpus
+        if cfg.n_prompts % self.world:
+            raise RlsmokeError(
+                f"n_prompts={cfg.n_prompts} is not divisible by the {self.world} data-parallel ranks; every rank "
+                "must run the same number of sharded forwards", rule="engine.dp_divides_prompts",
+                fix=f"use --n-prompts {self.world * max(1, cfg.n_prompts // self.world)}",
+            )  # fmt: skip
+        port = int(os.environ.get("MASTER_PORT") or free_port())
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for rank in range(self.world):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(child, cfg, ckpt, eos_id, pad_id, rank, self.world, port),
+                               daemon=True)  # fmt: skip
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        try:
+            self.where = {"ranks": self._gather()}
+        except Exception:
+            self.close()
+            raise
+
+    def _gather(self) -> list:
+        results = []
+        for rank, conn in enumerate(self.conns):
+            try:
+                status, payload = conn.recv()
+            except EOFError:
+                raise RunError(f"rank {rank} died (exit code {self.procs[rank].exitcode})", rule="engine.worker") from None
+            if status == "error":
+                name, message, tb, rule = payload
+                if name == "OutOfMemoryError":
+                    raise torch.OutOfMemoryError(message)
+                raise RunError(f"rank {rank}: {name}: {message}", rule=rule or "engine.worker")
+            results.append(payload)
+        return results
+
+    def _call(self, method: str, per_rank_args: list[tuple]) -> list:
+        for conn, args in zip(self.conns, per_rank_args, strict=True):
+            conn.send((method, args))
+        return self._gather()
+
+    def _split(self, items: list) -> list[list]:
+        return [items[r :: self.world] for r in range(self.world)]
+
+    def generate(self, prompt_ids, n, seed) -> list[Group]:
+        shares = self._call("generate", [(prompt_ids, n, seed)] * self.world)
+        return sorted((g for share in shares for g in share), key=lambda g: g.prompt_index)
+
+    def forward_only(self, groups):
+        shares = self._call("forward_only", [(share,) for share in self._split(groups)])
+        return _interleave(shares)
+
+    def step(self, groups, old, advantages):
+        args = list(zip(self._split(groups), self._split(old), self._split(advantages), strict=True))
+        return self._call("step", args)[0]  # the metrics are all-reduced: every rank has the same
+
+    def sync(self, *, skip: bool):
+        results = self._call("sync", [(skip,)] * self.world)
+        return {**results[0], "sync/max_abs_diff": max(r["sync/max_abs_diff"] for r in results)}
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("close", ()))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=30)
+            if proc.is_alive():  # only our own children, by handle
+                proc.kill()
+                proc.join()
+
+
+def _interleave(shares: list[list]) -> list:
+    """Undo `items[r::W]`: the r-th share's k-th item was item k*W + r."""
+    total = sum(len(s) for s in shares)
+    out = [None] * total
+    for r, share in enumerate(shares):
+        for k, item in enumerate(share):
+            out[k * len(shares) + r] = item
+    return out

@@ -1,0 +1,51 @@
+"""Weight sync: trainer -> rollout engine, then an equality check parameter by parameter.
+
+The check compares after casting the trainer's weights to the rollout dtype, like Miles' --ci-test
+weight check: equal means bitwise equal in what the engine actually samples with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+
+def rollout_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """The trainer's parameters as the rollout engine should hold them."""
+    for name, p in model.named_parameters():
+        yield name, p.detach().to(dtype)
+
+
+@torch.no_grad()
+def load_weights(model, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+    params = dict(model.named_parameters())
+    n = 0
+    for name, tensor in weights:
+        params[name].copy_(tensor.to(params[name].device))
+        n += 1
+    return n
+
+
+@torch.no_grad()
+def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    """Mismatched parameters (count, max abs diff) between `model` and `expected` weights."""
+    params = dict(model.named_parameters())
+    checked = mismatched = 0
+    max_diff = 0.0
+    seen = set()
+    for name, tensor in expected:
+        seen.add(name)
+        checked += 1
+        mine = params.get(name)
+        if mine is None or mine.shape != tensor.shape:
+            mismatched += 1
+            max_diff = float("inf")
+            continue
+        tensor = tensor.to(mine.device, mine.dtype)
+        if not torch.equal(mine, tensor):
+            mismatched += 1
+            max_diff = max(max_diff, (mine.float() - tensor.float()).abs().max().item())
+    mismatched += len(set(params) - seen)  # the engine holds a parameter the trainer does not
+    return {"sync/checked_params": float(checked), "sync/mismatched_params": float(mismatched),
+            "sync/max_abs_diff": max_diff}  # fmt: skip

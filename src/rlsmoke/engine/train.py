@@ -1,0 +1,108 @@
+"""The train step: a forward-only pass for the old log-probs, then loss, backward, clip and AdamW."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlsmoke.engine import grpo
+from rlsmoke.engine.rollout import Group
+from rlsmoke.errors import RunError
+
+
+def token_logprobs(model, group: Group) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy of each response token at temperature 1: (n, R) and (n, R), float32."""
+    device = next(model.parameters()).device
+    tokens = group.tokens.to(device)  # (n, P+R)
+    logits = model(input_ids=tokens, use_cache=False).logits  # (n, P+R, V)
+    logits = logits[:, group.prompt_len - 1 : -1].float()  # (n, R, V) the positions predicting the response
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, tokens[:, group.prompt_len :, None])[..., 0]  # (n, R)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (n, R)
+    return logp, entropy
+
+
+def set_dropout(model, p: float) -> None:
+    """--inject train-dropout=P: attention dropout left on in the training forward, a classic bug."""
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = p
+
+
+class Trainer:
+    def __init__(self, model, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
+                 eps_clip: float, eps_clip_high: float, entropy_coef: float = 0.0, kl_coef: float = 0.0,
+                 ref_model=None, gradient_checkpointing: bool = False):  # fmt: skip
+        self.model = model
+        self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
+        self.entropy_coef, self.kl_coef, self.ref_model = entropy_coef, kl_coef, ref_model
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def forward_only(self, groups: list[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The old log-probs and entropies, eval mode, no graph: what Miles' compute_log_prob does."""
+        self.model.eval()
+        return [tuple(t.cpu() for t in token_logprobs(self.model, g)) for g in groups]
+
+    def step(
+        self, groups: list[Group], old: list[torch.Tensor], advantages: list[torch.Tensor]
+    ) -> dict[str, float]:
+        """One optimizer step over all groups (one micro-batch each), token-level loss."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        device = next(self.model.parameters()).device
+        total_tokens = sum(g.mask.sum() for g in groups).clamp(min=1).item()
+        sums = {"pg_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "entropy_loss": 0.0, "kl_loss": 0.0}
+        for g, old_lp, adv in zip(groups, old, advantages, strict=True):
+            mask = g.mask.to(device)  # (n, R)
+            logp, entropy = token_logprobs(self.model, g)  # (n, R) each
+            loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp.to(device), adv.to(device), mask,
+                                                         self.eps_clip, self.eps_clip_high)  # fmt: skip
+            loss = loss_tok.sum() - self.entropy_coef * (entropy * mask).sum()
+            if self.kl_coef:
+                with torch.no_grad():
+                    ref_lp, _ = token_logprobs(self.ref_model, g)
+                kl = grpo.k3(logp, ref_lp) * mask
+                loss = loss + self.kl_coef * kl.sum()
+                sums["kl_loss"] += kl.sum().item()
+            if not torch.isfinite(loss):
+                raise RunError(f"loss is {loss.item()} on group {g.prompt_index}", rule="train.finite_loss")
+            (loss / total_tokens).backward()
+            sums["pg_loss"] += loss_tok.sum().item()
+            sums["pg_clipfrac"] += clipped.sum().item()
+            sums["ppo_kl"] += ppo_kl.sum().item()
+            sums["entropy_loss"] += (entropy.detach() * mask).sum().item()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            params, self.grad_clip
+        ).item()  # total norm before clipping
+        if not math.isfinite(grad_norm):
+            bad = next(
+                n
+                for n, p in self.model.named_parameters()
+                if p.grad is not None and not p.grad.isfinite().all()
+            )
+            raise RunError(
+                f"grad_norm is {grad_norm}; first non-finite grad in {bad}", rule="train.finite_grads"
+            )
+        before = _checksums(self.model)
+        self.optimizer.step()
+        changed = sum(1 for name, s in _checksums(self.model).items() if s != before[name])
+        if changed == 0:
+            raise RunError("the optimizer step changed no parameter", rule="train.update_applied")
+        self.model.eval()
+        metrics = {f"train/{k}": v / total_tokens for k, v in sums.items()}
+        metrics["train/loss"] = metrics["train/pg_loss"]
+        metrics["train/grad_norm"] = grad_norm
+        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["train/updated_params_frac"] = changed / len(before)
+        return metrics
+
+
+@torch.no_grad()
+def _checksums(model) -> dict[str, float]:
+    # A float64 sum sees a 1e-6 update without keeping a second copy of the weights.
+    return {n: p.detach().double().sum().item() for n, p in model.named_parameters()}

@@ -1,0 +1,167 @@
+"""A sqlite history of runs and the band gate against the mean of the last K trusted runs.
+
+Runs are keyed by (case, platform, device, launcher, commit). A run is *trusted* when it was asked
+to be (`--history-trusted`, the nightly job on main) and passed every gate and band: a regression
+never becomes the baseline it is compared against. Unlike upstream, the band also gates ROCm.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Mapping
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+KEY = ("case", "platform", "device", "launcher")  # the series a band is computed over; commit is per run
+DEFAULT_K = 20  # upstream: the mean of the last <= 20 trusted nightly runs
+
+
+@dataclass(frozen=True)
+class Band:
+    """Two-sided band around the baseline mean: each side allows max(rel * |mean|, abs)."""
+
+    up_rel: float
+    up_abs: float
+    down_rel: float
+    down_abs: float
+
+    def bounds(self, mean: float) -> tuple[float, float]:
+        return (mean - max(self.down_rel * abs(mean), self.down_abs),
+                mean + max(self.up_rel * abs(mean), self.up_abs))  # fmt: skip
+
+
+# Upstream Miles' history gate (miles-launch.md, "What a one-step CI run asserts upstream").
+_KL_BAND = Band(0.5, 0.02, 0.8, 0.02)
+BANDS: dict[str, Band] = {
+    "train/grad_norm": Band(0.5, 0.1, 0.8, 0.1),
+    "train/ppo_kl": _KL_BAND,
+    "train/train_rollout_logprob_abs_diff": _KL_BAND,
+    "train/train_rollout_kl": _KL_BAND,
+    "rollout/raw_reward": Band(0.5, 0.05, 0.2, 0.05),
+}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created REAL NOT NULL,
+    "case" TEXT NOT NULL, platform TEXT NOT NULL, device TEXT NOT NULL, launcher TEXT NOT NULL,
+    "commit" TEXT NOT NULL,
+    trusted INTEGER NOT NULL,
+    verdict TEXT NOT NULL,
+    metrics TEXT NOT NULL,   -- {metric: value} of the band metrics
+    gates TEXT NOT NULL,     -- [{name, metric, op, bound, value, passed}] of the thresholds
+    artifacts TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_key ON runs ("case", platform, device, launcher, trusted, id);
+"""
+
+
+def connect(db: str | Path) -> sqlite3.Connection:
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(db), timeout=60)  # xdist workers write to one file: wait, don't fail
+    conn.row_factory = sqlite3.Row
+    conn.executescript(SCHEMA)
+    return conn
+
+
+def band_values(record) -> dict[str, float]:
+    """The mean over steps (or rollouts) of each band metric the run logged."""
+    out = {}
+    for metric in BANDS:
+        series = [v for _, _, v in record.series(metric)]
+        if series:
+            out[metric] = sum(series) / len(series)
+    return out
+
+
+@dataclass(frozen=True)
+class BandResult:
+    metric: str
+    value: float
+    mean: float
+    lower: float
+    upper: float
+    runs: int  # trusted runs in the baseline
+
+    @property
+    def passed(self) -> bool:
+        return math.isfinite(self.value) and self.lower <= self.value <= self.upper
+
+    def line(self) -> str:
+        return (f"{self.metric} = {self.value:.4g}, outside [{self.lower:.4g}, {self.upper:.4g}] around the mean "
+                f"{self.mean:.4g} of the last {self.runs} trusted runs" if not self.passed else
+                f"{self.metric} = {self.value:.4g} within [{self.lower:.4g}, {self.upper:.4g}] ({self.runs} runs)")  # fmt: skip
+
+
+def baseline(conn: sqlite3.Connection, key: Mapping[str, str], k: int = DEFAULT_K) -> list[dict[str, float]]:
+    """The band metrics of the last `k` trusted runs of `key`, newest first."""
+    rows = conn.execute(
+        'SELECT metrics FROM runs WHERE "case"=? AND platform=? AND device=? AND launcher=? AND trusted=1 '
+        "ORDER BY id DESC LIMIT ?", (*(str(key[f]) for f in KEY), k),
+    ).fetchall()  # fmt: skip
+    return [json.loads(r["metrics"]) for r in rows]
+
+
+def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) -> list[BandResult]:
+    """One result per band metric that both this run and the baseline have. No baseline, no result."""
+    results = []
+    for metric, band in BANDS.items():
+        past = [r[metric] for r in runs if metric in r and math.isfinite(r[metric])]
+        if metric not in values or not past:
+            continue
+        mean = sum(past) / len(past)
+        lower, upper = band.bounds(mean)
+        results.append(BandResult(metric, float(values[metric]), mean, lower, upper, len(past)))
+    return results
+
+
+def add_run(conn: sqlite3.Connection, key: Mapping[str, str], *, commit: str, trusted: bool, verdict: str,
+            values: Mapping[str, float], gates: list[dict] = (), artifacts: str = "",
+            created: float | None = None) -> int:  # fmt: skip
+    cur = conn.execute(
+        'INSERT INTO runs (created, "case", platform, device, launcher, "commit", trusted, verdict, metrics, gates, '
+        "artifacts) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (created or time.time(), *(str(key[f]) for f in KEY), commit, int(trusted), verdict,
+         json.dumps(dict(values)), json.dumps(list(gates)), artifacts),
+    )  # fmt: skip
+    conn.commit()
+    return int(cur.lastrowid)
+
+
+def record_and_check(db: str | Path, record, verdict, *, commit: str, trusted: bool,
+                     k: int = DEFAULT_K) -> list[BandResult]:  # fmt: skip
+    """Band-check `record` against the trusted baseline of its key, then store it."""
+    key = {f: verdict.key.get(f) or record.meta.get(f) or "unknown" for f in KEY}
+    values = band_values(record)
+    with closing(connect(db)) as conn:
+        results = check_bands(values, baseline(conn, key, k))
+        ok = verdict.passed and all(r.passed for r in results)
+        gates = [{"name": r.gate.name, "metric": r.gate.summary_key, "op": r.gate.op, "bound": r.gate.bound,
+                  "value": r.value if r.value is None or math.isfinite(r.value) else None, "passed": r.passed}
+                 for r in verdict.results]  # fmt: skip
+        add_run(conn, key, commit=commit, trusted=trusted and ok, verdict="PASS" if ok else "FAIL", values=values,
+                gates=gates, artifacts=str(record.artifacts))  # fmt: skip
+    return results
+
+
+def report(failed: list[BandResult]) -> str:
+    lines = [f"{len(failed)} history band(s) failed:"] + [f"  - {r.line()}" for r in failed]
+    lines.append("next: compare with the last trusted run's artifacts; if the change is intended, "
+                 "mark a run of the new behaviour trusted (--history-trusted) to move the baseline")  # fmt: skip
+    return "\n".join(lines)
+
+
+def runs(db: str | Path) -> list[dict]:
+    """Every run, oldest first, with metrics and gates decoded (for `rlsmoke report`)."""
+    with closing(connect(db)) as conn:
+        rows = conn.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    out = []
+    for r in rows:
+        d = dict(r)
+        d["metrics"], d["gates"] = json.loads(d["metrics"]), json.loads(d["gates"])
+        out.append(d)
+    return out

@@ -1,0 +1,160 @@
+"""GPU and port leases shared by every pytest worker (and every session) on one host.
+
+A lease is a set of held file locks in one host-wide folder: `gpu-<id>.lock` for each GPU id and
+`ports-<k>.lock` for each block of ports. Locks, not worker numbers, decide who gets what, so two
+xdist workers, or two `pytest` runs of two users, never share a GPU or a port. A process that dies
+releases its locks with it (flock), so a crashed worker never leaks a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from rlsmoke.platforms import PLATFORMS
+
+DEFAULT_LEASE_DIR = Path(tempfile.gettempdir()) / f"rlsmoke-leases-{os.getuid()}"
+PORT_BASE = 21000  # above Ray's defaults (6379, 8265, 10001-19999) so a stray default cluster never collides
+PORT_BLOCK = 100  # ports per block: the named ports below plus a worker-port range for Ray
+PORT_BLOCKS = 200  # 21000..40999: below the Linux ephemeral range (32768+ is shared with outgoing sockets)
+
+
+def lease_dir() -> Path:
+    path = Path(os.environ.get("RLSMOKE_LEASE_DIR") or DEFAULT_LEASE_DIR)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def visible_gpu_ids(platform: str, count: int) -> tuple[str, ...]:
+    """The GPU ids this process may hand out: the visible-devices variable if set, else 0..count-1."""
+    var = PLATFORMS[platform].visible_devices_var if platform in PLATFORMS else None
+    value = os.environ.get(var or "", "")
+    ids = tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
+    return ids[:count] if ids else tuple(str(i) for i in range(count))
+
+
+@dataclass
+class GpuLease:
+    """GPU ids held by this process until `release()`. `env()` is what a launched process needs."""
+
+    platform: str
+    ids: tuple[str, ...]
+    _locks: list[FileLock] = field(default_factory=list, repr=False)
+
+    def env(self) -> dict[str, str]:
+        var = PLATFORMS[self.platform].visible_devices_var if self.platform in PLATFORMS else None
+        return {var: ",".join(self.ids)} if var and self.ids else {}
+
+    def release(self) -> None:
+        for lock in self._locks:
+            lock.release()
+        self._locks.clear()
+
+    def __enter__(self) -> GpuLease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float = 3600.0,
+               poll: float = 0.2, folder: Path | None = None) -> GpuLease:  # fmt: skip
+    """Hold `n` GPU ids of `pool` that nobody else holds; wait (up to `timeout` s) until `n` are free.
+
+    All-or-nothing under one allocator lock: a worker never sits on half a lease while another waits
+    for the other half, so two 8-GPU tests on one 8-GPU host run one after the other, never deadlock.
+    """
+    if n <= 0:
+        return GpuLease(platform, ())
+    if n > len(pool):
+        raise ValueError(f"n={n} GPUs asked for but the pool has {len(pool)} ({','.join(pool)}). Adjust --num-gpus.")
+    folder = folder or lease_dir()
+    deadline = time.monotonic() + timeout
+    while True:
+        with FileLock(str(folder / "allocator.lock")):
+            held: list[FileLock] = []
+            for gpu in pool:
+                lock = FileLock(str(folder / f"gpu-{gpu}.lock"))
+                try:
+                    lock.acquire(timeout=0)
+                except Timeout:
+                    continue
+                held.append(lock)
+                if len(held) == n:
+                    ids = tuple(Path(lk.lock_file).stem.removeprefix("gpu-") for lk in held)
+                    return GpuLease(platform, ids, held)
+            for lock in held:
+                lock.release()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {n} free GPUs of {','.join(pool)} (lock dir {folder})")
+        time.sleep(poll)
+
+
+# Offsets inside a block. Ray's worker ports take the tail of the block.
+PORT_NAMES = {
+    "gcs": 0, "dashboard": 1, "client_server": 2, "dashboard_agent_listen": 3, "dashboard_agent_grpc": 4,
+    "metrics_export": 5, "node_manager": 6, "object_manager": 7, "runtime_env_agent": 8, "master": 9,
+}  # fmt: skip
+WORKER_PORTS = (20, PORT_BLOCK - 1)  # first and last offset of Ray's worker-port range
+
+
+@dataclass
+class PortLease:
+    """A block of ports that no other lease holder on this host uses."""
+
+    base: int
+    _lock: FileLock | None = field(default=None, repr=False)
+
+    def __getattr__(self, name: str) -> int:
+        if name in PORT_NAMES:
+            return self.base + PORT_NAMES[name]
+        raise AttributeError(name)
+
+    @property
+    def worker_ports(self) -> tuple[int, int]:
+        return self.base + WORKER_PORTS[0], self.base + WORKER_PORTS[1]
+
+    def all_named(self) -> dict[str, int]:
+        return {name: self.base + off for name, off in PORT_NAMES.items()}
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def lease_ports(*, start: int = 0, folder: Path | None = None, base: int | None = None) -> PortLease:
+    """The first free block at or after block `start` (the xdist worker number, to spread the search).
+
+    A block is taken when its lock is free and its named ports are bindable now; something outside the
+    suite holding one of them makes us skip the block rather than collide later.
+    """
+    folder = folder or lease_dir()
+    base = base if base is not None else int(os.environ.get("RLSMOKE_PORT_BASE", PORT_BASE))
+    for i in range(PORT_BLOCKS):
+        k = (start + i) % PORT_BLOCKS
+        lock = FileLock(str(folder / f"ports-{base + k * PORT_BLOCK}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        block = base + k * PORT_BLOCK
+        if all(_bindable(block + off) for off in PORT_NAMES.values()):
+            return PortLease(block, lock)
+        lock.release()
+    raise RuntimeError(f"no free port block of {PORT_BLOCK} from {base} (lock dir {folder}). Set RLSMOKE_PORT_BASE.")

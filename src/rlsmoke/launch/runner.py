@@ -1,0 +1,272 @@
+"""Run a launch: its own session, a clean env, logs tee'd to the artifacts folder, nothing left behind.
+
+Every process we start gets `RLSMOKE_RUN_TOKEN=<token>` in its env and inherits it down the tree. On
+timeout or at the end the session's process group gets SIGTERM, then SIGKILL; then any process that
+still carries the token (a daemon that called setsid, as Ray's do) is killed by its pid. Nothing is
+ever killed by name, so a user's other Ray cluster or training job on the host is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+TOKEN_VAR = "RLSMOKE_RUN_TOKEN"
+PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+              "FTP_PROXY", "ALL_PROXY")  # fmt: skip
+TERM_GRACE_S = 10.0  # SIGTERM -> SIGKILL: Ray's `start --block` needs a few seconds to stop its daemons
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int | None  # None: killed on timeout
+    timed_out: bool
+    seconds: float
+    log: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+def clean_env(extra: Mapping[str, str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`base` (default os.environ) without proxy variables, plus `extra`; the interpreter's bin dir first."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in PROXY_VARS}
+    env.update(extra)
+    for var in PROXY_VARS:  # a plan could not reintroduce one either
+        env.pop(var, None)
+    bindir = str(Path(sys.executable).parent)
+    if env.get("PATH", "").split(os.pathsep)[0] != bindir:  # `python3`, `ray`, `rlsmoke` of this venv
+        env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
+    return env
+
+
+def tree_pids(token: str, sid: int | None = None) -> list[int]:
+    """Live pids that belong to a launch: in session `sid`, or holding `token` in their env.
+
+    Both, because each misses some: a daemon that calls setsid leaves the session but keeps the env,
+    and Ray's processes overwrite their env block with their title (setproctitle) but stay in the
+    session. Zombies are excluded: they are dead, only not yet reaped by init.
+    """
+    needle = f"{TOKEN_VAR}={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            if sid is not None and int(fields[3]) == sid:
+                found.append(int(entry))
+            elif needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):  # gone, or not ours to read
+            continue
+    return found
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -> None:
+    """SIGTERM the session's group, wait up to `grace`, then SIGKILL every pid of the tree until none is left."""
+    sid = proc.pid  # start_new_session: the leader's pid is the session and the group id
+    _signal_group(sid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (proc.poll() is None or tree_pids(token, sid)):
+        time.sleep(0.1)
+    for _ in range(100):  # a process may fork while we look; look again until nothing is left
+        _signal_group(sid, signal.SIGKILL)
+        pids = tree_pids(token, sid)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.05)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
+    for line in iter(stream.readline, ""):
+        log.write(line)
+        log.flush()
+        if echo is not None:
+            echo.write(line)
+    stream.close()
+
+
+class Process:
+    """One launched command in its own session, tee'd to `log`. Use as a context manager."""
+
+    def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
+                 token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S):  # fmt: skip
+        self.grace = grace
+        self.argv = tuple(str(a) for a in argv)
+        self.token = token or uuid.uuid4().hex
+        self.log = Path(log)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._logf = self.log.open("a", encoding="utf-8")
+        self._logf.write(f"$ {' '.join(self.argv)}\n")
+        self._logf.flush()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv, env={**env, TOKEN_VAR: self.token}, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+            start_new_session=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True)
+        self._reader.start()
+
+    def wait(self, timeout: float | None) -> Result:
+        timed_out = False
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        rc = None if timed_out else self.proc.returncode
+        if timed_out:
+            self._logf.write(f"rlsmoke: timed out after {timeout:.0f} s; killing the process group\n")
+        self.stop()
+        return Result(self.argv, rc, timed_out, time.monotonic() - self.started, self.log)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Ends the whole tree (a finished leader may have left children running) and closes the log."""
+        grace = self.grace if grace is None else grace
+        if self.proc.poll() is None or tree_pids(self.token, self.proc.pid):
+            stop_tree(self.proc, self.token, grace)
+        self._reader.join(timeout=grace)
+        if not self._logf.closed:
+            self._logf.flush()
+            self._logf.close()
+
+    def __enter__(self) -> Process:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None, cwd=None,
+        token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S) -> Result:  # fmt: skip
+    """Run `argv` to completion (or `timeout` s), tee'd to `log`; leaves no process behind."""
+    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace).wait(timeout)
+
+
+# --- the Miles launcher: ray start --head, then ray job submit -----------------------------------
+
+
+def ray_start_argv(ray_start: Sequence[str], ports, temp_dir: str) -> list[str]:
+    """The plan's `ray start --head ...` plus every port from our lease, `--block` and our temp dir.
+
+    `--block` keeps `ray start` in the foreground as the leader of our session: SIGTERM to it stops
+    the cluster it started, and only that one (`ray stop` would stop every cluster on the host).
+    """
+    lo, hi = ports.worker_ports
+    return [*ray_start, "--port", str(ports.gcs), "--dashboard-host", "127.0.0.1",
+            "--dashboard-port", str(ports.dashboard), "--include-dashboard", "true",
+            "--dashboard-agent-listen-port", str(ports.dashboard_agent_listen),
+            "--dashboard-agent-grpc-port", str(ports.dashboard_agent_grpc),
+            "--metrics-export-port", str(ports.metrics_export),
+            "--node-manager-port", str(ports.node_manager), "--object-manager-port", str(ports.object_manager),
+            "--runtime-env-agent-port", str(ports.runtime_env_agent),
+            "--min-worker-port", str(lo), "--max-worker-port", str(hi),
+            "--temp-dir", temp_dir, "--block", *_client_port(ports)]  # fmt: skip
+
+
+def _client_port(ports) -> list[str]:
+    """Ray starts a client server (default port 10001) only where `ray[client]` is installed; give it ours."""
+    try:
+        from ray._private.utils import get_ray_client_dependency_error
+    except ImportError:
+        return []
+    if get_ray_client_dependency_error() is not None:
+        return []
+    return ["--ray-client-server-port", str(ports.client_server)]
+
+
+def job_submit_argv(job_submit: Sequence[str], dashboard: int) -> list[str]:
+    """The plan's `ray job submit ...` pointed at our dashboard port (the plan names Ray's default)."""
+    argv = list(job_submit)
+    i = argv.index("--address")
+    host = argv[i + 1].split("//", 1)[-1].rsplit(":", 1)[0]
+    argv[i + 1] = f"http://{host}:{dashboard}"
+    return argv
+
+
+def wait_dashboard(port: int, proc: Process, timeout: float) -> None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise RuntimeError(f"`ray start` exited with {proc.proc.returncode} before its dashboard came up; "
+                               f"see {proc.log}")  # fmt: skip
+        try:
+            with opener.open(f"http://127.0.0.1:{port}/api/version", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"Ray's dashboard on port {port} did not answer within {timeout:.0f} s; see {proc.log}")
+
+
+def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
+              timeout: float, echo: TextIO | None = None) -> Result:  # fmt: skip
+    """Upstream's launch under `miles_root`: a Ray head with the plan's GPUs, then the job; then stop Ray.
+
+    `env` is what every process gets (visible devices, MASTER_PORT); the job's runtime env is the plan's
+    env plus `env`, like upstream's `--runtime-env-json`.
+    """
+    started = time.monotonic()
+    token = uuid.uuid4().hex  # one token for the head and the job: one sweep finds both
+    # Newer Ray turns on token auth by default; this cluster listens on loopback only and its own
+    # dashboard probe and `ray job submit` carry no token.
+    full_env = clean_env({**launch.env, **env, "RAY_AUTH_MODE": "disabled"})
+    # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
+    temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
+    head = Process(ray_start_argv(launch.ray_start(), ports, temp_dir), env=full_env, cwd=miles_root,
+                   log=artifacts / "ray-head.log", token=token)  # fmt: skip
+    try:
+        wait_dashboard(ports.dashboard, head, timeout=min(120.0, timeout))
+        runtime_env = json.dumps({"env_vars": {**launch.env, **env}})
+        left = max(1.0, timeout - (time.monotonic() - started))
+        submit = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
+        result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left, token=token,
+                     echo=echo)  # fmt: skip
+    finally:
+        head.stop(grace=3.0)  # Ray drains for up to 30 s on SIGTERM; the cluster is ours and disposable
+        if not head.log.exists() or head.proc.returncode not in (0, -signal.SIGTERM):
+            _keep_ray_logs(temp_dir, artifacts)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return result
+
+
+def _keep_ray_logs(temp_dir: str, artifacts: Path) -> None:
+    logs = Path(temp_dir) / "session_latest" / "logs"
+    if logs.is_dir():
+        shutil.copytree(logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))

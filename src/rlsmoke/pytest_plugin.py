@@ -1,0 +1,210 @@
+"""rlsmoke's pytest plugin: options, markers, the skip hook, and the `artifacts` fixture.
+
+Deciding lives in `rlsmoke.suite.decide` (a pure function of a test's markers and the host); the hook
+here only applies it. GPU and port leases live in `rlsmoke.launch.lease`. Nothing heavy is imported
+at module level: this module loads in every pytest session of every user of the package.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+# Help-text rule: a lowercase phrase saying what the option does, then "(default ...)" when it has one.
+MARKERS = (
+    "nvidia: needs NVIDIA GPUs (how many: the gpus marker); skipped with a reason elsewhere",
+    "rocm: needs ROCm GPUs (how many: the gpus marker); skipped with a reason elsewhere",
+    "cpu: runs on any host with the built-in engine at the tiny width",
+    "gpus(n): the GPU count the test needs; --num-gpus or NUM_GPUS replaces it",
+    "slow: takes more than a few seconds on a CPU host",
+)
+
+_HOST = pytest.StashKey["object"]()
+_PORTS = pytest.StashKey["object"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("rlsmoke", "rlsmoke one-step GRPO end-to-end tests")
+    g.addoption("--num-gpus", type=int, default=None, metavar="N",
+                help="GPUs a GPU case runs on, replacing its NUM_GPUS (default env NUM_GPUS, else the module's)")
+    g.addoption("--platform", choices=("nvidia", "rocm", "cpu"), default=None,
+                help="the host's platform when detection cannot see it (default detected by nvidia-smi/rocm-smi)")
+    g.addoption("--launcher", choices=("builtin", "miles"), default="builtin",
+                help="what runs GPU cases: the built-in engine or Miles under --miles-root (default builtin)")
+    g.addoption("--miles-root", default=os.environ.get("MILES_ROOT"), metavar="DIR",
+                help="a Miles checkout to launch from (default env MILES_ROOT)")
+    g.addoption("--model-dir", default=None, metavar="DIR",
+                help="prepared HF checkpoints, one folder per case, verified before launch (default the cache)")
+    g.addoption("--artifacts-dir", default=None, metavar="DIR",
+                help="where each test writes its logs, metrics and summaries (default <rootdir>/artifacts)")
+    g.addoption("--update-golden", action="store_true", default=False,
+                help="record each run's values as a thresholds candidate instead of gating (default off)")
+    g.addoption("--history", default=os.environ.get("RLSMOKE_HISTORY"), metavar="DB",
+                help="sqlite history to store runs in and band-gate against (default env RLSMOKE_HISTORY, else none)")
+    g.addoption("--history-trusted", action="store_true", default=False,
+                help="mark passing runs as trusted baselines for the history band (default off)")
+    g.addoption("--run-timeout", type=float, default=None, metavar="S",
+                help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    n = config.getoption("num_gpus", None)
+    env = os.environ.get("NUM_GPUS")
+    if n is None and env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise pytest.UsageError(f"NUM_GPUS={env!r} is not an integer. Adjust NUM_GPUS or pass --num-gpus N") from None
+    if n is not None and n < 1:
+        raise pytest.UsageError(f"--num-gpus={n} must be >= 1. Adjust --num-gpus or NUM_GPUS")
+    config.option.num_gpus = n
+    if config.getoption("launcher", "builtin") == "miles" and config.getoption("miles_root"):
+        root = Path(config.getoption("miles_root"))
+        if not root.is_dir():
+            raise pytest.UsageError(f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)")
+
+
+def _host(config: pytest.Config):
+    """Detected once per session, on first need; --platform fills in what detection cannot see."""
+    if _HOST not in config.stash:
+        from rlsmoke.platforms import Host, detect
+
+        host, forced = detect(), config.getoption("platform")
+        if forced and forced != host.platform:
+            if host.platform != "cpu":
+                raise pytest.UsageError(f"--platform={forced} but this host has {host.describe()}. Drop --platform")
+            host = Host(forced, "CPU" if forced == "cpu" else "unknown",
+                        0 if forced == "cpu" else (config.getoption("num_gpus") or 0))  # fmt: skip
+        config.stash[_HOST] = host
+    return config.stash[_HOST]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    n = config.getoption("num_gpus")
+    return (f"rlsmoke: launcher={config.getoption('launcher')} num_gpus={n if n is not None else 'per module'} "
+            f"artifacts={_artifacts_root(config)}")  # fmt: skip
+
+
+def _gpus_marker(item: pytest.Item) -> int | None:
+    mark = item.get_closest_marker("gpus")
+    if mark is None:
+        return None
+    if len(mark.args) != 1 or not isinstance(mark.args[0], int) or mark.args[0] < 1:
+        raise pytest.UsageError(f"{item.nodeid}: gpus{mark.args} is wrong. Write @pytest.mark.gpus(N) with N >= 1")
+    return mark.args[0]
+
+
+def _requirement(item: pytest.Item):
+    from rlsmoke.suite import requirement
+
+    return requirement((m.name for m in item.iter_markers()), _gpus_marker(item), item.config.getoption("num_gpus"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from rlsmoke.errors import RlsmokeError
+    from rlsmoke.suite import decide
+
+    for item in items:
+        try:
+            req = _requirement(item)
+        except RlsmokeError as exc:
+            raise pytest.UsageError(f"{item.nodeid}: {exc.one_line()}") from None
+        if req is None or req.platform == "cpu":
+            continue
+        decision = decide(req, _host(config), launcher=config.getoption("launcher"),
+                          miles_root=config.getoption("miles_root"))  # fmt: skip
+        if not decision.run:
+            item.add_marker(pytest.mark.skip(reason=decision.reason))
+
+
+def _artifacts_root(config: pytest.Config) -> Path:
+    value = config.getoption("artifacts_dir")
+    return Path(value).resolve() if value else Path(config.rootpath) / "artifacts"
+
+
+def _worker_index() -> int:
+    m = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
+    return int(m.group(1)) if m else 0
+
+
+@pytest.fixture(scope="session")
+def rlsmoke_host(pytestconfig: pytest.Config):
+    """The host the suite runs on (`rlsmoke.platforms.Host`)."""
+    return _host(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def rlsmoke_ports(pytestconfig: pytest.Config):
+    """This worker's block of ports (Ray GCS, dashboard, MASTER_PORT, ...): no other worker or session has it."""
+    from rlsmoke.launch.lease import lease_ports
+
+    ports = lease_ports(start=_worker_index())
+    yield ports
+    ports.release()
+
+
+@pytest.fixture
+def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
+    """The GPU ids this test holds until it ends, disjoint from every other worker's; none for CPU tests."""
+    from rlsmoke.launch.lease import GpuLease, lease_gpus, visible_gpu_ids
+
+    req = _requirement(request.node)
+    if req is None or req.platform == "cpu" or req.gpus == 0:
+        yield GpuLease("cpu", ())
+        return
+    timeout = float(os.environ.get("RLSMOKE_LEASE_TIMEOUT", 3600))
+    lease = lease_gpus(req.platform, visible_gpu_ids(req.platform, rlsmoke_host.count), req.gpus, timeout=timeout)
+    yield lease
+    lease.release()
+
+
+def _commit(config: pytest.Config) -> str:
+    import subprocess
+
+    if os.environ.get("GITHUB_SHA"):
+        return os.environ["GITHUB_SHA"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=config.rootpath, capture_output=True, text=True,
+                             timeout=10, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+@pytest.fixture
+def artifacts(request: pytest.FixtureRequest, rlsmoke_host, rlsmoke_ports, gpu_lease, record_property):
+    """The test's artifacts folder (emptied first) with the session's launcher, leases and history."""
+    from rlsmoke.suite import Artifacts
+
+    config = request.config
+    folder = _artifacts_root(config) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid).strip("_")
+    shutil.rmtree(folder, ignore_errors=True)  # a stale summary.json from an earlier run must not be read
+    folder.mkdir(parents=True)
+    history = config.getoption("history")
+    miles_root = config.getoption("miles_root")
+    model_dir = config.getoption("model_dir")
+    return Artifacts(
+        path=folder, launcher=config.getoption("launcher"), host=rlsmoke_host, num_gpus=config.getoption("num_gpus"),
+        miles_root=Path(miles_root) if miles_root else None, model_dir=Path(model_dir) if model_dir else None,
+        lease=gpu_lease, ports=rlsmoke_ports, timeout=config.getoption("run_timeout"),
+        update_golden=config.getoption("update_golden"), history=Path(history) if history else None,
+        trusted=config.getoption("history_trusted"), commit=_commit(config) if history else "unknown",
+        record_property=record_property,
+    )  # fmt: skip
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):  # xdist worker: the controller writes the summary once
+        return
+    root = _artifacts_root(session.config)
+    if root.is_dir():
+        from rlsmoke.report import write_session_summary
+
+        write_session_summary(root)

@@ -1,0 +1,176 @@
+"""Reports: a Markdown summary per run and per session, threshold candidates, and history plots.
+
+`rlsmoke report --history DB [--out DIR]` draws one PNG per gated metric of each series (case,
+platform, device, launcher): the values over runs, the hard bound of the thresholds, and the history
+band around the trusted mean. matplotlib is imported only there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from pathlib import Path
+
+SUMMARY_MD = "summary.md"
+
+
+def _fmt(x) -> str:
+    return "missing" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
+
+
+def write_run_summary(folder: Path, record, verdict, bands=()) -> Path:
+    """`summary.md` beside the run's `summary.json`: the key, every gate and band, and where the logs are."""
+    key = " ".join(f"{k}={v}" for k, v in verdict.key.items())
+    lines = [f"# {verdict.key.get('case', 'run')}: {'PASS' if verdict.passed else 'FAIL'}", "", f"`{key}`", "",
+             "| gate | metric | value | bound | margin | result | provenance |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in verdict.results:
+        lines.append(f"| {r.gate.name} | `{r.gate.summary_key}` | {_fmt(r.value)} | {r.gate.op} {r.gate.bound:.4g} | "
+                     f"{_fmt(r.margin)} | {'PASS' if r.passed else 'FAIL'} | {r.gate.provenance} |")  # fmt: skip
+    if bands:
+        lines += ["", "| history band | value | band | trusted runs | result |", "|---|---|---|---|---|"]
+        for b in bands:
+            lines.append(f"| `{b.metric}` | {b.value:.4g} | [{b.lower:.4g}, {b.upper:.4g}] | {b.runs} | "
+                         f"{'PASS' if b.passed else 'FAIL'} |")  # fmt: skip
+    lines += ["", f"Artifacts: `{folder}` (run.log, metrics.jsonl, summary.json)", ""]
+    path = Path(folder) / SUMMARY_MD
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_session_summary(artifacts_dir: Path) -> Path | None:
+    """One table of every run under `artifacts_dir` (each run's `summary.json`), as `summary.md`."""
+    root = Path(artifacts_dir)
+    runs = []
+    for path in sorted(root.rglob("summary.json")):
+        try:
+            runs.append((path.parent, json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not runs:
+        return None
+    lines = ["# rlsmoke runs", "", "| run | case | platform | device | launcher | verdict | failed gates |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for folder, s in runs:
+        failed = ", ".join(g["name"] for g in s.get("gates", []) if not g.get("passed")) or "-"
+        lines.append(f"| [{folder.relative_to(root)}]({folder.relative_to(root)}/{SUMMARY_MD}) | {s.get('case')} | "
+                     f"{s.get('platform')} | {s.get('device')} | {s.get('launcher')} | {s.get('verdict', '?')} | "
+                     f"{failed} |")  # fmt: skip
+    path = root / SUMMARY_MD
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_threshold_candidate(folder: Path, record, verdict) -> Path:
+    """`--update-golden`: this run's values as a thresholds entry, for review (never written in place)."""
+    gates = [{"name": r.gate.name, "metric": r.gate.metric, "op": r.gate.op, "bound": r.gate.bound,
+              "reduce": r.gate.reduce, "max_observed": r.value} for r in verdict.results]  # fmt: skip
+    entry = {"key": dict(verdict.key), "gates": gates,
+             "provenance": {"status": "candidate", "runs": 1, "device": verdict.key.get("device"),
+                            "date": dt.date.today().isoformat(), "versions": record.meta.get("versions", "?"),
+                            "margin_rule": "review: set each bound from max_observed over >= 5 runs"}}  # fmt: skip
+    path = Path(folder) / "thresholds-candidate.json"
+    path.write_text(json.dumps({"schema_version": 1, "entries": [entry]}, indent=2) + "\n")
+    return path
+
+
+# --- rlsmoke report --history DB ------------------------------------------------------------------
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+
+def series(runs: list[dict]) -> dict[tuple, dict[str, list[tuple[int, float, bool]]]]:
+    """{(case, platform, device, launcher): {metric: [(run id, value, trusted)]}} over band and gate metrics."""
+    out: dict[tuple, dict[str, list]] = {}
+    for run in runs:
+        key = (run["case"], run["platform"], run["device"], run["launcher"])
+        metrics = out.setdefault(key, {})
+        for metric, value in run["metrics"].items():
+            metrics.setdefault(metric, []).append((run["id"], value, bool(run["trusted"])))
+        for gate in run["gates"]:
+            if gate.get("value") is not None and gate["metric"] not in run["metrics"]:
+                metrics.setdefault(gate["metric"], []).append((run["id"], gate["value"], bool(run["trusted"])))
+    return out
+
+
+def bounds(runs: list[dict]) -> dict[tuple, dict[str, tuple[str, float]]]:
+    """The latest hard bound of each gated metric, per series."""
+    out: dict[tuple, dict[str, tuple[str, float]]] = {}
+    for run in runs:
+        key = (run["case"], run["platform"], run["device"], run["launcher"])
+        for gate in run["gates"]:
+            out.setdefault(key, {})[gate["metric"]] = (gate["op"], gate["bound"])
+    return out
+
+
+def plot_history(db: Path, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a display
+    import matplotlib.pyplot as plt
+
+    from rlsmoke.history import BANDS, check_bands
+    from rlsmoke.history import runs as load_runs
+
+    runs = load_runs(db)
+    limits = bounds(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, metrics in series(runs).items():
+        for metric, points in sorted(metrics.items()):
+            fig, ax = plt.subplots(figsize=(7, 3.5))
+            xs = list(range(len(points)))
+            ax.plot(xs, [v for _, v, _ in points], "-", color="0.6", zorder=1)
+            ax.scatter([x for x, p in zip(xs, points, strict=True) if p[2]], [p[1] for p in points if p[2]],
+                       color="tab:blue", label="trusted", zorder=2)  # fmt: skip
+            ax.scatter([x for x, p in zip(xs, points, strict=True) if not p[2]], [p[1] for p in points if not p[2]],
+                       color="tab:orange", marker="x", label="untrusted", zorder=2)  # fmt: skip
+            if metric in BANDS:  # the band each run was judged against: its trusted predecessors
+                lo, hi, bx = [], [], []
+                for i in range(len(points)):
+                    past = [{metric: v} for _, v, t in points[:i] if t][-20:]
+                    res = check_bands({metric: points[i][1]}, past)
+                    if res:
+                        bx.append(i)
+                        lo.append(res[0].lower)
+                        hi.append(res[0].upper)
+                if bx:
+                    ax.fill_between(bx, lo, hi, color="tab:blue", alpha=0.12, label="history band")
+            if metric in limits.get(key, {}):
+                op, bound = limits[key][metric]
+                if math.isfinite(bound):
+                    ax.axhline(bound, color="tab:red", linestyle="--", label=f"threshold {op} {bound:.3g}")
+            ax.set_xticks(xs, [str(i) for i, _, _ in points], fontsize=7)
+            ax.set_xlabel("run id")
+            ax.set_title(f"{metric}\n{' / '.join(key)}", fontsize=9)
+            ax.legend(fontsize=7, loc="best")
+            fig.tight_layout()
+            path = out / f"{_slug('_'.join(key))}__{_slug(metric)}.png"
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+def handler(args) -> int:
+    from rlsmoke.errors import ExitCode, RlsmokeError
+
+    db = Path(args.history)
+    if not db.is_file():
+        raise RlsmokeError(f"history={db} does not exist", rule="report.history",
+                           fix="pass the sqlite file written by `pytest --history DB`")  # fmt: skip
+    paths = plot_history(db, Path(args.out))
+    for p in paths:
+        print(p)
+    print(f"{len(paths)} plots in {args.out}")
+    return ExitCode.OK
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("report", help="plot each gated metric of a history DB over time, with its threshold")
+    p.add_argument("--history", required=True, metavar="DB", help="sqlite history written by `pytest --history DB`")
+    p.add_argument("--out", default="rlsmoke-report", metavar="DIR", help="folder for the PNGs (default rlsmoke-report)")
+    p.set_defaults(func=handler)

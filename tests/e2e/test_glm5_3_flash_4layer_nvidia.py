@@ -1,0 +1,15 @@
+"""GLM-5.3-Flash cut to 4 layers: one GRPO step on NVIDIA GPUs, gated by the thresholds."""
+
+import pytest
+
+from rlsmoke.cases import Case
+from rlsmoke.suite import gates_for, run_case
+
+NUM_GPUS = 8  # --num-gpus or env NUM_GPUS replaces it; every parallel size derives from it
+CASE = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=NUM_GPUS)
+
+
+@pytest.mark.nvidia
+@pytest.mark.gpus(NUM_GPUS)
+def test_one_step(artifacts):
+    gates_for(CASE).check(run_case(CASE, artifacts))

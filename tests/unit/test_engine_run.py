@@ -1,0 +1,132 @@
+"""The engine end to end on CPU: the README's main job, determinism, the reward/grad-norm twin, Ray
+async placement, the other two model families, and bad input. One run per fixture, many assertions.
+
+The --inject twins (temperature-mismatch, stale-weights, rollout-noise, train-dropout) live in
+tests/e2e/test_fault_twins_cpu.py; this module covers the gates those faults cannot reach.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlsmoke.cli import main
+from rlsmoke.engine.config import RunConfig
+from rlsmoke.errors import ExitCode
+
+CASE = "glm5-744b-a40b-4layer"
+EVERY_METRIC = [
+    "train/train_rollout_logprob_abs_diff", "train/train_rollout_logprob_abs_diff_max", "train/train_rollout_kl",
+    "train/ppo_kl", "train/pg_loss", "train/pg_clipfrac", "train/grad_norm", "rollout/raw_reward",
+    "rollout/log_probs", "rollout/rollout_log_probs", "rollout/entropy", "sync/mismatched_params",
+]  # fmt: skip
+# Runs the real entry point, then says whether the single-process mode imported Ray.
+CLI = "import sys; from rlsmoke.cli import main; rc = main(sys.argv[1:]); print('ray' in sys.modules); sys.exit(rc)"
+
+
+def _execute(out, **changes):
+    from rlsmoke.engine.run import execute
+
+    return execute(RunConfig(case=CASE, tiny=True).replace(**changes), out)
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("main-job")
+    proc = subprocess.run([sys.executable, "-c", CLI, "run", CASE, "--platform", "cpu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return proc, out
+
+
+def test_main_job_passes_and_prints_the_table(main_job):
+    proc, out = main_job
+    assert proc.returncode == ExitCode.OK, proc.stdout + proc.stderr
+    assert "verdict: PASS" in proc.stdout and f"artifacts: {out}" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "False", "the single-process mode imported ray"
+
+
+def test_main_job_writes_the_contract(main_job):
+    _, out = main_job
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["kind"], x["index"]) for x in lines] == [
+        ("rollout", 0),
+        ("step", 0),
+        ("rollout", 1),
+        ("step", 1),
+    ]
+    logged = {k for x in lines for k in x["metrics"]}
+    assert set(EVERY_METRIC) <= logged, set(EVERY_METRIC) - logged
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"case", "platform", "device", "launcher", "dtype", "seed", "versions", "metrics", "gates", "verdict",
+            "artifacts"} <= set(summary)  # fmt: skip
+    assert (summary["launcher"], summary["verdict"], summary["artifacts"]) == ("builtin", "PASS", str(out))
+    assert set(summary["versions"]) == {"torch", "transformers", "python"}
+    for gate in summary["gates"]:
+        assert {"name", "metric", "value", "bound", "op", "passed", "margin", "provenance"} <= set(gate)
+        assert (
+            summary["metrics"][
+                gate["metric"] if gate["reduce"] == "max" else f"{gate['metric']}@{gate['reduce']}"
+            ]
+            == gate["value"]
+        )
+    assert "rollout 0: {" in (out / "run.log").read_text()
+
+
+def test_run_log_parses_like_a_miles_log_into_the_same_record(main_job):
+    from rlsmoke.metrics import load_record
+
+    _, out = main_job
+    assert load_record(out / "run.log").entries == load_record(out).entries
+
+
+def test_same_seed_gives_identical_metrics(main_job, tmp_path):
+    _, out = main_job
+    _execute(tmp_path)
+    assert (tmp_path / "metrics.jsonl").read_text() == (out / "metrics.jsonl").read_text()
+
+
+def test_math_reward_on_an_untrained_model_fails_grad_norm_and_reward_range(tmp_path):
+    """The twin of the grad_norm and reward gates: no reward variance, no gradient."""
+    summary = _execute(tmp_path, reward="math")
+    failed = {g["name"] for g in summary["gates"] if not g["passed"]}
+    assert failed == {"grad_norm", "reward_min", "reward_max"} or failed == {"grad_norm", "reward_min"}, (
+        failed
+    )
+    assert summary["metrics"]["train/grad_norm@min"] == 0.0
+
+
+def test_ray_async_places_actors_on_separate_bundles_and_stops_its_cluster(tmp_path):
+    ray = pytest.importorskip("ray")
+    summary = _execute(tmp_path, mode="async", num_gpus=2)
+    where = summary["placement"]
+    assert where["train"]["pid"] != where["rollout"]["pid"]
+    assert where["train"]["gpu_ids"] != where["rollout"]["gpu_ids"]  # bundle 0 trains, bundle 1 rolls out
+    assert where["train"]["placement_group"] == where["rollout"]["placement_group"]
+    assert summary["verdict"] == "PASS", summary["_verdict"].report()
+    assert summary["metrics"]["sync/mismatched_params"] == 0  # checked in the rollout actor, param by param
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("case", ["glm4.5-355b-a32b-4layer", "glm5.3-flash-4layer"])
+def test_other_families_run_and_pass_cheaply(case, tmp_path):
+    from rlsmoke.engine.run import execute
+
+    cfg = RunConfig(case=case, tiny=True, n_prompts=1, n_samples=2, max_response_len=8)
+    summary = execute(cfg, tmp_path)
+    assert summary["verdict"] == "PASS", summary["_verdict"].report()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--checkpoint", "/nonexistent/ckpt"], "[checkpoint.exists] checkpoint=/nonexistent/ckpt is missing"),
+    (["--inject", "bitflip"], "[inject.known]"),
+    (["--inject", "temperature-mismatch"], "--rollout-temperature"),
+    (["--num-gpus", "2", "--mode", "colocate"], "[engine.placement]"),
+    (["--mode", "async", "--num-gpus", "4"], "[engine.placement]"),
+    (["--platform", "nvidia"], "[engine.gpus]"),
+    (["--rollout-dtype", "int4"], "[dtype.known]"),
+])  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    assert main(["run", CASE, "--out", str(tmp_path), *argv]) == ExitCode.USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err

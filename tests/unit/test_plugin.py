@@ -1,0 +1,270 @@
+"""The pytest plugin through pytester: markers, skip reasons, options, the artifacts fixture.
+
+GPU hosts are stood in for by an `nvidia-smi` / `rocm-smi` script on PATH that prints what the real
+tool prints; those runs use `runpytest_subprocess` because detection is cached per process.
+"""
+
+import os
+import stat
+import sys
+import textwrap
+
+import pytest
+
+from rlsmoke.platforms import Host
+from rlsmoke.suite import Decision, Requirement, decide, requirement
+
+pytest_plugins = ["pytester"]
+
+H200x1 = Host("nvidia", "H200", 1)
+H200x8 = Host("nvidia", "H200", 8)
+MI355x8 = Host("rocm", "MI355X", 8)
+CPU = Host("cpu", "CPU", 0)
+
+# (requirement, host, launcher, miles_root, expected reason; "" = runs)
+DECISIONS = [
+    (Requirement("rocm", 8), H200x1, "miles", "/m", "needs 8 ROCm GPUs; found 1 NVIDIA H200"),
+    (Requirement("nvidia", 8), H200x1, "miles", "/m", "needs 8 NVIDIA GPUs; found 1 NVIDIA H200"),
+    (Requirement("nvidia", 8), CPU, "miles", "/m", "needs 8 NVIDIA GPUs; found no GPU (CPU only)"),
+    (Requirement("rocm", 16), MI355x8, "miles", "/m", "needs 16 ROCm GPUs; found 8 ROCm MI355X"),
+    (Requirement("nvidia", 1), H200x8, "builtin", None, ""),
+    (Requirement("nvidia", 8), H200x8, "miles", "/m", ""),
+    (Requirement("rocm", 8), MI355x8, "miles", "/m", ""),
+    (Requirement("cpu", 0), CPU, "miles", None, ""),
+]
+
+
+@pytest.mark.parametrize(("req", "host", "launcher", "root", "reason"), DECISIONS)
+def test_decide(req, host, launcher, root, reason):
+    assert decide(req, host, launcher=launcher, miles_root=root) == Decision(not reason, reason)
+
+
+def test_decide_miles_without_root_names_the_option():
+    d = decide(Requirement("nvidia", 8), H200x8, launcher="miles", miles_root=None)
+    assert not d.run and "--miles-root" in d.reason and "needs 8 NVIDIA GPUs" in d.reason
+
+
+def test_decide_builtin_too_many_gpus_names_the_fix():
+    d = decide(Requirement("nvidia", 8), H200x8, launcher="builtin")
+    assert not d.run and "--launcher miles" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("markers", "gpus", "override", "expected"),
+    [
+        (["rocm", "gpus"], 8, None, Requirement("rocm", 8)),
+        (["rocm", "gpus"], 8, 4, Requirement("rocm", 4)),  # --num-gpus / NUM_GPUS replaces the module's
+        (["nvidia"], None, None, Requirement("nvidia", 1)),
+        (["cpu", "slow"], None, 8, Requirement("cpu", 0)),
+        (["slow"], None, None, None),
+    ],
+)
+def test_requirement(markers, gpus, override, expected):
+    assert requirement(markers, gpus, override) == expected
+
+
+def test_requirement_rejects_two_vendors():
+    with pytest.raises(ValueError, match="markers=.*nvidia.*rocm"):
+        requirement(["nvidia", "rocm"], 8, None)
+
+
+# --- through pytest --------------------------------------------------------------------------------
+
+PAIR = """
+import os
+import pytest
+
+NUM_GPUS = 8
+
+@pytest.mark.{platform}
+@pytest.mark.gpus(NUM_GPUS)
+def test_pair(gpu_lease, rlsmoke_ports):
+    print("LEASE", gpu_lease.env())
+"""
+
+
+def _fake_smi(pytester, tool: str, lines: list[str]) -> dict:
+    """A `nvidia-smi` / `rocm-smi` on PATH that prints `lines`; returns the env for a subprocess run."""
+    bindir = pytester.path / "fakebin"
+    bindir.mkdir(exist_ok=True)
+    script = bindir / tool
+    script.write_text("#!/bin/sh\ncat <<'EOF'\n" + "\n".join(lines) + "\nEOF\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture
+def isolated(pytester, monkeypatch, tmp_path):
+    """Leases in a private folder; no NUM_GPUS from the caller's shell."""
+    monkeypatch.setenv("RLSMOKE_LEASE_DIR", str(tmp_path / "leases"))
+    monkeypatch.delenv("NUM_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("HIP_VISIBLE_DEVICES", raising=False)
+    pytester.makeini("[pytest]\naddopts = --strict-markers -ra\n")
+    return pytester
+
+
+def test_markers_are_registered(isolated):
+    result = isolated.runpytest("--markers")
+    for name in ("@pytest.mark.nvidia", "@pytest.mark.rocm", "@pytest.mark.cpu", "@pytest.mark.gpus(n)",
+                 "@pytest.mark.slow"):  # fmt: skip
+        result.stdout.fnmatch_lines([f"{name}:*"])
+
+
+def test_unknown_marker_is_an_error(isolated):
+    isolated.makepyfile("import pytest\n@pytest.mark.nvdia\ndef test_x():\n    pass\n")
+    result = isolated.runpytest()
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*'nvdia' not found in `markers` configuration option*"])
+
+
+def test_bad_gpus_marker_is_a_usage_error(isolated):
+    isolated.makepyfile("import pytest\n@pytest.mark.rocm\n@pytest.mark.gpus('8')\ndef test_x():\n    pass\n")
+    result = isolated.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*gpus('8',) is wrong. Write @pytest.mark.gpus(N) with N >= 1*"])
+
+
+def test_pairs_skip_on_cpu_host_with_reasons(isolated):
+    isolated.makepyfile(test_n=PAIR.format(platform="nvidia"), test_r=PAIR.format(platform="rocm"),
+                        test_c="import pytest\n@pytest.mark.cpu\ndef test_c():\n    pass\n")  # fmt: skip
+    result = isolated.runpytest("--platform", "cpu")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*SKIPPED*needs 8 NVIDIA GPUs; found no GPU (CPU only)",
+                                 "*SKIPPED*needs 8 ROCm GPUs; found no GPU (CPU only)"], consecutive=False)  # fmt: skip
+
+
+def test_marker_selection_lists_the_pairs(isolated):
+    isolated.makepyfile(test_n=PAIR.format(platform="nvidia"), test_r=PAIR.format(platform="rocm"))
+    result = isolated.runpytest("-m", "rocm", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["test_r.py::test_pair", "*1/2 tests collected (1 deselected)*"])
+
+
+def test_rocm_pair_on_one_h200_names_both(isolated):
+    env = _fake_smi(isolated, "nvidia-smi", ["NVIDIA H200"])
+    isolated.makepyfile(test_r=PAIR.format(platform="rocm"), test_n=PAIR.format(platform="nvidia"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", env["PATH"])
+        result = isolated.runpytest_subprocess("--launcher", "miles", "--miles-root", str(isolated.path))
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*needs 8 ROCm GPUs; found 1 NVIDIA H200*"], consecutive=False)
+    result.stdout.fnmatch_lines(["*needs 8 NVIDIA GPUs; found 1 NVIDIA H200*"], consecutive=False)
+
+
+def test_more_gpus_than_exist_is_a_skip(isolated):
+    env = _fake_smi(isolated, "nvidia-smi", ["NVIDIA H200"] * 8)
+    isolated.makepyfile(test_n=PAIR.format(platform="nvidia"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", env["PATH"])
+        mp.setenv("NUM_GPUS", "16")
+        result = isolated.runpytest_subprocess("--launcher", "miles", "--miles-root", str(isolated.path))
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*needs 16 NVIDIA GPUs; found 8 NVIDIA H200*"])
+
+
+def test_miles_without_root_is_a_skip_naming_the_option(isolated):
+    env = _fake_smi(isolated, "nvidia-smi", ["NVIDIA H200"] * 8)
+    isolated.makepyfile(test_n=PAIR.format(platform="nvidia"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", env["PATH"])
+        mp.delenv("MILES_ROOT", raising=False)
+        result = isolated.runpytest_subprocess("--launcher", "miles")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*--launcher miles without --miles-root*pass --miles-root DIR*"])
+
+
+def test_pair_runs_with_visible_devices_when_gpus_exist(isolated):
+    env = _fake_smi(
+        isolated, "rocm-smi", [f"GPU[{i}]\t\t: Card series:\t\tAMD Instinct MI355X" for i in range(8)]
+    )
+    isolated.makepyfile(test_r=PAIR.format(platform="rocm"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", env["PATH"])
+        result = isolated.runpytest_subprocess(
+            "-s", "--launcher", "miles", "--miles-root", str(isolated.path)
+        )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*LEASE {'HIP_VISIBLE_DEVICES': '0,1,2,3,4,5,6,7'}*"])
+
+
+def test_bad_num_gpus_env_is_a_usage_error(isolated):
+    isolated.makepyfile("def test_x():\n    pass\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NUM_GPUS", "eight")
+        result = isolated.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*NUM_GPUS='eight' is not an integer*"])
+
+
+def test_platform_contradicting_the_host_is_a_usage_error(isolated):
+    env = _fake_smi(isolated, "nvidia-smi", ["NVIDIA H200"])
+    isolated.makepyfile(test_r=PAIR.format(platform="rocm"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", env["PATH"])
+        result = isolated.runpytest_subprocess("--platform", "rocm")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--platform=rocm but this host has 1 NVIDIA H200. Drop --platform*"])
+
+
+def test_xdist_workers_lease_disjoint_gpus_and_ports(isolated, tmp_path):
+    """Six 2-GPU tests on four GPUs over three workers: leases that overlap in time share no GPU."""
+    env = _fake_smi(isolated, "nvidia-smi", ["NVIDIA H200"] * 4)
+    log = tmp_path / "leases.log"
+    isolated.makepyfile(
+        test_lease=textwrap.dedent(f"""
+        import os, time
+        import pytest
+
+        @pytest.mark.nvidia
+        @pytest.mark.gpus(2)
+        @pytest.mark.parametrize("i", range(6))
+        def test_hold(i, gpu_lease, rlsmoke_ports):
+            start = time.time()
+            time.sleep(0.4)
+            with open({str(log)!r}, "a") as f:
+                f.write(f"{{start}} {{time.time()}} {{gpu_lease.env()['CUDA_VISIBLE_DEVICES']}} "
+                        f"{{os.environ.get('PYTEST_XDIST_WORKER')}} {{rlsmoke_ports.base}}\\n")
+    """)
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", env["PATH"])
+        result = isolated.runpytest_subprocess("-n", "3", "-p", "xdist")
+    result.assert_outcomes(passed=6)
+    rows = [line.split() for line in log.read_text().splitlines()]
+    assert len(rows) == 6
+    for a in rows:
+        for b in rows:
+            if (
+                a is not b and float(a[0]) < float(b[1]) and float(b[0]) < float(a[1])
+            ):  # held at the same time
+                assert not set(a[2].split(",")) & set(b[2].split(",")), f"shared GPUs: {a} {b}"
+    ports = {w: p for *_, w, p in rows}
+    assert len(set(ports.values())) == len(ports), f"workers share a port block: {ports}"
+
+
+def test_artifacts_fixture_gives_a_fresh_folder(isolated, tmp_path):
+    isolated.makepyfile(
+        test_a="""
+        import os
+        def test_a(artifacts):
+            assert os.listdir(artifacts.path) == []
+            (artifacts / "x.txt").write_text("x")
+            assert artifacts.launcher == "builtin" and artifacts.ports.master > 0
+            print("PATH", os.fspath(artifacts))
+    """
+    )
+    out = tmp_path / "art"
+    for _ in range(2):  # the second run must not see the first run's file
+        result = isolated.runpytest("-s", "--artifacts-dir", str(out))
+        result.assert_outcomes(passed=1)
+    assert (out / "test_a.py_test_a" / "x.txt").is_file()
+
+
+def test_plugin_import_is_light():
+    """The plugin loads in every pytest session: it must not pull in torch, ray or matplotlib."""
+    import subprocess
+
+    code = ("import sys, rlsmoke.pytest_plugin, rlsmoke.suite, rlsmoke.launch.runner, rlsmoke.history; "
+            "print(sorted(m for m in ('torch', 'ray', 'matplotlib', 'transformers') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,91 @@
+"""GPU and port leases under real concurrency: separate processes racing for the same locks."""
+
+import multiprocessing as mp
+import socket
+import time
+
+import pytest
+
+from rlsmoke.launch.lease import PORT_BLOCK, PORT_NAMES, GpuLease, lease_gpus, lease_ports, visible_gpu_ids
+
+POOL = tuple(str(i) for i in range(8))
+
+
+def _hold(args):
+    folder, n, hold = args
+    lease = lease_gpus("rocm", POOL, n, timeout=60, poll=0.01, folder=folder)
+    start = time.monotonic()
+    time.sleep(hold)
+    end = time.monotonic()
+    lease.release()
+    return start, end, lease.ids
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_concurrent_leases_are_disjoint(tmp_path, n):
+    """Eight processes each want n of 8 GPUs: whoever holds at the same time holds different GPUs."""
+    with mp.get_context("spawn").Pool(8) as pool:
+        rows = pool.map(_hold, [(tmp_path, n, 0.2)] * 8)
+    assert all(len(ids) == n for _, _, ids in rows)
+    for i, (s1, e1, a) in enumerate(rows):
+        for s2, e2, b in rows[i + 1:]:
+            if s1 < e2 and s2 < e1:
+                assert not set(a) & set(b), f"overlapping leases share GPUs: {a} {b}"
+
+
+def test_lease_waits_then_succeeds(tmp_path):
+    first = lease_gpus("nvidia", POOL[:2], 2, folder=tmp_path)
+    with pytest.raises(TimeoutError, match="waited 0 s for 1 free GPUs of 0,1"):
+        lease_gpus("nvidia", POOL[:2], 1, timeout=0.2, poll=0.05, folder=tmp_path)
+    first.release()
+    with lease_gpus("nvidia", POOL[:2], 1, timeout=1, folder=tmp_path) as second:
+        assert second.ids == ("0",)
+
+
+def test_more_than_the_pool_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="n=9 GPUs asked for but the pool has 8"):
+        lease_gpus("nvidia", POOL, 9, folder=tmp_path)
+
+
+@pytest.mark.parametrize(("platform", "ids", "env"), [
+    ("nvidia", ("2", "5"), {"CUDA_VISIBLE_DEVICES": "2,5"}),
+    ("rocm", ("0", "1"), {"HIP_VISIBLE_DEVICES": "0,1"}),
+    ("cpu", (), {}),
+])  # fmt: skip
+def test_lease_env(platform, ids, env):
+    assert GpuLease(platform, ids).env() == env
+
+
+def test_pool_honours_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    assert visible_gpu_ids("nvidia", 3) == ("3", "5", "7")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_gpu_ids("nvidia", 2) == ("0", "1")
+
+
+def _ports(args):
+    folder, start, base = args
+    lease = lease_ports(start=start, folder=folder, base=base)
+    time.sleep(0.3)  # hold while the others look
+    return lease.base
+
+
+def test_concurrent_port_leases_never_collide(tmp_path):
+    base = 41000  # away from the default range so a live suite on this host does not interfere
+    with mp.get_context("spawn").Pool(6) as pool:
+        bases = pool.map(_ports, [(tmp_path, 0, base)] * 6)  # all start at block 0: the locks must spread them
+    assert len(set(bases)) == 6
+    named = [b + off for b in bases for off in PORT_NAMES.values()]
+    assert len(named) == len(set(named))
+    assert all((b - base) % PORT_BLOCK == 0 for b in bases)
+
+
+def test_a_bound_port_makes_the_block_skip(tmp_path):
+    base = 42000
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", base + PORT_NAMES["dashboard"]))
+        s.listen()
+        lease = lease_ports(folder=tmp_path, base=base)
+    assert lease.base == base + PORT_BLOCK
+    assert lease.master == lease.base + PORT_NAMES["master"]
+    lease.release()

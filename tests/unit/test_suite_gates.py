@@ -1,0 +1,62 @@
+"""`gates_for(case).check(record)` on hand-written run folders: a pass, and a twin for every gate
+that no engine fault reaches (the engine's faults are in tests/e2e/test_fault_twins_cpu.py)."""
+
+import json
+import math
+
+import pytest
+
+from rlsmoke import metrics
+from rlsmoke.cases import Case
+from rlsmoke.suite import Artifacts, GateFailure, gates_for
+
+CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
+META = {"case": CASE.name, "platform": "cpu", "device": "CPU", "launcher": "builtin", "dtype": "float32/float32",
+        "width": "tiny"}  # fmt: skip
+STEP = {"train/train_rollout_logprob_abs_diff": 2e-6, "train/train_rollout_logprob_abs_diff_max": 2e-5,
+        "train/train_rollout_kl": 4e-9, "train/ppo_kl": 0.0, "train/grad_norm": 56.0, "sync/mismatched_params": 0.0}
+ROLLOUT = {"rollout/raw_reward": 0.25}
+
+
+def _run(folder, step=None, rollout=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [{"kind": "rollout", "index": 0, "metrics": {**ROLLOUT, **(rollout or {})}},
+             {"kind": "step", "index": 0, "metrics": {**STEP, **(step or {})}}]  # fmt: skip
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (folder / "summary.json").write_text(json.dumps(META))
+    return metrics.load_record(folder)
+
+
+def test_a_good_run_passes_and_writes_its_summary(tmp_path):
+    props = []
+    art = Artifacts(tmp_path / "run", record_property=lambda k, v: props.append((k, v)))
+    verdict = gates_for(CASE, art).check(_run(art.path))
+    assert verdict.passed
+    assert "| grad_norm |" in (art.path / "summary.md").read_text()
+    assert ("gate:grad_norm", "PASS") in props
+
+
+# (step or rollout override, the gate that must fail)
+TWINS = [
+    ({"train/grad_norm": math.nan}, None, "grad_norm: train/grad_norm@min = nan"),
+    ({"train/grad_norm": 0.0}, None, "grad_norm: train/grad_norm@min = 0"),
+    (None, {"rollout/raw_reward": -0.5}, "reward_min: rollout/raw_reward@min = -0.5"),
+    (None, {"rollout/raw_reward": 1.5}, "reward_max: rollout/raw_reward = 1.5"),
+]
+
+
+@pytest.mark.parametrize(("step", "rollout", "message"), TWINS, ids=[t[2].split(":")[0] + str(i) for i, t in enumerate(TWINS)])
+def test_record_twins_fail_their_gate(tmp_path, step, rollout, message):
+    record = _run(tmp_path / "run", step, rollout)
+    with pytest.raises(GateFailure) as failure:
+        gates_for(CASE).check(record)
+    assert message in str(failure.value)
+    assert f"artifacts: {tmp_path / 'run'}" in str(failure.value)
+
+
+def test_update_golden_records_a_candidate_instead_of_failing(tmp_path):
+    art = Artifacts(tmp_path / "run", update_golden=True)
+    verdict = gates_for(CASE, art).check(_run(art.path, {"train/grad_norm": 0.0}))
+    assert not verdict.passed
+    doc = json.loads((art.path / "thresholds-candidate.json").read_text())
+    assert doc["entries"][0]["key"]["case"] == CASE.name and doc["entries"][0]["provenance"]["status"] == "candidate"
