@@ -105,9 +105,18 @@ class Artifacts:
 
 
 def effective_case(case, artifacts: Artifacts):
-    """The case at the session's GPU count, when one was given (GPU cases only: CPU runs one device)."""
-    if artifacts.num_gpus is not None and case.platform in GPU_PLATFORMS and case.num_gpus != artifacts.num_gpus:
-        return dataclasses.replace(case, num_gpus=artifacts.num_gpus)
+    """The case at the session's GPU count, when one was given (GPU cases only: CPU runs one device).
+
+    On one GPU a case whose full width does not fit runs its one-GPU variant (`ONE_GPU_VARIANT`).
+    """
+    from rlsmoke.models import ONE_GPU_VARIANT
+
+    if case.platform not in GPU_PLATFORMS:
+        return case
+    if artifacts.num_gpus is not None and case.num_gpus != artifacts.num_gpus:
+        case = dataclasses.replace(case, num_gpus=artifacts.num_gpus)
+    if case.num_gpus == 1 and case.name in ONE_GPU_VARIANT and not case.tiny:
+        case = dataclasses.replace(case, name=ONE_GPU_VARIANT[case.name])
     return case
 
 

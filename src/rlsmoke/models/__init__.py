@@ -10,7 +10,7 @@ from rlsmoke.models.glm5 import glm5_744b_a40b, glm5_tiny
 from rlsmoke.models.glm5_flash import glm5_3_flash, glm5_flash_tiny
 from rlsmoke.models.glm45 import glm45_355b_a32b, glm45_air, glm45_tiny
 
-__all__ = ["ModelSpec", "MODEL_NAMES", "model_spec", "moe_layer_freq", "reduce_layers"]
+__all__ = ["ModelSpec", "MODEL_NAMES", "ONE_GPU_VARIANT", "model_spec", "moe_layer_freq", "reduce_layers"]
 
 _TINY: dict[str, Callable[[ModelSpec], ModelSpec]] = {
     "glm5": glm5_tiny,
@@ -41,6 +41,8 @@ _MODELS: dict[str, Callable[[], ModelSpec]] = {
     "glm4.5-air": glm45_air,
 }
 MODEL_NAMES = tuple(_MODELS)
+# What a case becomes on one GPU, where its full width does not fit with fp32 master weights.
+ONE_GPU_VARIANT = {"glm5-744b-a40b-4layer": "glm5-744b-a40b-4layer-1gpu"}
 
 
 def model_spec(name: str, *, tiny: bool = False) -> ModelSpec:

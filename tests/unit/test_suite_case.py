@@ -1,0 +1,26 @@
+"""Which case a GPU pair runs: the session's NUM_GPUS, and the one-GPU variant where full width won't fit."""
+
+from pathlib import Path
+
+from rlsmoke.cases import Case
+from rlsmoke.suite import Artifacts, effective_case
+
+GLM5 = Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)
+
+
+def test_num_gpus_replaces_the_module_constant():
+    assert effective_case(GLM5, Artifacts(Path("."), num_gpus=2)).num_gpus == 2
+    assert effective_case(GLM5, Artifacts(Path("."))).num_gpus == 8
+
+
+def test_one_gpu_runs_the_64_expert_variant():
+    one = effective_case(GLM5, Artifacts(Path("."), num_gpus=1))
+    assert (one.name, one.num_gpus) == ("glm5-744b-a40b-4layer-1gpu", 1)
+    assert one.spec().num_experts == 64
+
+
+def test_cpu_and_models_without_a_variant_are_untouched():
+    cpu = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
+    assert effective_case(cpu, Artifacts(Path("."), num_gpus=1)) == cpu
+    flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8)
+    assert effective_case(flash, Artifacts(Path("."), num_gpus=1)).name == "glm5.3-flash-4layer"
