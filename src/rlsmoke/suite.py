@@ -21,9 +21,9 @@ from rlsmoke.platforms import Host
 
 GPU_PLATFORMS = ("nvidia", "rocm")
 VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
-# The built-in engine places one device (colocate) or one trainer plus one rollout engine (async);
-# see its `engine.placement` rule. Larger cases go through Miles.
-BUILTIN_MAX_GPUS = 2
+# The built-in engine trains colocated over any number of devices (FSDP2, `engine.sharded`), but
+# its async placement is one trainer plus one rollout engine; ROCm pairs default to async.
+BUILTIN_ASYNC_GPUS = 2
 DEFAULT_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
 
 
@@ -69,9 +69,9 @@ def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", mi
     if launcher == "miles" and not miles_root:
         return Decision(False, f"needs {need} and a Miles checkout: --launcher miles without --miles-root "
                                "(or env MILES_ROOT); pass --miles-root DIR")  # fmt: skip
-    if launcher == "builtin" and req.gpus > BUILTIN_MAX_GPUS:
-        return Decision(False, f"needs {need}; the built-in engine runs at most {BUILTIN_MAX_GPUS}. "
-                               "Pass --launcher miles --miles-root DIR, or --num-gpus 1")  # fmt: skip
+    if launcher == "builtin" and req.platform == "rocm" and req.gpus != BUILTIN_ASYNC_GPUS:
+        return Decision(False, f"needs {need} in async mode; the built-in engine places async on exactly "
+                               f"{BUILTIN_ASYNC_GPUS}. Pass --launcher miles --miles-root DIR, or --num-gpus 2")  # fmt: skip
     return Decision(True)
 
 

@@ -8,7 +8,17 @@ for another reason (a renamed flag, a new check) fails the test instead of passi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+PARSER_NAMES = ("miles", "sglang", "mcore")
+
+
+def selected(name: str) -> bool:
+    """Whether this run checks `name` (RLSMOKE_CONFORMANCE_PARSER; unset: every parser)."""
+    chosen = os.environ.get("RLSMOKE_CONFORMANCE_PARSER", "")
+    return not chosen or chosen == name
+
 
 GLM5 = "glm5-744b-a40b-4layer"
 GLM45 = "glm4.5-355b-a32b-4layer"

@@ -8,16 +8,8 @@ Loading a parser installs its device-fact fakes and import-only stubs (rlsmoke.c
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-PARSER_NAMES = ("miles", "sglang", "mcore")
-
-
-def selected(name: str) -> bool:
-    chosen = os.environ.get("RLSMOKE_CONFORMANCE_PARSER", "")
-    return not chosen or chosen == name
+from conformance_table import selected
 
 
 def pytest_configure(config):

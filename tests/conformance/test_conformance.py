@@ -12,8 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conformance_table import AGREE, FINDINGS, NEW, STRICTER, Row
-from conftest import PARSER_NAMES, selected
+from conformance_table import AGREE, FINDINGS, NEW, PARSER_NAMES, STRICTER, Row, selected
 
 from rlsmoke.cases import Case
 from rlsmoke.conformance.verdict import applies

@@ -108,12 +108,15 @@ def test_ray_async_places_actors_on_separate_bundles_and_stops_its_cluster(tmp_p
     assert not ray.is_initialized()
 
 
-@pytest.mark.parametrize("case", ["glm4.5-355b-a32b-4layer", "glm5.3-flash-4layer"])
-def test_other_families_run_and_pass_cheaply(case, tmp_path):
+# (case, RunConfig changes): the calibrated configs of fixtures/thresholds/builtin.json
+FAMILIES = [("glm4.5-355b-a32b-4layer", {}), ("glm5.3-flash-4layer", {"n_prompts": 1, "max_response_len": 8})]
+
+
+@pytest.mark.parametrize(("case", "changes"), FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_other_families_run_and_pass_cheaply(case, changes, tmp_path):
     from rlsmoke.engine.run import execute
 
-    cfg = RunConfig(case=case, tiny=True, n_prompts=1, n_samples=2, max_response_len=8)
-    summary = execute(cfg, tmp_path)
+    summary = execute(RunConfig(case=case, tiny=True, **changes), tmp_path)
     assert summary["verdict"] == "PASS", summary["_verdict"].report()
 
 
@@ -121,7 +124,7 @@ def test_other_families_run_and_pass_cheaply(case, tmp_path):
     (["--checkpoint", "/nonexistent/ckpt"], "[checkpoint.exists] checkpoint=/nonexistent/ckpt is missing"),
     (["--inject", "bitflip"], "[inject.known]"),
     (["--inject", "temperature-mismatch"], "--rollout-temperature"),
-    (["--num-gpus", "2", "--mode", "colocate"], "[engine.placement]"),
+    (["--num-gpus", "2", "--n-prompts", "3"], "[engine.dp_divides_prompts]"),
     (["--mode", "async", "--num-gpus", "4"], "[engine.placement]"),
     (["--platform", "nvidia"], "[engine.gpus]"),
     (["--rollout-dtype", "int4"], "[dtype.known]"),

@@ -28,6 +28,8 @@ DECISIONS = [
     (Requirement("nvidia", 8), CPU, "miles", "/m", "needs 8 NVIDIA GPUs; found no GPU (CPU only)"),
     (Requirement("rocm", 16), MI355x8, "miles", "/m", "needs 16 ROCm GPUs; found 8 ROCm MI355X"),
     (Requirement("nvidia", 1), H200x8, "builtin", None, ""),
+    (Requirement("nvidia", 8), H200x8, "builtin", None, ""),  # FSDP2 over the 8 GPUs
+    (Requirement("rocm", 2), MI355x8, "builtin", None, ""),
     (Requirement("nvidia", 8), H200x8, "miles", "/m", ""),
     (Requirement("rocm", 8), MI355x8, "miles", "/m", ""),
     (Requirement("cpu", 0), CPU, "miles", None, ""),
@@ -44,9 +46,9 @@ def test_decide_miles_without_root_names_the_option():
     assert not d.run and "--miles-root" in d.reason and "needs 8 NVIDIA GPUs" in d.reason
 
 
-def test_decide_builtin_too_many_gpus_names_the_fix():
-    d = decide(Requirement("nvidia", 8), H200x8, launcher="builtin")
-    assert not d.run and "--launcher miles" in d.reason
+def test_decide_builtin_async_beyond_two_gpus_names_the_fix():
+    d = decide(Requirement("rocm", 8), MI355x8, launcher="builtin")
+    assert not d.run and "--launcher miles" in d.reason and "async" in d.reason
 
 
 @pytest.mark.parametrize(

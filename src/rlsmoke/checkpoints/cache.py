@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlsmoke.errors import CheckpointError
 
-FORMAT_VERSION = 1  # bump when synthesis changes a byte, so stale caches are not reused
+FORMAT_VERSION = 2  # bump when synthesis changes a byte, so stale caches are not reused
 
 
 def cache_root(cache_dir: Path | str | None = None) -> Path:

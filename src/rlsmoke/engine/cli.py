@@ -45,7 +45,8 @@ def register(subparsers) -> None:
     g.add_argument(
         "--num-rollout", type=int, default=2, help="rollouts; every one but the last is trained on"
     )
-    g.add_argument("--n-prompts", type=int, default=2)
+    g.add_argument("--n-prompts", type=int, default=None,
+                   help="prompts per rollout (default: 2, or one per data-parallel rank when more)")
     g.add_argument("--n-samples", type=int, default=4, help="samples per prompt (the GRPO group)")
     g.add_argument("--max-response-len", type=int, default=16, help="16 keeps tiny GLM-5 within index_topk")
     g.add_argument("--reward", default="target", help="target (dense, for untrained models) | math")
@@ -72,12 +73,6 @@ def config_from_args(args):
 
     topo = plan_topology(case.spec(), platform.name, case.num_gpus, case.mode, dict(case.overrides),
                          gpus_per_node=case.gpus_per_node, target=case.target)  # fmt: skip
-    if topo.mode == "colocate" and topo.num_gpus != 1:
-        raise RlsmokeError(
-            f"num_gpus={topo.num_gpus} in colocate mode: the built-in engine runs colocate on one device",
-            rule="engine.placement",
-            fix="use --num-gpus 1, or --mode async --num-gpus 2",
-        )
     if topo.mode == "async" and (topo.actor_gpus, topo.rollout_gpus) != (1, 1):
         raise RlsmokeError(f"mode=async with {topo.actor_gpus} train + {topo.rollout_gpus} rollout GPUs: the built-in "
                            "engine places one trainer and one rollout engine", rule="engine.placement",
@@ -98,7 +93,8 @@ def config_from_args(args):
         num_gpus=topo.num_gpus, mode=topo.mode, seed=args.seed,
         rollout_dtype=dtype_name(args.rollout_dtype or rollout_default, "--rollout-dtype"),
         train_dtype=dtype_name(args.train_dtype, "--train-dtype"), rollout_temperature=args.rollout_temperature,
-        inject=parse_inject(args.inject), num_rollout=args.num_rollout, n_prompts=args.n_prompts,
+        inject=parse_inject(args.inject), num_rollout=args.num_rollout,
+        n_prompts=args.n_prompts or (max(2, topo.num_gpus) if topo.mode == "colocate" else 2),
         n_samples=args.n_samples, max_response_len=args.max_response_len, reward=args.reward,
         gradient_checkpointing=args.gradient_checkpointing, checkpoint=args.checkpoint, launcher=args.launcher_label,
         **({"prompt_data": args.prompt_data} if args.prompt_data else {}),

@@ -211,5 +211,10 @@ class RayAsync:
 
 def open_workers(cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cls = RayAsync if cfg.mode == "async" else Colocated
-    return cls(cfg, ckpt, eos_id, pad_id)
+    if cfg.mode == "async":
+        return RayAsync(cfg, ckpt, eos_id, pad_id)
+    if cfg.num_gpus > 1:
+        from rlsmoke.engine.sharded import Sharded  # FSDP2 over the actor GPUs, one process per rank
+
+        return Sharded(cfg, ckpt, eos_id, pad_id)
+    return Colocated(cfg, ckpt, eos_id, pad_id)

@@ -67,10 +67,6 @@ class ShardedTrainer(Trainer):
         return metrics
 
 
-def _grad_norm(params, max_norm: float) -> float:
-    return _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).item()
-
-
 class Rank:
     """One process of the sharded run: a trainer shard and a full rollout copy on its device."""
 
@@ -124,28 +120,12 @@ class Rank:
         return info
 
 
-def _patch_trainer_for_dtensors() -> None:
-    """`Trainer.step` reads norms and checksums with .item(); on DTensors those need a full tensor."""
-    import rlsmoke.engine.train as train_module
-
-    original = train_module._checksums
-
-    @torch.no_grad()
-    def checksums(model):
-        if not any(hasattr(p, "full_tensor") for p in model.parameters()):
-            return original(model)
-        return {n: _full(p.detach().double().sum()).item() for n, p in model.named_parameters()}
-
-    train_module._checksums = checksums
-
-
 def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
     try:
         dist.init_process_group(backend, rank=rank, world_size=world)
-        _patch_trainer_for_dtensors()
         worker = Rank(cfg, ckpt, eos_id, pad_id, rank, world)
         conn.send(("ok", worker.where()))
         while True:

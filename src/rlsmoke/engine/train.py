@@ -104,5 +104,7 @@ class Trainer:
 
 @torch.no_grad()
 def _checksums(model) -> dict[str, float]:
-    # A float64 sum sees a 1e-6 update without keeping a second copy of the weights.
-    return {n: p.detach().double().sum().item() for n, p in model.named_parameters()}
+    # A float64 sum sees a 1e-6 update without keeping a second copy of the weights. Under FSDP2 the
+    # parameters are DTensor shards: their sum is partial until reduced across the ranks.
+    sums = {n: p.detach().double().sum() for n, p in model.named_parameters()}
+    return {n: (s.full_tensor() if hasattr(s, "full_tensor") else s).item() for n, s in sums.items()}
