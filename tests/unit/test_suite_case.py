@@ -24,3 +24,17 @@ def test_cpu_and_models_without_a_variant_are_untouched():
     assert effective_case(cpu, Artifacts(Path("."), num_gpus=1)) == cpu
     flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8)
     assert effective_case(flash, Artifacts(Path("."), num_gpus=1)).name == "glm5.3-flash-4layer"
+
+
+def test_a_case_too_big_for_the_gpus_says_so():
+    from rlsmoke.platforms import Host
+    from rlsmoke.suite import memory_shortfall
+
+    h200 = Host("nvidia", "H200", 1)
+    flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=1)
+    reason = memory_shortfall(flash, h200)
+    assert "needs about" in reason and "141 GiB" in reason and "--num-gpus" in reason
+    assert memory_shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=2), h200) == ""
+    one = effective_case(GLM5, Artifacts(Path("."), num_gpus=1))
+    assert memory_shortfall(one, h200) == ""  # the 64-expert variant fits one H200
+    assert memory_shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=1), h200) != ""

@@ -152,6 +152,9 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                     "verdict": "FAIL",
                     "error": exc.one_line(),
                     "artifacts": str(out),
+                    "rollout_temperature": cfg.rollout_temperature,
+                    "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                                 "python": pyplatform.python_version()},  # fmt: skip
                 },
                 indent=2,
             )
