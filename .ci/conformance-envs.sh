@@ -8,14 +8,14 @@
 #   $RLSMOKE_CONFORMANCE_VENVS/cvenv-miles   miles-rl 0.0.2 (Megatron-LM + bundled SGLang), transformers 5.24.0
 #   $RLSMOKE_CONFORMANCE_VENVS/cvenv-sglang  sglang 0.5.23, transformers 5.19.0, real triton 3.9.0
 #   $RLSMOKE_CONFORMANCE_VENVS/cvenv-mcore   megatron-core 0.16.1
-# (default folder: /work). torch is 2.13.0, the CPU build pip takes from this machine kind's disk;
+# (default folder: ~/.cache/rlsmoke/conformance). torch is 2.13.0, the CPU build;
 # everything else is installed `--no-deps` from the full pin lists below, so nothing can pull a
 # CUDA torch or drift. A venv whose pins did not change since its last build is kept (a stamp file
 # holds their hash); --fresh rebuilds all three. Each venv gets rlsmoke itself `--no-deps -e`.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENVS="${RLSMOKE_CONFORMANCE_VENVS:-/work}"
+VENVS="${RLSMOKE_CONFORMANCE_VENVS:-$HOME/.cache/rlsmoke/conformance}"
 PYTHON="${RLSMOKE_CONFORMANCE_BASE_PYTHON:-python3.11}"
 TORCH="torch==2.13.0"
 FRESH=0

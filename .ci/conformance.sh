@@ -5,12 +5,12 @@
 #
 #   bash .ci/conformance-envs.sh && bash .ci/conformance.sh
 #
-# The venvs: $RLSMOKE_CONFORMANCE_VENVS/cvenv-{miles,sglang,mcore} (default /work). The main venv's
+# The venvs: $RLSMOKE_CONFORMANCE_VENVS/cvenv-{miles,sglang,mcore} (default ~/.cache/rlsmoke/conformance). The main venv's
 # python: $RLSMOKE_MAIN_PYTHON, else `python` on PATH (.ci/run puts its venv first).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENVS="${RLSMOKE_CONFORMANCE_VENVS:-/work}"
+VENVS="${RLSMOKE_CONFORMANCE_VENVS:-$HOME/.cache/rlsmoke/conformance}"
 MAIN_PYTHON="${RLSMOKE_MAIN_PYTHON:-python}"
 REPORTS="$(mktemp -d)"
 trap 'rm -rf "$REPORTS"' EXIT

@@ -77,20 +77,22 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
         lo, med, hi = min(values), statistics.median(values), max(values)
         rows.append((gate["name"], summary_key(gate), lo, med, hi))
         if gate["name"] in DEFINITIONAL:
-            gate["provenance"] = tmpl.get("provenance", "definition")
+            pass
         elif gate["op"] in ("<=", "<"):
             gate["bound"] = round_sig(DIFF_FACTOR * hi, up=True)
         elif gate["name"] == "reward_min":
             gate["bound"] = max(0.0, round_sig(REWARD_LOW * lo, up=False))
         elif gate["name"] == "reward_max":
             gate["bound"] = min(1.0, round_sig(REWARD_HIGH * hi, up=True))
-        gate["observed"] = {"min": lo, "median": med, "max": hi}
+        gate["max_observed"] = hi
+        gate["provenance"] = (f"{len(records)} seeds: min {lo:.4g}, median {med:.4g}, max {hi:.4g}"
+                              + (f"; {tmpl['provenance']}" if gate["name"] in DEFINITIONAL and "provenance" in tmpl else ""))
         gates.append(gate)
     v = summary["versions"]
     entry = {
         "key": key,
         "provenance": {
-            "status": "calibrated",
+            "status": "calibrated" if len(records) >= 10 else f"provisional ({len(records)} runs)",
             "runs": len(records),
             "device": summary["device"],
             "date": date.today().isoformat(),

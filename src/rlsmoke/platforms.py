@@ -103,7 +103,7 @@ SUBSTITUTIONS: tuple[Substitution, ...] = (
     ),
     Substitution(
         "CUDA graph, concurrency, chunked prefill", "sglang",
-        nvidia=("--sglang-cuda-graph-max-bs", "256", "--sglang-max-running-requests", "512",
+        nvidia=("--sglang-{cuda_graph_bs}", "256", "--sglang-max-running-requests", "512",
                 "--sglang-chunked-prefill-size", "16384"),
     ),
     Substitution("all-reduce", "sglang", rocm=("--sglang-disable-custom-all-reduce",), why="required on AMD"),

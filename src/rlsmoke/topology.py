@@ -29,11 +29,12 @@ class Target:
     sglang: str
     dsa_flag: str  # SGLang's sparse-attention flag stem: "nsa" (Miles 0.0.2's SGLang) or "dsa" (0.5.23)
     checkpoint_dialect: str  # config.json dialect the target's Miles accepts for GLM-5
+    cuda_graph_bs_flag: str = "cuda-graph-max-bs"  # SGLang 0.5.23 split it into -decode / -prefill
 
 
 TARGETS = {
     "miles-0.0.2": Target("miles-0.0.2", "0.0.2", "bundled", "nsa", "glm_moe_dsa"),
-    "sglang-0.5.23": Target("sglang-0.5.23", "main", "0.5.23", "dsa", "glm_moe_dsa"),
+    "sglang-0.5.23": Target("sglang-0.5.23", "main", "0.5.23", "dsa", "glm_moe_dsa", "cuda-graph-max-bs-decode"),
     # Seed 004's era: the older Miles that wanted a DeepseekV32 config.
     "miles-2026-05": Target("miles-2026-05", "2026-05", "bundled", "nsa", "deepseek_v32"),
 }
@@ -377,10 +378,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "megatron.tp_divides_heads",
-        lambda t, s: _divides(t.train.tp, s.tp_divisor),
-        lambda t, s: f"train.tp={t.train.tp} does not divide the "
-        + (f"query groups ({s.num_query_groups})" if s.attention == "gqa" else f"attention heads ({s.num_attention_heads})"),
-        "Adjust train.tp to a divisor of the heads (the query groups under GQA).",
+        # Under GQA, TP may also be a multiple of the query groups (megatron-core replicates KV heads).
+        lambda t, s: _divides(t.train.tp, s.num_attention_heads) and (
+            s.attention != "gqa" or _divides(t.train.tp, s.num_query_groups)
+            or (t.train.tp > 0 and t.train.tp % s.num_query_groups == 0)),
+        lambda t, s: f"train.tp={t.train.tp} does not divide the attention heads ({s.num_attention_heads})"
+        + (f", or neither divides nor is a multiple of the query groups ({s.num_query_groups})"
+           if s.attention == "gqa" else ""),
+        "Adjust train.tp to a divisor of the heads (under GQA: one that divides or is a multiple of the query groups).",
     ),
     Rule(
         "megatron.ep_divides_experts",

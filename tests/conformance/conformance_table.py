@@ -31,6 +31,7 @@ MILES_DP_ATTENTION = "assert args.sglang_enable_dp_attention"
 EXPERTS_EP = "Number of experts should be a multiple of expert model parallel_size"
 WORLD_MODEL = "is not divisible by total_model_size"
 HEADS_TP = "must be a multiple of tensor_model_parallel_size"
+GQA_TP = "must be a multiple or divisor of tensor_model_parallel_size"
 SP_TP = "Cannot use sequence parallelism without tensor parallelism"
 
 
@@ -54,6 +55,9 @@ class Row:
 
 
 AGREE = (
+    Row("nvidia8-new", GLM5, "nvidia", 8, target=NEW),  # --sglang-cuda-graph-max-bs-decode for 0.5.23
+    Row("gqa-tp16", GLM45, "nvidia", 16, ("train.tp=16", "train.cp=1", "train.ep=16")),  # TP a multiple of groups
+    Row("gqa-tp12", GLM45, "nvidia", 24, ("train.tp=12", "train.cp=1", "train.ep=8"), rejected_by={"mcore": GQA_TP}),
     # valid: the presets of every seed, both targets
     Row("seed004-review-rocm8", GLM5, "rocm", 8),  # 2 GPUs/engine, dp 2, ep 2, dp-attention
     Row("seed004-nvidia8", GLM5, "nvidia", 8),
@@ -110,20 +114,10 @@ STRICTER = (
         why="rollout.tp is not a flag: Miles sets SGLang's tp to the GPUs per engine, so the argv is unchanged"),
     Row("world-etp-ep", GLM5, "nvidia", 8, ("train.etp=2", "train.ep=8"), rule="megatron.world_etp_ep_pp",
         why="Megatron checks the expert grid in initialize_model_parallel (torch.distributed), not in a parser"),
-    Row("gqa-tp16", GLM45, "nvidia", 16, ("train.tp=16", "train.cp=1", "train.ep=16"),
-        rule="megatron.tp_divides_heads",
-        why="FINDING: megatron-core 0.16.1 accepts TP a multiple of the 8 query groups (KV heads replicated); "
-            "rlsmoke requires TP to divide them"),
     Row("dp-no-dp-attention-new", GLM5, "rocm", 8, ("rollout.dp_attention=false",), target=NEW,
         rule="sglang.dp_needs_dp_attention",
         why="a Miles rule (sglang_validate_args); SGLang 0.5.23 alone runs dp without dp-attention as plain DP"),
 )  # fmt: skip
 
-# Rendered argv that a real parser of its target refuses: bugs in rlsmoke's renderer, pinned as they are
-# so that the fix fails the test with "move the row to AGREE".
-FINDINGS = (
-    Row("nvidia8-new", GLM5, "nvidia", 8, target=NEW,
-        rejected_by={"sglang": "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode"},
-        why="SGLang 0.5.23 split --cuda-graph-max-bs into --cuda-graph-max-bs-{decode,prefill}; render "
-            "--sglang-cuda-graph-max-bs-decode for this target"),
-)  # fmt: skip
+# No open findings: the two the real parsers found (SGLang 0.5.23's split --cuda-graph-max-bs-decode, and
+# TP a multiple of the GQA query groups) are fixed and live in AGREE as "nvidia8-new" and "gqa-tp16".

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conformance_table import AGREE, FINDINGS, NEW, PARSER_NAMES, STRICTER, Row, selected
+from conformance_table import AGREE, NEW, PARSER_NAMES, STRICTER, Row, selected
 
 from rlsmoke.cases import Case
 from rlsmoke.conformance.verdict import applies
@@ -101,19 +101,6 @@ def test_real_parser_verdict(row, parser, load_parser):
 def test_real_parser_accepts_what_rlsmoke_is_stricter_on(row, parser, load_parser):
     verdict = load_parser(parser).check(render(row))
     assert verdict.accepted, f"{row.id}: {parser} now rejects it ({verdict.message}): move the row to AGREE"
-
-
-@by_parser(FINDINGS)
-def test_findings_in_the_rendered_argv(row, parser, load_parser):
-    """Rendered argv that a real parser refuses: pinned as they are, until rlsmoke's renderer is fixed."""
-    assert rlsmoke_verdict(row)[0], f"{row.id}: rlsmoke now rejects it"
-    verdict = load_parser(parser).check(render(row))
-    expected = row.rejected_by.get(parser)
-    if expected is None:
-        assert verdict.accepted, f"{row.id}: {parser}: {verdict.message}"
-    else:
-        assert verdict.accepted is False, f"{row.id}: fixed, {parser} accepts it now: move the row to AGREE"
-        assert expected in verdict.message, f"{row.id}: {parser}: {verdict.message}"
 
 
 DRIFT = tuple(r for r in AGREE if r.id.startswith(("seed004-review-rocm8", "glm5-rocm4")))

@@ -78,10 +78,13 @@ def test_unknown_case():
     assert out.returncode == 2 and out.stderr.startswith("error: [case.known]")
 
 
-def test_tp_must_divide_query_groups_under_gqa():
-    out = rlsmoke("plan", "glm4.5-355b-a32b-4layer", "--platform", "nvidia", "--num-gpus", "16", "--set", "train.tp=16",
-                  "--set", "train.cp=1")  # fmt: skip
-    assert out.returncode == 2 and "query groups (8)" in out.stderr
+def test_tp_must_divide_or_be_a_multiple_of_the_query_groups_under_gqa():
+    bad = rlsmoke("plan", "glm4.5-355b-a32b-4layer", "--platform", "nvidia", "--num-gpus", "24", "--set",
+                  "train.tp=12", "--set", "train.cp=1")  # fmt: skip
+    assert bad.returncode == 2 and "query groups (8)" in bad.stderr
+    ok = rlsmoke("plan", "glm4.5-355b-a32b-4layer", "--platform", "nvidia", "--num-gpus", "16", "--set",
+                 "train.tp=16", "--set", "train.cp=1", "--set", "train.ep=16")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_diff_generates_seed_004_table():

@@ -21,7 +21,7 @@ TRIPS = {
     "sglang.dp_needs_dp_attention": (GLM5, "rocm", 8, "async", {"rollout.dp_attention": False}),
     "sglang.dp_divides_engine_gpus": (GLM5, "rocm", 8, "async", {"rollout.dp": 4}),
     "sglang.ep_divides_engine_gpus": (GLM5, "rocm", 8, "async", {"rollout.ep": 4}),
-    "megatron.tp_divides_heads": ("glm4.5-355b-a32b-4layer", "nvidia", 16, None, {"train.tp": 16, "train.cp": 1}),
+    "megatron.tp_divides_heads": ("glm4.5-355b-a32b-4layer", "nvidia", 24, None, {"train.tp": 12, "train.cp": 1}),
     "megatron.ep_divides_experts": ("glm4.5-355b-a32b-4layer", "nvidia", 64, None, {"train.ep": 64}),
     "megatron.sp_needs_tp": (GLM5, "rocm", 8, "async", {"train.sp": True}),
     "megatron.pp_stages_nonempty": (GLM5, "nvidia", 8, None, {"train.pp": 8, "train.tp": 1, "train.cp": 1,
@@ -40,7 +40,8 @@ PASSES = {
     "megatron.pp_stages_nonempty": ("glm5.3-flash", "nvidia", 32, None, {}),
     "megatron.pp_layers_sum": (GLM5, "nvidia", 8, None, {"train.pp": 2, "train.tp": 2, "train.ep": 4,
                                                           "train.pp_layers": (1, 3)}),
-    "megatron.tp_divides_heads": ("glm4.5-355b-a32b-4layer", "nvidia", 16, None, {"train.tp": 8, "train.cp": 1}),
+    # TP 16 over 8 query groups: a multiple of them, which megatron-core accepts (KV heads replicated)
+    "megatron.tp_divides_heads": ("glm4.5-355b-a32b-4layer", "nvidia", 16, None, {"train.tp": 16, "train.cp": 1}),
 }  # fmt: skip
 
 

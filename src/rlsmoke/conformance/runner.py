@@ -1,7 +1,7 @@
 """Run the real parsers on plans from the main venv: one subprocess per parser, each in its own venv.
 
 The interpreters: `$RLSMOKE_MILES_PYTHON`, `$RLSMOKE_SGLANG_PYTHON`, `$RLSMOKE_MCORE_PYTHON`, else
-`$RLSMOKE_CONFORMANCE_VENVS/cvenv-{miles,sglang,mcore}/bin/python` (default folder /work), as
+`$RLSMOKE_CONFORMANCE_VENVS/cvenv-{miles,sglang,mcore}/bin/python` (default folder ~/.cache/rlsmoke/conformance), as
 .ci/conformance-envs.sh builds them. A missing interpreter gives a "not installed" verdict.
 Imports neither torch nor the parsers: the workers do.
 """
@@ -25,7 +25,8 @@ def interpreter(parser: str) -> Path:
     explicit = os.environ.get(f"RLSMOKE_{parser.upper()}_PYTHON")
     if explicit:
         return Path(explicit)
-    return Path(os.environ.get("RLSMOKE_CONFORMANCE_VENVS", "/work")) / f"cvenv-{parser}" / "bin" / "python"
+    venvs = os.environ.get("RLSMOKE_CONFORMANCE_VENVS") or Path.home() / ".cache" / "rlsmoke" / "conformance"
+    return Path(venvs) / f"cvenv-{parser}" / "bin" / "python"
 
 
 def _not_run(parser: str, plans: list[dict], message: str) -> list[Verdict]:

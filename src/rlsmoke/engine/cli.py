@@ -37,6 +37,9 @@ def register(subparsers) -> None:
         metavar="FAULT",
         help="temperature-mismatch | stale-weights | rollout-noise=SIGMA | train-dropout=P",
     )
+    g.add_argument("--compute-dtype", default=None,
+                   help="the trainer's forward/backward dtype over the master weights (default: the rollout "
+                        "dtype on GPUs, as Megatron's bf16 training; the train dtype on CPU)")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
@@ -93,6 +96,7 @@ def config_from_args(args):
         num_gpus=topo.num_gpus, mode=topo.mode, seed=args.seed,
         rollout_dtype=dtype_name(args.rollout_dtype or rollout_default, "--rollout-dtype"),
         train_dtype=dtype_name(args.train_dtype, "--train-dtype"), rollout_temperature=args.rollout_temperature,
+        compute_dtype=dtype_name(args.compute_dtype, "--compute-dtype") if args.compute_dtype else None,
         inject=parse_inject(args.inject), num_rollout=args.num_rollout,
         n_prompts=args.n_prompts or (max(2, topo.num_gpus) if topo.mode == "colocate" else 2),
         n_samples=args.n_samples, max_response_len=args.max_response_len, reward=args.reward,

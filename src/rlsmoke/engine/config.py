@@ -98,6 +98,15 @@ class RunConfig:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     gradient_checkpointing: bool = False
+    # The trainer's compute dtype (autocast over fp32 master weights); None: the rollout dtype on a GPU,
+    # as Megatron's bf16 training does, and the master dtype on CPU.
+    compute_dtype: str | None = None
+
+    @property
+    def train_compute_dtype(self) -> str:
+        if self.compute_dtype:
+            return self.compute_dtype
+        return self.rollout_dtype if self.device.startswith("cuda") else self.train_dtype
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
     launcher: str = "builtin"

@@ -7,6 +7,7 @@ a weight update is gated too.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import platform as pyplatform
@@ -116,6 +117,10 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                 run_lines = one_run(cfg, workers, prompts, tokenizer, seed, log)
             finally:
                 workers.close()
+                del workers  # the next seed reloads from the checkpoint: free this one's device memory
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
             if repeat > 1:
                 for line in run_lines:
                     line["repeat"] = r
@@ -165,7 +170,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         **{k: meta[k] for k in ("case", "platform", "device", "launcher")},
         "width": meta["width"],
         "mode": cfg.mode,
-        "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype},
+        "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
         "repeat": repeat,
         "inject": str(cfg.inject),

@@ -84,6 +84,7 @@ class Rank:
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
             gradient_checkpointing=cfg.gradient_checkpointing,
+            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype],
         )  # fmt: skip
         self.trainer.comm_device = self.device
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)

@@ -33,10 +33,14 @@ def set_dropout(model, p: float) -> None:
 class Trainer:
     def __init__(self, model, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
                  eps_clip: float, eps_clip_high: float, entropy_coef: float = 0.0, kl_coef: float = 0.0,
-                 ref_model=None, gradient_checkpointing: bool = False):  # fmt: skip
+                 ref_model=None, gradient_checkpointing: bool = False,
+                 compute_dtype: torch.dtype | None = None):  # fmt: skip
         self.model = model
         self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
         self.entropy_coef, self.kl_coef, self.ref_model = entropy_coef, kl_coef, ref_model
+        # Megatron keeps fp32 master weights but computes in bf16: the forward sees the weights rounded
+        # as the rollout engine holds them. An fp32 forward would see updates bf16 cannot represent.
+        self.compute_dtype = compute_dtype
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
@@ -45,7 +49,13 @@ class Trainer:
     def forward_only(self, groups: list[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The old log-probs and entropies, eval mode, no graph: what Miles' compute_log_prob does."""
         self.model.eval()
-        return [tuple(t.cpu() for t in token_logprobs(self.model, g)) for g in groups]
+        with self.autocast():
+            return [tuple(t.cpu() for t in token_logprobs(self.model, g)) for g in groups]
+
+    def autocast(self):
+        device = next(self.model.parameters()).device
+        enabled = self.compute_dtype is not None and self.compute_dtype != torch.float32
+        return torch.autocast(device.type, dtype=self.compute_dtype or torch.float32, enabled=enabled)
 
     def step(
         self, groups: list[Group], old: list[torch.Tensor], advantages: list[torch.Tensor]
@@ -58,7 +68,8 @@ class Trainer:
         sums = {"pg_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "entropy_loss": 0.0, "kl_loss": 0.0}
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)  # (n, R)
-            logp, entropy = token_logprobs(self.model, g)  # (n, R) each
+            with self.autocast():
+                logp, entropy = token_logprobs(self.model, g)  # (n, R) each
             loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp.to(device), adv.to(device), mask,
                                                          self.eps_clip, self.eps_clip_high)  # fmt: skip
             loss = loss_tok.sum() - self.entropy_coef * (entropy * mask).sum()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from rlsmoke.models import ModelSpec
 from rlsmoke.platforms import SUBSTITUTIONS, get_platform
-from rlsmoke.topology import Topology
+from rlsmoke.topology import Target, Topology
 
 GROUP_ORDER = ("model", "ckpt", "rollout", "perf", "grpo", "optimizer", "sglang", "ci", "misc")
 
@@ -112,17 +112,16 @@ def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
     return out
 
 
-def _substituted(platform: str, group: str, dsa_flag: str, uses_dsa: bool) -> list[str]:
+def _substituted(platform: str, group: str, target: Target, uses_dsa: bool) -> list[str]:
+    """The substitution rows of `group`, with the target's flag stems filled in."""
     toks: list[str] = []
     for row in SUBSTITUTIONS:
         if row.group != group:
             continue
         flags = row.flags(platform)
-        if any("{dsa}" in f for f in flags):
-            if not uses_dsa:
-                continue
-            flags = tuple(f.format(dsa=dsa_flag) for f in flags)
-        toks += flags
+        if any("{dsa}" in f for f in flags) and not uses_dsa:
+            continue
+        toks += [f.format(dsa=target.dsa_flag, cuda_graph_bs=target.cuda_graph_bs_flag) for f in flags]
     return toks
 
 
@@ -159,7 +158,7 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
         sglang += ["--sglang-dp-size", str(r.dp)]
     if r.dense_tp_lm_head:
         sglang += ["--sglang-moe-dense-tp-size", "1", "--sglang-enable-dp-lm-head"]
-    sglang += _substituted(plat, "sglang", topo.target.dsa_flag, uses_dsa)
+    sglang += _substituted(plat, "sglang", topo.target, uses_dsa)
     if uses_dsa:
         sglang += ["--sglang-attention-backend", "nsa"]
     sglang += ["--sglang-watchdog-timeout", "3600"]
@@ -178,7 +177,7 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
         "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
         "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32",
     ]  # fmt: skip
-    misc += _substituted(plat, "misc", topo.target.dsa_flag, uses_dsa)
+    misc += _substituted(plat, "misc", topo.target, uses_dsa)
     if t.cp > 1:
         misc.append("--allgather-cp")
     misc += ["--update-weight-buffer-size", str(2 * 1024**3), *placement,
@@ -202,7 +201,7 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
                  "--kl-coef", "0.00", "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28"],
         "optimizer": ["--optimizer", "adam", "--lr", recipe.lr, "--lr-decay-style", "constant",
                       "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.98",
-                      *_substituted(plat, "optimizer", topo.target.dsa_flag, uses_dsa)],
+                      *_substituted(plat, "optimizer", topo.target, uses_dsa)],
         "sglang": sglang,
         "ci": ["--ci-test", "--ci-disable-logprobs-checker"],
         "misc": misc,
