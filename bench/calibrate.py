@@ -36,7 +36,7 @@ def round_sig(x: float, up: bool) -> float:
         return x
     exp = math.floor(math.log10(abs(x))) - 1
     scaled = x / 10**exp
-    return (math.ceil(scaled) if up else math.floor(scaled)) * 10**exp
+    return float(f"{(math.ceil(scaled) if up else math.floor(scaled)) * 10**exp:.3g}")  # no 0.35000000000000003
 
 
 def seeds_of(run: Path) -> list[Record]:
