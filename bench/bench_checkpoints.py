@@ -2,7 +2,7 @@
 
 Synthesis runs twice: without and with the sha256 manifest (the default).
 
-    python bench/bench_checkpoints.py --dir /work/bench_tmp [--case glm5-744b-a40b-4layer] [--no-fp8]
+    python bench/bench_checkpoints.py --dir /tmp/rlsmoke-bench [--case glm5-744b-a40b-4layer] [--no-fp8]
 
 Writes into --dir (same disk for dd and synthesis), prints one JSON line of figures, and deletes
 everything it wrote. Refuses to start if the run would leave less than --keep-free-gb free.

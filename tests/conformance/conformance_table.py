@@ -1,6 +1,6 @@
 """The conformance table: cases rendered by rlsmoke, and what each real parser says about them.
 
-`AGREE` rows are the claim of issue 3: rlsmoke's validator accepts a row iff every real parser of its
+`AGREE` rows are the claim of the conformance checks: rlsmoke's validator accepts a row iff every real parser of its
 target does. Each row names the parsers that reject it and a piece of their message, so a rejection
 for another reason (a renamed flag, a new check) fails the test instead of passing it by luck.
 `STRICTER` rows are rules rlsmoke checks and no parser does at parse time; each says why.

@@ -76,8 +76,14 @@ class RolloutEngine:
         self.eos_id, self.pad_id, self.inject = eos_id, pad_id, inject or Inject()
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[tuple[int, ...]], n: int, seed: int) -> list[Group]:
-        return [self._group(i, ids, n, seed * 1000 + i) for i, ids in enumerate(prompt_ids)]
+    def generate(self, prompt_ids: list[tuple[int, ...]], n: int, seed: int,
+                 indices: list[int] | None = None) -> list[Group]:  # fmt: skip
+        """n samples of each prompt (of `indices` only, when given: a data-parallel rank's share).
+
+        A group's sampling seed depends on its prompt's index, not on which rank samples it.
+        """
+        chosen = range(len(prompt_ids)) if indices is None else indices
+        return [self._group(i, prompt_ids[i], n, seed * 1000 + i) for i in chosen]
 
     def _group(self, index: int, ids: tuple[int, ...], n: int, seed: int) -> Group:
         device = self.model.device

@@ -49,7 +49,14 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 class ShardedTrainer(Trainer):
-    """The same loss and step as `Trainer`; norms, checksums and metrics made global across ranks."""
+    """The same loss and step as `Trainer`, with its per-token metrics made global across the ranks.
+
+    (The grad norm and the update checksums of DTensor shards are already global in `Trainer`.)
+    """
+
+    def __init__(self, model, *, comm_device: str, **kwargs):
+        super().__init__(model, **kwargs)
+        self.comm_device = comm_device
 
     def global_sum(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.comm_device)
@@ -84,9 +91,8 @@ class Rank:
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
             gradient_checkpointing=cfg.gradient_checkpointing,
-            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype],
+            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], comm_device=self.device,
         )  # fmt: skip
-        self.trainer.comm_device = self.device
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
         self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
@@ -96,8 +102,7 @@ class Rank:
         return items[self.rank :: self.world]
 
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
-        indices = self.mine(list(range(len(prompt_ids))))
-        return [self.engine._group(i, prompt_ids[i], n, seed * 1000 + i) for i in indices]
+        return self.engine.generate(prompt_ids, n, seed, indices=self.mine(list(range(len(prompt_ids)))))
 
     def forward_only(self, groups: list[Group]):
         return self.trainer.forward_only(groups)
