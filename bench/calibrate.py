@@ -28,7 +28,7 @@ MARGIN_RULE = (
     f"digits; reward range = [{REWARD_LOW:g}x min, {REWARD_HIGH:g}x max] capped at [0, 1]; ppo_kl at step 0, "
     "grad_norm and the weight sync keep their definitional bounds"
 )
-DEFINITIONAL = {"ppo_kl_step0", "grad_norm", "weight_sync"}
+DEFINITIONAL = {"ppo_kl_step0", "pg_clipfrac_step0", "grad_norm", "weight_sync"}
 
 
 def round_sig(x: float, up: bool) -> float:
@@ -107,6 +107,15 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
     return entry, rows
 
 
+def gate_template(entries: list[dict], key: dict) -> list[dict]:
+    """The gates a key gets: its own entry's, else its case's (MLA and GQA models differ), else the first."""
+    for same in (lambda e: e["key"] == key, lambda e: e["key"].get("case") == key["case"], lambda e: True):
+        for entry in entries:
+            if same(entry):
+                return entry["gates"]
+    raise SystemExit("the thresholds file has no entries to take the gate list from")
+
+
 def markdown(entry: dict, rows: list[tuple]) -> str:
     k = entry["key"]
     head = (f"### {k['case']} · {k['platform']} · {k['device']} · {k['dtype']} · {k['width']} "
@@ -125,13 +134,12 @@ def main() -> None:
     ap.add_argument("--markdown", type=Path, help="append the distribution tables to this file")
     args = ap.parse_args()
     data = json.loads(THRESHOLDS.read_text())
-    template = data["entries"][0]["gates"]
     by_key: dict[str, list[Path]] = {}
     for run in args.runs:
         by_key.setdefault(json.dumps(key_of(json.loads((run / "summary.json").read_text()))), []).append(run)
     out = []
-    for runs in by_key.values():
-        entry, rows = calibrate(runs, template)
+    for key_text, runs in by_key.items():
+        entry, rows = calibrate(runs, gate_template(data["entries"], json.loads(key_text)))
         out.append(markdown(entry, rows))
         print(out[-1])
         if args.write:
