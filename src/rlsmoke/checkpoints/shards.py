@@ -247,3 +247,13 @@ def load_index(ckpt: Path) -> dict[str, str]:
         return json.loads(idx.read_text())["weight_map"]
     single = ckpt / SINGLE_NAME
     return {k: SINGLE_NAME for k in read_header(single)}
+
+
+def raw_tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """{name: (dtype, shape, raw bytes)} of every tensor of a checkpoint: for byte-exact comparisons."""
+    folder = Path(folder)
+    out = {}
+    for name, shard in load_index(folder).items():
+        entry = read_header(folder / shard)[name]
+        out[name] = (entry.dtype, tuple(entry.shape), read_tensor(folder / shard, entry).view(torch.uint8).numpy().tobytes())
+    return out
