@@ -60,3 +60,24 @@ def test_update_golden_records_a_candidate_instead_of_failing(tmp_path):
     assert not verdict.passed
     doc = json.loads((art.path / "thresholds-candidate.json").read_text())
     assert doc["entries"][0]["key"]["case"] == CASE.name and doc["entries"][0]["provenance"]["status"] == "candidate"
+
+
+GQA = Case("glm4.5-355b-a32b-4layer", platform="cpu", tiny=True)
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [({"train/pg_clipfrac": 1e-3}, "pg_clipfrac_step0: train/pg_clipfrac@first = 0.001"),
+     ({"train/ppo_kl": -1e-6}, "ppo_kl_step0: train/ppo_kl@first = -1e-06")],
+    ids=["pg_clipfrac", "negative_ppo_kl"],
+)  # fmt: skip
+def test_gqa_step0_checks_are_two_sided(tmp_path, monkeypatch, step, message):
+    """GLM-4.5 (no MLA) gets upstream's two-sided check_kl; the MLA models' one-sided bound lets -1e-6 by."""
+    monkeypatch.setitem(META, "case", GQA.name)
+    record = _run(tmp_path / "run", {"train/pg_clipfrac": 0.0, **step})
+    with pytest.raises(GateFailure) as failure:
+        gates_for(GQA).check(record)
+    assert message in str(failure.value)
+    if "ppo_kl" in step:
+        monkeypatch.setitem(META, "case", CASE.name)
+        assert gates_for(CASE).verdict(_run(tmp_path / "mla", step)).passed

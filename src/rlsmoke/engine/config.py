@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.launch.miles import SEED_RECIPE
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -89,27 +90,27 @@ class RunConfig:
     # is 47 tokens, so 16 keeps every sequence inside the dense regime and the gates seed-stable.
     max_response_len: int = 16
     reward: str = "target"  # a random-weight model scores 0 on math, which leaves GRPO no signal
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.1
+    lr: float = SEED_RECIPE.lr
+    betas: tuple[float, float] = SEED_RECIPE.adam_betas
+    weight_decay: float = SEED_RECIPE.weight_decay
     grad_clip: float = 1.0
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
+    eps_clip: float = SEED_RECIPE.eps_clip
+    eps_clip_high: float = SEED_RECIPE.eps_clip_high
+    kl_coef: float = SEED_RECIPE.kl_coef
+    entropy_coef: float = SEED_RECIPE.entropy_coef
     gradient_checkpointing: bool = False
     # The trainer's compute dtype (autocast over fp32 master weights); None: the rollout dtype on a GPU,
     # as Megatron's bf16 training does, and the master dtype on CPU.
     compute_dtype: str | None = None
+    checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
+    prompt_data: Path = FIXTURES / "data" / "math.jsonl"
+    launcher: str = "builtin"
 
     @property
     def train_compute_dtype(self) -> str:
         if self.compute_dtype:
             return self.compute_dtype
         return self.rollout_dtype if self.device.startswith("cuda") else self.train_dtype
-    checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
-    prompt_data: Path = FIXTURES / "data" / "math.jsonl"
-    launcher: str = "builtin"
 
     @property
     def dtype_key(self) -> str:

@@ -8,6 +8,7 @@ Fields of `Recipe` that are not flags (`LAUNCHER_ONLY`) never reach the command 
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -42,7 +43,14 @@ class Recipe:
     rollout_max_response_len: int = 100
     rollout_temperature: float = 1.0
     max_tokens_per_gpu: int = 2048
-    lr: str = "1e-6"  # a string: rendered as written, not as 1e-06
+    # GRPO and AdamW, as every seed sets them; the built-in engine's defaults read these too.
+    lr: float = 1e-6
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.1
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
     sglang_mem_fraction: float = 0.70
     update_weights_interval: int = 2  # async only
     master_addr: str = "127.0.0.1"  # launcher-only: goes to env, not argv
@@ -54,6 +62,12 @@ class Recipe:
 
 
 LAUNCHER_ONLY = frozenset({"master_addr"})
+SEED_RECIPE = Recipe()
+
+
+def _num(x: float) -> str:
+    """A number as the seeds write it: 1e-6, not 1e-06; 0.2, not 0.20."""
+    return re.sub(r"e([-+])0+(\d)", r"e\1\2", f"{x:g}")
 
 
 @dataclass(frozen=True)
@@ -197,10 +211,13 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
             "--global-batch-size", str(recipe.global_batch_size),
         ],
         "perf": perf,
-        "grpo": ["--advantage-estimator", "grpo", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl",
-                 "--kl-coef", "0.00", "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28"],
-        "optimizer": ["--optimizer", "adam", "--lr", recipe.lr, "--lr-decay-style", "constant",
-                      "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.98",
+        "grpo": ["--advantage-estimator", "grpo", "--kl-loss-coef", f"{recipe.kl_coef:.2f}",
+                 "--kl-loss-type", "low_var_kl", "--kl-coef", f"{recipe.kl_coef:.2f}",
+                 "--entropy-coef", f"{recipe.entropy_coef:.2f}", "--eps-clip", _num(recipe.eps_clip),
+                 "--eps-clip-high", _num(recipe.eps_clip_high)],
+        "optimizer": ["--optimizer", "adam", "--lr", _num(recipe.lr), "--lr-decay-style", "constant",
+                      "--weight-decay", _num(recipe.weight_decay), "--adam-beta1", _num(recipe.adam_betas[0]),
+                      "--adam-beta2", _num(recipe.adam_betas[1]),
                       *_substituted(plat, "optimizer", topo.target, uses_dsa)],
         "sglang": sglang,
         "ci": ["--ci-test", "--ci-disable-logprobs-checker"],
