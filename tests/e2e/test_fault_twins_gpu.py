@@ -1,0 +1,33 @@
+"""Gate-can-fail twins on GPUs: the faults at the GPU case's width, with a bf16 rollout.
+
+A random-weight model's outputs are near uniform (entropy about ln(vocab)), so a temperature
+mismatch moves each token's log-prob little next to bf16 noise: at the seed's 0.8 the abs diff
+cannot tell it from a clean run (docs/calibration.md). The twin injects 0.5, a mismatch of 2x.
+"""
+
+import pytest
+
+from rlsmoke.cases import Case
+from rlsmoke.suite import GateFailure, gates_for, run_case
+
+NUM_GPUS = 8  # --num-gpus or env NUM_GPUS replaces it; every parallel size derives from it
+
+# (inject, rollout temperature, gates that must fail: "name: metric" as the failure report writes it)
+TWINS = [
+    ("temperature-mismatch", 0.5, ["logprob_abs_diff: train/train_rollout_logprob_abs_diff ="]),
+    ("stale-weights", None, ["weight_sync: sync/mismatched_params ="]),
+    ("train-dropout=0.1", None, ["ppo_kl_step0: train/ppo_kl@first ="]),
+]  # fmt: skip
+PLATFORMS = [pytest.param("nvidia", marks=pytest.mark.nvidia), pytest.param("rocm", marks=pytest.mark.rocm)]
+
+
+@pytest.mark.gpus(NUM_GPUS)
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize(("inject", "temperature", "expected"), TWINS, ids=[t[0] for t in TWINS])
+def test_fault_fails_its_gate(artifacts, platform, inject, temperature, expected):
+    case = Case("glm5-744b-a40b-4layer", platform=platform, num_gpus=NUM_GPUS)
+    record = run_case(case, artifacts, inject=inject, rollout_temperature=temperature)
+    with pytest.raises(GateFailure) as failure:
+        gates_for(case).check(record)
+    for line in expected:
+        assert line in str(failure.value), f"--inject {inject} did not fail `{line}`:\n{failure.value}"
