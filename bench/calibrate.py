@@ -24,8 +24,8 @@ THRESHOLDS = Path(__file__).resolve().parents[1] / "fixtures" / "thresholds" / "
 DIFF_FACTOR = 2.0  # upper bounds: twice the worst seed
 REWARD_LOW, REWARD_HIGH = 0.5, 1.5  # reward range: half the lowest, 1.5x the highest (at most 1)
 MARGIN_RULE = (
-    f"upper bounds on diff/kl metrics = {DIFF_FACTOR:g}x the max over the seeds, rounded up to 2 significant "
-    f"digits; reward range = [{REWARD_LOW:g}x min, {REWARD_HIGH:g}x max] capped at [0, 1]; ppo_kl at step 0, "
+    f"upper bounds on diff/kl metrics = {DIFF_FACTOR:g}x the max over the seeds (of the magnitude, for the "
+    f"signed log-prob mean diff), rounded up to 2 significant digits; reward range = [{REWARD_LOW:g}x min, {REWARD_HIGH:g}x max] capped at [0, 1]; ppo_kl at step 0, "
     "grad_norm and the weight sync keep their definitional bounds"
 )
 DEFINITIONAL = {"ppo_kl_step0", "pg_clipfrac_step0", "grad_norm", "weight_sync"}
@@ -80,6 +80,8 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
             pass
         elif gate["op"] in ("<=", "<"):
             gate["bound"] = round_sig(DIFF_FACTOR * hi, up=True)
+        elif gate["op"] == "abs<":  # a signed metric: twice the largest magnitude
+            gate["bound"] = round_sig(DIFF_FACTOR * max(abs(lo), abs(hi)), up=True)
         elif gate["name"] == "reward_min":
             gate["bound"] = max(0.0, round_sig(REWARD_LOW * lo, up=False))
         elif gate["name"] == "reward_max":

@@ -27,6 +27,20 @@ KEY_FIELDS = ("case", "platform", "device", "launcher", "dtype", "width")
 
 # --- records ----------------------------------------------------------------------------------
 
+# Miles' log-probs checker compares the two engines' sample means of the same tokens. The mean is
+# signed, so bf16 noise largely cancels in it while a systematic shift (a temperature applied on
+# one side only) does not: it sees mismatches the mean abs diff cannot tell from noise.
+MEAN_DIFF = "rollout/logprob_mean_diff"
+MEAN_DIFF_OF = ("rollout/log_probs", "rollout/rollout_log_probs")  # train engine's, rollout engine's
+
+
+def _derive(values: dict[str, float]) -> None:
+    """Add the derived metrics a rollout entry's own metrics define (both engines' logs get them)."""
+    train, rollout = MEAN_DIFF_OF
+    if MEAN_DIFF not in values and train in values and rollout in values:
+        values[MEAN_DIFF] = values[train] - values[rollout]
+
+
 _LINE = re.compile(r"\b(step|rollout) (\d+): (\{.*\})\s*$")
 _NAMED_FLOATS = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf}
 _NUMERIC_CALLS = {"float", "tensor", "np.float64", "np.float32", "numpy.float64", "np.int64", "int"}
@@ -103,6 +117,8 @@ class Record:
                                    fix=f"use one of: {', '.join(KINDS)}")  # fmt: skip
             slot = entries[line["kind"]].setdefault(int(line["index"]), {})
             slot.update({k: float(v) for k, v in line["metrics"].items() if _is_number(v)})
+        for values in entries["rollout"].values():
+            _derive(values)
         return Record(entries, **kwargs)
 
 

@@ -14,7 +14,8 @@ CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 # (inject, rollout temperature, gates that must fail: "name: metric" as the failure report writes it)
 TWINS = [
     ("temperature-mismatch", 0.7, ["logprob_abs_diff: train/train_rollout_logprob_abs_diff =",
-                                   "train_rollout_kl: train/train_rollout_kl ="]),
+                                   "train_rollout_kl: train/train_rollout_kl =",
+                                   "logprob_mean_diff: rollout/logprob_mean_diff@absmax ="]),
     ("stale-weights", None, ["weight_sync: sync/mismatched_params ="]),
     ("rollout-noise=0.05", None, ["logprob_abs_diff_max: train/train_rollout_logprob_abs_diff_max =",
                                   "train_rollout_kl: train/train_rollout_kl ="]),

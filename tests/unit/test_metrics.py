@@ -15,6 +15,7 @@ MILES_LOG = """\
 (MegatronTrainRayActor pid=4242) step 0: {'train/ppo_kl': 0.0, 'train/grad_norm': np.float64(3.5), 'train/train_rollout_logprob_abs_diff': 0.077, 'train/pg_clipfrac': 0}
 some other line: {'not': 'metrics'}
 step 1: {'train/grad_norm': nan, 'train/train_rollout_logprob_abs_diff': -inf}
+rollout 1: {'rollout/log_probs': -1.0, 'rollout/rollout_log_probs': -1.05}
 """
 
 
@@ -47,6 +48,8 @@ def test_load_record_from_miles_log(tmp_path):
     assert math.isnan(record.value("train/grad_norm", "max"))  # a NaN anywhere is not hidden by max()
     assert record.value("rollout/raw_reward") == 0.25
     assert record.meta["launcher"] == "miles"
+    # derived where a rollout line has both engines' sample means (rollout 0 has only one)
+    assert [(i, round(v, 9)) for _, i, v in record.series("rollout/logprob_mean_diff")] == [(1, 0.05)]
 
 
 def test_load_record_from_run_folder(tmp_path):

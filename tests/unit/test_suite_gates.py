@@ -15,7 +15,7 @@ META = {"case": CASE.name, "platform": "cpu", "device": "CPU", "launcher": "buil
         "width": "tiny"}  # fmt: skip
 STEP = {"train/train_rollout_logprob_abs_diff": 2e-6, "train/train_rollout_logprob_abs_diff_max": 2e-5,
         "train/train_rollout_kl": 4e-9, "train/ppo_kl": 0.0, "train/grad_norm": 56.0, "sync/mismatched_params": 0.0}
-ROLLOUT = {"rollout/raw_reward": 0.25}
+ROLLOUT = {"rollout/raw_reward": 0.25, "rollout/log_probs": -1.0, "rollout/rollout_log_probs": -1.0 + 3e-7}
 
 
 def _run(folder, step=None, rollout=None):
@@ -42,6 +42,8 @@ TWINS = [
     ({"train/grad_norm": 0.0}, None, "grad_norm: train/grad_norm@min = 0"),
     (None, {"rollout/raw_reward": -0.5}, "reward_min: rollout/raw_reward@min = -0.5"),
     (None, {"rollout/raw_reward": 1.5}, "reward_max: rollout/raw_reward = 1.5"),
+    # derived from the two engines' sample means, as Miles' logs give them
+    (None, {"rollout/rollout_log_probs": -0.9}, "logprob_mean_diff: rollout/logprob_mean_diff@absmax = -0.1"),
 ]
 
 
