@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.shipped import FIXTURES
 
-THRESHOLDS_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "thresholds"
+THRESHOLDS_DIR = FIXTURES / "thresholds"
 SCHEMA_VERSION = 1
 KINDS = ("rollout", "step")
 OPS = ("<", "<=", ">", ">=", "abs<", "finite>")

@@ -38,10 +38,11 @@ from rlsmoke.checkpoints.shards import (
 )
 from rlsmoke.errors import CheckpointError
 from rlsmoke.models import ModelSpec, model_spec
+from rlsmoke.shipped import FIXTURES
 
 LOGIT_STD = 8.0  # logits ~ N(0, 8^2): measured next-token entropy ~1.1 nats on the tiny widths (uniform: 8.3)
 INIT_STD = 0.02  # std of every other matrix, as transformers' initializer_range
-FIXTURE_TOKENIZER = Path(__file__).resolve().parents[3] / "fixtures" / "tokenizer"
+FIXTURE_TOKENIZER = FIXTURES / "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TORCH_DTYPES = {
     "bf16": torch.bfloat16,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.launch.miles import SEED_RECIPE
+from rlsmoke.shipped import FIXTURES
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -19,7 +20,6 @@ INJECTIONS = {
     "rollout-noise": True,
     "train-dropout": True,
 }
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 
 
 @dataclass(frozen=True)
