@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 from datetime import date
 from pathlib import Path
@@ -35,8 +36,13 @@ def round_sig(x: float, up: bool) -> float:
     if x == 0 or not math.isfinite(x):
         return x
     exp = math.floor(math.log10(abs(x))) - 1
-    scaled = x / 10**exp
+    scaled = round(x / 10**exp, 9)  # 0.10000000000000009 is 0.1: float noise must not round up a digit
     return float(f"{(math.ceil(scaled) if up else math.floor(scaled)) * 10**exp:.3g}")  # no 0.35000000000000003
+
+
+def definition(gate: dict) -> str:
+    """A definitional gate's own words, without the seed statistics an earlier calibration put first."""
+    return re.sub(r"^(\d+ seeds: [^;]*; )+", "", gate["provenance"])
 
 
 def seeds_of(run: Path) -> list[Record]:
@@ -88,7 +94,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
             gate["bound"] = min(1.0, round_sig(REWARD_HIGH * hi, up=True))
         gate["max_observed"] = hi
         gate["provenance"] = (f"{len(records)} seeds: min {lo:.4g}, median {med:.4g}, max {hi:.4g}"
-                              + (f"; {tmpl['provenance']}" if gate["name"] in DEFINITIONAL and "provenance" in tmpl else ""))
+                              + (f"; {definition(tmpl)}" if gate["name"] in DEFINITIONAL and "provenance" in tmpl else ""))
         gates.append(gate)
     v = summary["versions"]
     entry = {

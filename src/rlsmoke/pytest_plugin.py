@@ -45,6 +45,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="record each run's values as a thresholds candidate instead of gating (default off)")
     g.addoption("--history", default=os.environ.get("RLSMOKE_HISTORY"), metavar="DB",
                 help="sqlite history to store runs in and band-gate against (default env RLSMOKE_HISTORY, else none)")
+    g.addoption("--history-shadow", action="store_true",
+                default=os.environ.get("RLSMOKE_HISTORY_SHADOW", "") not in ("", "0"),
+                help="report history-band failures as warnings, not failures (PR runs; default env RLSMOKE_HISTORY_SHADOW)")
     g.addoption("--history-trusted", action="store_true", default=False,
                 help="mark passing runs as trusted baselines for the history band (default off)")
     g.addoption("--run-timeout", type=float, default=None, metavar="S",
@@ -195,7 +198,8 @@ def artifacts(request: pytest.FixtureRequest, rlsmoke_host, rlsmoke_ports, gpu_l
         miles_root=Path(miles_root) if miles_root else None, model_dir=Path(model_dir) if model_dir else None,
         lease=gpu_lease, ports=rlsmoke_ports, timeout=config.getoption("run_timeout"),
         update_golden=config.getoption("update_golden"), history=Path(history) if history else None,
-        trusted=config.getoption("history_trusted"), commit=_commit(config) if history else "unknown",
+        trusted=config.getoption("history_trusted"), history_shadow=config.getoption("history_shadow"),
+        commit=_commit(config) if history else "unknown",
         record_property=record_property,
     )  # fmt: skip
 

@@ -20,7 +20,7 @@ def _fmt(x) -> str:
     return "missing" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
-def write_run_summary(folder: Path, record, verdict, bands=()) -> Path:
+def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool = False) -> Path:
     """`summary.md` beside the run's `summary.json`: the key, every gate and band, and where the logs are."""
     key = " ".join(f"{k}={v}" for k, v in verdict.key.items())
     lines = [f"# {verdict.key.get('case', 'run')}: {'PASS' if verdict.passed else 'FAIL'}", "", f"`{key}`", "",
@@ -32,7 +32,7 @@ def write_run_summary(folder: Path, record, verdict, bands=()) -> Path:
         lines += ["", "| history band | value | band | trusted runs | result |", "|---|---|---|---|---|"]
         for b in bands:
             lines.append(f"| `{b.metric}` | {b.value:.4g} | [{b.lower:.4g}, {b.upper:.4g}] | {b.runs} | "
-                         f"{'PASS' if b.passed else 'FAIL'} |")  # fmt: skip
+                         f"{'PASS' if b.passed else 'FAIL (shadow)' if shadow else 'FAIL'} |")  # fmt: skip
     lines += ["", f"Artifacts: `{folder}` (run.log, metrics.jsonl, summary.json)", ""]
     path = Path(folder) / SUMMARY_MD
     path.write_text("\n".join(lines))

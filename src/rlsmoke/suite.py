@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,7 @@ class Artifacts:
     update_golden: bool = False
     history: Path | None = None
     trusted: bool = False
+    history_shadow: bool = False  # report the band (a warning, the summary) but never fail on it: PR runs
     commit: str = "unknown"
     record_property: Callable[[str, object], None] = field(default=lambda k, v: None, repr=False)
 
@@ -263,6 +265,10 @@ class GateFailure(AssertionError):
     """One or more gates failed; the message lists each with value, bound, margin, provenance, artifacts."""
 
 
+class HistoryBandWarning(UserWarning):
+    """A history band failed in shadow mode (`--history-shadow`): shown in pytest's summary, not gating."""
+
+
 @dataclass(frozen=True)
 class CaseGates:
     case: object
@@ -287,13 +293,17 @@ class CaseGates:
             for r in verdict.results:
                 art.record_property(f"gate:{r.gate.name}", "PASS" if r.passed else f"FAIL {r.line()}")
             for b in bands:
-                art.record_property(f"band:{b.metric}", "PASS" if b.passed else f"FAIL {b.line()}")
-            report.write_run_summary(art.path, record, verdict, bands)
+                shadow = "SHADOW " if art.history_shadow else ""
+                art.record_property(f"band:{b.metric}", "PASS" if b.passed else f"{shadow}FAIL {b.line()}")
+            report.write_run_summary(art.path, record, verdict, bands, shadow=art.history_shadow)
             if art.update_golden:
                 path = report.write_threshold_candidate(art.path, record, verdict)
                 art.record_property("threshold_candidate", str(path))
                 return verdict  # recording, not gating: the candidate goes to review
         failed_bands = [b for b in bands if not b.passed]
+        if failed_bands and art is not None and art.history_shadow:
+            warnings.warn(HistoryBandWarning(history.report(failed_bands)), stacklevel=2)
+            failed_bands = []
         if not verdict.passed or failed_bands:
             lines = [verdict.report()] if not verdict.passed else []
             if failed_bands:

@@ -8,7 +8,7 @@ import pytest
 
 from rlsmoke import metrics
 from rlsmoke.cases import Case
-from rlsmoke.suite import Artifacts, GateFailure, gates_for
+from rlsmoke.suite import Artifacts, GateFailure, HistoryBandWarning, gates_for
 
 CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 META = {"case": CASE.name, "platform": "cpu", "device": "CPU", "launcher": "builtin", "dtype": "float32/float32",
@@ -83,3 +83,22 @@ def test_gqa_step0_checks_are_two_sided(tmp_path, monkeypatch, step, message):
     if "ppo_kl" in step:
         monkeypatch.setitem(META, "case", CASE.name)
         assert gates_for(CASE).verdict(_run(tmp_path / "mla", step)).passed
+
+
+@pytest.mark.parametrize("shadow", [False, True], ids=["gating", "shadow"])
+def test_a_history_band_failure_fails_the_run_unless_shadowed(tmp_path, shadow):
+    db, props = tmp_path / "h.db", []
+    for i in range(3):  # trusted baseline: grad_norm 56
+        art = Artifacts(tmp_path / f"good{i}", history=db, trusted=True)
+        gates_for(CASE, art).check(_run(art.path))
+    art = Artifacts(tmp_path / "pr", history=db, history_shadow=shadow, record_property=lambda k, v: props.append((k, v)))
+    record = _run(art.path, {"train/grad_norm": 200.0})  # inside its threshold (finite, > 0), far outside the band
+    if shadow:
+        with pytest.warns(HistoryBandWarning, match="train/grad_norm = 200"):
+            assert gates_for(CASE, art).check(record).passed
+        assert dict(props)["band:train/grad_norm"].startswith("SHADOW FAIL train/grad_norm = 200")
+    else:
+        with pytest.raises(GateFailure, match="train/grad_norm = 200"):
+            gates_for(CASE, art).check(record)
+    result = "FAIL (shadow)" if shadow else "FAIL"
+    assert f"| `train/grad_norm` | 200 | [11.2, 84] | 3 | {result} |" in (art.path / "summary.md").read_text()
