@@ -26,8 +26,9 @@ DIFF_FACTOR = 2.0  # upper bounds: twice the worst seed
 REWARD_LOW, REWARD_HIGH = 0.5, 1.5  # reward range: half the lowest, 1.5x the highest (at most 1)
 MARGIN_RULE = (
     f"upper bounds on diff/kl metrics = {DIFF_FACTOR:g}x the max over the seeds (of the magnitude, for the "
-    f"signed log-prob mean diff), rounded up to 2 significant digits; reward range = [{REWARD_LOW:g}x min, {REWARD_HIGH:g}x max] capped at [0, 1]; ppo_kl at step 0, "
-    "grad_norm and the weight sync keep their definitional bounds"
+    f"signed log-prob mean diff), rounded up to 2 significant digits; reward range = [{REWARD_LOW:g}x min, "
+    f"{REWARD_HIGH:g}x max] capped at [0, 1]; ppo_kl at step 0, grad_norm and the weight sync keep their "
+    "definitional bounds"
 )
 DEFINITIONAL = {"ppo_kl_step0", "pg_clipfrac_step0", "grad_norm", "weight_sync"}
 

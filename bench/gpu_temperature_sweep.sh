@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How far the abs-diff gate sees a temperature mismatch on a GPU case: at each rollout temperature,
+# How far the log-prob gates see a temperature mismatch on a GPU case: at each rollout temperature,
 # a clean run and an `--inject temperature-mismatch` run over the same seeds (so the same samples).
 #   bench/gpu_temperature_sweep.sh OUT_DIR TEMPERATURE...      (env CASE, SEEDS; default 2 seeds)
 set -uo pipefail
@@ -24,6 +24,10 @@ for line in open(sys.argv[1]):
         m = line["metrics"]
         print(f"  seed {line.get('repeat', 0)} step {line['index']}: abs_diff {m['train/train_rollout_logprob_abs_diff']:.4f}"
               f"  kl {m['train/train_rollout_kl']:.4f}  max {m['train/train_rollout_logprob_abs_diff_max']:.3f}")
+    else:  # the signed mean diff, as rlsmoke.metrics derives it
+        m = line["metrics"]
+        print(f"  seed {line.get('repeat', 0)} rollout {line['index']}: mean diff "
+              f"{m['rollout/log_probs'] - m['rollout/rollout_log_probs']:+.4f}")
 PY
   done
 done
