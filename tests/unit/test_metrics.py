@@ -168,3 +168,23 @@ def test_metrics_does_not_import_torch():
     code = "import sys, rlsmoke.metrics as m; m.gates_for('glm5-744b-a40b-4layer'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+MILES_GQA_LOG = """\
+rollout 0: {{'rollout/raw_reward': 0.25, 'rollout/log_probs': -1.0, 'rollout/rollout_log_probs': {rollout_lp}}}
+step 0: {{'train/ppo_kl': 0.0, 'train/pg_clipfrac': 0.0, 'train/grad_norm': 3.5, 'train/train_rollout_logprob_abs_diff': 0.04}}
+"""
+
+
+@pytest.mark.parametrize(("rollout_lp", "passes"), [(-1.01, True), (-0.95, False)], ids=["agree", "shifted"])
+def test_miles_runs_get_upstreams_checks(tmp_path, rollout_lp, passes):
+    """Miles logs are gated by the constants upstream's one-step CI asserts (no run here to calibrate from)."""
+    (tmp_path / "job.log").write_text(MILES_GQA_LOG.format(rollout_lp=rollout_lp))
+    record = load_record(tmp_path / "job.log")
+    verdict = gates_for("glm4.5-355b-a32b-4layer", platform="rocm", launcher="miles").check(record)
+    assert verdict.passed is passes
+    if not passes:  # Miles' log-prob checker: the two engines' sample means within 0.03
+        assert [r.gate.name for r in verdict.results if not r.passed] == ["logprob_mean_diff"]
+    mla = gates_for("glm5-744b-a40b-4layer", platform="nvidia", launcher="miles")
+    assert {g.name: (g.op, g.bound) for g in mla.gates}["ppo_kl_step0"] == ("<", 1e-8)
+    assert "logprob_mean_diff" not in {g.name for g in mla.gates}  # GLM-5's upstream tests disable that checker
