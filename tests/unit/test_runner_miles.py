@@ -15,7 +15,7 @@ from rlsmoke.cases import Case
 from rlsmoke.errors import CheckpointError
 from rlsmoke.launch.lease import GpuLease, lease_ports
 from rlsmoke.platforms import Host
-from rlsmoke.suite import Artifacts, run_case
+from rlsmoke.suite import Artifacts, gates_for, run_case
 
 # find_spec, not importorskip: importing ray here would cost every `pytest --co` a second
 HAS_RAY_DASHBOARD = all(importlib.util.find_spec(m) for m in ("ray", "aiohttp", "aiohttp_cors"))
@@ -25,8 +25,10 @@ TRAIN = textwrap.dedent("""
     import os, sys
     print("ENV", os.getcwd(), os.environ.get("MASTER_PORT"), os.environ.get("CUDA_VISIBLE_DEVICES"),
           os.environ.get("NCCL_NVLS_ENABLE"), os.environ.get("https_proxy"), len(sys.argv), sys.argv[0])
-    print("rollout 0: {'rollout/raw_reward': 0.25, 'rollout/entropy': 0.5}")
-    print("step 0: {'train/ppo_kl': 0.0, 'train/grad_norm': 1.5, 'train/train_rollout_logprob_abs_diff': 0.01}")
+    print("rollout 0: {'rollout/raw_reward': 0.25, 'rollout/entropy': 0.5, 'rollout/log_probs': -0.51, "
+          "'rollout/rollout_log_probs': -0.5}")
+    print("step 0: {'train/ppo_kl': 0.0, 'train/pg_clipfrac': 0.0, 'train/grad_norm': 1.5, "
+          "'train/train_rollout_logprob_abs_diff': 0.01}")
 """)
 
 
@@ -66,6 +68,8 @@ def test_miles_launch_on_real_ray_leaves_nothing(tmp_path, monkeypatch):
     assert "train.py" in env_line
     assert record.value("train/grad_norm") == 1.5 and record.value("rollout/raw_reward") == 0.25
     assert record.meta["launcher"] == "miles" and record.meta["platform"] == "nvidia"
+    verdict = gates_for(case, art).check(record)  # Miles' gates (fixtures/thresholds/miles.json)
+    assert {r.gate.name for r in verdict.results} >= {"logprob_mean_diff", "ppo_kl_step0", "pg_clipfrac_step0"}
     assert (art.path / "ray-head.log").is_file()
     assert _processes_in(miles) == [], "Ray processes outlived the run"
 
