@@ -3,6 +3,7 @@
 # included), then batches of 3 seeds while the time budget lasts. Each batch is one process
 # (`--repeat 3`), so a batch that is cut short loses only itself.
 #   bench/gpu_calibrate.sh OUT_DIR [BUDGET_S]
+# then, where the checkout is: rlsmoke calibrate OUT_DIR/seed* --write fixtures/thresholds/builtin.json
 set -uo pipefail
 out=${1:?OUT_DIR}; budget=${2:-480}
 case_name=${CASE:-glm5-744b-a40b-4layer-1gpu}

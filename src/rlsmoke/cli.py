@@ -20,6 +20,7 @@ EXTERNAL = {
     "verify": "rlsmoke.checkpoints.cli",
     "run": "rlsmoke.engine.cli",
     "report": "rlsmoke.report",
+    "calibrate": "rlsmoke.calibration",
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -256,8 +257,8 @@ class Verdict:
             lines.append(f"  - {r.line()}{' (' + r.note + ')' if r.note else ''}")
             lines.append(f"    provenance: {r.gate.provenance}")
         lines.append(f"artifacts: {self.artifacts}")
-        lines.append("next: open run.log and metrics.jsonl there; if the bound itself is stale, recalibrate with "
-                     "`rlsmoke run CASE --repeat 5` and update the thresholds entry")  # fmt: skip
+        lines.append("next: open run.log and metrics.jsonl there; if the bound itself is stale, recalibrate: "
+                     "`rlsmoke run CASE --repeat 10`, then `rlsmoke calibrate DIR --write FILE`")  # fmt: skip
         return "\n".join(lines)
 
 
@@ -354,6 +355,31 @@ def _default_key(case, platform, device, launcher, dtype, width) -> dict[str, st
     return key
 
 
+def thresholds_dirs() -> list[Path]:
+    """Where entries are read: `RLSMOKE_THRESHOLDS_DIR` (a cluster's own calibrations, os.pathsep-separated)
+    before the shipped `fixtures/thresholds/`, so at equal specificity the cluster's entry wins."""
+    extra = [Path(d) for d in os.environ.get("RLSMOKE_THRESHOLDS_DIR", "").split(os.pathsep) if d]
+    for d in extra:
+        if not d.is_dir():
+            raise RlsmokeError(f"RLSMOKE_THRESHOLDS_DIR={d} is not a folder", rule="thresholds.dir",
+                               fix="point it at a folder of thresholds *.json files (`rlsmoke calibrate --write`)")  # fmt: skip
+    return [*extra, THRESHOLDS_DIR]
+
+
+def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -> tuple[Path, dict] | None:
+    """The most specific entry whose key matches (exact fields beat "*"; the first read wins a tie)."""
+    best, best_score = None, -1
+    for directory in [thresholds_dir] if thresholds_dir else thresholds_dirs():
+        for path, entry in _read_entries(directory):
+            ekey = entry["key"]
+            if any(ekey.get(f, "*") not in ("*", key[f]) for f in KEY_FIELDS):
+                continue
+            score = sum(ekey.get(f, "*") != "*" for f in KEY_FIELDS)
+            if score > best_score:
+                best, best_score = (path, entry), score
+    return best
+
+
 def gates_for(case, *, platform: str | None = None, device: str | None = None, launcher: str | None = None,
               dtype: str | Mapping | None = None, width: str | None = None,
               thresholds_dir: Path | None = None) -> Gates:  # fmt: skip
@@ -363,19 +389,13 @@ def gates_for(case, *, platform: str | None = None, device: str | None = None, l
     the key and how to calibrate one.
     """
     key = _default_key(case, platform, device, launcher, dtype, width)
-    best, best_score = None, -1
-    for path, entry in _read_entries(thresholds_dir or THRESHOLDS_DIR):
-        ekey = entry["key"]
-        if any(ekey.get(f, "*") not in ("*", key[f]) for f in KEY_FIELDS):
-            continue
-        score = sum(ekey.get(f, "*") != "*" for f in KEY_FIELDS)
-        if score > best_score:
-            best, best_score = (path, entry), score
+    best = matching_entry(key, thresholds_dir)
     if best is None:
         raise RlsmokeError(
             f"no thresholds for {_key_text(key)}",
             rule="thresholds.missing",
-            fix="calibrate with `rlsmoke run CASE --repeat 5` and add an entry to fixtures/thresholds/",
+            fix="calibrate with `rlsmoke run CASE --repeat 10` then `rlsmoke calibrate DIR --write FILE`, and "
+                "point RLSMOKE_THRESHOLDS_DIR at FILE's folder",
         )
     path, entry = best
     gates = tuple(_gate(g, entry.get("provenance", {})) for g in entry["gates"])

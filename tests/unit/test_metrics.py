@@ -144,7 +144,7 @@ def test_gates_for_picks_the_most_specific_entry(tmp_path):
 def test_gates_for_without_an_entry_names_the_key_and_the_fix(tmp_path):
     with pytest.raises(RlsmokeError, match="no thresholds for case=zzz platform=cpu") as err:
         gates_for("zzz", thresholds_dir=_thresholds(tmp_path, []))
-    assert "--repeat 5" in err.value.one_line()
+    assert "`rlsmoke calibrate DIR --write FILE`" in err.value.one_line()
 
 
 @pytest.mark.parametrize("entry", [

@@ -1,0 +1,231 @@
+"""Thresholds from repeated runs: `rlsmoke calibrate RUN_DIR... [--write FILE]`.
+
+A run folder is either a built-in engine's `rlsmoke run CASE --repeat K --out DIR` (K seeds, one
+record each) or a suite run's artifacts folder (a Miles log beside its summary.json: one seed).
+Runs are grouped by key (case, platform, device, launcher, dtype, width). Each key gets one entry:
+the gates its runs were judged by, their bounds set by MARGIN_RULE, and the min / median / max over
+the seeds as each gate's provenance. `--write FILE` replaces that key's entry in FILE (created if
+missing); point `RLSMOKE_THRESHOLDS_DIR` at FILE's folder to gate against it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from datetime import date
+from pathlib import Path
+
+from rlsmoke import metrics
+from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.metrics import Record
+
+DIFF_FACTOR = 2.0  # upper bounds: twice the worst seed
+REWARD_LOW, REWARD_HIGH = 0.5, 1.5  # reward range: half the lowest, 1.5x the highest (at most 1)
+MARGIN_RULE = (
+    f"upper bounds on diff/kl metrics = {DIFF_FACTOR:g}x the max over the seeds (of the magnitude, for the "
+    f"signed log-prob mean diff), rounded up to 2 significant digits; reward range = [{REWARD_LOW:g}x min, "
+    f"{REWARD_HIGH:g}x max] capped at [0, 1]; ppo_kl at step 0, grad_norm and the weight sync keep their "
+    "definitional bounds"
+)
+DEFINITIONAL = {"ppo_kl_step0", "pg_clipfrac_step0", "grad_norm", "weight_sync"}
+MIN_CALIBRATED_RUNS = 10
+
+
+def round_sig(x: float, up: bool) -> float:
+    if x == 0 or not math.isfinite(x):
+        return x
+    exp = math.floor(math.log10(abs(x))) - 1
+    scaled = round(x / 10**exp, 9)  # 0.10000000000000009 is 0.1: float noise must not round up a digit
+    return float(f"{(math.ceil(scaled) if up else math.floor(scaled)) * 10**exp:.3g}")  # no 0.35000000000000003
+
+
+def definition(gate: dict) -> str:
+    """A definitional gate's own words, without the seed statistics an earlier calibration put first."""
+    return re.sub(r"^(\d+ seeds: [^;]*; )+", "", gate["provenance"])
+
+
+def summary_of(run: Path) -> dict:
+    path = Path(run) / "summary.json"
+    if not path.is_file():
+        raise RlsmokeError(f"run={run} has no summary.json", rule="calibrate.summary",
+                           fix="pass `rlsmoke run --out` folders or the suite's artifacts folders")  # fmt: skip
+    return json.loads(path.read_text())
+
+
+def seeds_of(run: Path) -> list[Record]:
+    """One record per seed: a `--repeat` run's lines carry a `repeat` key; a Miles run is one seed."""
+    jsonl = Path(run) / "metrics.jsonl"
+    if not jsonl.is_file():
+        return [metrics.load_record(run)]
+    by_seed: dict[int, list[dict]] = {}
+    for line in jsonl.read_text().splitlines():
+        if line.strip():
+            line = json.loads(line)
+            by_seed.setdefault(line.get("repeat", 0), []).append(line)
+    return [Record.from_lines(by_seed[k]) for k in sorted(by_seed)]
+
+
+def key_of(summary: dict) -> dict:
+    dtype = summary.get("dtype", "*")
+    if isinstance(dtype, dict):
+        dtype = f"{dtype['rollout']}/{dtype['train']}"
+    return {
+        "case": summary["case"], "platform": summary["platform"], "device": summary["device"],
+        "launcher": summary.get("launcher", "builtin"), "width": summary.get("width", "*"), "dtype": dtype,
+    }  # fmt: skip
+
+
+def template_for(key: dict, target: list[dict]) -> list[dict]:
+    """The gates a key gets: its entry in the target file, else the entry its runs were judged by, else
+    an entry of the same case and launcher (a new device: MLA and GQA models have different gates)."""
+    for entry in target:
+        if entry["key"] == key:
+            return entry["gates"]
+    found = metrics.matching_entry(key)
+    if found is not None:
+        return found[1]["gates"]
+    known = target + [e for d in metrics.thresholds_dirs() for _, e in metrics._read_entries(d)]
+    for entry in known:
+        if entry["key"].get("case") == key["case"] and entry["key"].get("launcher", "*") in ("*", key["launcher"]):
+            return entry["gates"]
+    raise RlsmokeError(f"no thresholds entry matches {metrics._key_text(key)} to take its gates from",
+                           rule="calibrate.template",
+                           fix="add an entry with the gates this key should have (see fixtures/thresholds/)")  # fmt: skip
+
+
+def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]]:
+    """One entry from all the runs of one key (e.g. two `--repeat 5` runs with different --seed)."""
+    summary = summary_of(runs[0])
+    key = key_of(summary)
+    records = [rec for run in runs for rec in seeds_of(run)]
+    rows, gates, not_logged = [], [], []
+    for tmpl in template:
+        gate = {k: v for k, v in tmpl.items() if k not in ("max_observed", "provenance")}
+        values = [r.value(gate["metric"], gate.get("reduce", "max")) for r in records]
+        values = [v for v in values if v is not None]
+        if not values:
+            not_logged.append(gate["name"])  # no gate rather than a guessed one; the entry says so
+            continue
+        lo, med, hi = min(values), statistics.median(values), max(values)
+        rows.append((gate["name"], summary_key(gate), lo, med, hi))
+        if gate["name"] in DEFINITIONAL:
+            pass
+        elif gate["op"] in ("<=", "<"):
+            gate["bound"] = round_sig(DIFF_FACTOR * hi, up=True)
+        elif gate["op"] == "abs<":  # a signed metric: twice the largest magnitude
+            gate["bound"] = round_sig(DIFF_FACTOR * max(abs(lo), abs(hi)), up=True)
+        elif gate["name"] == "reward_min":
+            gate["bound"] = max(0.0, round_sig(REWARD_LOW * lo, up=False))
+        elif gate["name"] == "reward_max":
+            gate["bound"] = min(1.0, round_sig(REWARD_HIGH * hi, up=True))
+        gate["max_observed"] = hi
+        gate["provenance"] = (f"{len(records)} seeds: min {lo:.4g}, median {med:.4g}, max {hi:.4g}"
+                              + (f"; {definition(tmpl)}" if gate["name"] in DEFINITIONAL and "provenance" in tmpl else ""))  # fmt: skip
+        gates.append(gate)
+    if not gates:
+        raise RlsmokeError(f"runs {', '.join(map(str, runs))} logged none of the gated metrics",
+                           rule="calibrate.metrics", fix="pass the run folders of finished runs")  # fmt: skip
+    versions = summary.get("versions") or {}
+    entry = {
+        "key": key,
+        "provenance": {
+            "status": "calibrated" if len(records) >= MIN_CALIBRATED_RUNS else f"provisional ({len(records)} runs)",
+            "runs": len(records),
+            "device": summary["device"],
+            "date": date.today().isoformat(),
+            "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) or "not recorded",
+            "command": _command(summary, len(records)),
+            "margin_rule": MARGIN_RULE,
+            "rollout_temperature": summary.get("rollout_temperature"),
+        },
+        "gates": gates,
+    }
+    if not_logged:
+        entry["provenance"]["not_gated"] = f"{', '.join(not_logged)}: the runs did not log their metrics"
+    return entry, rows
+
+
+def summary_key(gate: dict) -> str:
+    reduce = gate.get("reduce", "max")
+    return gate["metric"] if reduce == "max" else f"{gate['metric']}@{reduce}"
+
+
+def _command(summary: dict, runs: int) -> str:
+    if summary.get("launcher", "builtin") != "builtin":
+        return f"{runs} suite runs of {summary['case']} on {summary['platform']} (--launcher {summary['launcher']})"
+    width = "" if summary.get("width") == "tiny" or summary["platform"] != "cpu" else " --no-tiny"
+    return f"rlsmoke run {summary['case']} --platform {summary['platform']} --repeat {runs}{width}"
+
+
+def markdown(entry: dict, rows: list[tuple]) -> str:
+    k = entry["key"]
+    head = (f"#### {k['case']} · {k['platform']} · {k['device']} · {k['dtype']} · {k['width']} "
+            f"({entry['provenance']['runs']} seeds)\n\n")  # fmt: skip
+    table = "| gate | metric | min | median | max | bound |\n|---|---|---|---|---|---|\n"
+    bounds = {g["name"]: f"{g['op']} {g['bound']:.3g}" for g in entry["gates"]}
+    for name, metric, lo, med, hi in rows:
+        table += f"| {name} | `{metric}` | {lo:.4g} | {med:.4g} | {hi:.4g} | {bounds[name]} |\n"
+    if "not_gated" in entry["provenance"]:
+        table += f"\nNot gated: {entry['provenance']['not_gated']}.\n"
+    return head + table
+
+
+def write_entries(path: Path, new: list[dict]) -> None:
+    """Replace the entries of the same keys in `path` (created if missing), atomically."""
+    path = Path(path)
+    if path.exists():
+        doc = json.loads(path.read_text())
+        if doc.get("schema_version") != metrics.SCHEMA_VERSION:
+            raise RlsmokeError(f"thresholds={path} is not a schema {metrics.SCHEMA_VERSION} thresholds file",
+                               rule="thresholds.schema", fix="write to a new file or fix its schema_version")  # fmt: skip
+    else:
+        doc = {"schema_version": metrics.SCHEMA_VERSION,
+               "header": {"what": "calibrated with `rlsmoke calibrate`", "margin_rule": MARGIN_RULE},
+               "entries": []}  # fmt: skip
+    keys = [e["key"] for e in new]
+    doc["entries"] = [e for e in doc["entries"] if e["key"] not in keys] + new
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)  # a reader never sees half a file
+
+
+def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = None) -> list[dict]:
+    """Calibrate every key among `runs`; print the tables; write the entries when asked."""
+    by_key: dict[str, list[Path]] = {}
+    for folder in runs:
+        by_key.setdefault(json.dumps(key_of(summary_of(folder))), []).append(Path(folder))
+    target = json.loads(Path(write).read_text())["entries"] if write and Path(write).exists() else []
+    entries, tables = [], []
+    for key_text, folders in by_key.items():
+        entry, rows = calibrate(folders, template_for(json.loads(key_text), target))
+        entries.append(entry)
+        tables.append(markdown(entry, rows))
+        print(tables[-1])
+    if write:
+        write_entries(Path(write), entries)
+        print(f"wrote {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} to {write}")
+    if markdown_to:
+        with Path(markdown_to).open("a") as f:
+            f.write("\n".join(tables) + "\n")
+    return entries
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="thresholds entries from repeated runs, by the stated margin rule")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
+                   help="`rlsmoke run --repeat K --out` folders, or the suite's artifacts folders")  # fmt: skip
+    p.add_argument("--write", type=Path, metavar="FILE", help="replace these keys' entries in FILE (created if missing)")
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="append the distribution tables to FILE")
+    p.set_defaults(func=handler)
+
+
+def handler(args) -> int:
+    for folder in args.runs:
+        if not folder.is_dir():
+            raise RlsmokeError(f"run={folder} is not a folder", rule="calibrate.run",
+                               fix="pass the --out folders of `rlsmoke run`")  # fmt: skip
+    run(args.runs, write=args.write, markdown_to=args.markdown)
+    return ExitCode.OK
