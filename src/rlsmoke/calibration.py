@@ -172,15 +172,27 @@ def markdown(entry: dict, rows: list[tuple]) -> str:
     return head + table
 
 
+def read_target(path: Path) -> dict | None:
+    """The thresholds file `--write` will update, or None when it does not exist yet."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RlsmokeError(f"thresholds={path} cannot be read as JSON ({type(exc).__name__})",
+                           rule="thresholds.schema", fix="write to a new file, or repair this one") from None  # fmt: skip
+    if not isinstance(doc, dict) or doc.get("schema_version") != metrics.SCHEMA_VERSION or "entries" not in doc:
+        raise RlsmokeError(f"thresholds={path} is not a schema {metrics.SCHEMA_VERSION} thresholds file",
+                           rule="thresholds.schema", fix="write to a new file or fix its schema_version")  # fmt: skip
+    return doc
+
+
 def write_entries(path: Path, new: list[dict]) -> None:
     """Replace the entries of the same keys in `path` (created if missing), atomically."""
     path = Path(path)
-    if path.exists():
-        doc = json.loads(path.read_text())
-        if doc.get("schema_version") != metrics.SCHEMA_VERSION:
-            raise RlsmokeError(f"thresholds={path} is not a schema {metrics.SCHEMA_VERSION} thresholds file",
-                               rule="thresholds.schema", fix="write to a new file or fix its schema_version")  # fmt: skip
-    else:
+    doc = read_target(path)
+    if doc is None:
         doc = {"schema_version": metrics.SCHEMA_VERSION,
                "header": {"what": "calibrated with `rlsmoke calibrate`", "margin_rule": MARGIN_RULE},
                "entries": []}  # fmt: skip
@@ -197,7 +209,7 @@ def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = 
     by_key: dict[str, list[Path]] = {}
     for folder in runs:
         by_key.setdefault(json.dumps(key_of(summary_of(folder))), []).append(Path(folder))
-    target = json.loads(Path(write).read_text())["entries"] if write and Path(write).exists() else []
+    target = ((read_target(write) or {}).get("entries", [])) if write else []  # checked before any work
     entries, tables = [], []
     for key_text, folders in by_key.items():
         entry, rows = calibrate(folders, template_for(json.loads(key_text), target))

@@ -105,3 +105,12 @@ def test_a_missing_thresholds_dir_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(tmp_path / "missing"))
     with pytest.raises(metrics.RlsmokeError, match="RLSMOKE_THRESHOLDS_DIR="):
         metrics.gates_for("glm5-744b-a40b-4layer", platform="cpu")
+
+
+def test_a_target_that_is_not_a_thresholds_file_is_left_as_it_was(tmp_path, capsys):
+    run = _repeat_run(tmp_path / "run", [(3e-6, -1.0, -1.0)])
+    target = tmp_path / "notes.json"
+    target.write_text("my notes, not JSON")
+    assert main(["calibrate", str(run), "--write", str(target)]) == ExitCode.USAGE
+    assert "[thresholds.schema]" in capsys.readouterr().err
+    assert target.read_text() == "my notes, not JSON"
