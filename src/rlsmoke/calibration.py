@@ -91,8 +91,8 @@ def template_for(key: dict, target: list[dict]) -> list[dict]:
         if entry["key"].get("case") == key["case"] and entry["key"].get("launcher", "*") in ("*", key["launcher"]):
             return entry["gates"]
     raise RlsmokeError(f"no thresholds entry matches {metrics._key_text(key)} to take its gates from",
-                           rule="calibrate.template",
-                           fix="add an entry with the gates this key should have (see fixtures/thresholds/)")  # fmt: skip
+                       rule="calibrate.template",
+                       fix="add an entry with the gates this key should have (see fixtures/thresholds/)")  # fmt: skip
 
 
 def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]]:
