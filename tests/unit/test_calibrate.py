@@ -114,3 +114,15 @@ def test_a_target_that_is_not_a_thresholds_file_is_left_as_it_was(tmp_path, caps
     assert main(["calibrate", str(run), "--write", str(target)]) == ExitCode.USAGE
     assert "[thresholds.schema]" in capsys.readouterr().err
     assert target.read_text() == "my notes, not JSON"
+
+
+def test_a_new_device_takes_the_gates_of_its_case(tmp_path):
+    h100 = {**CPU_KEY, "case": "glm5-744b-a40b-4layer-1gpu", "platform": "nvidia", "device": "H100",
+            "width": "full", "dtype": {"rollout": "bfloat16", "train": "float32"}}  # fmt: skip
+    (entry,) = calibration.run([_repeat_run(tmp_path / "h100", [(0.1, -1.0, -0.97)], summary=h100)])
+    assert entry["key"]["device"] == "H100"
+    assert [g["name"] for g in entry["gates"]] == ["logprob_abs_diff", "logprob_mean_diff", "ppo_kl_step0"]
+    assert {g["name"]: g["bound"] for g in entry["gates"]}["logprob_mean_diff"] == 0.06
+    with pytest.raises(metrics.RlsmokeError, match="no thresholds entry matches case=no-such-case") as err:
+        calibration.template_for({**entry["key"], "case": "no-such-case"}, [])
+    assert err.value.rule == "calibrate.template"
