@@ -16,18 +16,13 @@ for t in "$@"; do
       "${args[@]}" --out "$out/$name" > "$out/$name.txt" 2>&1
     rc=$?
     echo "$name: $(( $(date +%s) - t0 )) s, exit $rc" | tee -a "$out/timing.txt"
-    python3 - "$out/$name/metrics.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    line = json.loads(line)
-    if line["kind"] == "step":
-        m = line["metrics"]
-        print(f"  seed {line.get('repeat', 0)} step {line['index']}: abs_diff {m['train/train_rollout_logprob_abs_diff']:.4f}"
-              f"  kl {m['train/train_rollout_kl']:.4f}  max {m['train/train_rollout_logprob_abs_diff_max']:.3f}")
-    else:  # the signed mean diff, as rlsmoke.metrics derives it
-        m = line["metrics"]
-        print(f"  seed {line.get('repeat', 0)} rollout {line['index']}: mean diff "
-              f"{m['rollout/log_probs'] - m['rollout/rollout_log_probs']:+.4f}")
+    python3 - "$out/$name" <<'PY'
+import sys
+from rlsmoke.calibration import seeds_of
+from rlsmoke.metrics import MEAN_DIFF
+for seed, record in enumerate(seeds_of(sys.argv[1])):  # one record per --repeat seed
+    for metric in (MEAN_DIFF, "train/train_rollout_logprob_abs_diff", "train/train_rollout_kl"):
+        print(f"  seed {seed} {metric}: " + " ".join(f"{v:+.4f}" for _, _, v in record.series(metric)))
 PY
   done
 done

@@ -86,11 +86,11 @@ def template_for(key: dict, target: list[dict]) -> list[dict]:
     found = metrics.matching_entry(key)
     if found is not None:
         return found[1]["gates"]
-    known = target + [e for d in metrics.thresholds_dirs() for _, e in metrics._read_entries(d)]
+    known = target + [e for d in metrics.thresholds_dirs() for _, e in metrics.read_entries(d)]
     for entry in known:
         if entry["key"].get("case") == key["case"] and entry["key"].get("launcher", "*") in ("*", key["launcher"]):
             return entry["gates"]
-    raise RlsmokeError(f"no thresholds entry matches {metrics._key_text(key)} to take its gates from",
+    raise RlsmokeError(f"no thresholds entry matches {metrics.key_text(key)} to take its gates from",
                        rule="calibrate.template",
                        fix="add an entry with the gates this key should have (see fixtures/thresholds/)")  # fmt: skip
 
@@ -188,10 +188,9 @@ def read_target(path: Path) -> dict | None:
     return doc
 
 
-def write_entries(path: Path, new: list[dict]) -> None:
-    """Replace the entries of the same keys in `path` (created if missing), atomically."""
+def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
+    """Replace the entries of the same keys in `doc`, read from `path` (None: a new file), atomically."""
     path = Path(path)
-    doc = read_target(path)
     if doc is None:
         doc = {"schema_version": metrics.SCHEMA_VERSION,
                "header": {"what": "calibrated with `rlsmoke calibrate`", "margin_rule": MARGIN_RULE},
@@ -209,7 +208,8 @@ def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = 
     by_key: dict[str, list[Path]] = {}
     for folder in runs:
         by_key.setdefault(json.dumps(key_of(summary_of(folder))), []).append(Path(folder))
-    target = ((read_target(write) or {}).get("entries", [])) if write else []  # checked before any work
+    doc = read_target(write) if write else None  # checked before any work
+    target = doc["entries"] if doc else []
     entries, tables = [], []
     for key_text, folders in by_key.items():
         entry, rows = calibrate(folders, template_for(json.loads(key_text), target))
@@ -217,7 +217,7 @@ def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = 
         tables.append(markdown(entry, rows))
         print(tables[-1])
     if write:
-        write_entries(Path(write), entries)
+        write_entries(Path(write), entries, doc)
         print(f"wrote {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} to {write}")
     if markdown_to:
         with Path(markdown_to).open("a") as f:

@@ -250,9 +250,9 @@ class Verdict:
         """Every failure with value, bound, margin and provenance, then where the artifacts are."""
         if self.passed:
             return (
-                f"all {len(self.results)} gates passed ({_key_text(self.key)}); artifacts: {self.artifacts}"
+                f"all {len(self.results)} gates passed ({key_text(self.key)}); artifacts: {self.artifacts}"
             )
-        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({_key_text(self.key)}):"]
+        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({key_text(self.key)}):"]
         for r in self.failures:
             lines.append(f"  - {r.line()}{' (' + r.note + ')' if r.note else ''}")
             lines.append(f"    provenance: {r.gate.provenance}")
@@ -262,7 +262,7 @@ class Verdict:
         return "\n".join(lines)
 
 
-def _key_text(key: Mapping[str, str]) -> str:
+def key_text(key: Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in key.items())
 
 
@@ -283,7 +283,7 @@ class Gates:
 # --- thresholds files -------------------------------------------------------------------------
 
 
-def _read_entries(directory: Path) -> list[tuple[Path, dict]]:
+def read_entries(directory: Path) -> list[tuple[Path, dict]]:
     entries = []
     for path in sorted(Path(directory).glob("*.json")):
         doc = json.loads(path.read_text())
@@ -370,7 +370,7 @@ def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -
     """The most specific entry whose key matches (exact fields beat "*"; the first read wins a tie)."""
     best, best_score = None, -1
     for directory in [thresholds_dir] if thresholds_dir else thresholds_dirs():
-        for path, entry in _read_entries(directory):
+        for path, entry in read_entries(directory):
             ekey = entry["key"]
             if any(ekey.get(f, "*") not in ("*", key[f]) for f in KEY_FIELDS):
                 continue
@@ -392,7 +392,7 @@ def gates_for(case, *, platform: str | None = None, device: str | None = None, l
     best = matching_entry(key, thresholds_dir)
     if best is None:
         raise RlsmokeError(
-            f"no thresholds for {_key_text(key)}",
+            f"no thresholds for {key_text(key)}",
             rule="thresholds.missing",
             fix="calibrate with `rlsmoke run CASE --repeat 10` then `rlsmoke calibrate DIR --write FILE`, and "
                 "point RLSMOKE_THRESHOLDS_DIR at FILE's folder",

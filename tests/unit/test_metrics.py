@@ -171,20 +171,32 @@ def test_metrics_does_not_import_torch():
 
 
 MILES_GQA_LOG = """\
-rollout 0: {{'rollout/raw_reward': 0.25, 'rollout/log_probs': -1.0, 'rollout/rollout_log_probs': {rollout_lp}}}
-step 0: {{'train/ppo_kl': 0.0, 'train/pg_clipfrac': 0.0, 'train/grad_norm': 3.5, 'train/train_rollout_logprob_abs_diff': 0.04}}
+rollout 0: {{'rollout/raw_reward': {reward}, 'rollout/log_probs': -1.0, 'rollout/rollout_log_probs': {rollout_lp}}}
+step 0: {{'train/ppo_kl': {ppo_kl}, 'train/pg_clipfrac': {clipfrac}, 'train/grad_norm': {grad_norm}, 'train/train_rollout_logprob_abs_diff': {abs_diff}}}
 """
+GOOD_MILES = {"reward": 0.25, "rollout_lp": -1.01, "ppo_kl": 0.0, "clipfrac": 0.0, "grad_norm": 3.5, "abs_diff": 0.04}
+
+# (a value Miles logs, the gate of fixtures/thresholds/miles.json it must fail; None: it passes)
+MILES_TWINS = [
+    ({}, None),
+    ({"rollout_lp": -0.95}, "logprob_mean_diff"),  # Miles' log-prob checker: sample means within 0.03
+    ({"abs_diff": 0.2}, "logprob_abs_diff"),
+    ({"ppo_kl": -1e-6}, "ppo_kl_step0"),  # two-sided for GQA
+    ({"clipfrac": 0.01}, "pg_clipfrac_step0"),
+    ({"grad_norm": "nan"}, "grad_norm"),
+    ({"reward": 1.5}, "reward_max"),
+]
 
 
-@pytest.mark.parametrize(("rollout_lp", "passes"), [(-1.01, True), (-0.95, False)], ids=["agree", "shifted"])
-def test_miles_runs_get_upstreams_checks(tmp_path, rollout_lp, passes):
+@pytest.mark.parametrize(("change", "fails"), MILES_TWINS, ids=[str(f) for _, f in MILES_TWINS])
+def test_miles_runs_get_upstreams_checks(tmp_path, change, fails):
     """Miles logs are gated by the constants upstream's one-step CI asserts (no run here to calibrate from)."""
-    (tmp_path / "job.log").write_text(MILES_GQA_LOG.format(rollout_lp=rollout_lp))
-    record = load_record(tmp_path / "job.log")
-    verdict = gates_for("glm4.5-355b-a32b-4layer", platform="rocm", launcher="miles").check(record)
-    assert verdict.passed is passes
-    if not passes:  # Miles' log-prob checker: the two engines' sample means within 0.03
-        assert [r.gate.name for r in verdict.results if not r.passed] == ["logprob_mean_diff"]
+    (tmp_path / "job.log").write_text(MILES_GQA_LOG.format(**{**GOOD_MILES, **change}))
+    verdict = gates_for("glm4.5-355b-a32b-4layer", platform="rocm", launcher="miles").check(load_record(tmp_path / "job.log"))
+    assert [r.gate.name for r in verdict.results if not r.passed] == ([fails] if fails else [])
+
+
+def test_miles_glm5_gates_follow_upstreams_mla_checks():
     mla = gates_for("glm5-744b-a40b-4layer", platform="nvidia", launcher="miles")
     assert {g.name: (g.op, g.bound) for g in mla.gates}["ppo_kl_step0"] == ("<", 1e-8)
     assert "logprob_mean_diff" not in {g.name for g in mla.gates}  # GLM-5's upstream tests disable that checker
