@@ -58,6 +58,23 @@ def test_train_rollout_stats_zero_when_equal_and_k3_positive_otherwise(torch, gr
     assert grpo.k3(torch.zeros(1), torch.full((1,), 100.0)).item() == grpo.KL_CLAMP
 
 
+def test_train_rollout_kl_is_kl_of_rollout_to_train_as_miles_logs_it(torch, grpo):
+    # Miles: compute_approx_kl(rollout, train, "low_var_kl") = exp(train - rollout) - 1 - (train - rollout)
+    train, rollout, mask = torch.zeros(1, 1), torch.full((1, 1), -1.0), torch.ones(1, 1)
+    kl = grpo.train_rollout_stats(train, rollout, mask)["train/train_rollout_kl"]
+    assert kl == pytest.approx(math.e - 2, rel=1e-6)  # 0.718; the reverse direction would give 1/e = 0.368
+    assert grpo.train_rollout_stats(rollout, train, mask)["train/train_rollout_kl"] == pytest.approx(math.exp(-1))
+
+
+def test_k3_is_miles_low_var_kl_with_its_clamps(torch, grpo):
+    # r = base - logp, clamped to +-20 before exp (NaN -> 0, +-inf -> +-20); the estimate clamped to [-10, 10]
+    logp = torch.tensor([0.0, 0.0, -math.inf, 0.0, 0.0, 0.0])
+    base = torch.tensor([-1.0, 0.5, 0.0, math.nan, -math.inf, -30.0])
+    expected = [math.exp(-1) - 1 + 1, math.exp(0.5) - 1.5, 10.0, 0.0, 10.0, 10.0]
+    assert grpo.k3(logp, base).tolist() == pytest.approx(expected, rel=1e-6)
+    assert torch.isfinite(grpo.k3(logp, base)).all()
+
+
 def test_policy_loss_clips_at_asymmetric_eps(torch, grpo):
     old = torch.zeros(1, 3)
     logp = torch.log(torch.tensor([[1.1, 1.3, 0.7]]))  # ratios 1.1, 1.3 (> 1.28), 0.7 (< 0.8)
