@@ -112,6 +112,12 @@ class Record:
 
     @staticmethod
     def from_lines(lines: Iterable[dict], **kwargs) -> Record:
+        lines = list(lines)
+        seeds = {line.get("repeat") for line in lines}
+        if len(seeds) > 1:  # merged by (kind, index), each seed would overwrite the one before
+            raise RlsmokeError(f"metrics lines of {len(seeds)} seeds (`repeat` keys) make no one record",
+                               rule="metrics.one_seed", fix="read a `--repeat` run one seed at a time: "
+                               "group its lines by their `repeat` key (`rlsmoke calibrate` does)")  # fmt: skip
         entries: dict[str, dict[int, dict[str, float]]] = {k: {} for k in KINDS}
         for line in lines:
             if line.get("kind") not in KINDS:

@@ -121,7 +121,7 @@ def handler(args) -> int:
     verdict = summary["_verdict"]
     print(f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} dtype={cfg.dtype_key} "
           f"seed={cfg.seed} inject={cfg.inject} ({summary['seconds']:.1f} s)")  # fmt: skip
-    print(verdict.table())
+    print(verdict.table() if args.repeat == 1 else summary["_seeds"].table())
     if not verdict.passed:
         print(verdict.report(), file=sys.stderr)
     print(f"artifacts: {out}")

@@ -26,6 +26,7 @@ from rlsmoke.engine.reward import REWARDS
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.metrics import Record, Verdict, gates_for
 from rlsmoke.models import model_spec
+from rlsmoke.repeats import SeedVerdicts
 
 
 class RunLog:
@@ -142,17 +143,19 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
 
     meta = {"case": cfg.case, "platform": cfg.platform, "device": cfg.device_class, "launcher": cfg.launcher,
             "dtype": cfg.dtype_key, "width": "tiny" if cfg.tiny else "full"}  # fmt: skip
-    record = Record.from_lines(lines, source=str(out / "metrics.jsonl"), artifacts=str(out), meta=meta)
+    # one record per seed: merged by (kind, index), the last seed would overwrite the others
+    records = [Record.from_lines(rl, source=str(out / "metrics.jsonl"), artifacts=str(out), meta=meta)
+               for rl in per_repeat]  # fmt: skip
     try:
         gates = gates_for(cfg.case, **{k: v for k, v in meta.items() if k != "case"})
     except RlsmokeError as exc:
         # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
-        values = {k: record.value(k) for k in record.keys()}
+        values = [{k: rec.value(k) for k in rec.keys()} for rec in records]
         (out / "summary.json").write_text(
             json.dumps(
                 meta
+                | ({"metrics": values[0]} if repeat == 1 else {"per_repeat": values})
                 | {
-                    "metrics": values,
                     "gates": [],
                     "verdict": "FAIL",
                     "error": exc.one_line(),
@@ -165,7 +168,11 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             )
         )
         raise
-    verdict = gates.check(record)
+    seeds = SeedVerdicts(
+        tuple(cfg.seed + r for r in range(repeat)), tuple(gates.check(rec) for rec in records)
+    )
+    # --repeat K: every seed is gated; each gate shows its worst seed, and any failing seed fails the run
+    verdict = seeds.verdicts[0] if repeat == 1 else seeds.worst()
     summary = {
         **{k: meta[k] for k in ("case", "platform", "device", "launcher")},
         "width": meta["width"],
@@ -181,7 +188,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             "python": pyplatform.python_version(),
         },  # fmt: skip
         "placement": where,
-        "metrics": verdict.values(),
+        "metrics": verdict.values(),  # --repeat K: each gate's worst seed
         "gates": [r.to_json() for r in verdict.results],
         "thresholds": gates.source,
         "verdict": "PASS" if verdict.passed else "FAIL",
@@ -189,13 +196,17 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         "seconds": round(time.perf_counter() - t0, 2),
     }
     if repeat > 1:
-        # what calibration reads: each seed's gated values
-        records = [Record.from_lines(rl) for rl in per_repeat]
+        for gate_json, (_, seed, failing) in zip(summary["gates"], seeds.per_gate(), strict=True):
+            gate_json |= {"seed": seed, "failing_seeds": failing}
+        summary["seeds"] = list(seeds.seeds)
+        summary["failed_seeds"] = seeds.failed_seeds()
+        # each seed's gated values and verdict
         summary["per_repeat"] = [
             {g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records
         ]
+        summary["per_repeat_verdict"] = ["PASS" if v.passed else "FAIL" for v in seeds.verdicts]
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
-    return summary | {"_verdict": verdict}
+    return summary | {"_verdict": verdict, "_seeds": seeds}
 
 
 def _json_default(x):
