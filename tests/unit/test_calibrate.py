@@ -61,7 +61,8 @@ def test_a_clusters_calibration_wins_over_the_shipped_entry(tmp_path, monkeypatc
     assert main(["calibrate", str(run), "--write", str(ours)]) == ExitCode.OK
     out = capsys.readouterr().out
     assert "| logprob_abs_diff | `train/train_rollout_logprob_abs_diff` | 3e-06 | 3e-06 | 3e-06 | <= 6e-06 |" in out
-    assert "Not gated: logprob_abs_diff_max, train_rollout_kl, grad_norm, weight_sync, reward_min, reward_max" in out
+    assert ("Not gated: logprob_abs_diff_max, train_rollout_kl, logprob_slope, grad_norm, weight_sync, reward_min, "
+            "reward_max") in out
     shipped = metrics.gates_for("glm5-744b-a40b-4layer", platform="cpu")
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(ours.parent))
     gates = metrics.gates_for("glm5-744b-a40b-4layer", platform="cpu")

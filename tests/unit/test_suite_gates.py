@@ -14,7 +14,7 @@ CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 META = {"case": CASE.name, "platform": "cpu", "device": "CPU", "launcher": "builtin", "dtype": "float32/float32",
         "width": "tiny"}  # fmt: skip
 STEP = {"train/train_rollout_logprob_abs_diff": 2e-6, "train/train_rollout_logprob_abs_diff_max": 2e-5,
-        "train/train_rollout_kl": 4e-9, "train/ppo_kl": 0.0, "train/grad_norm": 56.0, "sync/mismatched_params": 0.0}
+        "train/train_rollout_kl": 4e-9, "train/train_rollout_logprob_slope": 3e-7, "train/ppo_kl": 0.0, "train/grad_norm": 56.0, "sync/mismatched_params": 0.0}
 ROLLOUT = {"rollout/raw_reward": 0.25, "rollout/log_probs": -1.0, "rollout/rollout_log_probs": -1.0 + 3e-7}
 
 

@@ -40,6 +40,9 @@ def register(subparsers) -> None:
     g.add_argument("--compute-dtype", default=None,
                    help="the trainer's forward/backward dtype over the master weights (default: the rollout "
                         "dtype on GPUs, as Megatron's bf16 training; the train dtype on CPU)")
+    g.add_argument("--compute-path", default="params", choices=("params", "autocast"),
+                   help="params: a copy of the weights in the compute dtype over fp32 main parameters, as "
+                        "Megatron trains (default); autocast: autocast over the fp32 weights")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
@@ -49,9 +52,12 @@ def register(subparsers) -> None:
         "--num-rollout", type=int, default=2, help="rollouts; every one but the last is trained on"
     )
     g.add_argument("--n-prompts", type=int, default=None,
-                   help="prompts per rollout (default: 2, or one per data-parallel rank when more)")
-    g.add_argument("--n-samples", type=int, default=4, help="samples per prompt (the GRPO group)")
-    g.add_argument("--max-response-len", type=int, default=16, help="16 keeps tiny GLM-5 within index_topk")
+                   help="prompts per rollout (default on GPUs: seed 004's 8; on CPU: 2, or one per data-parallel "
+                        "rank when more)")
+    g.add_argument("--n-samples", type=int, default=None,
+                   help="samples per prompt, the GRPO group (default on GPUs: seed 004's 8; on CPU: 4)")
+    g.add_argument("--max-response-len", type=int, default=None,
+                   help="response cap in tokens (default on GPUs: seed 004's 100; on CPU: 16, for speed)")
     g.add_argument("--reward", default="target", help="target (dense, for untrained models) | math")
     g.add_argument("--gradient-checkpointing", action="store_true")
     g.add_argument(
@@ -66,7 +72,7 @@ def register(subparsers) -> None:
 def config_from_args(args):
     """Validate every flag into a RunConfig before anything heavy is imported."""
     from rlsmoke.cli import case_from_args
-    from rlsmoke.engine.config import RunConfig, dtype_name, parse_inject
+    from rlsmoke.engine.config import BatchShape, RunConfig, dtype_name, parse_inject
     from rlsmoke.platforms import detect, get_platform
 
     platform = get_platform(args.platform)
@@ -91,6 +97,7 @@ def config_from_args(args):
             )
         device_class = host.device
     rollout_default = "float32" if platform.name == "cpu" else "bfloat16"
+    default_shape = BatchShape.for_platform(platform.name)
     cfg = RunConfig(
         case=case.name, tiny=tiny, platform=platform.name, device=platform.torch_device, device_class=device_class,
         num_gpus=topo.num_gpus, mode=topo.mode, seed=args.seed,
@@ -98,8 +105,10 @@ def config_from_args(args):
         train_dtype=dtype_name(args.train_dtype, "--train-dtype"), rollout_temperature=args.rollout_temperature,
         compute_dtype=dtype_name(args.compute_dtype, "--compute-dtype") if args.compute_dtype else None,
         inject=parse_inject(args.inject), num_rollout=args.num_rollout,
-        n_prompts=args.n_prompts or (max(2, topo.num_gpus) if topo.mode == "colocate" else 2),
-        n_samples=args.n_samples, max_response_len=args.max_response_len, reward=args.reward,
+        n_prompts=args.n_prompts or default_shape.n_prompts(topo),
+        n_samples=args.n_samples or default_shape.n_samples,
+        max_response_len=args.max_response_len or default_shape.max_response_len, reward=args.reward,
+        compute_path=args.compute_path,
         gradient_checkpointing=args.gradient_checkpointing, checkpoint=args.checkpoint, launcher=args.launcher_label,
         **({"prompt_data": args.prompt_data} if args.prompt_data else {}),
     )  # fmt: skip

@@ -13,6 +13,7 @@ from rlsmoke.shipped import FIXTURES
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 REWARDS = ("target", "math")
+COMPUTE_PATHS = ("params", "autocast")
 # name -> whether it takes a value (`rollout-noise=0.01`)
 INJECTIONS = {
     "temperature-mismatch": False,
@@ -69,6 +70,30 @@ def dtype_name(text: str, flag: str) -> str:
 
 
 @dataclass(frozen=True)
+class BatchShape:
+    """The per-rollout shape a run defaults to on a platform."""
+
+    prompts: int
+    n_samples: int
+    max_response_len: int
+
+    @classmethod
+    def for_platform(cls, platform: str) -> BatchShape:
+        if platform == "cpu":
+            return cls(2, 4, 16)  # the tiny CPU cases stay seconds long on 2 cores
+        # seed 004's per-rollout shape: what the GPU gates are calibrated on (docs/calibration.md)
+        r = SEED_RECIPE
+        return cls(r.rollout_batch_size, r.n_samples_per_prompt, r.rollout_max_response_len)
+
+    def n_prompts(self, topo) -> int:
+        """At least one prompt per data-parallel rank when colocated, rounded up to a multiple of them."""
+        if topo.mode != "colocate":
+            return self.prompts
+        ranks = topo.num_gpus
+        return max(ranks, -(-self.prompts // ranks) * ranks)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     case: str
     tiny: bool
@@ -85,10 +110,7 @@ class RunConfig:
     num_rollout: int = 2  # the last rollout is scored, not trained on: it gates the post-sync drift
     n_prompts: int = 2
     n_samples: int = 4
-    # Tiny GLM-5 has index_topk=64: past 64 tokens transformers' DSA decode (KV cache) and prefill
-    # paths pick different keys (measured abs diff 0.09 on those tokens). The longest fixture prompt
-    # is 47 tokens, so 16 keeps every sequence inside the dense regime and the gates seed-stable.
-    max_response_len: int = 16
+    max_response_len: int = 16  # the CLI's default is BatchShape.for_platform's
     reward: str = "target"  # a random-weight model scores 0 on math, which leaves GRPO no signal
     lr: float = SEED_RECIPE.lr
     betas: tuple[float, float] = SEED_RECIPE.adam_betas
@@ -102,6 +124,10 @@ class RunConfig:
     # The trainer's compute dtype (autocast over fp32 master weights); None: the rollout dtype on a GPU,
     # as Megatron's bf16 training does, and the master dtype on CPU.
     compute_dtype: str | None = None
+    # How the trainer computes in that dtype: "params", a copy of the weights in it over fp32 main
+    # parameters (Megatron's bf16 training; the rollout engine's cast path); "autocast" over the fp32
+    # weights (measured 5-10x noisier against a bf16 rollout: docs/calibration.md).
+    compute_path: str = "params"
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
     launcher: str = "builtin"
@@ -111,6 +137,10 @@ class RunConfig:
         if self.compute_dtype:
             return self.compute_dtype
         return self.rollout_dtype if self.device.startswith("cuda") else self.train_dtype
+
+    @property
+    def separate_compute_copy(self) -> bool:
+        return self.compute_path == "params" and self.train_compute_dtype != self.train_dtype
 
     @property
     def dtype_key(self) -> str:
@@ -136,6 +166,9 @@ class RunConfig:
             problems.append(
                 f"rollout_temperature={self.rollout_temperature} must be > 0. Adjust --rollout-temperature"
             )
+        if self.compute_path not in COMPUTE_PATHS:
+            problems.append(f"compute_path={self.compute_path!r} is unknown ({', '.join(COMPUTE_PATHS)}). "
+                            "Adjust --compute-path")  # fmt: skip
         if self.reward not in REWARDS:
             problems.append(f"reward={self.reward!r} is unknown ({', '.join(REWARDS)}). Adjust --reward")
         if self.inject.kind == "temperature-mismatch" and self.rollout_temperature == 1.0:

@@ -52,14 +52,17 @@ class TrainWorker:
         spec = model_spec(cfg.case, tiny=cfg.tiny)
         self.cfg = cfg
         model = load_policy(ckpt, spec, cfg.train_dtype, cfg.device)
+        # Megatron's bf16 params: a compute copy loaded as the rollout engine loads its own (rlsmoke.engine.precision)
+        compute = load_policy(ckpt, spec, cfg.train_compute_dtype, cfg.device) if cfg.separate_compute_copy else None
         if cfg.inject.kind == "train-dropout":
-            set_dropout(model, cfg.inject.value)
+            set_dropout(compute or model, cfg.inject.value)
         ref = load_policy(ckpt, spec, cfg.train_dtype, cfg.device) if cfg.kl_coef else None
         self.trainer = Trainer(
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
             kl_coef=cfg.kl_coef, ref_model=ref, gradient_checkpointing=cfg.gradient_checkpointing,
-            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], temperature=cfg.rollout_temperature,
+            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], compute_model=compute,
+            temperature=cfg.rollout_temperature,
         )  # fmt: skip
 
     def forward_only(self, groups: list[Group]):
@@ -72,7 +75,7 @@ class TrainWorker:
         """The update as it crosses a process boundary: CPU tensors in the rollout dtype."""
         return [
             (n, t.cpu())
-            for n, t in sync.rollout_weights(self.trainer.model, TORCH_DTYPES[self.cfg.rollout_dtype])
+            for n, t in sync.rollout_weights(self.trainer.master, TORCH_DTYPES[self.cfg.rollout_dtype])
         ]
 
     def where(self) -> dict:
@@ -121,8 +124,8 @@ class Colocated:
     def sync(self, *, skip: bool) -> dict[str, float]:
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
         if not skip:
-            self.rollout.load(sync.rollout_weights(self.train.trainer.model, dtype))
-        return self.rollout.compare(sync.rollout_weights(self.train.trainer.model, dtype))
+            self.rollout.load(sync.rollout_weights(self.train.trainer.master, dtype))
+        return self.rollout.compare(sync.rollout_weights(self.train.trainer.master, dtype))
 
     def close(self) -> None:
         pass

@@ -20,7 +20,8 @@ import transformers
 from rlsmoke.engine import grpo
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
-from rlsmoke.engine.model import checkpoint_dir, estimate_memory_gib, load_tokenizer
+from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
+from rlsmoke.engine.model import check_dsa_dense, checkpoint_dir, estimate_memory_gib, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
 from rlsmoke.errors import RlsmokeError, RunError
@@ -74,6 +75,7 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog)
             for g, (lp, _) in zip(groups, old, strict=True)
         ]
         step = {k: (max if k.endswith("_max") else _mean)([s[k] for s in stats]) for k in stats[0]}
+        step[SLOPE] = batch_slope(groups, [lp for lp, _ in old])
         if i < cfg.num_rollout - 1:
             rewards = torch.stack([g.rewards for g in groups])  # (G, n)
             advantages = list(grpo.group_advantages(rewards))  # G of (n,)
@@ -111,6 +113,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             seed = cfg.seed + r
             torch.manual_seed(seed)
             prompts = [encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)]
+            check_dsa_dense(ckpt, max(len(p.ids) for p in prompts) + cfg.max_response_len)
             workers = open_workers(cfg, ckpt, eos, pad)  # fresh from the checkpoint: same initial weights
             try:
                 where = workers.where

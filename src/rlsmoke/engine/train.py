@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from rlsmoke.engine import grpo
+from rlsmoke.engine import grpo, precision
 from rlsmoke.engine.rollout import Group
 from rlsmoke.errors import RunError
 
@@ -41,16 +41,20 @@ class Trainer:
     def __init__(self, model, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
                  eps_clip: float, eps_clip_high: float, entropy_coef: float = 0.0, kl_coef: float = 0.0,
                  ref_model=None, gradient_checkpointing: bool = False,
-                 compute_dtype: torch.dtype | None = None, temperature: float = 1.0):  # fmt: skip
-        self.model = model
+                 compute_dtype: torch.dtype | None = None, compute_model=None, temperature: float = 1.0):  # fmt: skip
         self.temperature = temperature  # the rollout temperature: log-probs of what was sampled
+        # compute_model: the weights in the compute dtype, forwarded and backwarded, while `model` holds the
+        # fp32 main parameters AdamW updates (Megatron's bf16 params; see rlsmoke.engine.precision).
+        self.master = model
+        self.model = model if compute_model is None else compute_model
+        self._pairs = [] if compute_model is None else precision.pairs(compute_model, model)
         self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
         self.entropy_coef, self.kl_coef, self.ref_model = entropy_coef, kl_coef, ref_model
         # Megatron keeps fp32 master weights but computes in bf16: the forward sees the weights rounded
         # as the rollout engine holds them. An fp32 forward would see updates bf16 cannot represent.
-        self.compute_dtype = compute_dtype
+        self.compute_dtype = compute_dtype if compute_model is None else None
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
 
     @torch.no_grad()
@@ -90,26 +94,28 @@ class Trainer:
             if not torch.isfinite(loss):
                 raise RunError(f"loss is {loss.item()} on group {g.prompt_index}", rule="train.finite_loss")
             (loss / total_tokens).backward()
+            precision.accumulate_grads(self._pairs)
             sums["pg_loss"] += loss_tok.sum().item()
             sums["pg_clipfrac"] += clipped.sum().item()
             sums["ppo_kl"] += ppo_kl.sum().item()
             sums["entropy_loss"] += (entropy.detach() * mask).sum().item()
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.master.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(
             params, self.grad_clip
         ).item()  # total norm before clipping
         if not math.isfinite(grad_norm):
             bad = next(
                 n
-                for n, p in self.model.named_parameters()
+                for n, p in self.master.named_parameters()
                 if p.grad is not None and not p.grad.isfinite().all()
             )
             raise RunError(
                 f"grad_norm is {grad_norm}; first non-finite grad in {bad}", rule="train.finite_grads"
             )
-        before = _checksums(self.model)
+        before = _checksums(self.master)
         self.optimizer.step()
-        changed = sum(1 for name, s in _checksums(self.model).items() if s != before[name])
+        precision.refresh(self._pairs)
+        changed = sum(1 for name, s in _checksums(self.master).items() if s != before[name])
         if changed == 0:
             raise RunError("the optimizer step changed no parameter", rule="train.update_applied")
         self.model.eval()

@@ -91,7 +91,13 @@ def glm5_744b_a40b() -> ModelSpec:
 
 
 def glm5_tiny(spec: ModelSpec) -> ModelSpec:
-    """The same layer structure at a width that trains on 2 CPU cores in seconds."""
+    """The same layer structure at a width that trains on 2 CPU cores in seconds.
+
+    index_topk stays the reference's 2048: past it, DSA's KV-cache decode and the full forward pick
+    their keys independently, and at 4 indexer heads many keys tie at an index score of exactly 0
+    (every head's ReLU clipped), which top-k breaks differently for one query and for all of them.
+    Below it both paths attend to every key, as seed 004's shape does on the real model.
+    """
     return spec.replace(
         width="tiny",
         hidden_size=256,
@@ -110,7 +116,6 @@ def glm5_tiny(spec: ModelSpec) -> ModelSpec:
                 "qk_nope_head_dim": 32,
                 "qk_rope_head_dim": 16,
                 "v_head_dim": 32,
-                "index_topk": 64,
                 "index_head_dim": 32,
                 "index_n_heads": 4,
                 "max_position_embeddings": 4096,

@@ -78,7 +78,6 @@ def glm5_flash_tiny(spec: ModelSpec) -> ModelSpec:
                 "kv_lora_rank": 32,
                 "qk_nope_head_dim": 32,
                 "v_head_dim": 32,
-                "index_topk": 64,
                 "index_head_dim": 32,
                 "index_n_heads": 4,
                 "linear_num_heads": 4,

@@ -1,0 +1,36 @@
+"""The log-prob slope: how the train-minus-rollout log-prob gap grows with the token's log-prob.
+
+A temperature applied on one side only scales that side's logits: per position the two log-probs are
+then related by `logp_1 = T * logp_T + c`, so over many tokens the gap `train - rollout` rises or falls
+with the log-prob at slope `T - 1` (-0.2 for a rollout tempered at 0.8 against a trainer at 1). Rounding
+noise between two engines has no such trend: its per-token errors average out of a least-squares slope,
+while they add up in the mean abs diff. (Noise in the rollout log-prob itself biases the slope by
+-Var(noise) / Var(logp), about -0.005 at a bf16 floor of 0.1 and log-prob spread of 1.5.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+SLOPE = "train/train_rollout_logprob_slope"
+
+
+def logprob_slope(train_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Least-squares slope of (train - rollout) on the rollout log-prob over the masked tokens. (n, R) -> ()"""
+    valid = (mask > 0) & torch.isfinite(train_lp) & torch.isfinite(rollout_lp)
+    x = rollout_lp[valid].double()
+    y = (train_lp[valid] - rollout_lp[valid]).double()
+    if x.numel() < 2:
+        return torch.tensor(0.0)
+    dx = x - x.mean()
+    var = (dx * dx).sum()
+    return ((dx * (y - y.mean())).sum() / var).float() if var > 0 else torch.tensor(0.0)
+
+
+def batch_slope(groups, train_lps: list[torch.Tensor]) -> float:
+    """The slope over every response token of a rollout's groups at once."""
+    flat = [
+        (t.flatten(), g.rollout_logprobs.flatten(), g.mask.flatten())
+        for g, t in zip(groups, train_lps, strict=True)
+    ]
+    return logprob_slope(*(torch.cat([f[i] for f in flat]) for i in range(3))).item()
