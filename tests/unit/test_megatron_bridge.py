@@ -212,7 +212,8 @@ def test_real_gptmodel_holds_the_bridge_names_and_its_logits_are_hf(case):
     assert sorted(state) == sorted(hf_to_megatron(hf, spec))
     with torch.no_grad():
         ref = load_policy(path, spec, "float32", "cpu")(input_ids=TOKENS).logits
-    assert (logits - ref).abs().max().item() < 5e-3
+    # GLM-5 was 2.6e-3 off before its latent norms got HF's eps (model.MLA_LATENT_NORM_EPS)
+    assert (logits - ref).abs().max().item() < 1e-4
 
 
 @needs_mcore
@@ -230,3 +231,30 @@ def test_real_gptmodel_in_two_gloo_ranks_matches_one_rank(case, par):
         assert (logits - single).abs().max().item() < 1e-4
     back = megatron_to_hf(unshard([s for _, s in ranks], spec, hf, par), spec, hf)
     assert all(torch.equal(back[n], hf[n].float()) for n in hf)
+
+
+# ---- the run's options -----------------------------------------------------------------------------
+
+
+def test_a_bridge_defect_needs_the_megatron_trainer():
+    from rlsmoke.engine.config import RunConfig, parse_inject
+
+    with pytest.raises(RlsmokeError, match="needs --trainer megatron"):
+        RunConfig(case="glm5-744b-a40b-4layer", tiny=True, inject=parse_inject("bridge-kv-order")).validate()
+    RunConfig(case="glm5-744b-a40b-4layer", tiny=True, trainer="megatron",
+              inject=parse_inject("bridge-kv-order")).validate()  # fmt: skip
+
+
+def test_the_megatron_trainer_refuses_async_and_several_gpus():
+    from rlsmoke.engine.config import RunConfig
+
+    with pytest.raises(RlsmokeError, match="world size 1"):
+        RunConfig(case="glm5-744b-a40b-4layer", tiny=True, trainer="megatron", mode="async").validate()
+
+
+def test_the_megatron_trainer_refuses_flash_with_a_rule():
+    from rlsmoke.engine.megatron.model import build_gpt
+
+    with pytest.raises(RlsmokeError) as err:
+        build_gpt(model_spec("glm5.3-flash-4layer", tiny=True), Parallel())
+    assert err.value.rule == "megatron.model"

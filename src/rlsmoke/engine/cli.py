@@ -35,7 +35,8 @@ def register(subparsers) -> None:
         "--inject",
         default=None,
         metavar="FAULT",
-        help="temperature-mismatch | stale-weights | rollout-noise=SIGMA | train-dropout=P",
+        help="temperature-mismatch | stale-weights | rollout-noise=SIGMA | train-dropout=P | "
+             "bridge-kv-order | bridge-expert-swap | bridge-gate-up-order (with --trainer megatron)",
     )
     g.add_argument("--compute-dtype", default=None,
                    help="the trainer's forward/backward dtype over the master weights (default: the rollout "
@@ -58,7 +59,12 @@ def register(subparsers) -> None:
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
     g.add_argument("--prompt-data", type=Path, default=None)
-    g.add_argument("--launcher-label", default="builtin", help="the launcher field of the thresholds key")
+    g.add_argument("--trainer", default="fsdp", choices=("fsdp", "megatron"),
+                   help="fsdp: HF modeling code (FSDP2 on several GPUs); megatron: a megatron-core GPTModel "
+                        "loaded and synced through the HF <-> Megatron bridge (pip install 'rlsmoke[megatron]')")
+    g.add_argument("--launcher-label", default=None,
+                   help="the launcher field of the thresholds key (default: builtin; builtin-megatron with "
+                        "--trainer megatron)")
     g.add_argument("--out", type=Path, default=None, help="artifacts folder (default: ./rlsmoke-runs/CASE)")
     p.set_defaults(func=handler)
 
@@ -100,7 +106,9 @@ def config_from_args(args):
         inject=parse_inject(args.inject), num_rollout=args.num_rollout,
         n_prompts=args.n_prompts or (max(2, topo.num_gpus) if topo.mode == "colocate" else 2),
         n_samples=args.n_samples, max_response_len=args.max_response_len, reward=args.reward,
-        gradient_checkpointing=args.gradient_checkpointing, checkpoint=args.checkpoint, launcher=args.launcher_label,
+        gradient_checkpointing=args.gradient_checkpointing, checkpoint=args.checkpoint,
+        launcher=args.launcher_label or ("builtin-megatron" if args.trainer == "megatron" else "builtin"),
+        trainer=args.trainer,
         **({"prompt_data": args.prompt_data} if args.prompt_data else {}),
     )  # fmt: skip
     if args.repeat < 1:

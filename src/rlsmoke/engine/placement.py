@@ -68,6 +68,10 @@ class TrainWorker:
     def step(self, groups, old, advantages) -> dict[str, float]:
         return self.trainer.step(groups, old, advantages)
 
+    def rollout_weights(self, model, dtype: torch.dtype):
+        """What the rollout engine `model` should hold after a sync."""
+        return sync.rollout_weights(self.trainer.model, dtype)
+
     def weights(self) -> list[tuple[str, torch.Tensor]]:
         """The update as it crosses a process boundary: CPU tensors in the rollout dtype."""
         return [
@@ -105,7 +109,7 @@ class Colocated:
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
         self.cfg = cfg
-        self.train = TrainWorker(cfg, ckpt)
+        self.train = train_worker(cfg, ckpt)
         self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id)
         self.where = {"train": _where(), "rollout": _where()}
 
@@ -120,9 +124,10 @@ class Colocated:
 
     def sync(self, *, skip: bool) -> dict[str, float]:
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
+        model = self.rollout.model
         if not skip:
-            self.rollout.load(sync.rollout_weights(self.train.trainer.model, dtype))
-        return self.rollout.compare(sync.rollout_weights(self.train.trainer.model, dtype))
+            self.rollout.load(self.train.rollout_weights(model, dtype))
+        return self.rollout.compare(self.train.rollout_weights(model, dtype))
 
     def close(self) -> None:
         pass
@@ -208,6 +213,14 @@ class RayAsync:
         if hasattr(self, "pg"):
             self._remove_pg(self.pg)
         self.ray.shutdown()
+
+
+def train_worker(cfg: RunConfig, ckpt: Path):
+    if cfg.trainer == "megatron":
+        from rlsmoke.engine.megatron.trainer import MegatronTrainWorker
+
+        return MegatronTrainWorker(cfg, ckpt)
+    return TrainWorker(cfg, ckpt)
 
 
 def open_workers(cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):

@@ -198,13 +198,13 @@ def _without_transformer_engine() -> None:
 def build_gpt(spec: ModelSpec, par: Parallel, *, plan_argv: list[str] | None = None,
               params_dtype: torch.dtype = torch.float32, device: str = "cpu"):  # fmt: skip
     """The rank's GPTModel (model-parallel state must be initialized for `par`)."""
-    from megatron.core.models.gpt import GPTModel
-
     if spec.family == "glm5.3-flash":
         raise RlsmokeError(
             f"case={spec.name}: megatron-core has no KDA linear attention nor hyper-connections",
             rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
         )
+    from megatron.core.models.gpt import GPTModel
+
     _without_transformer_engine()
     argv = model_argv(spec, plan_argv)
     config = transformer_config(spec, argv, par, params_dtype=params_dtype, device=device)
@@ -220,7 +220,22 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, plan_argv: list[str] | None = N
             rotary_base=int(float(flag_value(argv, "--rotary-base") or 10000)),
             share_embeddings_and_output_weights="--untie-embeddings-and-output-weights" not in argv,
         )
+    if "--multi-latent-attention" in argv:
+        _latent_norm_eps(model)
     return model.to(device)
+
+
+# GLM-5's HF attention builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps (1e-6), not
+# rms_norm_eps (1e-5): one megatron-core layernorm_epsilon cannot say both. Measured on tiny GLM-5 in
+# fp32: with 1e-5 on the latents the logits differ from HF's by 2.6e-3 (train-rollout log-prob diff
+# 1.2e-4, 20x the FSDP trainer's bound); with 1e-6 they agree as GLM-4.5's do.
+MLA_LATENT_NORM_EPS = 1e-6
+
+
+def _latent_norm_eps(model) -> None:
+    for name, module in model.named_modules():
+        if name.endswith(("self_attention.q_layernorm", "self_attention.kv_layernorm")) and hasattr(module, "eps"):
+            module.eps = MLA_LATENT_NORM_EPS
 
 
 def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:
