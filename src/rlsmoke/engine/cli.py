@@ -35,7 +35,8 @@ def register(subparsers) -> None:
         "--inject",
         default=None,
         metavar="FAULT",
-        help="temperature-mismatch | stale-weights | rollout-noise=SIGMA | train-dropout=P",
+        help="temperature-mismatch | stale-weights | rollout-noise=SIGMA | train-dropout=P | "
+             "bridge-kv-order | bridge-expert-swap | bridge-gate-up-order (with --trainer megatron)",
     )
     g.add_argument("--compute-dtype", default=None,
                    help="the trainer's forward/backward dtype over the master weights (default: the rollout "
@@ -64,7 +65,12 @@ def register(subparsers) -> None:
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
     g.add_argument("--prompt-data", type=Path, default=None)
-    g.add_argument("--launcher-label", default="builtin", help="the launcher field of the thresholds key")
+    g.add_argument("--trainer", default="fsdp", choices=("fsdp", "megatron"),
+                   help="fsdp: HF modeling code (FSDP2 on several GPUs); megatron: a megatron-core GPTModel "
+                        "loaded and synced through the HF <-> Megatron bridge (pip install 'rlsmoke[megatron]')")
+    g.add_argument("--launcher-label", default=None,
+                   help="the launcher field of the thresholds key (default: builtin; builtin-megatron with "
+                        "--trainer megatron)")
     g.add_argument("--out", type=Path, default=None, help="artifacts folder (default: ./rlsmoke-runs/CASE)")
     p.set_defaults(func=handler)
 
@@ -109,7 +115,9 @@ def config_from_args(args):
         n_samples=args.n_samples or default_shape.n_samples,
         max_response_len=args.max_response_len or default_shape.max_response_len, reward=args.reward,
         compute_path=args.compute_path,
-        gradient_checkpointing=args.gradient_checkpointing, checkpoint=args.checkpoint, launcher=args.launcher_label,
+        gradient_checkpointing=args.gradient_checkpointing, checkpoint=args.checkpoint,
+        launcher=args.launcher_label or ("builtin-megatron" if args.trainer == "megatron" else "builtin"),
+        trainer=args.trainer,
         **({"prompt_data": args.prompt_data} if args.prompt_data else {}),
     )  # fmt: skip
     if args.repeat < 1:

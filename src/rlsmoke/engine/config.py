@@ -20,7 +20,12 @@ INJECTIONS = {
     "stale-weights": False,
     "rollout-noise": True,
     "train-dropout": True,
+    # the megatron trainer's bridge defects (rlsmoke.bridge.convert.DEFECTS)
+    "bridge-kv-order": False,
+    "bridge-expert-swap": False,
+    "bridge-gate-up-order": False,
 }
+TRAINERS = ("fsdp", "megatron")  # HF modeling code (FSDP2 on several GPUs) | megatron-core GPTModel
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,7 @@ class RunConfig:
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
     launcher: str = "builtin"
+    trainer: str = "fsdp"
 
     @property
     def train_compute_dtype(self) -> str:
@@ -180,6 +186,13 @@ class RunConfig:
             problems.append("inject=rollout-noise needs SIGMA > 0. Adjust --inject rollout-noise=0.01")
         if self.inject.kind == "stale-weights" and self.num_rollout < 2:
             problems.append("inject=stale-weights needs a sync, so num_rollout >= 2. Adjust --num-rollout")
+        if self.trainer not in TRAINERS:
+            problems.append(f"trainer={self.trainer!r} is unknown ({', '.join(TRAINERS)}). Adjust --trainer")
+        if self.inject.kind.startswith("bridge-") and self.trainer != "megatron":
+            problems.append(f"inject={self.inject.kind} is a bridge defect: it needs --trainer megatron")
+        if self.trainer == "megatron" and (self.mode != "colocate" or self.num_gpus > 1):
+            problems.append("trainer=megatron runs colocated on one device (world size 1). "
+                            "Adjust --mode colocate --num-gpus 1")
         if problems:
             raise RlsmokeError("; ".join(problems), rule="run.config")
         return self

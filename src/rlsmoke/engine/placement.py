@@ -71,6 +71,10 @@ class TrainWorker:
     def step(self, groups, old, advantages) -> dict[str, float]:
         return self.trainer.step(groups, old, advantages)
 
+    def rollout_weights(self, model, dtype: torch.dtype):
+        """What the rollout engine `model` should hold after a sync: the fp32 main weights, cast."""
+        return sync.rollout_weights(self.trainer.master, dtype)
+
     def weights(self) -> list[tuple[str, torch.Tensor]]:
         """The update as it crosses a process boundary: CPU tensors in the rollout dtype."""
         return [
@@ -108,7 +112,7 @@ class Colocated:
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
         self.cfg = cfg
-        self.train = TrainWorker(cfg, ckpt)
+        self.train = train_worker(cfg, ckpt)
         self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id)
         self.where = {"train": _where(), "rollout": _where()}
 
@@ -123,9 +127,10 @@ class Colocated:
 
     def sync(self, *, skip: bool) -> dict[str, float]:
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
+        model = self.rollout.model
         if not skip:
-            self.rollout.load(sync.rollout_weights(self.train.trainer.master, dtype))
-        return self.rollout.compare(sync.rollout_weights(self.train.trainer.master, dtype))
+            self.rollout.load(self.train.rollout_weights(model, dtype))
+        return self.rollout.compare(self.train.rollout_weights(model, dtype))
 
     def close(self) -> None:
         pass
@@ -211,6 +216,14 @@ class RayAsync:
         if hasattr(self, "pg"):
             self._remove_pg(self.pg)
         self.ray.shutdown()
+
+
+def train_worker(cfg: RunConfig, ckpt: Path):
+    if cfg.trainer == "megatron":
+        from rlsmoke.engine.megatron.trainer import MegatronTrainWorker
+
+        return MegatronTrainWorker(cfg, ckpt)
+    return TrainWorker(cfg, ckpt)
 
 
 def open_workers(cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):

@@ -1,0 +1,1 @@
+"""The HF <-> Megatron bridge: name tables (`tables`, no torch) and the moving functions (`convert`)."""

@@ -1,0 +1,260 @@
+"""The bridge's functions: HF state -> Megatron state -> per-rank shards, and back.
+
+Two steps each way, so each can be checked alone:
+
+  hf_to_megatron    HF tensors -> the whole Megatron state (TP=1, EP=1; experts by global index)
+  shard             whole Megatron state -> one rank's state under a `Parallel` layout
+  unshard           every rank's state -> the whole Megatron state
+  megatron_to_hf    whole Megatron state -> HF tensors (the weight sync into the rollout engine)
+
+Every tensor is moved, never computed: a round trip is bit-exact by construction, and a test pins it.
+A `defect` (the fault twins) is a symmetric mistake: it round-trips bit-exactly too, yet the Megatron
+model computes with the wrong layout, which only the log-prob gates can see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from rlsmoke.bridge.tables import Rule, hf_expert_name, rules
+from rlsmoke.errors import RlsmokeError
+from rlsmoke.models import ModelSpec
+
+# name -> what it gets wrong (both directions, so a round trip cannot see it)
+DEFECTS = {
+    "bridge-kv-order": "MLA's kv_b_proj rows taken as [v; k_nope] per head (GQA: k and v swapped per group)",
+    "bridge-expert-swap": "routed experts 0 and 1 swapped in every MoE layer",
+    "bridge-gate-up-order": "fused SwiGLU fc1 taken as [up; gate] instead of [gate; up]",
+}
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """A training layout: world = tp x dp ranks; experts over ep x etp of them.
+
+    Rank order is megatron-core's default (TP fastest, then EP): rank r has tp_rank r % tp,
+    expert-TP rank r % etp and EP rank (r // etp) % ep.
+    """
+
+    tp: int = 1
+    ep: int = 1
+    etp: int | None = None  # None: megatron-core's default, the TP size
+    world: int | None = None  # None: the smallest world that holds both grids
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def world_size(self) -> int:
+        if self.world is not None:
+            return self.world
+        a, b = self.tp, self.ep * self.expert_tp
+        return a * b // _gcd(a, b)
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(tp_rank, ep_rank, etp_rank) of a global rank."""
+        return rank % self.tp, (rank // self.expert_tp) % self.ep, rank % self.expert_tp
+
+    def check(self, spec: ModelSpec) -> Parallel:
+        problems = []
+        w = self.world_size
+        if w % self.tp or w % (self.ep * self.expert_tp):
+            problems.append(f"world={w} is not a multiple of tp={self.tp} and ep*etp={self.ep * self.expert_tp}")
+        if spec.num_experts % self.ep:
+            problems.append(f"ep={self.ep} does not divide num_experts={spec.num_experts}")
+        if spec.tp_divisor % self.tp:
+            problems.append(f"tp={self.tp} does not divide {spec.tp_divisor} heads/query groups")
+        if problems:
+            raise RlsmokeError("; ".join(problems), rule="bridge.layout", fix="choose a TP/EP the model divides")
+        return self
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
+    """Megatron-LM's padded vocab: a multiple of divisible_by x TP."""
+    m = divisible_by * tp
+    return -(-vocab // m) * m
+
+
+# ---- HF <-> whole Megatron state -------------------------------------------------------------------
+
+
+def _fuse(rule: Rule, parts: list[torch.Tensor], spec: ModelSpec, defect: str | None) -> torch.Tensor:
+    if rule.tp == "qkv":
+        groups = spec.num_query_groups
+        q, k, v = (p.reshape(groups, -1, *p.shape[1:]) for p in parts)
+        if defect == "bridge-kv-order":
+            k, v = v, k
+        return torch.cat([q, k, v], dim=1).reshape(-1, *parts[0].shape[1:])
+    if rule.tp == "gate_up" and defect == "bridge-gate-up-order":
+        parts = parts[::-1]
+    return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+
+
+def _split(rule: Rule, t: torch.Tensor, spec: ModelSpec, defect: str | None) -> list[torch.Tensor]:
+    if len(rule.hf) == 1:
+        return [t]
+    if rule.tp == "qkv":
+        groups = spec.num_query_groups
+        per_group = spec.num_attention_heads // groups
+        g = t.reshape(groups, -1, *t.shape[1:])
+        d = g.shape[1] // (per_group + 2)
+        q, k, v = g.split([per_group * d, d, d], dim=1)
+        if defect == "bridge-kv-order":
+            k, v = v, k
+        return [x.reshape(-1, *t.shape[1:]) for x in (q, k, v)]
+    parts = list(t.chunk(2, dim=0))
+    return parts[::-1] if rule.tp == "gate_up" and defect == "bridge-gate-up-order" else parts
+
+
+def _kv_permutation(spec: ModelSpec, t: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """bridge-kv-order on MLA: per head, [k_nope; v] read as [v; k_nope]."""
+    nope, v = spec.hf_extra["qk_nope_head_dim"], spec.hf_extra["v_head_dim"]
+    heads = t.reshape(spec.num_attention_heads, nope + v, -1)
+    a, b = (v, nope) if inverse else (nope, v)
+    first, second = heads.split([a, b], dim=1)
+    return torch.cat([second, first], dim=1).reshape(t.shape)
+
+
+def _expert_source(e: int, spec: ModelSpec, defect: str | None) -> int:
+    if defect == "bridge-expert-swap" and e in (0, 1) and spec.num_experts > 1:
+        return 1 - e
+    return e
+
+
+def _check_defect(defect: str | None) -> None:
+    if defect is not None and defect not in DEFECTS:
+        raise RlsmokeError(f"defect={defect!r} is unknown", rule="bridge.defect",
+                           fix=f"use one of: {', '.join(DEFECTS)}")  # fmt: skip
+
+
+def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, *, vocab_size: int | None = None,
+                   defect: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The whole Megatron state (experts by global index). `vocab_size`: pad the vocab rows to it."""
+    _check_defect(defect)
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    for rule in rules(spec, hf):
+        for e in range(spec.num_experts) if rule.expert else (None,):
+            names = [hf_expert_name(n, _expert_source(e, spec, defect)) if e is not None else n for n in rule.hf]
+            missing = [n for n in names if n not in hf]
+            if missing:
+                raise RlsmokeError(f"HF tensor {missing[0]} is missing for {rule.megatron}",
+                                   rule="bridge.hf_names", fix="convert a checkpoint of this model")  # fmt: skip
+            used.update(names)
+            t = _fuse(rule, [hf[n] for n in names], spec, defect)
+            if defect == "bridge-kv-order" and rule.megatron.endswith("linear_kv_up_proj.weight"):
+                t = _kv_permutation(spec, t, inverse=False)
+            if rule.tp == "vocab" and vocab_size and vocab_size > t.shape[0]:
+                t = torch.cat([t, t.new_zeros(vocab_size - t.shape[0], *t.shape[1:])])
+            out[rule.megatron.replace("{e}", str(e)) if e is not None else rule.megatron] = t
+    if left := sorted(set(hf) - used):
+        raise RlsmokeError(f"HF tensor {left[0]} (+{len(left) - 1} more) has no Megatron rule",
+                           rule="bridge.hf_names", fix="add a rule to rlsmoke.bridge.tables")  # fmt: skip
+    return out
+
+
+def megatron_to_hf(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names,
+                   *, defect: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """HF tensors from the whole Megatron state: the weight sync into the rollout engine."""
+    _check_defect(defect)
+    out: dict[str, torch.Tensor] = {}
+    for rule in rules(spec, hf_names):
+        for e in range(spec.num_experts) if rule.expert else (None,):
+            t = full[rule.megatron.replace("{e}", str(e)) if e is not None else rule.megatron]
+            if rule.tp == "vocab":
+                t = t[: spec.vocab_size]
+            if defect == "bridge-kv-order" and rule.megatron.endswith("linear_kv_up_proj.weight"):
+                t = _kv_permutation(spec, t, inverse=True)
+            src = _expert_source(e, spec, defect) if e is not None else None
+            for name, part in zip(rule.hf, _split(rule, t, spec, defect), strict=True):
+                out[hf_expert_name(name, src) if src is not None else name] = part
+    return out
+
+
+# ---- whole Megatron state <-> per-rank shards -------------------------------------------------------
+
+
+def _cut(rule: Rule, t: torch.Tensor, n: int, i: int) -> torch.Tensor:
+    if n == 1 or rule.tp == "replicated":
+        return t
+    if rule.tp == "row":
+        return t.chunk(n, dim=1)[i]
+    if rule.tp == "gate_up":
+        gate, up = t.chunk(2, dim=0)
+        return torch.cat([gate.chunk(n, dim=0)[i], up.chunk(n, dim=0)[i]])
+    if t.shape[0] % n:
+        raise RlsmokeError(f"{rule.megatron} has {t.shape[0]} rows, not a multiple of TP={n}",
+                           rule="bridge.layout", fix="choose a TP the model divides")  # fmt: skip
+    return t.chunk(n, dim=0)[i]  # column, vocab, qkv (query groups are contiguous rows)
+
+
+def _join(rule: Rule, parts: list[torch.Tensor]) -> torch.Tensor:
+    if len(parts) == 1 or rule.tp == "replicated":
+        return parts[0]
+    if rule.tp == "row":
+        return torch.cat(parts, dim=1)
+    if rule.tp == "gate_up":
+        halves = [p.chunk(2, dim=0) for p in parts]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+    return torch.cat(parts, dim=0)
+
+
+def _megatron_rules(spec: ModelSpec, hf_names) -> list[Rule]:
+    return rules(spec, hf_names)
+
+
+def shard(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names, par: Parallel,
+          rank: int) -> dict[str, torch.Tensor]:  # fmt: skip
+    """One rank's Megatron state: TP cuts of the dense tensors, its EP block of experts (local index)."""
+    par.check(spec)
+    tp_rank, ep_rank, etp_rank = par.coords(rank)
+    local = spec.num_experts // par.ep
+    out = {}
+    for rule in _megatron_rules(spec, hf_names):
+        if rule.expert:
+            for j in range(local):
+                t = full[rule.megatron.replace("{e}", str(ep_rank * local + j))]
+                out[rule.megatron.replace("{e}", str(j))] = _cut(rule, t, par.expert_tp, etp_rank).clone()
+        else:
+            out[rule.megatron] = _cut(rule, full[rule.megatron], par.tp, tp_rank).clone()
+    return out
+
+
+def unshard(states: list[Mapping[str, torch.Tensor]], spec: ModelSpec, hf_names,
+            par: Parallel) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The whole Megatron state from every rank's state (`states[r]` is rank r's)."""
+    par.check(spec)
+    if len(states) != par.world_size:
+        raise RlsmokeError(f"{len(states)} rank states for a world of {par.world_size}", rule="bridge.layout")
+    by_tp = {par.coords(r)[0]: states[r] for r in reversed(range(len(states)))}  # first rank of each tp_rank
+    by_expert = {par.coords(r)[1:]: states[r] for r in reversed(range(len(states)))}
+    local = spec.num_experts // par.ep
+    out = {}
+    for rule in _megatron_rules(spec, hf_names):
+        if rule.expert:
+            for ep_rank in range(par.ep):
+                for j in range(local):
+                    parts = [by_expert[ep_rank, i][rule.megatron.replace("{e}", str(j))]
+                             for i in range(par.expert_tp)]  # fmt: skip
+                    out[rule.megatron.replace("{e}", str(ep_rank * local + j))] = _join(rule, parts)
+        else:
+            out[rule.megatron] = _join(rule, [by_tp[i][rule.megatron] for i in range(par.tp)])
+    return out
+
+
+def megatron_shapes(hf_shapes: Mapping[str, tuple[int, ...]], spec: ModelSpec, par: Parallel,
+                    rank: int = 0, *, vocab_size: int | None = None) -> dict[str, tuple[int, ...]]:  # fmt: skip
+    """HF name -> shape in, one rank's Megatron name -> shape out, without any data (meta tensors)."""
+    hf = {n: torch.empty(s, device="meta") for n, s in hf_shapes.items()}
+    full = hf_to_megatron(hf, spec, vocab_size=vocab_size)
+    return {n: tuple(t.shape) for n, t in shard(full, spec, hf, par, rank).items()}

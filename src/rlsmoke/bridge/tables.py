@@ -1,0 +1,165 @@
+"""HF <-> Megatron names, as data: one `Rule` per Megatron tensor. No torch here.
+
+A rule names the Megatron tensor (megatron-core's local layer spec: `decoder.layers.N.self_attention.
+linear_qkv.weight`, `...mlp.experts.local_experts.E.linear_fc1.weight`), the HF tensors it is made of
+(concatenated along dim 0 in the listed order, or interleaved per query group for `qkv`), and how
+tensor parallelism cuts it:
+
+  replicated  every TP rank holds the whole tensor (norms, router, DSA indexer)
+  column      dim 0 in TP chunks (ColumnParallelLinear: q_up, kv_up, MLA's local down projections)
+  row         dim 1 in TP chunks (RowParallelLinear: linear_proj, linear_fc2)
+  vocab       dim 0 in TP chunks after padding the vocab (embedding, output layer)
+  gate_up     each rank holds [gate_r; up_r]: the fused SwiGLU fc1 is cut per half, then joined
+  qkv         query groups in TP chunks; inside a group [q heads of the group; k; v]
+
+Expert rules (`expert=True`) carry `{e}`: the global expert on the HF side, the rank-local index on
+the Megatron side; experts are split over EP ranks in contiguous blocks and each expert's matrices
+over the expert-TP ranks by the same column/row/gate_up cuts.
+
+GLM-5.3-Flash's KDA linear attention and hyper-connections have no megatron-core module: their
+tensors keep their HF names under the Megatron layer (`decoder.layers.N.self_attention.q_proj.weight`)
+and are cut by heads (`column`/`row`) as a head-parallel KDA would be. The round trip pins them; no
+megatron-core model holds them, so the megatron trainer does not run that model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rlsmoke.models import ModelSpec
+
+TP_CUTS = ("replicated", "column", "row", "vocab", "gate_up", "qkv")
+
+
+@dataclass(frozen=True)
+class Rule:
+    megatron: str
+    hf: tuple[str, ...]
+    tp: str = "replicated"
+    expert: bool = False
+
+    def __post_init__(self):
+        assert self.tp in TP_CUTS, self.tp
+
+
+def _hf_prefix(spec: ModelSpec) -> str:
+    # GLM-5.3-Flash's text tower sits under the multimodal wrapper.
+    return "model.language_model." if spec.family == "glm5.3-flash" else "model."
+
+
+def _mlp(spec: ModelSpec, i: int, moe: bool) -> list[Rule]:
+    hf, mg = f"{_hf_prefix(spec)}layers.{i}.mlp.", f"decoder.layers.{i}.mlp."
+    if not moe:
+        return [
+            Rule(mg + "linear_fc1.weight", (hf + "gate_proj.weight", hf + "up_proj.weight"), "gate_up"),
+            Rule(mg + "linear_fc2.weight", (hf + "down_proj.weight",), "row"),
+        ]
+    ex = mg + "experts.local_experts.{e}."
+    return [
+        Rule(mg + "router.weight", (hf + "gate.weight",)),
+        Rule(mg + "router.expert_bias", (hf + "gate.e_score_correction_bias",)),
+        Rule(ex + "linear_fc1.weight", (hf + "experts.{e}.gate_proj.weight", hf + "experts.{e}.up_proj.weight"),
+             "gate_up", expert=True),  # fmt: skip
+        Rule(ex + "linear_fc2.weight", (hf + "experts.{e}.down_proj.weight",), "row", expert=True),
+        Rule(mg + "shared_experts.linear_fc1.weight",
+             (hf + "shared_experts.gate_proj.weight", hf + "shared_experts.up_proj.weight"), "gate_up"),  # fmt: skip
+        Rule(mg + "shared_experts.linear_fc2.weight", (hf + "shared_experts.down_proj.weight",), "row"),
+    ]
+
+
+def _gqa(spec: ModelSpec, i: int) -> list[Rule]:
+    hf, mg = f"model.layers.{i}.self_attn.", f"decoder.layers.{i}.self_attention."
+    rules = [
+        Rule(mg + "linear_qkv.weight", tuple(hf + f"{p}_proj.weight" for p in "qkv"), "qkv"),
+        Rule(mg + "linear_proj.weight", (hf + "o_proj.weight",), "row"),
+    ]
+    if spec.hf_extra.get("attention_bias"):
+        rules.append(Rule(mg + "linear_qkv.bias", tuple(hf + f"{p}_proj.bias" for p in "qkv"), "qkv"))
+    if spec.hf_extra.get("use_qk_norm"):
+        rules += [Rule(mg + "q_layernorm.weight", (hf + "q_norm.weight",)),
+                  Rule(mg + "k_layernorm.weight", (hf + "k_norm.weight",))]  # fmt: skip
+    return rules
+
+
+# MLA: megatron-core name -> (HF name, TP cut). The local spec builds the down projections as
+# ColumnParallelLinear without gathering, so they are cut by rows too.
+MLA = {
+    "linear_q_down_proj.weight": ("q_a_proj.weight", "column"),
+    "q_layernorm.weight": ("q_a_layernorm.weight", "replicated"),
+    "linear_q_up_proj.weight": ("q_b_proj.weight", "column"),
+    "linear_kv_down_proj.weight": ("kv_a_proj_with_mqa.weight", "column"),
+    "kv_layernorm.weight": ("kv_a_layernorm.weight", "replicated"),
+    "linear_kv_up_proj.weight": ("kv_b_proj.weight", "column"),
+    "linear_proj.weight": ("o_proj.weight", "row"),
+}
+# DSA indexer: megatron-core's DSAIndexer names (under core_attention) -> HF names; duplicated on
+# every TP rank, as megatron-core builds them (parallel_mode="duplicated").
+DSA_INDEXER = {
+    "linear_wq_b.weight": "wq_b.weight",
+    "linear_wk.weight": "wk.weight",
+    "k_norm.weight": "k_norm.weight",
+    "k_norm.bias": "k_norm.bias",
+    "linear_weights_proj.weight": "weights_proj.weight",
+}
+# GLM-5.3-Flash's indexer adds a compressed key pool.
+DSA_INDEXER_FLASH = {"index_kpool_compress_ape": "index_kpool_compress_ape",
+                     "index_kpool_compress_gate": "index_kpool_compress_gate"}  # fmt: skip
+# KDA (no megatron-core module): HF name -> TP cut, by heads.
+KDA = {
+    "q_proj.weight": "column", "k_proj.weight": "column", "v_proj.weight": "column",
+    "q_conv1d.weight": "column", "k_conv1d.weight": "column", "v_conv1d.weight": "column",
+    "f_a_proj.weight": "replicated", "f_b_proj.weight": "column",
+    "g_a_proj.weight": "replicated", "g_b_proj.weight": "column",
+    "b_proj.weight": "column", "A_log": "column", "dt_bias": "column",
+    "o_norm.weight": "replicated", "o_proj.weight": "row",
+}  # fmt: skip
+HYPER_CONNECTIONS = ("hc_attn_base", "hc_attn_fn", "hc_attn_scale", "hc_ffn_base", "hc_ffn_fn", "hc_ffn_scale")
+
+
+def _mla(spec: ModelSpec, i: int, hf_names: set[str]) -> list[Rule]:
+    hf, mg = f"{_hf_prefix(spec)}layers.{i}.self_attn.", f"decoder.layers.{i}.self_attention."
+    rules = [Rule(mg + m, (hf + h,), cut) for m, (h, cut) in MLA.items()]
+    indexer = dict(DSA_INDEXER)
+    if spec.family == "glm5.3-flash":
+        indexer.update(DSA_INDEXER_FLASH)
+    rules += [Rule(mg + "core_attention.indexer." + m, (hf + "indexer." + h,)) for m, h in indexer.items()
+              if hf + "indexer." + h in hf_names]  # fmt: skip
+    return rules
+
+
+def _kda(spec: ModelSpec, i: int) -> list[Rule]:
+    hf, mg = f"{_hf_prefix(spec)}layers.{i}.self_attn.", f"decoder.layers.{i}.self_attention."
+    return [Rule(mg + name, (hf + name,), cut) for name, cut in KDA.items()]
+
+
+def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
+    """Every Megatron tensor of `spec`, given the HF checkpoint's tensor names (the layer kinds of a
+    hybrid model are read from them: a layer with `self_attn.A_log` is KDA)."""
+    hf_names = set(hf_names)
+    p = _hf_prefix(spec)
+    out = [
+        Rule("embedding.word_embeddings.weight", (p + "embed_tokens.weight",), "vocab"),
+        Rule("decoder.final_layernorm.weight", (p + "norm.weight",)),
+        Rule("output_layer.weight", ("lm_head.weight",), "vocab"),
+    ]
+    for i in range(spec.num_layers):
+        hf, mg = f"{p}layers.{i}.", f"decoder.layers.{i}."
+        out += [Rule(mg + "input_layernorm.weight", (hf + "input_layernorm.weight",)),
+                Rule(mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",))]  # fmt: skip
+        if spec.attention == "gqa":
+            out += _gqa(spec, i)
+        elif hf + "self_attn.A_log" in hf_names:
+            out += _kda(spec, i)
+        else:
+            out += _mla(spec, i, hf_names)
+        out += [Rule(mg + h, (hf + h,)) for h in HYPER_CONNECTIONS if hf + h in hf_names]
+        out += _mlp(spec, i, moe=i >= spec.first_k_dense)
+    # What the text trainer does not hold (a vision tower) travels unchanged under its own name;
+    # anything else inside the text tower that no rule covers is an error of the converter.
+    out += [Rule(n, (n,)) for n in sorted(hf_names) if not n.startswith(p) and n != "lm_head.weight"]
+    return out
+
+
+def hf_expert_name(template: str, e: int) -> str:
+    return template.replace("{e}", str(e))

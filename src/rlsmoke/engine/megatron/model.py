@@ -1,0 +1,259 @@
+"""A megatron-core `GPTModel` from the Megatron flags the plan renders for Miles (one source).
+
+The config is `rlsmoke.conformance.mcore.config_kwargs` of the rendered argv (the rule Megatron-LM's
+`core_transformer_config_from_args` follows), plus the few `GPTModel` arguments that are no config
+field (`--rotary-percent`, `--rotary-base`, the padded vocab). Layers come from megatron-core's
+local (non-TransformerEngine) specs, with two pieces of ours where megatron-core has none that runs
+without TransformerEngine:
+
+* core attention: causal SDPA over `[s, b, h, d]`, returning `[s, b, h * dv]`. megatron-core's local
+  `DotProductAttention` rejects MLA's separate key/value head dims (`k_channels`, `v_channels`).
+* DSA (GLM-5): the layer holds megatron-core's own `DSAIndexer` (its weights, names and shapes), and
+  attends over every causal key. That is DSA exactly while the sequence is no longer than the index
+  top-k (64 tiny, 2048 full; the runs here stay under 64 tokens): the top-k then selects every key,
+  and the indexer only feeds its training loss (megatron-core detaches its inputs). Longer sequences
+  are refused, not silently attended densely. megatron-core's `DSAttention` itself needs the CUDA
+  `fast_hadamard_transform` kernel in its indexer forward.
+
+MoE runs megatron-core's `SequentialMLP` experts (the local spec; `--moe-grouped-gemm` and
+`--moe-permute-fusion` need TransformerEngine). On CPU the token dispatcher is `allgather`: the
+`alltoall` one allocates CUDA streams when built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from rlsmoke.bridge.convert import Parallel, padded_vocab
+from rlsmoke.conformance.mcore import config_kwargs
+from rlsmoke.conformance.verdict import flag_value
+from rlsmoke.errors import RlsmokeError
+from rlsmoke.models import ModelSpec
+
+# Flags whose feature needs TransformerEngine (or a CUDA-only kernel) and the local equivalent used.
+LOCAL_EQUIVALENTS = {
+    "moe_grouped_gemm": False,  # SequentialMLP: one Linear pair per expert, same math
+    "moe_permute_fusion": False,
+}
+
+
+def model_argv(spec: ModelSpec, plan_argv: list[str] | None = None) -> list[str]:
+    """The Megatron model flags: the plan's rendered argv when given, else the spec's own rendering."""
+    return list(plan_argv) if plan_argv is not None else spec.megatron_args()
+
+
+def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, params_dtype: torch.dtype,
+                       device: str):  # fmt: skip
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    mla = "--multi-latent-attention" in argv
+    kw = config_kwargs(argv, mla=mla)
+    kw.update(LOCAL_EQUIVALENTS)
+    # the layout that runs here replaces the plan's grid (a plan may be rendered for 8 nodes)
+    for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                  "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
+                  "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                  "recompute_granularity", "recompute_method", "recompute_num_layers"):  # fmt: skip
+        kw.pop(field, None)
+    kw.update(
+        tensor_model_parallel_size=par.tp,
+        expert_model_parallel_size=par.ep,
+        expert_tensor_parallel_size=par.expert_tp,
+        sequence_parallel=par.tp > 1 and flag_value(argv, "--sequence-parallel") is not None,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        use_cpu_initialization=True,
+        perform_initialization=False,  # every weight comes from the checkpoint
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        layernorm_epsilon=float(spec.hf_extra.get("rms_norm_eps", 1e-5)),
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+    )
+    if "--sequence-parallel" in argv:
+        kw["sequence_parallel"] = par.tp > 1
+    if not device.startswith("cuda"):
+        kw["moe_token_dispatcher_type"] = "allgather"
+    if mla:
+        kw["rope_type"] = "rope"  # MLATransformerConfig defaults to yarn; GLM-5 uses plain RoPE
+        x = spec.hf_extra
+        if "index_topk" in x:
+            kw.update(dsa_indexer_n_heads=x["index_n_heads"], dsa_indexer_head_dim=x["index_head_dim"],
+                      dsa_indexer_topk=x["index_topk"])  # fmt: skip
+    return (MLATransformerConfig if mla else TransformerConfig)(**kw)
+
+
+def _core_attention_cls():
+    from megatron.core.transformer.module import MegatronModule
+
+    class CausalCoreAttention(MegatronModule):
+        """Causal SDPA over [s, b, h, d] (keys may have fewer heads: GQA) -> [s, b, h * dv]."""
+
+        def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
+                     softmax_scale=None, k_channels=None, v_channels=None, cp_comm_type=None,
+                     pg_collection=None, **_):  # fmt: skip
+            super().__init__(config=config)
+            head_dim = k_channels if k_channels is not None else config.kv_channels
+            self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+            self.index_topk = None
+            if getattr(config, "dsa_indexer_topk", None):
+                from megatron.core.transformer.experimental_attention_variant.dsa import (
+                    DSAIndexer,
+                    DSAIndexerSubmodules,
+                )
+                from megatron.core.transformer.spec_utils import ModuleSpec
+                from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+                linear = _duplicated_linear_cls()
+                spec = ModuleSpec(module=DSAIndexer, submodules=DSAIndexerSubmodules(
+                    linear_wq_b=linear, linear_wk=linear, k_norm=WrappedTorchNorm,
+                    linear_weights_proj=linear))  # fmt: skip
+                from megatron.core.transformer.spec_utils import build_module
+
+                self.indexer = build_module(spec, config=config, pg_collection=pg_collection)
+                self.index_topk = config.dsa_indexer_topk
+
+        def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None, **_):  # fmt: skip
+            s = query.shape[0]
+            if self.index_topk is not None and s > self.index_topk:
+                raise RlsmokeError(
+                    f"sequence length {s} exceeds the DSA index top-k {self.index_topk}; dense causal "
+                    "attention equals DSA only within it",
+                    rule="megatron.dsa_topk", fix="lower --max-response-len or shorten the prompts",
+                )
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
+            if k.shape[1] != q.shape[1]:
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                   scale=self.softmax_scale)  # fmt: skip
+            b, h, _, dv = out.shape
+            return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
+
+    return CausalCoreAttention
+
+
+def _duplicated_linear_cls():
+    class DuplicatedLinear(torch.nn.Linear):
+        """A Linear held whole on every TP rank, returning (out, bias) as megatron-core's linears do."""
+
+        def __init__(self, input_size, output_size, *, config, init_method=None, bias=False, **_):
+            super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
+
+        def forward(self, x):
+            return super().forward(x), None
+
+    return DuplicatedLinear
+
+
+def layer_spec(config):
+    """megatron-core's local decoder block spec with our core attention in every layer."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
+    core = _core_attention_cls()
+    for layer in block.layer_specs:
+        layer.submodules.self_attention.submodules.core_attention = core
+    return block
+
+
+@contextlib.contextmanager
+def device_shim(device: str):
+    """megatron-core asks `torch.cuda.current_device()` where it places the router's expert bias
+    (build) and the RoPE frequencies (forward); on a CPU-only torch that call raises, so on the CPU
+    it answers the CPU while megatron-core code runs."""
+    if device.startswith("cuda"):
+        yield
+        return
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original
+
+
+def _without_transformer_engine() -> None:
+    """Two places where megatron-core 0.16.1 without TransformerEngine breaks on its own fallback:
+    moe_utils binds `te_general_gemm` only when TE imports, then tests it against None (the router
+    raises NameError); MLA believes TE is there (its extension module imports without TE) and calls
+    `isinstance(linear, TELinear)` with TELinear None. Both get the value their fallback means."""
+    from megatron.core.transformer import multi_latent_attention as mla
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    if getattr(mla, "HAVE_TE", False) and not isinstance(getattr(mla, "TELinear", None), type):
+        mla.HAVE_TE = False
+
+
+def build_gpt(spec: ModelSpec, par: Parallel, *, plan_argv: list[str] | None = None,
+              params_dtype: torch.dtype = torch.float32, device: str = "cpu"):  # fmt: skip
+    """The rank's GPTModel (model-parallel state must be initialized for `par`)."""
+    if spec.family == "glm5.3-flash":
+        raise RlsmokeError(
+            f"case={spec.name}: megatron-core has no KDA linear attention nor hyper-connections",
+            rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
+        )
+    from megatron.core.models.gpt import GPTModel
+
+    _without_transformer_engine()
+    argv = model_argv(spec, plan_argv)
+    config = transformer_config(spec, argv, par, params_dtype=params_dtype, device=device)
+    pos = flag_value(argv, "--position-embedding-type") or "learned_absolute"
+    with device_shim(device):
+        model = GPTModel(
+            config,
+            layer_spec(config),
+            vocab_size=vocab_size(spec, argv, par),
+            max_sequence_length=int(spec.hf_extra.get("max_position_embeddings", 4096)),
+            position_embedding_type=pos,
+            rotary_percent=float(flag_value(argv, "--rotary-percent") or 1.0),
+            rotary_base=int(float(flag_value(argv, "--rotary-base") or 10000)),
+            share_embeddings_and_output_weights="--untie-embeddings-and-output-weights" not in argv,
+        )
+    if "--multi-latent-attention" in argv:
+        _latent_norm_eps(model)
+    return model.to(device)
+
+
+# GLM-5's HF attention builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps (1e-6), not
+# rms_norm_eps (1e-5): one megatron-core layernorm_epsilon cannot say both. Measured on tiny GLM-5 in
+# fp32: with 1e-5 on the latents the logits differ from HF's by 2.6e-3 (train-rollout log-prob diff
+# 1.2e-4, 20x the FSDP trainer's bound); with 1e-6 they agree as GLM-4.5's do.
+MLA_LATENT_NORM_EPS = 1e-6
+
+
+def _latent_norm_eps(model) -> None:
+    for name, module in model.named_modules():
+        if name.endswith(("self_attention.q_layernorm", "self_attention.kv_layernorm")) and hasattr(module, "eps"):
+            module.eps = MLA_LATENT_NORM_EPS
+
+
+def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:
+    return padded_vocab(spec.vocab_size, int(flag_value(argv, "--make-vocab-size-divisible-by") or 128), par.tp)
+
+
+def read_hf_state(path) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint folder, as stored."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        state.update(load_file(f))
+    return state
+
+
+def rank_state(model) -> dict[str, torch.Tensor]:
+    """The rank's Megatron tensors (parameters and the router's expert bias), not the extra states."""
+    return {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor) and "_extra_state" not in k}
