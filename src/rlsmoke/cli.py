@@ -32,13 +32,26 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(ExitCode.USAGE)
 
 
-def add_case_args(p: argparse.ArgumentParser, *, default_platform: str | None = None) -> None:
-    """The case flags shared by `plan` and `run`."""
-    p.add_argument("case", help="case name (see `rlsmoke cases`)")
-    p.add_argument("--platform", default=default_platform, required=default_platform is None,
-                   help="nvidia | rocm | cpu")  # fmt: skip
+def add_case_arg(p: argparse.ArgumentParser) -> None:
+    """The case positional, spelled alike by every verb; an unknown name is the `case.known` error."""
+    p.add_argument("case", metavar="CASE", help="case name (see `rlsmoke cases`)")
+
+
+def add_tiny_arg(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"the tiny width of the case, seconds on a CPU (default: {default})")  # fmt: skip
+
+
+def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) -> None:
+    """The case flags shared by `plan` and `run`. `run` detects the platform; a plan never does."""
+    add_case_arg(p)
+    if detect_platform:
+        p.add_argument("--platform", default=None,
+                       help="nvidia | rocm | cpu (default: detected: nvidia-smi, then rocm-smi, else cpu)")  # fmt: skip
+    else:
+        p.add_argument("--platform", required=True, help="nvidia | rocm | cpu")
     p.add_argument("--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it")
-    p.add_argument("--mode", default=None, help="colocate | async (default: colocate on NVIDIA, async on ROCm)")
+    p.add_argument("--mode", default=None, help="colocate | async (default: colocate on NVIDIA and CPU, async on ROCm)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
     p.add_argument("--gpus-per-node", type=int, default=None, help="default: 8, or NUM_GPUS when smaller")
@@ -57,11 +70,22 @@ def case_from_args(args, *, tiny: bool = False):
     return case.with_overrides(args.sets)
 
 
+def describe_case(name: str) -> str:
+    """One line: the model, its layers and experts, its width (and the tiny one), its size."""
+    from rlsmoke.models import model_spec
+
+    spec, tiny = model_spec(name), model_spec(name, tiny=True)
+    dense = f"{spec.first_k_dense} dense + {spec.num_layers - spec.first_k_dense} MoE"
+    return (f"{name:<27} {spec.family} ({spec.hf_model_type}), {spec.num_layers} layers ({dense}), "
+            f"{spec.num_experts} experts top-{spec.moe_topk}, width {spec.hidden_size} (--tiny {tiny.hidden_size}), "
+            f"{spec.parameter_count() / 1e9:.1f} B params")  # fmt: skip
+
+
 def cmd_cases(args) -> int:
     from rlsmoke.cases import CASE_NAMES
 
     for name in CASE_NAMES:
-        print(name)
+        print(describe_case(name))
     return ExitCode.OK
 
 
@@ -105,15 +129,18 @@ def _check(plan) -> int:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    from rlsmoke import __version__
+
     parser = _Parser(prog="rlsmoke", description="One-step end-to-end tests for GRPO on large MoE models.")
+    parser.add_argument("--version", action="version", version=f"rlsmoke {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("cases", help="list the case names")
+    p = sub.add_parser("cases", help="list the cases, one line each: model, layers, experts, width")
     p.set_defaults(func=cmd_cases)
 
     p = sub.add_parser("plan", help="validate a case's topology and render its Miles launch")
     add_case_args(p)
-    p.add_argument("--format", choices=("shell", "json"), default="shell")
+    p.add_argument("--format", choices=("shell", "json"), default="shell", help="the launch as (default shell)")
     p.add_argument("--diff", metavar="PLATFORM", help="print the flags and env that differ on PLATFORM")
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")

@@ -3,8 +3,6 @@
 import argparse
 import json
 
-import pytest
-
 from rlsmoke.checkpoints.cache import cache_key, prepare
 from rlsmoke.checkpoints.cli import parse_size, register
 from rlsmoke.errors import ExitCode, RlsmokeError
@@ -64,8 +62,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch):
         "Pinaster/GLM-5_4layer",
     )
     assert rc == 2 and "--from-hub Pinaster/GLM-5_4layer: cannot download" in err and "\n" not in err
-    with pytest.raises(SystemExit):
-        run("prepare", "no-such-case", "--tiny")
+    rc, err = run("prepare", "no-such-case", "--tiny")
+    assert rc == 2 and err.startswith("error: [case.known] case='no-such-case' is unknown")
 
 
 def test_cache_prepares_once(tmp_path):

@@ -27,14 +27,14 @@ def parse_size(text: str) -> int:
 def register(subparsers) -> None:
     """Add `prepare` and `verify` to an argparse subparsers object."""
     from rlsmoke.checkpoints.dialects import DIALECTS
-    from rlsmoke.models import MODEL_NAMES
+    from rlsmoke.cli import add_case_arg, add_tiny_arg
 
     p = subparsers.add_parser(
         "prepare", help="synthesize, prune, patch or FP8-convert a checkpoint, then verify it"
     )
-    p.add_argument("case", choices=MODEL_NAMES, metavar="CASE", help=f"model case: {', '.join(MODEL_NAMES)}")
+    add_case_arg(p)
     p.add_argument("--out", help="output folder (default: the cache, keyed by case, width, seed, dialect)")
-    p.add_argument("--tiny", action="store_true", help="the tiny width of the case (seconds on a CPU)")
+    add_tiny_arg(p, "off: the full width")
     p.add_argument("--seed", type=int, default=0, help="initialization seed (default 0)")
     p.add_argument(
         "--dialect", choices=DIALECTS, help="GLM-5 config dialect: deepseek_v32 (older Miles) or native"
@@ -67,7 +67,10 @@ def register(subparsers) -> None:
 
 def prepare_handler(args: argparse.Namespace) -> int:
     from rlsmoke.checkpoints.cache import prepare, prepare_to
+    from rlsmoke.models import model_spec
 
+    model_spec(args.case)  # an unknown case: the named error before anything else
+    args.tiny = bool(args.tiny)
     progress = not args.no_progress
     if args.out is None:
         if args.prune_from or args.from_hub or args.keep_mtp or args.dtype != "bf16" or args.force:

@@ -6,7 +6,6 @@ Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing c
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -14,17 +13,12 @@ from rlsmoke.errors import ExitCode, RlsmokeError, RunError
 
 
 def register(subparsers) -> None:
-    from rlsmoke.cli import add_case_args
+    from rlsmoke.cli import add_case_args, add_tiny_arg
 
     p = subparsers.add_parser("run", help="run one GRPO step on the built-in engine and check its gates")
-    add_case_args(p, default_platform="cpu")
+    add_case_args(p, detect_platform=True)
     g = p.add_argument_group("engine")
-    g.add_argument(
-        "--tiny",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the tiny width of the case (default: on for --platform cpu, off otherwise)",
-    )
+    add_tiny_arg(g, "on for --platform cpu, off otherwise")
     g.add_argument(
         "--rollout-dtype", default=None, help="float32 | bfloat16 (default: float32 on CPU, bfloat16 on GPU)"
     )
@@ -40,8 +34,9 @@ def register(subparsers) -> None:
     g.add_argument("--compute-dtype", default=None,
                    help="the trainer's forward/backward dtype over the master weights (default: the rollout "
                         "dtype on GPUs, as Megatron's bf16 training; the train dtype on CPU)")
-    g.add_argument("--rollout-temperature", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--rollout-temperature", type=float, default=1.0, help="the rollout's sampling temperature "
+                   "(default 1.0)")
+    g.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
     g.add_argument(
         "--repeat", type=int, default=1, help="K seeds from the same initial weights, for calibration"
     )
@@ -50,14 +45,15 @@ def register(subparsers) -> None:
     )
     g.add_argument("--n-prompts", type=int, default=None,
                    help="prompts per rollout (default: 2, or one per data-parallel rank when more)")
-    g.add_argument("--n-samples", type=int, default=4, help="samples per prompt (the GRPO group)")
+    g.add_argument("--n-samples", type=int, default=4, help="samples per prompt, the GRPO group (default 4)")
     g.add_argument("--max-response-len", type=int, default=16, help="16 keeps tiny GLM-5 within index_topk")
     g.add_argument("--reward", default="target", help="target (dense, for untrained models) | math")
     g.add_argument("--gradient-checkpointing", action="store_true")
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
-    g.add_argument("--prompt-data", type=Path, default=None)
+    g.add_argument("--prompt-data", type=Path, default=None,
+                   help="a JSONL of prompts and labels (default the shipped data/math.jsonl)")
     g.add_argument("--launcher-label", default="builtin", help="the launcher field of the thresholds key")
     g.add_argument("--out", type=Path, default=None, help="artifacts folder (default: ./rlsmoke-runs/CASE)")
     p.set_defaults(func=handler)
@@ -69,7 +65,7 @@ def config_from_args(args):
     from rlsmoke.engine.config import RunConfig, dtype_name, parse_inject
     from rlsmoke.platforms import detect, get_platform
 
-    platform = get_platform(args.platform)
+    platform = get_platform(args.platform or detect().platform)
     tiny = args.tiny if args.tiny is not None else platform.name == "cpu"
     case = case_from_args(args, tiny=tiny)
     from rlsmoke.topology import plan_topology
