@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from rlsmoke.errors import CheckpointError, ExitCode
 
@@ -62,6 +63,7 @@ def register(subparsers) -> None:
         "--dialect", choices=DIALECTS, help="also report what this GLM-5 dialect's Miles would reject"
     )
     v.add_argument("--no-checksums", action="store_true", help="skip the sha256 manifest (fast)")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(func=verify_handler)
 
 
@@ -80,22 +82,37 @@ def prepare_handler(args: argparse.Namespace) -> int:
                 fix="pass --out DIR, or drop them to use the cache",
             )
         path = prepare(
-            args.case, tiny=args.tiny, seed=args.seed, dialect=args.dialect, fp8=args.fp8, progress=progress
+            args.case, tiny=args.tiny, seed=args.seed, dialect=args.dialect, fp8=args.fp8, progress=progress,
+            say=_say,
         )
     else:
         path = prepare_to(
             args.out, args.case, tiny=args.tiny, seed=args.seed, dialect=args.dialect, fp8=args.fp8,
             prune_from=args.prune_from, from_hub=args.from_hub, keep_mtp=args.keep_mtp, dtype=args.dtype,
-            max_shard_bytes=args.max_shard_size, force=args.force, progress=progress,
+            max_shard_bytes=args.max_shard_size, force=args.force, progress=progress, say=_say,
         )  # fmt: skip
     print(path)
     return ExitCode.OK
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stdout is the folder alone, for scripts
+
+
+def announcement(case: str, *, tiny: bool, dtype: str, fp8: bool, out) -> str:
+    """What `prepare CASE` would say before synthesizing into `out`."""
+    from rlsmoke.checkpoints.cache import describe_write
+    from rlsmoke.checkpoints.synthesis import synth_bytes
+    from rlsmoke.models import model_spec
+
+    spec = model_spec(case, tiny=tiny)
+    return describe_write(spec, synth_bytes(spec, dtype), out, dtype=dtype, fp8=fp8)
+
+
 def verify_handler(args: argparse.Namespace) -> int:
     from rlsmoke.checkpoints.verification import verify
 
-    rep = verify(args.dir, checksums=not args.no_checksums, dialect=args.dialect)
+    rep = verify(args.dir, checksums=not args.no_checksums, dialect=args.dialect, progress=not args.no_progress)
     sums = "sha256 ok" if rep.checksummed else "no sha256 manifest checked"
     print(
         f"{rep.folder}: ok, {len(rep.shards)} shards, {rep.tensors} tensors, {rep.nbytes / 1e9:.3f} GB, {sums}"
