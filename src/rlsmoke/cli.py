@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import shlex
 import sys
 
@@ -90,10 +91,23 @@ def cmd_cases(args) -> int:
 
 
 def shell_script(plan) -> str:
-    """The launch as a readable, shell-safe script: env, then argv one group per line."""
+    """The launch as a readable, shell-safe script: env, then argv one group per line.
+
+    Across nodes the same script runs on every node: NODE_RANK 0 starts Ray's head and then the job,
+    the others join the head and stay up (Miles' placement group waits until their GPUs have joined).
+    """
+    launch, nodes = plan.launch, plan.launch.num_nodes
     lines = ["#!/usr/bin/env bash", f"# rlsmoke plan {plan.case.name} --platform {plan.topology.platform} "
-             f"--num-gpus {plan.topology.num_gpus} --mode {plan.topology.mode}", "set -euo pipefail"]  # fmt: skip
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.launch.env.items()]
+             f"--num-gpus {plan.topology.num_gpus} --mode {plan.topology.mode}"]  # fmt: skip
+    if nodes > 1:
+        lines.append(f"# {nodes} nodes of {plan.topology.gpus_per_node} GPUs, head {launch.master_addr}: run this on "
+                     f"every node with NODE_RANK=0 on the head, 1..{nodes - 1} on the others")  # fmt: skip
+    lines.append("set -euo pipefail")
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]
+    if nodes > 1:
+        ask = f"set NODE_RANK: 0 on the head ({launch.master_addr}), 1..{nodes - 1} on the other nodes"
+        lines += [f"case \"${{NODE_RANK:?{ask}}}\" in", f"  0) {shlex.join(launch.ray_start())} ;;",
+                  f"  *) exec {shlex.join(launch.ray_join())} ;;", "esac"]  # fmt: skip
     lines.append(shlex.join(plan.launch.argv[:2]) + " \\")
     body = [toks for toks in plan.launch.groups.values() if toks]
     for i, toks in enumerate(body):
@@ -110,6 +124,11 @@ def cmd_plan(args) -> int:
 
         print(diff_platforms(case, args.diff))
         return ExitCode.OK
+    head = _head_addr(args, plan.topology)
+    if head:
+        from rlsmoke.launch.miles import Recipe
+
+        plan = case.plan(validate=not args.no_validate, recipe=Recipe(master_addr=head))
     if args.format == "json":
         print(json.dumps(plan.to_json(), indent=2))
     else:
@@ -117,6 +136,22 @@ def cmd_plan(args) -> int:
     if args.check:
         return _check(plan)
     return ExitCode.OK
+
+
+def _head_addr(args, topo) -> str | None:
+    """--head-addr, else MASTER_ADDR on a plan across nodes; a multi-node plan refuses loopback or none."""
+    from rlsmoke.launch.miles import is_loopback
+
+    head = args.head_addr or (os.environ.get("MASTER_ADDR") if topo.num_nodes > 1 else None)
+    if topo.num_nodes > 1 and (not head or is_loopback(head)):
+        got = f"head address {head}" if head else "no head address"
+        raise RlsmokeError(
+            f"num_gpus={topo.num_gpus} spans {topo.num_nodes} nodes of {topo.gpus_per_node} GPUs but the plan has {got}; "
+            "the other nodes reach the head (MASTER_ADDR, Ray's head) by an address they can route to",
+            rule="plan.head_addr",
+            fix="pass --head-addr with the head node's IP, or set MASTER_ADDR",
+        )
+    return head
 
 
 def _check(plan) -> int:
@@ -144,6 +179,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--diff", metavar="PLATFORM", help="print the flags and env that differ on PLATFORM")
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
+    p.add_argument("--head-addr", metavar="ADDR", help="the head node's address, MASTER_ADDR, that the other nodes "
+                   "reach (default env MASTER_ADDR on a plan across nodes, which needs one; 127.0.0.1 on one node)")
     p.set_defaults(func=cmd_plan)
 
     modules = {EXTERNAL[only]} if only in EXTERNAL else (set(EXTERNAL.values()) if only is None else set())

@@ -83,7 +83,7 @@ def test_tp_must_divide_or_be_a_multiple_of_the_query_groups_under_gqa():
                   "train.tp=12", "--set", "train.cp=1")  # fmt: skip
     assert bad.returncode == 2 and "query groups (8)" in bad.stderr
     ok = rlsmoke("plan", "glm4.5-355b-a32b-4layer", "--platform", "nvidia", "--num-gpus", "16", "--set",
-                 "train.tp=16", "--set", "train.cp=1", "--set", "train.ep=16")  # fmt: skip
+                 "train.tp=16", "--set", "train.cp=1", "--set", "train.ep=16", "--head-addr", "10.0.0.1")  # fmt: skip
     assert ok.returncode == 0, ok.stderr
 
 
