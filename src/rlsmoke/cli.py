@@ -203,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     except RlsmokeError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return ExitCode.USAGE
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in `run` (errors.Interrupted)
+        signum = getattr(exc, "signum", 2)
+        name = "SIGTERM" if signum == 15 else "SIGINT"
+        print(f"error: interrupted by {name}; the run stopped the workers it started", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates.
 
 Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing checkpoint and OOM),
-3 the run broke (NaN, a crashed worker).
+3 the run broke (NaN, a crashed worker), 143 stopped by SIGTERM (130 by Ctrl-C): the workers and the
+Ray cluster the run started are stopped and run.log ends with "interrupted".
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
-from rlsmoke.errors import ExitCode, RlsmokeError, RunError
+from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 
 
 def register(subparsers) -> None:
@@ -104,9 +106,33 @@ def config_from_args(args):
     return cfg.validate()
 
 
+def writable_out(out: Path) -> Path:
+    """--out as a folder this process can write, made now: a bad one is bad input, not a traceback."""
+    if out.exists() and not out.is_dir():
+        raise RlsmokeError(f"--out {out} is a file, not a folder", rule="run.out",
+                           fix="pass --out a new or existing folder (default ./rlsmoke-runs/CASE)")  # fmt: skip
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".rlsmoke-write-probe"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise RlsmokeError(f"--out {out} cannot be written ({exc.strerror or exc})", rule="run.out",
+                           fix="pass --out a folder you can write (default ./rlsmoke-runs/CASE)") from None  # fmt: skip
+    return out
+
+
+def _on_sigterm(signum, frame) -> None:
+    # Once: a second SIGTERM during the cleanup must not cut it short (SIGKILL still ends everything).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
 def handler(args) -> int:
     cfg = config_from_args(args)
-    out = args.out or Path("rlsmoke-runs") / cfg.case
+    out = writable_out(args.out or Path("rlsmoke-runs") / cfg.case)
+    # Set before Ray starts: the async placement keeps it over Ray's own (which aborts with a stack dump).
+    signal.signal(signal.SIGTERM, _on_sigterm)
     from rlsmoke.engine.run import execute  # torch and transformers load here, after validation
 
     try:

@@ -176,7 +176,7 @@ class Sharded:
             self.procs.append(proc)
         try:
             self.where = {"ranks": self._gather()}
-        except Exception:
+        except BaseException:  # an interrupt too: the ranks are ours to stop
             self.close()
             raise
 
