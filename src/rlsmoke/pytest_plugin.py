@@ -58,6 +58,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:  # xdist: W workers each running torch on every core oversubscribe the CPU W times
+        from rlsmoke.launch.lease import share_cores
+
+        share_cores(workers)
     n = config.getoption("num_gpus", None)
     env = os.environ.get("NUM_GPUS")
     if n is None and env:
