@@ -55,4 +55,4 @@ class Plan:
             "ray_start": self.launch.ray_start(),
             "checkpoint_dialect": self.topology.target.checkpoint_dialect,
             "topology": self.topology.to_dict(),
-        }
+        } | ({"nodes": self.launch.nodes()} if self.launch.num_nodes > 1 else {})

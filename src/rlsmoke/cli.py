@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import shlex
 import sys
 
@@ -32,13 +33,26 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(ExitCode.USAGE)
 
 
-def add_case_args(p: argparse.ArgumentParser, *, default_platform: str | None = None) -> None:
-    """The case flags shared by `plan` and `run`."""
-    p.add_argument("case", help="case name (see `rlsmoke cases`)")
-    p.add_argument("--platform", default=default_platform, required=default_platform is None,
-                   help="nvidia | rocm | cpu")  # fmt: skip
+def add_case_arg(p: argparse.ArgumentParser) -> None:
+    """The case positional, spelled alike by every verb; an unknown name is the `case.known` error."""
+    p.add_argument("case", metavar="CASE", help="case name (see `rlsmoke cases`)")
+
+
+def add_tiny_arg(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"the tiny width of the case, seconds on a CPU (default: {default})")  # fmt: skip
+
+
+def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) -> None:
+    """The case flags shared by `plan` and `run`. `run` detects the platform; a plan never does."""
+    add_case_arg(p)
+    if detect_platform:
+        p.add_argument("--platform", default=None,
+                       help="nvidia | rocm | cpu (default: detected: nvidia-smi, then rocm-smi, else cpu)")  # fmt: skip
+    else:
+        p.add_argument("--platform", required=True, help="nvidia | rocm | cpu")
     p.add_argument("--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it")
-    p.add_argument("--mode", default=None, help="colocate | async (default: colocate on NVIDIA, async on ROCm)")
+    p.add_argument("--mode", default=None, help="colocate | async (default: colocate on NVIDIA and CPU, async on ROCm)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
     p.add_argument("--gpus-per-node", type=int, default=None, help="default: 8, or NUM_GPUS when smaller")
@@ -57,19 +71,43 @@ def case_from_args(args, *, tiny: bool = False):
     return case.with_overrides(args.sets)
 
 
+def describe_case(name: str) -> str:
+    """One line: the model, its layers and experts, its width (and the tiny one), its size."""
+    from rlsmoke.models import model_spec
+
+    spec, tiny = model_spec(name), model_spec(name, tiny=True)
+    dense = f"{spec.first_k_dense} dense + {spec.num_layers - spec.first_k_dense} MoE"
+    return (f"{name:<27} {spec.family} ({spec.hf_model_type}), {spec.num_layers} layers ({dense}), "
+            f"{spec.num_experts} experts top-{spec.moe_topk}, width {spec.hidden_size} (--tiny {tiny.hidden_size}), "
+            f"{spec.parameter_count() / 1e9:.1f} B params")  # fmt: skip
+
+
 def cmd_cases(args) -> int:
     from rlsmoke.cases import CASE_NAMES
 
     for name in CASE_NAMES:
-        print(name)
+        print(describe_case(name))
     return ExitCode.OK
 
 
 def shell_script(plan) -> str:
-    """The launch as a readable, shell-safe script: env, then argv one group per line."""
+    """The launch as a readable, shell-safe script: env, then argv one group per line.
+
+    Across nodes the same script runs on every node: NODE_RANK 0 starts Ray's head and then the job,
+    the others join the head and stay up (Miles' placement group waits until their GPUs have joined).
+    """
+    launch, nodes = plan.launch, plan.launch.num_nodes
     lines = ["#!/usr/bin/env bash", f"# rlsmoke plan {plan.case.name} --platform {plan.topology.platform} "
-             f"--num-gpus {plan.topology.num_gpus} --mode {plan.topology.mode}", "set -euo pipefail"]  # fmt: skip
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.launch.env.items()]
+             f"--num-gpus {plan.topology.num_gpus} --mode {plan.topology.mode}"]  # fmt: skip
+    if nodes > 1:
+        lines.append(f"# {nodes} nodes of {plan.topology.gpus_per_node} GPUs, head {launch.master_addr}: run this on "
+                     f"every node with NODE_RANK=0 on the head, 1..{nodes - 1} on the others")  # fmt: skip
+    lines.append("set -euo pipefail")
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]
+    if nodes > 1:
+        ask = f"set NODE_RANK: 0 on the head ({launch.master_addr}), 1..{nodes - 1} on the other nodes"
+        lines += [f"case \"${{NODE_RANK:?{ask}}}\" in", f"  0) {shlex.join(launch.ray_start())} ;;",
+                  f"  *) exec {shlex.join(launch.ray_join())} ;;", "esac"]  # fmt: skip
     lines.append(shlex.join(plan.launch.argv[:2]) + " \\")
     body = [toks for toks in plan.launch.groups.values() if toks]
     for i, toks in enumerate(body):
@@ -86,6 +124,11 @@ def cmd_plan(args) -> int:
 
         print(diff_platforms(case, args.diff))
         return ExitCode.OK
+    head = _head_addr(args, plan.topology)
+    if head:
+        from rlsmoke.launch.miles import Recipe
+
+        plan = case.plan(validate=not args.no_validate, recipe=Recipe(master_addr=head))
     if args.format == "json":
         print(json.dumps(plan.to_json(), indent=2))
     else:
@@ -93,6 +136,22 @@ def cmd_plan(args) -> int:
     if args.check:
         return _check(plan)
     return ExitCode.OK
+
+
+def _head_addr(args, topo) -> str | None:
+    """--head-addr, else MASTER_ADDR on a plan across nodes; a multi-node plan refuses loopback or none."""
+    from rlsmoke.launch.miles import is_loopback
+
+    head = args.head_addr or (os.environ.get("MASTER_ADDR") if topo.num_nodes > 1 else None)
+    if topo.num_nodes > 1 and (not head or is_loopback(head)):
+        got = f"head address {head}" if head else "no head address"
+        raise RlsmokeError(
+            f"num_gpus={topo.num_gpus} spans {topo.num_nodes} nodes of {topo.gpus_per_node} GPUs but the plan has {got}; "
+            "the other nodes reach the head (MASTER_ADDR, Ray's head) by an address they can route to",
+            rule="plan.head_addr",
+            fix="pass --head-addr with the head node's IP, or set MASTER_ADDR",
+        )
+    return head
 
 
 def _check(plan) -> int:
@@ -105,18 +164,23 @@ def _check(plan) -> int:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    from rlsmoke import __version__
+
     parser = _Parser(prog="rlsmoke", description="One-step end-to-end tests for GRPO on large MoE models.")
+    parser.add_argument("--version", action="version", version=f"rlsmoke {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("cases", help="list the case names")
+    p = sub.add_parser("cases", help="list the cases, one line each: model, layers, experts, width")
     p.set_defaults(func=cmd_cases)
 
     p = sub.add_parser("plan", help="validate a case's topology and render its Miles launch")
     add_case_args(p)
-    p.add_argument("--format", choices=("shell", "json"), default="shell")
+    p.add_argument("--format", choices=("shell", "json"), default="shell", help="the launch as (default shell)")
     p.add_argument("--diff", metavar="PLATFORM", help="print the flags and env that differ on PLATFORM")
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
+    p.add_argument("--head-addr", metavar="ADDR", help="the head node's address, MASTER_ADDR, that the other nodes "
+                   "reach (default env MASTER_ADDR on a plan across nodes, which needs one; 127.0.0.1 on one node)")
     p.set_defaults(func=cmd_plan)
 
     modules = {EXTERNAL[only]} if only in EXTERNAL else (set(EXTERNAL.values()) if only is None else set())
@@ -139,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     except RlsmokeError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return ExitCode.USAGE
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in `run` (errors.Interrupted)
+        signum = getattr(exc, "signum", 2)
+        name = "SIGTERM" if signum == 15 else "SIGINT"
+        print(f"error: interrupted by {name}; the run stopped the workers it started", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

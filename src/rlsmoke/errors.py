@@ -14,6 +14,9 @@ class ExitCode(enum.IntEnum):
     GATE_FAILED = 1  # the run finished and at least one gate failed
     USAGE = 2  # bad input: unknown case, invalid topology, corrupt checkpoint, ...
     RUN_FAILED = 3  # the run itself broke (NaN, OOM, a crashed process)
+    # 128 + the signal, as a shell reports a process killed by it: 130 on Ctrl-C, 143 on SIGTERM
+    INTERRUPTED_SIGINT = 130
+    INTERRUPTED_SIGTERM = 143
 
 
 class RlsmokeError(ValueError):
@@ -55,3 +58,13 @@ class RunError(RuntimeError):
     def __init__(self, message: str, *, rule: str = ""):
         self.rule = rule
         super().__init__(message)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGTERM) asked the run to stop: raised in the main thread so every `finally` cleans up."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)

@@ -30,7 +30,8 @@ _PORTS = pytest.StashKey["object"]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("rlsmoke", "rlsmoke one-step GRPO end-to-end tests")
     g.addoption("--num-gpus", type=int, default=None, metavar="N",
-                help="GPUs a GPU case runs on, replacing its NUM_GPUS (default env NUM_GPUS, else the module's)")
+                help="GPUs a GPU case runs on, replacing its NUM_GPUS; 0 skips the GPU cases (default env NUM_GPUS, "
+                     "else the module's)")
     g.addoption("--platform", choices=("nvidia", "rocm", "cpu"), default=None,
                 help="the host's platform when detection cannot see it (default detected by nvidia-smi/rocm-smi)")
     g.addoption("--launcher", choices=("builtin", "miles"), default="builtin",
@@ -57,6 +58,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:  # xdist: W workers each running torch on every core oversubscribe the CPU W times
+        from rlsmoke.launch.lease import share_cores
+
+        share_cores(workers)
     n = config.getoption("num_gpus", None)
     env = os.environ.get("NUM_GPUS")
     if n is None and env:
@@ -64,8 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
             n = int(env)
         except ValueError:
             raise pytest.UsageError(f"NUM_GPUS={env!r} is not an integer. Adjust NUM_GPUS or pass --num-gpus N") from None
-    if n is not None and n < 1:
-        raise pytest.UsageError(f"--num-gpus={n} must be >= 1. Adjust --num-gpus or NUM_GPUS")
+    if n is not None and n < 0:  # 0 means "no GPUs": the CPU cases run, the GPU ones skip with a reason
+        raise pytest.UsageError(f"--num-gpus={n} must be >= 0. Adjust --num-gpus or NUM_GPUS")
     config.option.num_gpus = n
     if config.getoption("launcher", "builtin") == "miles" and config.getoption("miles_root"):
         root = Path(config.getoption("miles_root"))

@@ -291,8 +291,55 @@ def plan_topology(
     if validate:
         found = violations(topo, spec)
         if found:
+            rule_id, message, fix = found[0]
+            values = single_fixes(topo, spec, sets, rule_id)
+            if values:
+                sets_ = [f"--set {kv}" for kv in values]
+                which = sets_[0] if len(sets_) == 1 else f"any one of {', '.join(sets_)}"
+                found[0] = (rule_id, message, f"{fix.rstrip('.')}: {which} fixes this plan.")
+            if plat.name == "cpu":  # no Megatron or SGLang runs on CPU: the rules are the plan's own
+                found = [(_plan_rule(r), m, f) for r, m, f in found]
             raise TopologyError(found)
     return topo
+
+
+def _plan_rule(rule_id: str) -> str:
+    head, _, rest = rule_id.partition(".")
+    return f"plan.{rest}" if head in ("megatron", "sglang") else rule_id
+
+
+# The keys whose one value can fix a rule; `single_fixes` tries each value and keeps those that plan.
+FIX_KEYS: Mapping[str, tuple[str, ...]] = {
+    "megatron.world_tp_cp_pp": ("train.tp", "train.cp", "train.pp"),
+    "megatron.world_etp_ep_pp": ("train.ep", "train.etp", "train.pp"),
+    "megatron.tp_divides_heads": ("train.tp",),
+    "megatron.ep_divides_experts": ("train.ep",),
+    "megatron.pp_stages_nonempty": ("train.pp",),
+    "rollout.engine_multiple": ("rollout.gpus_per_engine",),
+    "sglang.dp_divides_engine_gpus": ("rollout.dp",),
+    "sglang.ep_divides_engine_gpus": ("rollout.ep",),
+}
+MAX_FIXES = 3
+
+
+def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], rule_id: str) -> list[str]:
+    """`KEY=VALUE` changes of one key that make the whole plan valid, nearest the failing value first."""
+    target = next(name for name, t in TARGETS.items() if t == failed.target)
+    found = []
+    for key in FIX_KEYS.get(rule_id, ()):
+        group, field = key.split(".")
+        current = int(getattr(failed.train if group == "train" else failed.rollout, field))
+        for value in range(1, failed.num_gpus + 1):
+            if value == current:
+                continue
+            try:
+                topo = plan_topology(spec, failed.platform, failed.num_gpus, failed.mode, {**sets, key: value},
+                                     gpus_per_node=failed.gpus_per_node, target=target, validate=False)  # fmt: skip
+            except RlsmokeError:
+                continue
+            if not violations(topo, spec):
+                found.append((abs(value - current), len(found), f"{key}={value}"))
+    return [kv for *_, kv in sorted(found)[:MAX_FIXES]]
 
 
 # --- rules ---------------------------------------------------------------------------------------

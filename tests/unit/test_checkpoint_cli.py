@@ -2,8 +2,7 @@
 
 import argparse
 import json
-
-import pytest
+import re
 
 from rlsmoke.checkpoints.cache import cache_key, prepare
 from rlsmoke.checkpoints.cli import parse_size, register
@@ -64,8 +63,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch):
         "Pinaster/GLM-5_4layer",
     )
     assert rc == 2 and "--from-hub Pinaster/GLM-5_4layer: cannot download" in err and "\n" not in err
-    with pytest.raises(SystemExit):
-        run("prepare", "no-such-case", "--tiny")
+    rc, err = run("prepare", "no-such-case", "--tiny")
+    assert rc == 2 and err.startswith("error: [case.known] case='no-such-case' is unknown")
 
 
 def test_cache_prepares_once(tmp_path):
@@ -81,3 +80,44 @@ def test_cache_prepares_once(tmp_path):
 
 def test_parse_size():
     assert parse_size("5GB") == 5 * 10**9 and parse_size("512MiB") == 2**29 and parse_size("1000") == 1000
+
+
+def _folder_bytes(folder) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def test_prepare_says_what_it_will_write_before_it_starts(tmp_path, capsys):
+    out = tmp_path / "ck"
+    assert run("prepare", "glm5-744b-a40b-4layer", "--tiny", "--out", str(out), "--no-progress")[0] == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    m = re.match(r"prepare: glm5-744b-a40b-4layer at the tiny width, bf16: writes ([\d.]+) (MB|GB) to ", first)
+    assert m, first
+    said = float(m.group(1)) * (1e6 if m.group(2) == "MB" else 1e9)
+    assert abs(said - _folder_bytes(out)) / _folder_bytes(out) < 0.05, (said, _folder_bytes(out))
+
+
+def test_the_full_width_announcement_names_its_gigabytes_and_the_tiny_flag():
+    from rlsmoke.checkpoints.cli import announcement
+
+    text = announcement("glm5-744b-a40b-4layer", tiny=False, dtype="bf16", fp8=False, out="ckpt")
+    assert re.search(r"full width, bf16: writes 2[56]\.\d GB to ckpt", text) and "--tiny" in text, text
+
+
+def test_verify_shows_a_progress_bar(tmp_path, capsys):
+    out = tmp_path / "ck"
+    assert run("prepare", "glm4.5-355b-a32b-4layer", "--tiny", "--out", str(out), "--no-progress")[0] == 0
+    capsys.readouterr()
+    assert run("verify", str(out))[0] == 0
+    err = capsys.readouterr().err
+    assert "verify" in err and "100%" in err, err
+    assert run("verify", str(out), "--no-progress")[0] == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_readme_prepares_the_tiny_width_on_a_laptop():
+    """The README's CPU example must not write a 26 GB full-width checkpoint without saying so."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    lines = [line for line in readme.splitlines() if line.startswith("rlsmoke prepare")]
+    assert lines and all("--tiny" in line or " GB" in line for line in lines), lines

@@ -83,7 +83,7 @@ def test_tp_must_divide_or_be_a_multiple_of_the_query_groups_under_gqa():
                   "train.tp=12", "--set", "train.cp=1")  # fmt: skip
     assert bad.returncode == 2 and "query groups (8)" in bad.stderr
     ok = rlsmoke("plan", "glm4.5-355b-a32b-4layer", "--platform", "nvidia", "--num-gpus", "16", "--set",
-                 "train.tp=16", "--set", "train.cp=1", "--set", "train.ep=16")  # fmt: skip
+                 "train.tp=16", "--set", "train.cp=1", "--set", "train.ep=16", "--head-addr", "10.0.0.1")  # fmt: skip
     assert ok.returncode == 0, ok.stderr
 
 
@@ -128,3 +128,22 @@ def test_plan_imports_neither_torch_nor_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_topology_error_names_the_values_that_fix_it():
+    """NUM_GPUS=6: tp*cp*pp=4 does not divide 6; `--set train.cp=1` fixes it, and the error says so."""
+    import re
+
+    bad = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "6")
+    assert bad.returncode == 2 and "[megatron.world_tp_cp_pp]" in bad.stderr, bad.stderr
+    fixes = re.findall(r"--set (\S+=\d+)", bad.stderr)
+    assert "train.cp=1" in fixes, bad.stderr
+    for value in fixes:  # every value named fixes the plan on its own
+        ok = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "6", "--set", value)
+        assert ok.returncode == 0, (value, ok.stderr)
+
+
+def test_on_cpu_the_rules_are_the_plans_not_megatrons():
+    bad = rlsmoke("plan", GLM5, "--platform", "cpu", "--num-gpus", "6")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: [plan.world_tp_cp_pp]"), bad.stderr
+    assert "megatron" not in bad.stderr.lower() and "--set train.cp=1" in bad.stderr

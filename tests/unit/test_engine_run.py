@@ -130,6 +130,6 @@ def test_other_families_run_and_pass_cheaply(case, changes, tmp_path):
     (["--rollout-dtype", "int4"], "[dtype.known]"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
-    assert main(["run", CASE, "--out", str(tmp_path), *argv]) == ExitCode.USAGE
+    assert main(["run", CASE, "--platform", "cpu", "--out", str(tmp_path), *argv]) == ExitCode.USAGE
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err

@@ -21,6 +21,8 @@ def snapshot(case: str, platform: str, n: int) -> str:
     plan = Case(case, platform=platform, num_gpus=n).plan(paths=Paths.placeholders())
     lines = [f"# rlsmoke plan {case} --platform {platform} --num-gpus {n}  (mode {plan.topology.mode})"]
     lines += [f"env {k}={v}" for k, v in plan.launch.env.items()]
+    if plan.launch.num_nodes > 1:  # across nodes: each node's Ray command, the head's address a placeholder
+        lines += [f"node {n['rank']} {' '.join(n['command'])}" for n in plan.launch.nodes()]
     lines += plan.launch.argv
     return "\n".join(lines) + "\n"
 

@@ -198,6 +198,32 @@ def test_bad_num_gpus_env_is_a_usage_error(isolated):
     result.stderr.fnmatch_lines(["*NUM_GPUS='eight' is not an integer*"])
 
 
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_zero_gpus_runs_the_cpu_cases_and_skips_the_gpu_ones(isolated, how):
+    """NUM_GPUS=0 means "no GPUs", even on a GPU host: CPU cases run, GPU pairs skip and say why."""
+    env = _fake_smi(isolated, "nvidia-smi", ["NVIDIA H200"] * 8)
+    isolated.makepyfile(test_n=PAIR.format(platform="nvidia"),
+                        test_c="import pytest\n@pytest.mark.cpu\ndef test_c():\n    pass\n")  # fmt: skip
+    args = ["--num-gpus", "0"] if how == "option" else []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", env["PATH"])
+        if how == "env":
+            mp.setenv("NUM_GPUS", "0")
+        only_cpu = isolated.runpytest_subprocess("-m", "cpu", *args)
+        both = isolated.runpytest_subprocess("-rs", *args)
+    assert only_cpu.ret == pytest.ExitCode.OK
+    only_cpu.assert_outcomes(passed=1, deselected=1)
+    both.assert_outcomes(passed=1, skipped=1)
+    both.stdout.fnmatch_lines(["*SKIPPED*needs NVIDIA GPUs*0 GPUs asked for*"])
+
+
+def test_negative_num_gpus_is_a_usage_error(isolated):
+    isolated.makepyfile("def test_x():\n    pass\n")
+    result = isolated.runpytest("--num-gpus", "-1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--num-gpus=-1 must be >= 0*"])
+
+
 def test_platform_contradicting_the_host_is_a_usage_error(isolated):
     env = _fake_smi(isolated, "nvidia-smi", ["NVIDIA H200"])
     isolated.makepyfile(test_r=PAIR.format(platform="rocm"))

@@ -36,8 +36,9 @@ def prepare(
     fp8: bool = False,
     cache_dir: Path | str | None = None,
     progress: bool = False,
+    say=None,
 ) -> Path:
-    """A cached, verified synthesized checkpoint folder for the case."""
+    """A cached, verified synthesized checkpoint folder for the case. `say` hears what a build will write."""
     from filelock import FileLock
 
     from rlsmoke.checkpoints.verification import verify
@@ -55,7 +56,8 @@ def prepare(
             except CheckpointError as e:
                 print(f"rlsmoke: cached checkpoint failed verification, rebuilding: {e}", file=sys.stderr)
         prepare_to(
-            out, case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8, force=True, progress=progress
+            out, case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8, force=True, progress=progress,
+            say=say,
         )
     return out
 
@@ -84,8 +86,12 @@ def prepare_to(
     max_shard_bytes: int | None = None,
     force: bool = False,
     progress: bool = False,
+    say=None,
 ) -> Path:
-    """Build one checkpoint into `out` (atomically) and verify it: the body of `rlsmoke prepare`."""
+    """Build one checkpoint into `out` (atomically) and verify it: the body of `rlsmoke prepare`.
+
+    `say(line)`, when given, hears the size about to be written before anything is.
+    """
     from rlsmoke.checkpoints import dialects, pruning, quantize, synthesis
     from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight, sibling
     from rlsmoke.checkpoints.shards import DEFAULT_MAX_SHARD_BYTES
@@ -109,6 +115,8 @@ def prepare_to(
         size = sum(p.nbytes for p in plans)
     else:
         size = synthesis.synth_bytes(spec, dtype)
+    if say is not None:
+        say(describe_write(spec, size, out, dtype=dtype, fp8=fp8, source=src if prune_from else None))
     preflight(out, size * (2 if fp8 else 1))  # FP8 goes through a bf16 stage next to `out`
     with atomic_dir(out, force=force) as tmp:
         stage = sibling(out, "bf16") if fp8 else tmp
@@ -129,6 +137,24 @@ def prepare_to(
             dialects.patch(tmp, dialect)
         verify(tmp)
     return out
+
+
+def human_bytes(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def describe_write(spec, size: int, out: Path | str, *, dtype: str, fp8: bool, source: Path | None = None) -> str:
+    """The line `prepare` prints before it starts: what, how big, where (and the cheaper --tiny when full)."""
+    what = f"pruned from {source}" if source else f"at the {spec.width} width"
+    line = f"prepare: {spec.name} {what}, {dtype}: writes {human_bytes(size)} to {out}"
+    if fp8:
+        line += " (as a bf16 stage, then FP8)"
+    if spec.width == "full" and not source:
+        from rlsmoke.checkpoints.synthesis import synth_bytes
+        from rlsmoke.models import model_spec
+
+        line += f"; --tiny writes {human_bytes(synth_bytes(model_spec(spec.name, tiny=True), dtype))}"
+    return line
 
 
 def download(repo_id: str, parent: Path) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from rlsmoke.errors import CheckpointError, ExitCode
 
@@ -27,14 +28,14 @@ def parse_size(text: str) -> int:
 def register(subparsers) -> None:
     """Add `prepare` and `verify` to an argparse subparsers object."""
     from rlsmoke.checkpoints.dialects import DIALECTS
-    from rlsmoke.models import MODEL_NAMES
+    from rlsmoke.cli import add_case_arg, add_tiny_arg
 
     p = subparsers.add_parser(
         "prepare", help="synthesize, prune, patch or FP8-convert a checkpoint, then verify it"
     )
-    p.add_argument("case", choices=MODEL_NAMES, metavar="CASE", help=f"model case: {', '.join(MODEL_NAMES)}")
+    add_case_arg(p)
     p.add_argument("--out", help="output folder (default: the cache, keyed by case, width, seed, dialect)")
-    p.add_argument("--tiny", action="store_true", help="the tiny width of the case (seconds on a CPU)")
+    add_tiny_arg(p, "off: the full width")
     p.add_argument("--seed", type=int, default=0, help="initialization seed (default 0)")
     p.add_argument(
         "--dialect", choices=DIALECTS, help="GLM-5 config dialect: deepseek_v32 (older Miles) or native"
@@ -62,12 +63,16 @@ def register(subparsers) -> None:
         "--dialect", choices=DIALECTS, help="also report what this GLM-5 dialect's Miles would reject"
     )
     v.add_argument("--no-checksums", action="store_true", help="skip the sha256 manifest (fast)")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(func=verify_handler)
 
 
 def prepare_handler(args: argparse.Namespace) -> int:
     from rlsmoke.checkpoints.cache import prepare, prepare_to
+    from rlsmoke.models import model_spec
 
+    model_spec(args.case)  # an unknown case: the named error before anything else
+    args.tiny = bool(args.tiny)
     progress = not args.no_progress
     if args.out is None:
         if args.prune_from or args.from_hub or args.keep_mtp or args.dtype != "bf16" or args.force:
@@ -77,22 +82,37 @@ def prepare_handler(args: argparse.Namespace) -> int:
                 fix="pass --out DIR, or drop them to use the cache",
             )
         path = prepare(
-            args.case, tiny=args.tiny, seed=args.seed, dialect=args.dialect, fp8=args.fp8, progress=progress
+            args.case, tiny=args.tiny, seed=args.seed, dialect=args.dialect, fp8=args.fp8, progress=progress,
+            say=_say,
         )
     else:
         path = prepare_to(
             args.out, args.case, tiny=args.tiny, seed=args.seed, dialect=args.dialect, fp8=args.fp8,
             prune_from=args.prune_from, from_hub=args.from_hub, keep_mtp=args.keep_mtp, dtype=args.dtype,
-            max_shard_bytes=args.max_shard_size, force=args.force, progress=progress,
+            max_shard_bytes=args.max_shard_size, force=args.force, progress=progress, say=_say,
         )  # fmt: skip
     print(path)
     return ExitCode.OK
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stdout is the folder alone, for scripts
+
+
+def announcement(case: str, *, tiny: bool, dtype: str, fp8: bool, out) -> str:
+    """What `prepare CASE` would say before synthesizing into `out`."""
+    from rlsmoke.checkpoints.cache import describe_write
+    from rlsmoke.checkpoints.synthesis import synth_bytes
+    from rlsmoke.models import model_spec
+
+    spec = model_spec(case, tiny=tiny)
+    return describe_write(spec, synth_bytes(spec, dtype), out, dtype=dtype, fp8=fp8)
+
+
 def verify_handler(args: argparse.Namespace) -> int:
     from rlsmoke.checkpoints.verification import verify
 
-    rep = verify(args.dir, checksums=not args.no_checksums, dialect=args.dialect)
+    rep = verify(args.dir, checksums=not args.no_checksums, dialect=args.dialect, progress=not args.no_progress)
     sums = "sha256 ok" if rep.checksummed else "no sha256 manifest checked"
     print(
         f"{rep.folder}: ok, {len(rep.shards)} shards, {rep.tensors} tensors, {rep.nbytes / 1e9:.3f} GB, {sums}"

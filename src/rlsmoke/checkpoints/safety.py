@@ -46,7 +46,7 @@ def check_target(out: Path, force: bool) -> None:
         raise CheckpointError(
             f"{out}: exists and would be overwritten",
             rule="checkpoint.exists",
-            fix="pass --force (force=True) to replace it, or choose another --out",
+            fix="pass --force to replace it, or choose another --out",
         )
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: exists and is not a folder", rule="checkpoint.exists", fix="remove it")

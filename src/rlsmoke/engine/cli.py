@@ -1,30 +1,26 @@
 """`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates.
 
 Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing checkpoint and OOM),
-3 the run broke (NaN, a crashed worker).
+3 the run broke (NaN, a crashed worker), 143 stopped by SIGTERM (130 by Ctrl-C): the workers and the
+Ray cluster the run started are stopped and run.log ends with "interrupted".
 """
 
 from __future__ import annotations
 
-import argparse
+import signal
 import sys
 from pathlib import Path
 
-from rlsmoke.errors import ExitCode, RlsmokeError, RunError
+from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 
 
 def register(subparsers) -> None:
-    from rlsmoke.cli import add_case_args
+    from rlsmoke.cli import add_case_args, add_tiny_arg
 
     p = subparsers.add_parser("run", help="run one GRPO step on the built-in engine and check its gates")
-    add_case_args(p, default_platform="cpu")
+    add_case_args(p, detect_platform=True)
     g = p.add_argument_group("engine")
-    g.add_argument(
-        "--tiny",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the tiny width of the case (default: on for --platform cpu, off otherwise)",
-    )
+    add_tiny_arg(g, "on for --platform cpu, off otherwise")
     g.add_argument(
         "--rollout-dtype", default=None, help="float32 | bfloat16 (default: float32 on CPU, bfloat16 on GPU)"
     )
@@ -44,8 +40,9 @@ def register(subparsers) -> None:
     g.add_argument("--compute-path", default="params", choices=("params", "autocast"),
                    help="params: a copy of the weights in the compute dtype over fp32 main parameters, as "
                         "Megatron trains (default); autocast: autocast over the fp32 weights")
-    g.add_argument("--rollout-temperature", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--rollout-temperature", type=float, default=1.0, help="the rollout's sampling temperature "
+                   "(default 1.0)")
+    g.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
     g.add_argument(
         "--repeat", type=int, default=1, help="K seeds from the same initial weights, for calibration"
     )
@@ -64,7 +61,8 @@ def register(subparsers) -> None:
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
-    g.add_argument("--prompt-data", type=Path, default=None)
+    g.add_argument("--prompt-data", type=Path, default=None,
+                   help="a JSONL of prompts and labels (default the shipped data/math.jsonl)")
     g.add_argument("--trainer", default="fsdp", choices=("fsdp", "megatron"),
                    help="fsdp: HF modeling code (FSDP2 on several GPUs); megatron: a megatron-core GPTModel "
                         "loaded and synced through the HF <-> Megatron bridge (pip install 'rlsmoke[megatron]')")
@@ -81,7 +79,7 @@ def config_from_args(args):
     from rlsmoke.engine.config import BatchShape, RunConfig, dtype_name, parse_inject
     from rlsmoke.platforms import detect, get_platform
 
-    platform = get_platform(args.platform)
+    platform = get_platform(args.platform or detect().platform)
     tiny = args.tiny if args.tiny is not None else platform.name == "cpu"
     case = case_from_args(args, tiny=tiny)
     from rlsmoke.topology import plan_topology
@@ -125,9 +123,33 @@ def config_from_args(args):
     return cfg.validate()
 
 
+def writable_out(out: Path) -> Path:
+    """--out as a folder this process can write, made now: a bad one is bad input, not a traceback."""
+    if out.exists() and not out.is_dir():
+        raise RlsmokeError(f"--out {out} is a file, not a folder", rule="run.out",
+                           fix="pass --out a new or existing folder (default ./rlsmoke-runs/CASE)")  # fmt: skip
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".rlsmoke-write-probe"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise RlsmokeError(f"--out {out} cannot be written ({exc.strerror or exc})", rule="run.out",
+                           fix="pass --out a folder you can write (default ./rlsmoke-runs/CASE)") from None  # fmt: skip
+    return out
+
+
+def _on_sigterm(signum, frame) -> None:
+    # Once: a second SIGTERM during the cleanup must not cut it short (SIGKILL still ends everything).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
 def handler(args) -> int:
     cfg = config_from_args(args)
-    out = args.out or Path("rlsmoke-runs") / cfg.case
+    out = writable_out(args.out or Path("rlsmoke-runs") / cfg.case)
+    # Set before Ray starts: the async placement keeps it over Ray's own (which aborts with a stack dump).
+    signal.signal(signal.SIGTERM, _on_sigterm)
     from rlsmoke.engine.run import execute  # torch and transformers load here, after validation
 
     try:

@@ -25,6 +25,9 @@ def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None =
             rule="checkpoint.exists",
             fix=f"run `rlsmoke prepare {case}` or pass an existing --checkpoint DIR",
         )
+    from rlsmoke.checkpoints.verification import verify
+
+    verify(given, checksums=False)  # headers and lengths: a truncated shard is named here, not by a loader
     return given
 
 

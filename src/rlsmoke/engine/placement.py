@@ -9,7 +9,9 @@ mode must run where Ray is not installed.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -156,9 +158,13 @@ class RayAsync:
             ) from None
         self.ray, self._remove_pg, self.cfg = ray, remove_placement_group, cfg
         gpus = cfg.num_gpus
+        sigterm = signal.getsignal(signal.SIGTERM)
         ray.init(address="local", num_cpus=max(2, gpus), num_gpus=gpus, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}})  # fmt: skip
+        if callable(sigterm) and threading.current_thread() is threading.main_thread():
+            # Ray's core worker takes SIGTERM over (an abort with a stack dump): give the caller's back.
+            signal.signal(signal.SIGTERM, sigterm)
         try:
             bundles = [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}]  # (train, rollout)
             self.pg = placement_group(bundles, strategy="PACK")
@@ -175,7 +181,7 @@ class RayAsync:
                 "train": self._get(self.train.where.remote()),
                 "rollout": self._get(self.rollout.where.remote()),
             }
-        except Exception:
+        except BaseException:  # an interrupt too: never leave the cluster behind
             self.close()
             raise
 

@@ -24,7 +24,7 @@ from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
 from rlsmoke.engine.model import check_dsa_dense, checkpoint_dir, estimate_memory_gib, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
-from rlsmoke.errors import RlsmokeError, RunError
+from rlsmoke.errors import Interrupted, RlsmokeError, RunError
 from rlsmoke.metrics import Record, Verdict, gates_for
 from rlsmoke.models import model_spec
 from rlsmoke.repeats import SeedVerdicts
@@ -132,12 +132,23 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             per_repeat.append(run_lines)
     except torch.OutOfMemoryError:
         need = estimate_memory_gib(spec, cfg.rollout_dtype, cfg.train_dtype)
-        raise RlsmokeError(
+        oom = RlsmokeError(
             f"case={cfg.case} ran out of device memory on {cfg.device_class}; it needs about {need:.0f} GiB "
             "for weights, grads, AdamW state and the rollout copy, before activations",
             rule="engine.oom",
             fix="add --gradient-checkpointing, --rollout-dtype bfloat16, or use --tiny",
-        ) from None
+        )
+        log(f"error: {oom.one_line()}")
+        raise oom from None
+    except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
+        log(f"error: {exc.one_line()}")
+        raise
+    except RunError as exc:
+        log(f"error: [{exc.rule}] {exc}")
+        raise
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the workers were closed above
+        log(f"interrupted by {exc if isinstance(exc, Interrupted) else 'SIGINT'}; workers stopped")
+        raise
     finally:
         log.close()
     with (out / "metrics.jsonl").open("w") as f:

@@ -24,6 +24,7 @@ from rlsmoke.engine.model import TORCH_DTYPES, load_policy
 from rlsmoke.engine.rollout import Group, RolloutEngine
 from rlsmoke.engine.train import Trainer
 from rlsmoke.errors import RlsmokeError, RunError
+from rlsmoke.launch.lease import cpu_share
 from rlsmoke.models import model_spec
 
 
@@ -121,7 +122,8 @@ class Rank:
         return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
 
     def where(self) -> dict:
-        info = {"pid": os.getpid(), "rank": self.rank, "world": self.world, "device": self.device}
+        info = {"pid": os.getpid(), "rank": self.rank, "world": self.world, "device": self.device,
+                "threads": torch.get_num_threads()}
         if self.device.startswith("cuda"):
             info["gpu"] = torch.cuda.get_device_name(self.rank)
         return info
@@ -129,7 +131,7 @@ class Rank:
 
 def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(cpu_share(world))  # this run's budget (a pytest worker's share), split by rank
     backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
     try:
         dist.init_process_group(backend, rank=rank, world_size=world)
@@ -177,7 +179,7 @@ class Sharded:
             self.procs.append(proc)
         try:
             self.where = {"ranks": self._gather()}
-        except Exception:
+        except BaseException:  # an interrupt too: the ranks are ours to stop
             self.close()
             raise
 

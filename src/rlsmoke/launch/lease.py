@@ -158,3 +158,41 @@ def lease_ports(*, start: int = 0, folder: Path | None = None, base: int | None 
             return PortLease(block, lock)
         lock.release()
     raise RuntimeError(f"no free port block of {PORT_BLOCK} from {base} (lock dir {folder}). Set RLSMOKE_PORT_BASE.")
+
+
+# --- CPU cores: each pytest worker, and each engine process under it, gets its share -----------------
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity mask, which a container or taskset narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def thread_budget() -> int:
+    """This process's threads: OMP_NUM_THREADS when set (a worker's share, or the user's), else its cores."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return cpu_cores()
+
+
+def cpu_share(parts: int, total: int | None = None) -> int:
+    """Threads for one of `parts` processes sharing `total` (default this process's budget): at least 1."""
+    return max(1, (total if total is not None else thread_budget()) // max(1, parts))
+
+
+def share_cores(workers: int) -> int:
+    """Hold this pytest worker to 1/`workers` of the cores: the thread variables, which the engine
+    processes it launches inherit, and torch's pool if torch is already loaded. A variable the user
+    set is kept. Returns the threads this worker uses.
+    """
+    import sys
+
+    n = thread_budget() if os.environ.get("OMP_NUM_THREADS") else cpu_share(workers, cpu_cores())
+    for var in THREAD_VARS:  # all alike: torch's pool follows MKL's variable where MKL is its BLAS
+        os.environ.setdefault(var, str(n))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
+    return n

@@ -53,7 +53,9 @@ class Recipe:
     entropy_coef: float = 0.0
     sglang_mem_fraction: float = 0.70
     update_weights_interval: int = 2  # async only
-    master_addr: str = "127.0.0.1"  # launcher-only: goes to env, not argv
+    # launcher-only: goes to env, not argv. None: loopback on one node; across nodes the head's address
+    # must be given (`head_addr` renders HEAD_PLACEHOLDER until it is).
+    master_addr: str | None = None
     prompt_file: str = "dapo-math-17k/dapo-math-17k.jsonl"
 
     @property
@@ -63,6 +65,20 @@ class Recipe:
 
 LAUNCHER_ONLY = frozenset({"master_addr"})
 SEED_RECIPE = Recipe()
+LOOPBACK = "127.0.0.1"
+HEAD_PLACEHOLDER = "<HEAD_ADDR>"
+RAY_GCS_PORT = 6379  # `ray start --head`'s default, which the joining nodes dial
+
+
+def head_addr(topo: Topology, recipe: Recipe) -> str:
+    """MASTER_ADDR and Ray's head: the recipe's, else loopback on one node, else the placeholder."""
+    if recipe.master_addr:
+        return recipe.master_addr
+    return LOOPBACK if topo.num_nodes == 1 else HEAD_PLACEHOLDER
+
+
+def is_loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr in ("localhost", "::1")
 
 
 def _num(x: float) -> str:
@@ -76,8 +92,9 @@ class Launch:
     groups: dict[str, list[str]]
     env: dict[str, str]
     ray_num_gpus: int
-    master_addr: str = "127.0.0.1"
+    master_addr: str = LOOPBACK
     extra: dict = field(default_factory=dict)
+    num_nodes: int = 1
 
     @property
     def argv(self) -> list[str]:
@@ -86,6 +103,16 @@ class Launch:
     def ray_start(self) -> list[str]:
         return ["ray", "start", "--head", "--node-ip-address", self.master_addr, "--num-gpus", str(self.ray_num_gpus),
                 "--disable-usage-stats"]  # fmt: skip
+
+    def ray_join(self) -> list[str]:
+        """`ray start` on a node other than the head: join its cluster and stay up."""
+        return ["ray", "start", "--address", f"{self.master_addr}:{RAY_GCS_PORT}", "--num-gpus",
+                str(self.ray_num_gpus), "--disable-usage-stats", "--block"]  # fmt: skip
+
+    def nodes(self) -> list[dict]:
+        """Each node's command, by rank: the head starts the cluster (and then runs argv), the others join."""
+        return [{"rank": i, "role": "head" if i == 0 else "worker", "command": self.ray_start() if i == 0
+                 else self.ray_join()} for i in range(self.num_nodes)]  # fmt: skip
 
     def job_submit(self, runtime_env_json: str) -> list[str]:
         return ["ray", "job", "submit", "--address", f"http://{self.master_addr}:8265",
@@ -228,7 +255,8 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
         groups=_dedupe(groups),
         env=render_env(topo, paths, recipe),
         ray_num_gpus=topo.ray_num_gpus,
-        master_addr=recipe.master_addr,
+        master_addr=head_addr(topo, recipe),
+        num_nodes=topo.num_nodes,
     )
 
 
@@ -246,8 +274,8 @@ def render_env(topo: Topology, paths: Paths, recipe: Recipe) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
-        "no_proxy": f"127.0.0.1,{recipe.master_addr}",
-        "MASTER_ADDR": recipe.master_addr,
+        "no_proxy": f"{LOOPBACK},{head_addr(topo, recipe)}",
+        "MASTER_ADDR": head_addr(topo, recipe),
         "PYTHONPATH": paths.megatron_root,
     }
     for row in SUBSTITUTIONS:
