@@ -20,6 +20,7 @@ from pathlib import Path
 from rlsmoke import metrics
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.metrics import Record
+from rlsmoke.runkey import RunKey
 
 DIFF_FACTOR = 2.0  # upper bounds: twice the worst seed
 REWARD_LOW, REWARD_HIGH = 0.5, 1.5  # reward range: half the lowest, 1.5x the highest (at most 1)
@@ -67,30 +68,20 @@ def seeds_of(run: Path) -> list[Record]:
     return [Record.from_lines(by_seed[k]) for k in sorted(by_seed)]
 
 
-def key_of(summary: dict) -> dict:
-    dtype = summary.get("dtype", "*")
-    if isinstance(dtype, dict):
-        dtype = f"{dtype['rollout']}/{dtype['train']}"
-    return {
-        "case": summary["case"], "platform": summary["platform"], "device": summary["device"],
-        "launcher": summary.get("launcher", "builtin"), "width": summary.get("width", "*"), "dtype": dtype,
-    }  # fmt: skip
-
-
-def template_for(key: dict, target: list[dict]) -> list[dict]:
+def template_for(key: RunKey, target: list[dict]) -> list[dict]:
     """The gates a key gets: its entry in the target file, else the entry its runs were judged by, else
     an entry of the same case and launcher (a new device: MLA and GQA models have different gates)."""
     for entry in target:
-        if entry["key"] == key:
+        if entry["key"] == key.to_json():
             return entry["gates"]
-    found = metrics.matching_entry(key)
+    found = metrics.matching_entry(key.to_json())
     if found is not None:
         return found[1]["gates"]
     known = target + [e for d in metrics.thresholds_dirs() for _, e in metrics.read_entries(d)]
     for entry in known:
-        if entry["key"].get("case") == key["case"] and entry["key"].get("launcher", "*") in ("*", key["launcher"]):
+        if entry["key"].get("case") == key.case and entry["key"].get("launcher", "*") in ("*", key.launcher):
             return entry["gates"]
-    raise RlsmokeError(f"no thresholds entry matches {metrics.key_text(key)} to take its gates from",
+    raise RlsmokeError(f"no thresholds entry matches {key.text()} to take its gates from",
                        rule="calibrate.template",
                        fix="add an entry with the gates this key should have (see fixtures/thresholds/)")  # fmt: skip
 
@@ -98,7 +89,7 @@ def template_for(key: dict, target: list[dict]) -> list[dict]:
 def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]]:
     """One entry from all the runs of one key (e.g. two `--repeat 5` runs with different --seed)."""
     summary = summary_of(runs[0])
-    key = key_of(summary)
+    key = RunKey.from_summary(summary)
     records = [rec for run in runs for rec in seeds_of(run)]
     rows, gates, not_logged = [], [], []
     for tmpl in template:
@@ -109,7 +100,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
             not_logged.append(gate["name"])  # no gate rather than a guessed one; the entry says so
             continue
         lo, med, hi = min(values), statistics.median(values), max(values)
-        rows.append((gate["name"], summary_key(gate), lo, med, hi))
+        rows.append((gate["name"], metrics.summary_key(gate["metric"], gate.get("reduce", "max")), lo, med, hi))
         if gate["name"] in DEFINITIONAL:
             pass
         elif gate["op"] in ("<=", "<"):
@@ -129,7 +120,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
                            rule="calibrate.metrics", fix="pass the run folders of finished runs")  # fmt: skip
     versions = summary.get("versions") or {}
     entry = {
-        "key": key,
+        "key": key.to_json(),
         "provenance": {
             "status": "calibrated" if len(records) >= MIN_CALIBRATED_RUNS else f"provisional ({len(records)} runs)",
             "runs": len(records),
@@ -145,11 +136,6 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
     if not_logged:
         entry["provenance"]["not_gated"] = f"{', '.join(not_logged)}: the runs did not log their metrics"
     return entry, rows
-
-
-def summary_key(gate: dict) -> str:
-    reduce = gate.get("reduce", "max")
-    return gate["metric"] if reduce == "max" else f"{gate['metric']}@{reduce}"
 
 
 def _command(summary: dict, runs: int) -> str:
@@ -205,14 +191,14 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
 
 def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = None) -> list[dict]:
     """Calibrate every key among `runs`; print the tables; write the entries when asked."""
-    by_key: dict[str, list[Path]] = {}
+    by_key: dict[RunKey, list[Path]] = {}
     for folder in runs:
-        by_key.setdefault(json.dumps(key_of(summary_of(folder))), []).append(Path(folder))
+        by_key.setdefault(RunKey.from_summary(summary_of(folder)), []).append(Path(folder))
     doc = read_target(write) if write else None  # checked before any work
     target = doc["entries"] if doc else []
     entries, tables = [], []
-    for key_text, folders in by_key.items():
-        entry, rows = calibrate(folders, template_for(json.loads(key_text), target))
+    for key, folders in by_key.items():
+        entry, rows = calibrate(folders, template_for(key, target))
         entries.append(entry)
         tables.append(markdown(entry, rows))
         print(tables[-1])

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.runkey import FIELDS as KEY_FIELDS
+from rlsmoke.runkey import RunKey
 from rlsmoke.shipped import FIXTURES
 
 THRESHOLDS_DIR = FIXTURES / "thresholds"
@@ -25,7 +27,6 @@ SCHEMA_VERSION = 1
 KINDS = ("rollout", "step")
 OPS = ("<", "<=", ">", ">=", "abs<", "finite>")
 REDUCES = ("max", "min", "first", "last", "absmax")
-KEY_FIELDS = ("case", "platform", "device", "launcher", "dtype", "width")
 
 # --- records ----------------------------------------------------------------------------------
 
@@ -163,6 +164,11 @@ def load_record(path: str | Path) -> Record:
 # --- gates ------------------------------------------------------------------------------------
 
 
+def summary_key(metric: str, reduce: str = "max") -> str:
+    """The flat key of a gated value: the metric, suffixed when not the default max."""
+    return metric if reduce == "max" else f"{metric}@{reduce}"
+
+
 @dataclass(frozen=True)
 class Gate:
     name: str
@@ -179,8 +185,7 @@ class Gate:
 
     @property
     def summary_key(self) -> str:
-        """The flat key of the gated value: the metric, suffixed when not the default max."""
-        return self.metric if self.reduce == "max" else f"{self.metric}@{self.reduce}"
+        return summary_key(self.metric, self.reduce)
 
     def evaluate(self, value: float | None) -> GateResult:
         if value is None:
@@ -223,7 +228,7 @@ def _jsonable(x):
 class Verdict:
     results: tuple[GateResult, ...]
     artifacts: str = ""
-    key: Mapping[str, str] = field(default_factory=dict)
+    key: RunKey | None = None
 
     @property
     def passed(self) -> bool:
@@ -250,9 +255,9 @@ class Verdict:
         """Every failure with value, bound, margin and provenance, then where the artifacts are."""
         if self.passed:
             return (
-                f"all {len(self.results)} gates passed ({key_text(self.key)}); artifacts: {self.artifacts}"
+                f"all {len(self.results)} gates passed ({_key_text(self.key)}); artifacts: {self.artifacts}"
             )
-        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({key_text(self.key)}):"]
+        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({_key_text(self.key)}):"]
         for r in self.failures:
             lines.append(f"  - {r.line()}{' (' + r.note + ')' if r.note else ''}")
             lines.append(f"    provenance: {r.gate.provenance}")
@@ -262,14 +267,14 @@ class Verdict:
         return "\n".join(lines)
 
 
-def key_text(key: Mapping[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in key.items())
+def _key_text(key: RunKey | None) -> str:
+    return key.text() if key else "no key"
 
 
 @dataclass(frozen=True)
 class Gates:
     gates: tuple[Gate, ...]
-    key: Mapping[str, str] = field(default_factory=dict)
+    key: RunKey | None = None
     source: str = ""
 
     def check(self, record: Record) -> Verdict:
@@ -327,34 +332,6 @@ def _gate(spec: dict, entry_provenance: dict) -> Gate:
     )
 
 
-def _default_key(case, platform, device, launcher, dtype, width) -> dict[str, str]:
-    name = getattr(case, "name", None) or (case.meta.get("case") if isinstance(case, Record) else case)
-    if isinstance(case, Record):
-        m = case.meta
-        platform = platform or m.get("platform")
-        device = device or m.get("device")
-        launcher = launcher or m.get("launcher")
-        dtype = dtype or m.get("dtype")
-        width = width or m.get("width")
-    elif hasattr(case, "platform"):
-        platform = platform or case.platform
-        width = width or ("tiny" if getattr(case, "tiny", False) else "full")
-    platform = platform or "cpu"
-    if isinstance(dtype, Mapping):
-        dtype = f"{dtype.get('rollout')}/{dtype.get('train')}"
-    if device is None:
-        if platform == "cpu":
-            device = "CPU"
-        else:
-            from rlsmoke.platforms import detect
-
-            device = detect().device
-    key = {"case": str(name), "platform": platform, "device": device, "launcher": launcher or "builtin",
-           "dtype": dtype or ("float32/float32" if platform == "cpu" else "bfloat16/float32"),
-           "width": width or ("tiny" if platform == "cpu" else "full")}  # fmt: skip
-    return key
-
-
 def thresholds_dirs() -> list[Path]:
     """Where entries are read: `RLSMOKE_THRESHOLDS_DIR` (a cluster's own calibrations, os.pathsep-separated)
     before the shipped `fixtures/thresholds/`, so at equal specificity the cluster's entry wins."""
@@ -380,19 +357,14 @@ def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -
     return best
 
 
-def gates_for(case, *, platform: str | None = None, device: str | None = None, launcher: str | None = None,
-              dtype: str | Mapping | None = None, width: str | None = None,
-              thresholds_dir: Path | None = None) -> Gates:  # fmt: skip
-    """The gates of a case: a name, a `Case`, or a `Record` (its summary names the key).
-
-    The most specific matching entry wins: exact fields beat "*". No match is an error that names
-    the key and how to calibrate one.
+def gates_for(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
+    """The gates of a run key. The most specific matching entry wins: exact fields beat "*". No match
+    is an error that names the key and how to calibrate one.
     """
-    key = _default_key(case, platform, device, launcher, dtype, width)
-    best = matching_entry(key, thresholds_dir)
+    best = matching_entry(key.to_json(), thresholds_dir)
     if best is None:
         raise RlsmokeError(
-            f"no thresholds for {key_text(key)}",
+            f"no thresholds for {key.text()}",
             rule="thresholds.missing",
             fix="calibrate with `rlsmoke run CASE --repeat 10` then `rlsmoke calibrate DIR --write FILE`, and "
                 "point RLSMOKE_THRESHOLDS_DIR at FILE's folder",

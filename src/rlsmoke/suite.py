@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import Host
+from rlsmoke.runkey import RunKey
 
 GPU_PLATFORMS = ("nvidia", "rocm")
 VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
@@ -241,9 +242,7 @@ def _verified_checkpoint(case, art: Artifacts) -> Path | None:
 
 def _write_meta(art: Artifacts, case, launcher: str) -> None:
     """A summary.json naming the run, so the thresholds key of a Miles log is known."""
-    dtype = "float32/float32" if case.platform == "cpu" else "bfloat16/float32"
-    meta = {"case": case.name, "platform": case.platform, "device": art.host.device, "launcher": launcher,
-            "dtype": dtype, "width": "tiny" if case.tiny else "full", "num_gpus": case.num_gpus}  # fmt: skip
+    meta = RunKey.of_case(case, device=art.host.device, launcher=launcher).to_json() | {"num_gpus": case.num_gpus}
     (art.path / "summary.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -274,18 +273,21 @@ class CaseGates:
     case: object
     artifacts: Artifacts | None = None
 
-    def verdict(self, record):
+    def verdict(self, record, artifacts: Artifacts | None = None):
         """The thresholds' verdict on `record`, without raising."""
         from rlsmoke import metrics
 
-        return metrics.gates_for(record, platform=record.meta.get("platform") or self.case.platform).check(record)
+        art = artifacts or self.artifacts or _artifacts_of(record)
+        key = RunKey.from_summary(record.meta, case=self.case.name, platform=self.case.platform,
+                                  device=art.host.device if art is not None else None)  # fmt: skip
+        return metrics.gates_for(key).check(record)
 
     def check(self, record, artifacts: Artifacts | None = None):
         """Apply the thresholds and the history band; raise `GateFailure` listing every failure."""
         from rlsmoke import history, report
 
         art = artifacts or self.artifacts or _artifacts_of(record)
-        verdict = self.verdict(record)
+        verdict = self.verdict(record, art)
         bands = []
         if art is not None and art.history is not None and not art.update_golden:
             bands = history.record_and_check(art.history, record, verdict, commit=art.commit, trusted=art.trusted)

@@ -68,6 +68,7 @@ def config_from_args(args):
     from rlsmoke.cli import case_from_args
     from rlsmoke.engine.config import RunConfig, dtype_name, parse_inject
     from rlsmoke.platforms import detect, get_platform
+    from rlsmoke.runkey import default_dtype
 
     platform = get_platform(args.platform)
     tiny = args.tiny if args.tiny is not None else platform.name == "cpu"
@@ -90,7 +91,7 @@ def config_from_args(args):
                 fix="ask for at most the visible GPUs, or run --platform cpu",
             )
         device_class = host.device
-    rollout_default = "float32" if platform.name == "cpu" else "bfloat16"
+    rollout_default = default_dtype(platform.name).split("/")[0]
     cfg = RunConfig(
         case=case.name, tiny=tiny, platform=platform.name, device=platform.torch_device, device_class=device_class,
         num_gpus=topo.num_gpus, mode=topo.mode, seed=args.seed,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.launch.miles import SEED_RECIPE
+from rlsmoke.runkey import RunKey
 from rlsmoke.shipped import FIXTURES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -115,6 +116,11 @@ class RunConfig:
     @property
     def dtype_key(self) -> str:
         return f"{self.rollout_dtype}/{self.train_dtype}"
+
+    @property
+    def run_key(self) -> RunKey:
+        return RunKey(self.case, self.platform, self.device_class, self.launcher, self.dtype_key,
+                      "tiny" if self.tiny else "full")  # fmt: skip
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)

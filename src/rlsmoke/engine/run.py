@@ -140,11 +140,11 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         for line in lines:
             f.write(json.dumps(line) + "\n")
 
-    meta = {"case": cfg.case, "platform": cfg.platform, "device": cfg.device_class, "launcher": cfg.launcher,
-            "dtype": cfg.dtype_key, "width": "tiny" if cfg.tiny else "full"}  # fmt: skip
+    key = cfg.run_key
+    meta = key.to_json()
     record = Record.from_lines(lines, source=str(out / "metrics.jsonl"), artifacts=str(out), meta=meta)
     try:
-        gates = gates_for(cfg.case, **{k: v for k, v in meta.items() if k != "case"})
+        gates = gates_for(key)
     except RlsmokeError as exc:
         # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
         values = {k: record.value(k) for k in record.keys()}
