@@ -19,7 +19,6 @@ from pathlib import Path
 
 from rlsmoke import metrics
 from rlsmoke.errors import ExitCode, RlsmokeError
-from rlsmoke.metrics import Record
 from rlsmoke.runkey import RunKey
 
 DIFF_FACTOR = 2.0  # upper bounds: twice the worst seed
@@ -55,19 +54,6 @@ def summary_of(run: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def seeds_of(run: Path) -> list[Record]:
-    """One record per seed: a `--repeat` run's lines carry a `repeat` key; a Miles run is one seed."""
-    jsonl = Path(run) / "metrics.jsonl"
-    if not jsonl.is_file():
-        return [metrics.load_record(run)]
-    by_seed: dict[int, list[dict]] = {}
-    for line in jsonl.read_text().splitlines():
-        if line.strip():
-            line = json.loads(line)
-            by_seed.setdefault(line.get("repeat", 0), []).append(line)
-    return [Record.from_lines(by_seed[k]) for k in sorted(by_seed)]
-
-
 def template_for(key: RunKey, target: list[dict]) -> list[dict]:
     """The gates a key gets: its entry in the target file, else the entry its runs were judged by, else
     an entry of the same case and launcher (a new device: MLA and GQA models have different gates)."""
@@ -90,7 +76,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
     """One entry from all the runs of one key (e.g. two `--repeat 5` runs with different --seed)."""
     summary = summary_of(runs[0])
     key = RunKey.from_summary(summary)
-    records = [rec for run in runs for rec in seeds_of(run)]
+    records = [rec for run in runs for rec in metrics.seed_records(run)]
     rows, gates, not_logged = [], [], []
     for tmpl in template:
         gate = {k: v for k, v in tmpl.items() if k not in ("max_observed", "provenance")}

@@ -161,6 +161,32 @@ def load_record(path: str | Path) -> Record:
     )
 
 
+def seed_records(run: str | Path) -> list[Record]:
+    """One record per seed: a `--repeat` run's lines carry a `repeat` key; a Miles run is one seed."""
+    jsonl = Path(run) / "metrics.jsonl"
+    if not jsonl.is_file():
+        return [load_record(run)]
+    by_seed: dict[int, list[dict]] = {}
+    for line in jsonl.read_text().splitlines():
+        if line.strip():
+            line = json.loads(line)
+            by_seed.setdefault(line.get("repeat", 0), []).append(line)
+    return [Record.from_lines(by_seed[k]) for k in sorted(by_seed)]
+
+
+def update_summary(folder: str | Path, fields: Mapping[str, object]) -> None:
+    """Merge `fields` into the run's summary.json, atomically (a reader never sees half a file)."""
+    path = Path(folder) / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(summary | dict(fields), indent=2, default=_json_default) + "\n")
+    tmp.replace(path)
+
+
+def _json_default(x):
+    return str(x)
+
+
 # --- gates ------------------------------------------------------------------------------------
 
 
@@ -229,6 +255,7 @@ class Verdict:
     results: tuple[GateResult, ...]
     artifacts: str = ""
     key: RunKey | None = None
+    source: str = ""  # the thresholds file the gates came from
 
     @property
     def passed(self) -> bool:
@@ -240,6 +267,11 @@ class Verdict:
 
     def values(self) -> dict[str, float | None]:
         return {r.gate.summary_key: _jsonable(r.value) for r in self.results}
+
+    def summary_fields(self) -> dict[str, object]:
+        """What a gated run's summary.json says about its gates (`update_summary`)."""
+        return {"metrics": self.values(), "gates": [r.to_json() for r in self.results], "thresholds": self.source,
+                "verdict": "PASS" if self.passed else "FAIL"}  # fmt: skip
 
     def table(self) -> str:
         rows = [("gate", "metric", "value", "bound", "margin", "")]
@@ -279,7 +311,7 @@ class Gates:
 
     def check(self, record: Record) -> Verdict:
         results = tuple(g.evaluate(record.value(g.metric, g.reduce)) for g in self.gates)
-        return Verdict(results, record.artifacts, self.key)
+        return Verdict(results, record.artifacts, self.key, self.source)
 
     def __iter__(self):
         return iter(self.gates)

@@ -193,7 +193,7 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
         if result.returncode == 2:
             raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
                                fix=f"see {result.log}")  # fmt: skip
-        broke = result.returncode not in (0, 1)  # 1: a gate failed, which `check` reports in full
+        broke = result.returncode != 0  # the run only records: `check` gates it
     if broke:
         what = f"timed out after {timeout:.0f} s" if result.timed_out else f"exited with {result.returncode}"
         raise RunError(f"{case.name} on {case.platform} ({launcher}) {what}; artifacts: {art.path}\n"
@@ -210,7 +210,7 @@ def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=No
     """`rlsmoke run` for a case: its flags are the case's fields, one flag per field that is set."""
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", case.name, "--platform", case.platform,
             "--num-gpus", str(case.num_gpus), "--tiny" if case.tiny else "--no-tiny", "--seed", str(seed),
-            "--out", str(out), "--launcher-label", "builtin"]  # fmt: skip
+            "--out", str(out), "--launcher-label", "builtin", "--records-only"]  # fmt: skip
     if case.mode:
         argv += ["--mode", case.mode]
     for key, value in case.overrides:
@@ -292,6 +292,9 @@ class CaseGates:
         if art is not None and art.history is not None and not art.update_golden:
             bands = history.record_and_check(art.history, record, verdict, commit=art.commit, trusted=art.trusted)
         if art is not None:
+            from rlsmoke import metrics
+
+            metrics.update_summary(art.path, verdict.summary_fields())
             for r in verdict.results:
                 art.record_property(f"gate:{r.gate.name}", "PASS" if r.passed else f"FAIL {r.line()}")
             for b in bands:

@@ -1,4 +1,5 @@
-"""`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates.
+"""`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates (evaluated here, once;
+with --records-only the caller gates).
 
 Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing checkpoint and OOM),
 3 the run broke (NaN, a crashed worker).
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 from rlsmoke.errors import ExitCode, RlsmokeError, RunError
+from rlsmoke.metrics import Verdict, gates_for, load_record, seed_records, update_summary
+from rlsmoke.runkey import RunKey
 
 
 def register(subparsers) -> None:
@@ -59,6 +62,8 @@ def register(subparsers) -> None:
     )
     g.add_argument("--prompt-data", type=Path, default=None)
     g.add_argument("--launcher-label", default="builtin", help="the launcher field of the thresholds key")
+    g.add_argument("--records-only", action="store_true",
+                   help="write the metrics and summary, gate nothing: the caller gates (the suite does)")  # fmt: skip
     g.add_argument("--out", type=Path, default=None, help="artifacts folder (default: ./rlsmoke-runs/CASE)")
     p.set_defaults(func=handler)
 
@@ -109,6 +114,25 @@ def config_from_args(args):
     return cfg.validate()
 
 
+def gate_run(out: Path) -> Verdict:
+    """The thresholds' verdict on a finished run folder, written into its summary.json."""
+    record = load_record(out)
+    try:
+        gates = gates_for(RunKey.from_summary(record.meta))
+    except RlsmokeError as exc:
+        # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
+        update_summary(out, {"metrics": {k: record.value(k) for k in record.keys()}, "gates": [], "verdict": "FAIL",
+                             "error": exc.one_line()})  # fmt: skip
+        raise
+    verdict = gates.check(record)
+    fields = verdict.summary_fields()
+    seeds = seed_records(out)
+    if len(seeds) > 1:  # each seed's gated values
+        fields["per_repeat"] = [{g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in seeds]
+    update_summary(out, fields)
+    return verdict
+
+
 def handler(args) -> int:
     cfg = config_from_args(args)
     out = args.out or Path("rlsmoke-runs") / cfg.case
@@ -119,9 +143,12 @@ def handler(args) -> int:
     except RunError as exc:
         print(f"error: [{exc.rule}] {exc}. Artifacts: {out}", file=sys.stderr)
         return ExitCode.RUN_FAILED
-    verdict = summary["_verdict"]
     print(f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} dtype={cfg.dtype_key} "
           f"seed={cfg.seed} inject={cfg.inject} ({summary['seconds']:.1f} s)")  # fmt: skip
+    if args.records_only:
+        print(f"records (not gated): {out}")
+        return ExitCode.OK
+    verdict = gate_run(out)
     print(verdict.table())
     if not verdict.passed:
         print(verdict.report(), file=sys.stderr)

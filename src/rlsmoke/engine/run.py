@@ -1,4 +1,4 @@
-"""One engine run, top to bottom: prepare, place, roll out, score, train, sync, roll out again, gate.
+"""One engine run, top to bottom: prepare, place, roll out, score, train, sync, roll out again, record.
 
 With --num-rollout 2 (the default) rollout 0 is trained on once, the weights are synced and checked,
 and rollout 1 is scored against the trainer without another update: drift that appears only after
@@ -24,7 +24,6 @@ from rlsmoke.engine.model import checkpoint_dir, estimate_memory_gib, load_token
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
 from rlsmoke.errors import RlsmokeError, RunError
-from rlsmoke.metrics import Record, Verdict, gates_for
 from rlsmoke.models import model_spec
 
 
@@ -90,7 +89,8 @@ def _mean(values) -> float:
 
 
 def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
-    """Run `repeat` seeds from the same initial weights, write the artifacts, return summary.json's dict."""
+    """Run `repeat` seeds from the same initial weights, write the records (metrics.jsonl, run.log,
+    summary.json), return summary.json's dict. Nothing is gated here."""
     cfg.validate()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,7 +105,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         tokenizer = load_tokenizer(ckpt)
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        lines, per_repeat, where = [], [], {}
+        lines, where = [], {}
         for r in range(repeat):
             seed = cfg.seed + r
             torch.manual_seed(seed)
@@ -125,7 +125,6 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                 for line in run_lines:
                     line["repeat"] = r
             lines += run_lines
-            per_repeat.append(run_lines)
     except torch.OutOfMemoryError:
         need = estimate_memory_gib(spec, cfg.rollout_dtype, cfg.train_dtype)
         raise RlsmokeError(
@@ -140,35 +139,9 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         for line in lines:
             f.write(json.dumps(line) + "\n")
 
-    key = cfg.run_key
-    meta = key.to_json()
-    record = Record.from_lines(lines, source=str(out / "metrics.jsonl"), artifacts=str(out), meta=meta)
-    try:
-        gates = gates_for(key)
-    except RlsmokeError as exc:
-        # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
-        values = {k: record.value(k) for k in record.keys()}
-        (out / "summary.json").write_text(
-            json.dumps(
-                meta
-                | {
-                    "metrics": values,
-                    "gates": [],
-                    "verdict": "FAIL",
-                    "error": exc.one_line(),
-                    "artifacts": str(out),
-                    "rollout_temperature": cfg.rollout_temperature,
-                    "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                 "python": pyplatform.python_version()},  # fmt: skip
-                },
-                indent=2,
-            )
-        )
-        raise
-    verdict = gates.check(record)
+    # Records only: whoever consumes the run (`rlsmoke run`, the suite) gates it, once.
     summary = {
-        **{k: meta[k] for k in ("case", "platform", "device", "launcher")},
-        "width": meta["width"],
+        **cfg.run_key.to_json(),
         "mode": cfg.mode,
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
@@ -181,31 +154,17 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             "python": pyplatform.python_version(),
         },  # fmt: skip
         "placement": where,
-        "metrics": verdict.values(),
-        "gates": [r.to_json() for r in verdict.results],
-        "thresholds": gates.source,
-        "verdict": "PASS" if verdict.passed else "FAIL",
         "artifacts": str(out),
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    if repeat > 1:
-        # what calibration reads: each seed's gated values
-        records = [Record.from_lines(rl) for rl in per_repeat]
-        summary["per_repeat"] = [
-            {g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records
-        ]
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
-    return summary | {"_verdict": verdict}
+    return summary
 
 
 def _json_default(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return str(x)
-
-
-def verdict_of(summary: dict) -> Verdict:
-    return summary["_verdict"]
 
 
 __all__ = ["execute", "one_run", "RunError"]
