@@ -389,7 +389,7 @@ def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -
     return best
 
 
-def gates_for(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
+def lookup_gates(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
     """The gates of a run key. The most specific matching entry wins: exact fields beat "*". No match
     is an error that names the key and how to calibrate one.
     """

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from rlsmoke.errors import ExitCode, RlsmokeError, RunError
-from rlsmoke.metrics import Verdict, gates_for, load_record, seed_records, update_summary
+from rlsmoke.metrics import Verdict, load_record, lookup_gates, seed_records, update_summary
 from rlsmoke.runkey import RunKey
 
 
@@ -71,7 +71,7 @@ def register(subparsers) -> None:
 def config_from_args(args):
     """Validate every flag into a RunConfig before anything heavy is imported."""
     from rlsmoke.cli import case_from_args
-    from rlsmoke.engine.config import RunConfig, dtype_name, parse_inject
+    from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, RunConfig, dtype_name, parse_inject
     from rlsmoke.platforms import detect, get_platform
     from rlsmoke.runkey import default_dtype
 
@@ -82,10 +82,10 @@ def config_from_args(args):
 
     topo = plan_topology(case.spec(), platform.name, case.num_gpus, case.mode, dict(case.overrides),
                          gpus_per_node=case.gpus_per_node, target=case.target)  # fmt: skip
-    if topo.mode == "async" and (topo.actor_gpus, topo.rollout_gpus) != (1, 1):
+    if topo.mode == "async" and (topo.actor_gpus, topo.rollout_gpus) != (1, BUILTIN_ASYNC_GPUS - 1):
         raise RlsmokeError(f"mode=async with {topo.actor_gpus} train + {topo.rollout_gpus} rollout GPUs: the built-in "
                            "engine places one trainer and one rollout engine", rule="engine.placement",
-                           fix="use --mode async --num-gpus 2")  # fmt: skip
+                           fix=f"use --mode async --num-gpus {BUILTIN_ASYNC_GPUS}")  # fmt: skip
     device_class = "CPU"
     if platform.name != "cpu":
         host = detect()
@@ -118,7 +118,7 @@ def gate_run(out: Path) -> Verdict:
     """The thresholds' verdict on a finished run folder, written into its summary.json."""
     record = load_record(out)
     try:
-        gates = gates_for(RunKey.from_summary(record.meta))
+        gates = lookup_gates(RunKey.from_summary(record.meta))
     except RlsmokeError as exc:
         # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
         update_summary(out, {"metrics": {k: record.value(k) for k in record.keys()}, "gates": [], "verdict": "FAIL",

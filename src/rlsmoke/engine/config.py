@@ -11,6 +11,9 @@ from rlsmoke.launch.miles import SEED_RECIPE
 from rlsmoke.runkey import RunKey
 from rlsmoke.shipped import FIXTURES
 
+# The built-in engine trains colocated over any number of devices (FSDP2, `engine.sharded`), but its
+# async placement is one trainer plus one rollout engine.
+BUILTIN_ASYNC_GPUS = 2
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 REWARDS = ("target", "math")
