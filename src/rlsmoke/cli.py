@@ -12,6 +12,7 @@ import json
 import shlex
 import sys
 
+from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
@@ -32,34 +33,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(ExitCode.USAGE)
 
 
-def add_case_args(p: argparse.ArgumentParser, *, default_platform: str | None = None) -> None:
-    """The case flags shared by `plan` and `run`."""
-    p.add_argument("case", help="case name (see `rlsmoke cases`)")
-    p.add_argument("--platform", default=default_platform, required=default_platform is None,
-                   help="nvidia | rocm | cpu")  # fmt: skip
-    p.add_argument("--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it")
-    p.add_argument("--mode", default=None, help="colocate | async (default: colocate on NVIDIA, async on ROCm)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
-    p.add_argument("--gpus-per-node", type=int, default=None, help="default: 8, or NUM_GPUS when smaller")
-    p.add_argument("--target", default=None, help="Miles/SGLang versions to render flags for (default miles-0.0.2)")
-
-
-def case_from_args(args, *, tiny: bool = False):
-    from rlsmoke.cases import Case
-    from rlsmoke.models import model_spec
-    from rlsmoke.topology import DEFAULT_TARGET, parse_num_gpus
-
-    model_spec(args.case)  # unknown case: a named error before anything else
-    num_gpus = parse_num_gpus(args.num_gpus if args.num_gpus is not None else 1)
-    case = Case(args.case, platform=args.platform, num_gpus=num_gpus, mode=args.mode,
-                gpus_per_node=args.gpus_per_node, target=args.target or DEFAULT_TARGET, tiny=tiny)  # fmt: skip
-    return case.with_overrides(args.sets)
-
-
 def cmd_cases(args) -> int:
-    from rlsmoke.cases import CASE_NAMES
-
     for name in CASE_NAMES:
         print(name)
     return ExitCode.OK

@@ -11,14 +11,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlsmoke.cases import add_case_args, case_from_args
+from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, RunConfig, dtype_name, parse_inject
 from rlsmoke.errors import ExitCode, RlsmokeError, RunError
 from rlsmoke.metrics import Verdict, load_record, lookup_gates, seed_records, update_summary
-from rlsmoke.runkey import RunKey
+from rlsmoke.platforms import detect, get_platform
+from rlsmoke.runkey import RunKey, default_dtype
+from rlsmoke.topology import plan_topology
 
 
 def register(subparsers) -> None:
-    from rlsmoke.cli import add_case_args
-
     p = subparsers.add_parser("run", help="run one GRPO step on the built-in engine and check its gates")
     add_case_args(p, default_platform="cpu")
     g = p.add_argument_group("engine")
@@ -70,16 +72,9 @@ def register(subparsers) -> None:
 
 def config_from_args(args):
     """Validate every flag into a RunConfig before anything heavy is imported."""
-    from rlsmoke.cli import case_from_args
-    from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, RunConfig, dtype_name, parse_inject
-    from rlsmoke.platforms import detect, get_platform
-    from rlsmoke.runkey import default_dtype
-
     platform = get_platform(args.platform)
     tiny = args.tiny if args.tiny is not None else platform.name == "cpu"
     case = case_from_args(args, tiny=tiny)
-    from rlsmoke.topology import plan_topology
-
     topo = plan_topology(case.spec(), platform.name, case.num_gpus, case.mode, dict(case.overrides),
                          gpus_per_node=case.gpus_per_node, target=case.target)  # fmt: skip
     if topo.mode == "async" and (topo.actor_gpus, topo.rollout_gpus) != (1, BUILTIN_ASYNC_GPUS - 1):

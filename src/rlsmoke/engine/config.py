@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.launch.miles import SEED_RECIPE
+from rlsmoke.recipe import SEED_RECIPE
 from rlsmoke.runkey import RunKey
 from rlsmoke.shipped import FIXTURES
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from rlsmoke.models import ModelSpec
 from rlsmoke.platforms import SUBSTITUTIONS, get_platform
+from rlsmoke.recipe import Recipe
 from rlsmoke.topology import Target, Topology
 
 GROUP_ORDER = ("model", "ckpt", "rollout", "perf", "grpo", "optimizer", "sglang", "ci", "misc")
@@ -33,36 +34,7 @@ class Paths:
         return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>")
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """Seed 004's one-step CI settings (not topology)."""
-
-    num_rollout: int = 3
-    rollout_batch_size: int = 8
-    n_samples_per_prompt: int = 8
-    rollout_max_response_len: int = 100
-    rollout_temperature: float = 1.0
-    max_tokens_per_gpu: int = 2048
-    # GRPO and AdamW, as every seed sets them; the built-in engine's defaults read these too.
-    lr: float = 1e-6
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.1
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    sglang_mem_fraction: float = 0.70
-    update_weights_interval: int = 2  # async only
-    master_addr: str = "127.0.0.1"  # launcher-only: goes to env, not argv
-    prompt_file: str = "dapo-math-17k/dapo-math-17k.jsonl"
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.rollout_batch_size * self.n_samples_per_prompt
-
-
 LAUNCHER_ONLY = frozenset({"master_addr"})
-SEED_RECIPE = Recipe()
 
 
 def _num(x: float) -> str:
