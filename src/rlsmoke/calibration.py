@@ -17,7 +17,7 @@ import statistics
 from datetime import date
 from pathlib import Path
 
-from rlsmoke import metrics
+from rlsmoke import metrics, thresholds
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.runkey import RunKey
 
@@ -60,10 +60,10 @@ def template_for(key: RunKey, target: list[dict]) -> list[dict]:
     for entry in target:
         if entry["key"] == key.to_json():
             return entry["gates"]
-    found = metrics.matching_entry(key.to_json())
+    found = thresholds.matching_entry(key.to_json())
     if found is not None:
         return found[1]["gates"]
-    known = target + [e for d in metrics.thresholds_dirs() for _, e in metrics.read_entries(d)]
+    known = target + [e for d in thresholds.thresholds_dirs() for _, e in thresholds.read_entries(d)]
     for entry in known:
         if entry["key"].get("case") == key.case and entry["key"].get("launcher", "*") in ("*", key.launcher):
             return entry["gates"]
@@ -86,7 +86,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
             not_logged.append(gate["name"])  # no gate rather than a guessed one; the entry says so
             continue
         lo, med, hi = min(values), statistics.median(values), max(values)
-        rows.append((gate["name"], metrics.summary_key(gate["metric"], gate.get("reduce", "max")), lo, med, hi))
+        rows.append((gate["name"], thresholds.summary_key(gate["metric"], gate.get("reduce", "max")), lo, med, hi))
         if gate["name"] in DEFINITIONAL:
             pass
         elif gate["op"] in ("<=", "<"):
@@ -154,8 +154,8 @@ def read_target(path: Path) -> dict | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RlsmokeError(f"thresholds={path} cannot be read as JSON ({type(exc).__name__})",
                            rule="thresholds.schema", fix="write to a new file, or repair this one") from None  # fmt: skip
-    if not isinstance(doc, dict) or doc.get("schema_version") != metrics.SCHEMA_VERSION or "entries" not in doc:
-        raise RlsmokeError(f"thresholds={path} is not a schema {metrics.SCHEMA_VERSION} thresholds file",
+    if not isinstance(doc, dict) or doc.get("schema_version") != thresholds.SCHEMA_VERSION or "entries" not in doc:
+        raise RlsmokeError(f"thresholds={path} is not a schema {thresholds.SCHEMA_VERSION} thresholds file",
                            rule="thresholds.schema", fix="write to a new file or fix its schema_version")  # fmt: skip
     return doc
 
@@ -164,7 +164,7 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
     """Replace the entries of the same keys in `doc`, read from `path` (None: a new file), atomically."""
     path = Path(path)
     if doc is None:
-        doc = {"schema_version": metrics.SCHEMA_VERSION,
+        doc = {"schema_version": thresholds.SCHEMA_VERSION,
                "header": {"what": "calibrated with `rlsmoke calibrate`", "margin_rule": MARGIN_RULE},
                "entries": []}  # fmt: skip
     keys = [e["key"] for e in new]

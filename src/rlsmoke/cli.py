@@ -14,6 +14,7 @@ import sys
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.launch.diff import diff_platforms
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
 EXTERNAL = {
@@ -56,8 +57,6 @@ def cmd_plan(args) -> int:
     case = case_from_args(args)
     plan = case.plan(validate=not args.no_validate)
     if args.diff:
-        from rlsmoke.launch.diff import diff_platforms
-
         print(diff_platforms(case, args.diff))
         return ExitCode.OK
     if args.format == "json":

@@ -2,7 +2,7 @@
 
 `gates_for(case).check(record)` is what a test module calls. The key comes from the run's summary
 (the device is the session host's when the summary does not say); the thresholds are read by
-`rlsmoke.metrics.lookup_gates`, the band by `rlsmoke.history`.
+`rlsmoke.thresholds.lookup_gates`, the band by `rlsmoke.history`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsmoke import history, metrics, report
+from rlsmoke import history, metrics, report, thresholds
 from rlsmoke.artifacts import Artifacts
 from rlsmoke.runkey import RunKey
 
@@ -34,7 +34,7 @@ class CaseGates:
         art = artifacts or self.artifacts or _artifacts_of(record)
         key = RunKey.from_summary(record.meta, case=self.case.name, platform=self.case.platform,
                                   device=art.host.device if art is not None else None)  # fmt: skip
-        return metrics.lookup_gates(key).check(record)
+        return thresholds.lookup_gates(key).check(record)
 
     def check(self, record, artifacts: Artifacts | None = None):
         """Apply the thresholds and the history band; raise `GateFailure` listing every failure."""

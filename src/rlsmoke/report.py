@@ -13,6 +13,9 @@ import math
 import re
 from pathlib import Path
 
+from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.history import BANDS, check_bands
+from rlsmoke.history import runs as load_runs
 from rlsmoke.runkey import SERIES
 
 SUMMARY_MD = "summary.md"
@@ -114,9 +117,6 @@ def plot_history(db: Path, out: Path) -> list[Path]:
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
 
-    from rlsmoke.history import BANDS, check_bands
-    from rlsmoke.history import runs as load_runs
-
     runs = load_runs(db)
     limits = bounds(runs)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,8 +158,6 @@ def plot_history(db: Path, out: Path) -> list[Path]:
 
 
 def handler(args) -> int:
-    from rlsmoke.errors import ExitCode, RlsmokeError
-
     db = Path(args.history)
     if not db.is_file():
         raise RlsmokeError(f"history={db} does not exist", rule="report.history",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rlsmoke import calibration, metrics
+from rlsmoke import calibration, metrics, thresholds
 from rlsmoke.cli import main
 from rlsmoke.errors import ExitCode
 from rlsmoke.runkey import RunKey
@@ -63,9 +63,9 @@ def test_a_clusters_calibration_wins_over_the_shipped_entry(tmp_path, monkeypatc
     out = capsys.readouterr().out
     assert "| logprob_abs_diff | `train/train_rollout_logprob_abs_diff` | 3e-06 | 3e-06 | 3e-06 | <= 6e-06 |" in out
     assert "Not gated: logprob_abs_diff_max, train_rollout_kl, grad_norm, weight_sync, reward_min, reward_max" in out
-    shipped = metrics.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
+    shipped = thresholds.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(ours.parent))
-    gates = metrics.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
+    gates = thresholds.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
     assert gates.source == str(ours) != shipped.source
     # the shipped entry's gates, measured again: those these runs logged
     assert [g.name for g in gates.gates] == ["logprob_abs_diff", "logprob_mean_diff", "ppo_kl_step0"]
@@ -105,7 +105,7 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, argv, rule):
 def test_a_missing_thresholds_dir_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(tmp_path / "missing"))
     with pytest.raises(metrics.RlsmokeError, match="RLSMOKE_THRESHOLDS_DIR="):
-        metrics.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
+        thresholds.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
 
 
 def test_a_target_that_is_not_a_thresholds_file_is_left_as_it_was(tmp_path, capsys):

@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.metrics import Gate, Gates, Record, load_record, lookup_gates, parse_log_line
+from rlsmoke.metrics import Record, load_record, parse_log_line
 from rlsmoke.runkey import RunKey
+from rlsmoke.thresholds import Gate, Gates, lookup_gates
 
 MILES_LOG = """\
 (MegatronTrainRayActor pid=4242) [2026-11-29 10:00:01] rollout 0: {'rollout/raw_reward': 0.25, 'rollout/log_probs': -1.2}
@@ -166,7 +167,8 @@ def test_shipped_cpu_thresholds_have_every_gate(case):
 
 
 def test_metrics_does_not_import_torch():
-    code = "import sys, rlsmoke.metrics as m; m.lookup_gates(m.RunKey('glm5-744b-a40b-4layer')); print('torch' in sys.modules)"
+    code = ("import sys, rlsmoke.metrics, rlsmoke.thresholds as t; t.lookup_gates(t.RunKey('glm5-744b-a40b-4layer')); "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlsmoke import metrics
+from rlsmoke import metrics, thresholds
 from rlsmoke.cases import Case
 from rlsmoke.suite import Artifacts, GateFailure, HistoryBandWarning, gates_for, run_case
 
@@ -108,8 +108,8 @@ def test_a_history_band_failure_fails_the_run_unless_shadowed(tmp_path, shadow):
 def test_a_builtin_run_is_gated_once_by_the_suite(tmp_path, monkeypatch):
     """The engine process only records; the suite's `check` is the one evaluation of the thresholds."""
     evaluated = []
-    check = metrics.Gates.check
-    monkeypatch.setattr(metrics.Gates, "check", lambda gates, record: evaluated.append(record.artifacts) or check(gates, record))
+    check = thresholds.Gates.check
+    monkeypatch.setattr(thresholds.Gates, "check", lambda gates, record: evaluated.append(record.artifacts) or check(gates, record))
     art = Artifacts(tmp_path / "run")
     record = run_case(CASE, art)
     summary = json.loads((art.path / "summary.json").read_text())

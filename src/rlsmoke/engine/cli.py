@@ -14,9 +14,10 @@ from pathlib import Path
 from rlsmoke.cases import add_case_args, case_from_args
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, RunConfig, dtype_name, parse_inject
 from rlsmoke.errors import ExitCode, RlsmokeError, RunError
-from rlsmoke.metrics import Verdict, load_record, lookup_gates, seed_records, update_summary
+from rlsmoke.metrics import load_record, seed_records, update_summary
 from rlsmoke.platforms import detect, get_platform
 from rlsmoke.runkey import RunKey, default_dtype
+from rlsmoke.thresholds import Verdict, lookup_gates
 from rlsmoke.topology import plan_topology
 
 

@@ -12,8 +12,9 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from rlsmoke.launch.substitutions import SUBSTITUTIONS
 from rlsmoke.models import ModelSpec
-from rlsmoke.platforms import SUBSTITUTIONS, get_platform
+from rlsmoke.platforms import get_platform
 from rlsmoke.recipe import Recipe
 from rlsmoke.topology import Target, Topology
 
@@ -69,7 +70,7 @@ class Launch:
         return f"{env} {shlex.join(self.argv)}"
 
 
-def _flags(tokens: list[str]) -> list[tuple[str, list[str]]]:
+def flag_values(tokens: list[str]) -> list[tuple[str, list[str]]]:
     """Split a token list into (flag, values) items."""
     items: list[tuple[str, list[str]]] = []
     for tok in tokens:
@@ -84,11 +85,11 @@ def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
     """A flag set by a later group replaces the same flag set by an earlier one."""
     last_group = {}
     for g in GROUP_ORDER:
-        for flag, _ in _flags(groups.get(g, [])):
+        for flag, _ in flag_values(groups.get(g, [])):
             last_group[flag] = g
     out = {}
     for g in GROUP_ORDER:
-        kept = [(f, v) for f, v in _flags(groups.get(g, [])) if last_group[f] == g]
+        kept = [(f, v) for f, v in flag_values(groups.get(g, [])) if last_group[f] == g]
         seen, toks = set(), []
         for f, v in kept:
             if f not in seen:
