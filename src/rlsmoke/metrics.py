@@ -103,6 +103,12 @@ class Record:
 
     @staticmethod
     def from_lines(lines: Iterable[dict], **kwargs) -> Record:
+        lines = list(lines)
+        seeds = {line.get("repeat") for line in lines}
+        if len(seeds) > 1:  # merged by (kind, index), each seed would overwrite the one before
+            raise RlsmokeError(f"metrics lines of {len(seeds)} seeds (`repeat` keys) make no one record",
+                               rule="metrics.one_seed", fix="read a `--repeat` run one seed at a time: "
+                               "group its lines by their `repeat` key (`rlsmoke calibrate` does)")  # fmt: skip
         entries: dict[str, dict[int, dict[str, float]]] = {k: {} for k in KINDS}
         for line in lines:
             if line.get("kind") not in KINDS:
@@ -115,6 +121,14 @@ class Record:
         return Record(entries, **kwargs)
 
 
+def load_meta(folder: Path) -> dict:
+    """What the run's summary.json says about the run (its key and seed); {} without one."""
+    if not (folder / "summary.json").is_file():
+        return {}
+    summary = json.loads((folder / "summary.json").read_text())
+    return {k: summary[k] for k in ("case", "platform", "device", "launcher", "dtype", "seed", "width") if k in summary}
+
+
 def load_record(path: str | Path) -> Record:
     """A run's record from a run folder, its `metrics.jsonl`, or a Miles log (`step N: {...}` lines)."""
     path = Path(path)
@@ -124,14 +138,7 @@ def load_record(path: str | Path) -> Record:
         raise RlsmokeError(f"metrics={path} is missing", rule="metrics.exists",
                            fix="pass a run folder with metrics.jsonl, or a Miles log file")  # fmt: skip
     folder = path.parent
-    meta = {}
-    if (folder / "summary.json").is_file():
-        summary = json.loads((folder / "summary.json").read_text())
-        meta = {
-            k: summary[k]
-            for k in ("case", "platform", "device", "launcher", "dtype", "seed", "width")
-            if k in summary
-        }
+    meta = load_meta(folder)
     text = path.read_text(errors="replace")
     if path.suffix == ".jsonl":
         try:
@@ -161,7 +168,8 @@ def seed_records(run: str | Path) -> list[Record]:
         if line.strip():
             line = json.loads(line)
             by_seed.setdefault(line.get("repeat", 0), []).append(line)
-    return [Record.from_lines(by_seed[k]) for k in sorted(by_seed)]
+    meta = load_meta(Path(run))
+    return [Record.from_lines(by_seed[k], source=str(jsonl), artifacts=str(run), meta=meta) for k in sorted(by_seed)]
 
 
 def update_summary(folder: str | Path, fields: Mapping[str, object]) -> None:

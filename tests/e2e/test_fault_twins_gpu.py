@@ -2,7 +2,9 @@
 
 bf16 noise hides small temperature mismatches: at 0.8 or 0.65 even the signed log-prob mean diff
 stays inside the clean runs' band (docs/calibration.md, the temperature sweep). The twin samples at
-0.3 and reports log-probs at that temperature, which the signed mean diff sees at twice its bound.
+0.3, the trainer scores at 0.3 and the rollout engine reports its log-probs at temperature 1; the
+signed mean diff saw that mismatch at twice its bound (measured when the sides were the other way
+round, which flips its sign; not yet rerun on the device).
 """
 
 import pytest

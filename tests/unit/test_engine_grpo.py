@@ -58,6 +58,24 @@ def test_train_rollout_stats_zero_when_equal_and_k3_positive_otherwise(torch, gr
     assert grpo.k3(torch.zeros(1), torch.full((1,), 100.0)).item() == grpo.KL_CLAMP
 
 
+def test_train_rollout_kl_is_kl_of_rollout_to_train_as_miles_logs_it(torch, grpo):
+    # Miles: compute_approx_kl(rollout, train, "low_var_kl") = exp(train - rollout) - 1 - (train - rollout)
+    train, rollout, mask = torch.zeros(1, 1), torch.full((1, 1), -1.0), torch.ones(1, 1)
+    kl = grpo.train_rollout_stats(train, rollout, mask)["train/train_rollout_kl"]
+    assert kl == pytest.approx(math.e - 2, rel=1e-6)  # 0.718; the reverse direction would give 1/e = 0.368
+    reverse = grpo.train_rollout_stats(rollout, train, mask)["train/train_rollout_kl"]
+    assert reverse == pytest.approx(math.exp(-1))
+
+
+def test_k3_is_miles_low_var_kl_with_its_clamps(torch, grpo):
+    # r = base - logp, clamped to +-20 before exp (NaN -> 0, +-inf -> +-20); the estimate clamped to [-10, 10]
+    logp = torch.tensor([0.0, 0.0, -math.inf, 0.0, 0.0, 0.0])
+    base = torch.tensor([-1.0, 0.5, 0.0, math.nan, -math.inf, -30.0])
+    expected = [math.exp(-1) - 1 + 1, math.exp(0.5) - 1.5, 10.0, 0.0, 10.0, 10.0]
+    assert grpo.k3(logp, base).tolist() == pytest.approx(expected, rel=1e-6)
+    assert torch.isfinite(grpo.k3(logp, base)).all()
+
+
 def test_policy_loss_clips_at_asymmetric_eps(torch, grpo):
     old = torch.zeros(1, 3)
     logp = torch.log(torch.tensor([[1.1, 1.3, 0.7]]))  # ratios 1.1, 1.3 (> 1.28), 0.7 (< 0.8)
@@ -150,3 +168,27 @@ def test_nan_loss_is_a_named_run_error(tmp_path, torch):
     with pytest.raises(RunError, match="loss is nan") as err:
         trainer.step([group], [torch.zeros(2, 2)], [torch.tensor([1.0, -1.0])])
     assert err.value.rule == "train.finite_loss"
+
+
+def test_kl_loss_is_miles_low_var_kl_of_the_policy_to_the_reference_at_the_rollout_temperature(torch):
+    # Miles: compute_approx_kl(log_probs, ref_log_probs, "low_var_kl"), both at --rollout-temperature
+    from rlsmoke.engine.model import checkpoint_dir, load_policy
+    from rlsmoke.engine.rollout import Group
+    from rlsmoke.engine.train import Trainer, token_logprobs
+    from rlsmoke.models import model_spec
+
+    spec = model_spec("glm4.5-355b-a32b-4layer", tiny=True)
+    model, ref = (load_policy(checkpoint_dir(spec.name, tiny=True), spec, "float32", "cpu") for _ in range(2))
+    noise = torch.randn(ref.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref.lm_head.weight.add_(0.05 * noise)  # a reference the policy differs from
+    group = Group(0, 2, torch.tensor([[1, 2, 3, 4, 5, 6]] * 2), torch.ones(2, 4), torch.zeros(2, 4))
+    t = 0.5
+    with torch.no_grad():
+        logp, ref_lp = token_logprobs(model, group, t)[0], token_logprobs(ref, group, t)[0]
+    d = ref_lp - logp
+    trainer = Trainer(model, lr=1e-6, betas=(0.9, 0.98), weight_decay=0.1, grad_clip=1.0, eps_clip=0.2,
+                      eps_clip_high=0.28, kl_coef=0.01, ref_model=ref, temperature=t)  # fmt: skip
+    kl_loss = trainer.step([group], [logp], [torch.tensor([1.0, -1.0])])["train/kl_loss"]
+    assert kl_loss == pytest.approx((d.exp() - 1 - d).mean().item(), rel=1e-4)
+    assert kl_loss != pytest.approx(((-d).exp() - 1 + d).mean().item(), rel=1e-2)  # not the reverse direction

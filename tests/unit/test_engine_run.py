@@ -31,7 +31,7 @@ def _execute(out, **changes):
     from rlsmoke.engine.run import execute
 
     execute(RunConfig(case=CASE, tiny=True).replace(**changes), out)
-    verdict = gate_run(out)
+    verdict, _ = gate_run(out)
     return json.loads((out / "summary.json").read_text()), verdict
 
 
@@ -122,7 +122,7 @@ def test_other_families_run_and_pass_cheaply(case, changes, tmp_path):
 
     summary = execute(RunConfig(case=case, tiny=True, **changes), tmp_path)
     assert "verdict" not in summary  # the engine records; its caller gates
-    assert gate_run(tmp_path).passed
+    assert gate_run(tmp_path)[0].passed
 
 
 @pytest.mark.parametrize(("argv", "message"), [

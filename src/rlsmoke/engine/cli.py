@@ -8,14 +8,16 @@ Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing c
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from rlsmoke.cases import add_case_args, case_from_args
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, RunConfig, dtype_name, parse_inject
 from rlsmoke.errors import ExitCode, RlsmokeError, RunError
-from rlsmoke.metrics import load_record, seed_records, update_summary
+from rlsmoke.metrics import seed_records, update_summary
 from rlsmoke.platforms import detect, get_platform
+from rlsmoke.repeats import SeedVerdicts
 from rlsmoke.runkey import RunKey, default_dtype
 from rlsmoke.thresholds import Verdict, lookup_gates
 from rlsmoke.topology import plan_topology
@@ -110,23 +112,36 @@ def config_from_args(args):
     return cfg.validate()
 
 
-def gate_run(out: Path) -> Verdict:
-    """The thresholds' verdict on a finished run folder, written into its summary.json."""
-    record = load_record(out)
+def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
+    """The thresholds' verdict on a finished run folder, written into its summary.json.
+
+    --repeat K: every seed is its own record and is gated; each gate shows its worst seed, and any
+    failing seed fails the run.
+    """
+    records = seed_records(out)
+    summary = json.loads((Path(out) / "summary.json").read_text())
     try:
-        gates = lookup_gates(RunKey.from_summary(record.meta))
+        gates = lookup_gates(RunKey.from_summary(records[0].meta))
     except RlsmokeError as exc:
         # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
-        update_summary(out, {"metrics": {k: record.value(k) for k in record.keys()}, "gates": [], "verdict": "FAIL",
-                             "error": exc.one_line()})  # fmt: skip
+        values = [{k: rec.value(k) for k in rec.keys()} for rec in records]
+        update_summary(out, ({"metrics": values[0]} if len(records) == 1 else {"per_repeat": values})
+                       | {"gates": [], "verdict": "FAIL", "error": exc.one_line()})  # fmt: skip
         raise
-    verdict = gates.check(record)
-    fields = verdict.summary_fields()
-    seeds = seed_records(out)
-    if len(seeds) > 1:  # each seed's gated values
-        fields["per_repeat"] = [{g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in seeds]
+    first = int(summary.get("seed", 0))
+    seeds = SeedVerdicts(tuple(first + r for r in range(len(records))), tuple(gates.check(rec) for rec in records))
+    verdict = seeds.verdicts[0] if len(records) == 1 else seeds.worst()
+    fields = verdict.summary_fields()  # --repeat K: each gate's worst seed
+    if len(records) > 1:
+        for gate_json, (_, seed, failing) in zip(fields["gates"], seeds.per_gate(), strict=True):
+            gate_json |= {"seed": seed, "failing_seeds": failing}
+        fields["seeds"] = list(seeds.seeds)
+        fields["failed_seeds"] = seeds.failed_seeds()
+        # each seed's gated values and verdict
+        fields["per_repeat"] = [{g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records]
+        fields["per_repeat_verdict"] = ["PASS" if v.passed else "FAIL" for v in seeds.verdicts]
     update_summary(out, fields)
-    return verdict
+    return verdict, seeds
 
 
 def handler(args) -> int:
@@ -144,8 +159,8 @@ def handler(args) -> int:
     if args.records_only:
         print(f"records (not gated): {out}")
         return ExitCode.OK
-    verdict = gate_run(out)
-    print(verdict.table())
+    verdict, seeds = gate_run(out)
+    print(verdict.table() if len(seeds.seeds) == 1 else seeds.table())
     if not verdict.passed:
         print(verdict.report(), file=sys.stderr)
     print(f"artifacts: {out}")

@@ -59,7 +59,7 @@ class TrainWorker:
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
             kl_coef=cfg.kl_coef, ref_model=ref, gradient_checkpointing=cfg.gradient_checkpointing,
-            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype],
+            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], temperature=cfg.rollout_temperature,
         )  # fmt: skip
 
     def forward_only(self, groups: list[Group]):

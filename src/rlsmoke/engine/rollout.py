@@ -1,7 +1,7 @@
 """Rollout: sampling with the model's KV cache (transformers `generate`), one group per prompt.
 
-The engine reports its own log-prob of each sampled token, from the logits at temperature 1, as
-SGLang does. The n samples of a prompt share its length, so a group needs no padding, and the train
+The engine reports its own log-prob of each sampled token under the sampling temperature (the
+log-softmax of logits / T), as SGLang does; Miles' trainer divides by the same temperature. The n samples of a prompt share its length, so a group needs no padding, and the train
 forward sees exactly the positions the rollout saw.
 """
 
@@ -45,12 +45,12 @@ class _Noise(LogitsProcessor):
 class _LogprobRecorder(LogitsProcessor):
     """Keeps the log-softmax of each step and gathers it at the token sampled next.
 
-    Runs before generate's temperature warper, so it sees the logits at temperature 1; only the
-    distribution of the previous step is kept, never (R, V) of them.
+    Runs before generate's temperature warper, so it sees the raw logits and divides them itself; only
+    the distribution of the previous step is kept, never (R, V) of them.
     """
 
     def __init__(self, divide_by: float):
-        self.divide_by = divide_by  # 1.0, or the temperature under --inject temperature-mismatch
+        self.divide_by = divide_by  # the temperature, or 1.0 under --inject temperature-mismatch
         self.prev: torch.Tensor | None = None  # (n, V)
         self.logprobs: list[torch.Tensor] = []  # R-1 of (n,) after generation, the last added by finish()
 
@@ -93,8 +93,10 @@ class RolloutEngine:
         if self.inject.kind == "rollout-noise":
             g = torch.Generator(device=device).manual_seed(seed + 7)
             processors.append(_Noise(self.inject.value, g))
+        # temperature-mismatch: the engine reports the raw logits' log-probs while the trainer applies
+        # the temperature; one side forgetting T is the classic mismatch
         mismatch = self.inject.kind == "temperature-mismatch"
-        recorder = _LogprobRecorder(self.temperature if mismatch else 1.0)
+        recorder = _LogprobRecorder(1.0 if mismatch else self.temperature)
         processors.append(recorder)
         out = self.model.generate(
             prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=self.temperature,

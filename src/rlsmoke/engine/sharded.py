@@ -92,6 +92,7 @@ class Rank:
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
             gradient_checkpointing=cfg.gradient_checkpointing,
             compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], comm_device=self.device,
+            temperature=cfg.rollout_temperature,
         )  # fmt: skip
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
         self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,

@@ -11,12 +11,19 @@ from rlsmoke.engine.rollout import Group
 from rlsmoke.errors import RunError
 
 
-def token_logprobs(model, group: Group) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob and entropy of each response token at temperature 1: (n, R) and (n, R), float32."""
+def token_logprobs(model, group: Group, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy of each response token under the rollout temperature: (n, R) and (n, R), float32.
+
+    Miles' trainer divides the logits by --rollout-temperature before its log-softmax (the logit
+    processor of miles/backends/training_utils/loss_hub/logit_processors.py), so its log-probs, entropy
+    and losses are those of the distribution the rollout sampled from.
+    """
     device = next(model.parameters()).device
     tokens = group.tokens.to(device)  # (n, P+R)
     logits = model(input_ids=tokens, use_cache=False).logits  # (n, P+R, V)
     logits = logits[:, group.prompt_len - 1 : -1].float()  # (n, R, V) the positions predicting the response
+    if temperature != 1.0:
+        logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, tokens[:, group.prompt_len :, None])[..., 0]  # (n, R)
     entropy = -(logp_all.exp() * logp_all).sum(-1)  # (n, R)
@@ -34,8 +41,9 @@ class Trainer:
     def __init__(self, model, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
                  eps_clip: float, eps_clip_high: float, entropy_coef: float = 0.0, kl_coef: float = 0.0,
                  ref_model=None, gradient_checkpointing: bool = False,
-                 compute_dtype: torch.dtype | None = None):  # fmt: skip
+                 compute_dtype: torch.dtype | None = None, temperature: float = 1.0):  # fmt: skip
         self.model = model
+        self.temperature = temperature  # the rollout temperature: log-probs of what was sampled
         self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
         self.entropy_coef, self.kl_coef, self.ref_model = entropy_coef, kl_coef, ref_model
         # Megatron keeps fp32 master weights but computes in bf16: the forward sees the weights rounded
@@ -50,7 +58,7 @@ class Trainer:
         """The old log-probs and entropies, eval mode, no graph: what Miles' compute_log_prob does."""
         self.model.eval()
         with self.autocast():
-            return [tuple(t.cpu() for t in token_logprobs(self.model, g)) for g in groups]
+            return [tuple(t.cpu() for t in token_logprobs(self.model, g, self.temperature)) for g in groups]
 
     def autocast(self):
         device = next(self.model.parameters()).device
@@ -69,13 +77,13 @@ class Trainer:
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)  # (n, R)
             with self.autocast():
-                logp, entropy = token_logprobs(self.model, g)  # (n, R) each
+                logp, entropy = token_logprobs(self.model, g, self.temperature)  # (n, R) each
             loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp.to(device), adv.to(device), mask,
                                                          self.eps_clip, self.eps_clip_high)  # fmt: skip
             loss = loss_tok.sum() - self.entropy_coef * (entropy * mask).sum()
             if self.kl_coef:
                 with torch.no_grad():
-                    ref_lp, _ = token_logprobs(self.ref_model, g)
+                    ref_lp, _ = token_logprobs(self.ref_model, g, self.temperature)
                 kl = grpo.k3(logp, ref_lp) * mask
                 loss = loss + self.kl_coef * kl.sum()
                 sums["kl_loss"] += kl.sum().item()
