@@ -46,8 +46,8 @@ from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.logprob_slope import logprob_slope
 from rlsmoke.engine.model import checkpoint_dir, load_policy, load_tokenizer
 from rlsmoke.engine.rollout import _LogprobRecorder, response_mask
-from rlsmoke.launch.miles import SEED_RECIPE
 from rlsmoke.models import model_spec
+from rlsmoke.recipe import SEED_RECIPE
 from rlsmoke.shipped import FIXTURES
 
 CANDIDATES = ("autocast", "bf16-params", "sdpa-math", "fp32-lm-head", "logit-std-4")

@@ -18,9 +18,9 @@ for t in "$@"; do
     echo "$name: $(( $(date +%s) - t0 )) s, exit $rc" | tee -a "$out/timing.txt"
     python3 - "$out/$name" <<'PY'
 import sys
-from rlsmoke.calibration import seeds_of
+from rlsmoke.metrics import seed_records
 from rlsmoke.metrics import MEAN_DIFF
-for seed, record in enumerate(seeds_of(sys.argv[1])):  # one record per --repeat seed
+for seed, record in enumerate(seed_records(sys.argv[1])):  # one record per --repeat seed
     for metric in (MEAN_DIFF, "train/train_rollout_logprob_abs_diff", "train/train_rollout_kl"):
         print(f"  seed {seed} {metric}: " + " ".join(f"{v:+.4f}" for _, _, v in record.series(metric)))
 PY

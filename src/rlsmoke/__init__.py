@@ -13,8 +13,8 @@ _LAZY = {
     "Case": "rlsmoke.cases",
     "Plan": "rlsmoke.cases",
     "run_case": "rlsmoke.suite",
-    "gates_for": "rlsmoke.suite",
-    "GateFailure": "rlsmoke.suite",
+    "gates_for": "rlsmoke.gating",
+    "GateFailure": "rlsmoke.gating",
 }
 __all__ = ["__version__", *_LAZY]
 

@@ -17,9 +17,9 @@ import statistics
 from datetime import date
 from pathlib import Path
 
-from rlsmoke import metrics
+from rlsmoke import metrics, thresholds
 from rlsmoke.errors import ExitCode, RlsmokeError
-from rlsmoke.metrics import Record
+from rlsmoke.runkey import RunKey
 
 DIFF_FACTOR = 2.0  # upper bounds: twice the worst seed
 REWARD_LOW, REWARD_HIGH = 0.5, 1.5  # reward range: half the lowest, 1.5x the highest (at most 1)
@@ -54,43 +54,20 @@ def summary_of(run: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def seeds_of(run: Path) -> list[Record]:
-    """One record per seed: a `--repeat` run's lines carry a `repeat` key; a Miles run is one seed."""
-    jsonl = Path(run) / "metrics.jsonl"
-    if not jsonl.is_file():
-        return [metrics.load_record(run)]
-    by_seed: dict[int, list[dict]] = {}
-    for line in jsonl.read_text().splitlines():
-        if line.strip():
-            line = json.loads(line)
-            by_seed.setdefault(line.get("repeat", 0), []).append(line)
-    return [Record.from_lines(by_seed[k]) for k in sorted(by_seed)]
-
-
-def key_of(summary: dict) -> dict:
-    dtype = summary.get("dtype", "*")
-    if isinstance(dtype, dict):
-        dtype = f"{dtype['rollout']}/{dtype['train']}"
-    return {
-        "case": summary["case"], "platform": summary["platform"], "device": summary["device"],
-        "launcher": summary.get("launcher", "builtin"), "width": summary.get("width", "*"), "dtype": dtype,
-    }  # fmt: skip
-
-
-def template_for(key: dict, target: list[dict]) -> list[dict]:
+def template_for(key: RunKey, target: list[dict]) -> list[dict]:
     """The gates a key gets: its entry in the target file, else the entry its runs were judged by, else
     an entry of the same case and launcher (a new device: MLA and GQA models have different gates)."""
     for entry in target:
-        if entry["key"] == key:
+        if entry["key"] == key.to_json():
             return entry["gates"]
-    found = metrics.matching_entry(key)
+    found = thresholds.matching_entry(key.to_json())
     if found is not None:
         return found[1]["gates"]
-    known = target + [e for d in metrics.thresholds_dirs() for _, e in metrics.read_entries(d)]
+    known = target + [e for d in thresholds.thresholds_dirs() for _, e in thresholds.read_entries(d)]
     for entry in known:
-        if entry["key"].get("case") == key["case"] and entry["key"].get("launcher", "*") in ("*", key["launcher"]):
+        if entry["key"].get("case") == key.case and entry["key"].get("launcher", "*") in ("*", key.launcher):
             return entry["gates"]
-    raise RlsmokeError(f"no thresholds entry matches {metrics.key_text(key)} to take its gates from",
+    raise RlsmokeError(f"no thresholds entry matches {key.text()} to take its gates from",
                        rule="calibrate.template",
                        fix="add an entry with the gates this key should have (see fixtures/thresholds/)")  # fmt: skip
 
@@ -98,8 +75,8 @@ def template_for(key: dict, target: list[dict]) -> list[dict]:
 def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]]:
     """One entry from all the runs of one key (e.g. two `--repeat 5` runs with different --seed)."""
     summary = summary_of(runs[0])
-    key = key_of(summary)
-    records = [rec for run in runs for rec in seeds_of(run)]
+    key = RunKey.from_summary(summary)
+    records = [rec for run in runs for rec in metrics.seed_records(run)]
     rows, gates, not_logged = [], [], []
     for tmpl in template:
         gate = {k: v for k, v in tmpl.items() if k not in ("max_observed", "provenance")}
@@ -109,7 +86,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
             not_logged.append(gate["name"])  # no gate rather than a guessed one; the entry says so
             continue
         lo, med, hi = min(values), statistics.median(values), max(values)
-        rows.append((gate["name"], summary_key(gate), lo, med, hi))
+        rows.append((gate["name"], thresholds.summary_key(gate["metric"], gate.get("reduce", "max")), lo, med, hi))
         if gate["name"] in DEFINITIONAL:
             pass
         elif gate["op"] in ("<=", "<"):
@@ -129,7 +106,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
                            rule="calibrate.metrics", fix="pass the run folders of finished runs")  # fmt: skip
     versions = summary.get("versions") or {}
     entry = {
-        "key": key,
+        "key": key.to_json(),
         "provenance": {
             "status": "calibrated" if len(records) >= MIN_CALIBRATED_RUNS else f"provisional ({len(records)} runs)",
             "runs": len(records),
@@ -145,11 +122,6 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
     if not_logged:
         entry["provenance"]["not_gated"] = f"{', '.join(not_logged)}: the runs did not log their metrics"
     return entry, rows
-
-
-def summary_key(gate: dict) -> str:
-    reduce = gate.get("reduce", "max")
-    return gate["metric"] if reduce == "max" else f"{gate['metric']}@{reduce}"
 
 
 def _command(summary: dict, runs: int) -> str:
@@ -182,8 +154,8 @@ def read_target(path: Path) -> dict | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RlsmokeError(f"thresholds={path} cannot be read as JSON ({type(exc).__name__})",
                            rule="thresholds.schema", fix="write to a new file, or repair this one") from None  # fmt: skip
-    if not isinstance(doc, dict) or doc.get("schema_version") != metrics.SCHEMA_VERSION or "entries" not in doc:
-        raise RlsmokeError(f"thresholds={path} is not a schema {metrics.SCHEMA_VERSION} thresholds file",
+    if not isinstance(doc, dict) or doc.get("schema_version") != thresholds.SCHEMA_VERSION or "entries" not in doc:
+        raise RlsmokeError(f"thresholds={path} is not a schema {thresholds.SCHEMA_VERSION} thresholds file",
                            rule="thresholds.schema", fix="write to a new file or fix its schema_version")  # fmt: skip
     return doc
 
@@ -192,7 +164,7 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
     """Replace the entries of the same keys in `doc`, read from `path` (None: a new file), atomically."""
     path = Path(path)
     if doc is None:
-        doc = {"schema_version": metrics.SCHEMA_VERSION,
+        doc = {"schema_version": thresholds.SCHEMA_VERSION,
                "header": {"what": "calibrated with `rlsmoke calibrate`", "margin_rule": MARGIN_RULE},
                "entries": []}  # fmt: skip
     keys = [e["key"] for e in new]
@@ -205,14 +177,14 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
 
 def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = None) -> list[dict]:
     """Calibrate every key among `runs`; print the tables; write the entries when asked."""
-    by_key: dict[str, list[Path]] = {}
+    by_key: dict[RunKey, list[Path]] = {}
     for folder in runs:
-        by_key.setdefault(json.dumps(key_of(summary_of(folder))), []).append(Path(folder))
+        by_key.setdefault(RunKey.from_summary(summary_of(folder)), []).append(Path(folder))
     doc = read_target(write) if write else None  # checked before any work
     target = doc["entries"] if doc else []
     entries, tables = [], []
-    for key_text, folders in by_key.items():
-        entry, rows = calibrate(folders, template_for(json.loads(key_text), target))
+    for key, folders in by_key.items():
+        entry, rows = calibrate(folders, template_for(key, target))
         entries.append(entry)
         tables.append(markdown(entry, rows))
         print(tables[-1])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from rlsmoke.launch.miles import Launch, Paths, Recipe, render
+from rlsmoke.launch.miles import Launch, Paths, render
 from rlsmoke.models import MODEL_NAMES, ModelSpec, model_spec
-from rlsmoke.topology import DEFAULT_TARGET, Topology, parse_overrides, plan_topology
+from rlsmoke.recipe import Recipe
+from rlsmoke.topology import DEFAULT_TARGET, Topology, parse_num_gpus, parse_overrides, plan_topology
 
 CASE_NAMES = MODEL_NAMES
 
@@ -56,3 +58,38 @@ class Plan:
             "checkpoint_dialect": self.topology.target.checkpoint_dialect,
             "topology": self.topology.to_dict(),
         } | ({"nodes": self.launch.nodes()} if self.launch.num_nodes > 1 else {})
+
+
+
+def add_case_arg(p: argparse.ArgumentParser) -> None:
+    """The case positional, spelled alike by every verb; an unknown name is the `case.known` error."""
+    p.add_argument("case", metavar="CASE", help="case name (see `rlsmoke cases`)")
+
+
+def add_tiny_arg(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"the tiny width of the case, seconds on a CPU (default: {default})")  # fmt: skip
+
+
+def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) -> None:
+    """The case flags shared by `plan` and `run`. `run` detects the platform; a plan never does."""
+    add_case_arg(p)
+    if detect_platform:
+        p.add_argument("--platform", default=None,
+                       help="nvidia | rocm | cpu (default: detected: nvidia-smi, then rocm-smi, else cpu)")  # fmt: skip
+    else:
+        p.add_argument("--platform", required=True, help="nvidia | rocm | cpu")
+    p.add_argument("--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it")
+    p.add_argument("--mode", default=None, help="colocate | async (default: colocate on NVIDIA and CPU, async on ROCm)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
+    p.add_argument("--gpus-per-node", type=int, default=None, help="default: 8, or NUM_GPUS when smaller")
+    p.add_argument("--target", default=None, help="Miles/SGLang versions to render flags for (default miles-0.0.2)")
+
+
+def case_from_args(args, *, tiny: bool = False) -> Case:
+    model_spec(args.case)  # unknown case: a named error before anything else
+    num_gpus = parse_num_gpus(args.num_gpus if args.num_gpus is not None else 1)
+    case = Case(args.case, platform=args.platform, num_gpus=num_gpus, mode=args.mode,
+                gpus_per_node=args.gpus_per_node, target=args.target or DEFAULT_TARGET, tiny=tiny)  # fmt: skip
+    return case.with_overrides(args.sets)

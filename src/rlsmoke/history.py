@@ -16,7 +16,9 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-KEY = ("case", "platform", "device", "launcher")  # the series a band is computed over; commit is per run
+from rlsmoke.runkey import SERIES
+
+KEY = SERIES  # the series a band is computed over; commit is per run
 DEFAULT_K = 20  # upstream: the mean of the last <= 20 trusted nightly runs
 
 
@@ -135,7 +137,7 @@ def add_run(conn: sqlite3.Connection, key: Mapping[str, str], *, commit: str, tr
 def record_and_check(db: str | Path, record, verdict, *, commit: str, trusted: bool,
                      k: int = DEFAULT_K) -> list[BandResult]:  # fmt: skip
     """Band-check `record` against the trusted baseline of its key, then store it."""
-    key = {f: verdict.key.get(f) or record.meta.get(f) or "unknown" for f in KEY}
+    key = dict(zip(KEY, verdict.key.series(), strict=True))
     values = band_values(record)
     with closing(connect(db)) as conn:
         results = check_bands(values, baseline(conn, key, k))

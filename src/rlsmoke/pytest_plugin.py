@@ -1,6 +1,6 @@
 """rlsmoke's pytest plugin: options, markers, the skip hook, and the `artifacts` fixture.
 
-Deciding lives in `rlsmoke.suite.decide` (a pure function of a test's markers and the host); the hook
+Deciding lives in `rlsmoke.selection.decide` (a pure function of a test's markers and the host); the hook
 here only applies it. GPU and port leases live in `rlsmoke.launch.lease`. Nothing heavy is imported
 at module level: this module loads in every pytest session of every user of the package.
 """
@@ -60,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     if workers > 1:  # xdist: W workers each running torch on every core oversubscribe the CPU W times
-        from rlsmoke.launch.lease import share_cores
+        from rlsmoke.platforms import share_cores
 
         share_cores(workers)
     n = config.getoption("num_gpus", None)
@@ -110,7 +110,7 @@ def _gpus_marker(item: pytest.Item) -> int | None:
 
 
 def _requirement(item: pytest.Item):
-    from rlsmoke.suite import requirement
+    from rlsmoke.selection import requirement
 
     return requirement((m.name for m in item.iter_markers()), _gpus_marker(item), item.config.getoption("num_gpus"))
 
@@ -118,7 +118,7 @@ def _requirement(item: pytest.Item):
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from rlsmoke.errors import RlsmokeError
-    from rlsmoke.suite import decide
+    from rlsmoke.selection import decide
 
     for item in items:
         try:
@@ -127,8 +127,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid}: {exc.one_line()}") from None
         if req is None or req.platform == "cpu":
             continue
+        module = getattr(item, "module", None)  # a module's CASE: a case too big for the host skips here
         decision = decide(req, _host(config), launcher=config.getoption("launcher"),
-                          miles_root=config.getoption("miles_root"))  # fmt: skip
+                          miles_root=config.getoption("miles_root"), case=getattr(module, "CASE", None),
+                          num_gpus=config.getoption("num_gpus"))  # fmt: skip
         if not decision.run:
             item.add_marker(pytest.mark.skip(reason=decision.reason))
 
@@ -190,7 +192,7 @@ def _commit(config: pytest.Config) -> str:
 @pytest.fixture
 def artifacts(request: pytest.FixtureRequest, rlsmoke_host, rlsmoke_ports, gpu_lease, record_property):
     """The test's artifacts folder (emptied first) with the session's launcher, leases and history."""
-    from rlsmoke.suite import Artifacts
+    from rlsmoke.artifacts import Artifacts
 
     config = request.config
     folder = _artifacts_root(config) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid).strip("_")
@@ -208,6 +210,17 @@ def artifacts(request: pytest.FixtureRequest, rlsmoke_host, rlsmoke_ports, gpu_l
         commit=_commit(config) if history else "unknown",
         record_property=record_property,
     )  # fmt: skip
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A case built inside a test that does not fit the host's GPUs is a skip, as at collection."""
+    from rlsmoke.selection import DoesNotFit
+
+    try:
+        return (yield)
+    except DoesNotFit as exc:
+        pytest.skip(str(exc))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

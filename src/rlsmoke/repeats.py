@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlsmoke.metrics import GateResult, Verdict
+from rlsmoke.thresholds import GateResult, Verdict
 
 
 def _badness(result: GateResult) -> tuple[bool, float]:
@@ -49,7 +49,7 @@ class SeedVerdicts:
                 note += f"; failing seeds: {', '.join(map(str, failing))}"
             results.append(dataclasses.replace(result, note="; ".join(filter(None, [result.note, note]))))
         first = self.verdicts[0]
-        return Verdict(tuple(results), first.artifacts, first.key)
+        return Verdict(tuple(results), first.artifacts, first.key, first.source)
 
     def table(self) -> str:
         """Each gate's worst seed: its value, bound and margin, which seed it is, and every failing seed."""

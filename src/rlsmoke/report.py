@@ -13,6 +13,11 @@ import math
 import re
 from pathlib import Path
 
+from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.history import BANDS, check_bands
+from rlsmoke.history import runs as load_runs
+from rlsmoke.runkey import SERIES
+
 SUMMARY_MD = "summary.md"
 
 
@@ -22,8 +27,8 @@ def _fmt(x) -> str:
 
 def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool = False) -> Path:
     """`summary.md` beside the run's `summary.json`: the key, every gate and band, and where the logs are."""
-    key = " ".join(f"{k}={v}" for k, v in verdict.key.items())
-    lines = [f"# {verdict.key.get('case', 'run')}: {'PASS' if verdict.passed else 'FAIL'}", "", f"`{key}`", "",
+    key = verdict.key.text()
+    lines = [f"# {verdict.key.case}: {'PASS' if verdict.passed else 'FAIL'}", "", f"`{key}`", "",
              "| gate | metric | value | bound | margin | result | provenance |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in verdict.results:
         lines.append(f"| {r.gate.name} | `{r.gate.summary_key}` | {_fmt(r.value)} | {r.gate.op} {r.gate.bound:.4g} | "
@@ -66,8 +71,8 @@ def write_threshold_candidate(folder: Path, record, verdict) -> Path:
     """`--update-golden`: this run's values as a thresholds entry, for review (never written in place)."""
     gates = [{"name": r.gate.name, "metric": r.gate.metric, "op": r.gate.op, "bound": r.gate.bound,
               "reduce": r.gate.reduce, "max_observed": r.value} for r in verdict.results]  # fmt: skip
-    entry = {"key": dict(verdict.key), "gates": gates,
-             "provenance": {"status": "candidate", "runs": 1, "device": verdict.key.get("device"),
+    entry = {"key": verdict.key.to_json(), "gates": gates,
+             "provenance": {"status": "candidate", "runs": 1, "device": verdict.key.device,
                             "date": dt.date.today().isoformat(), "versions": record.meta.get("versions", "?"),
                             "margin_rule": "review: set each bound from max_observed over >= 5 runs"}}  # fmt: skip
     path = Path(folder) / "thresholds-candidate.json"
@@ -86,7 +91,7 @@ def series(runs: list[dict]) -> dict[tuple, dict[str, list[tuple[int, float, boo
     """{(case, platform, device, launcher): {metric: [(run id, value, trusted)]}} over band and gate metrics."""
     out: dict[tuple, dict[str, list]] = {}
     for run in runs:
-        key = (run["case"], run["platform"], run["device"], run["launcher"])
+        key = tuple(run[f] for f in SERIES)
         metrics = out.setdefault(key, {})
         for metric, value in run["metrics"].items():
             metrics.setdefault(metric, []).append((run["id"], value, bool(run["trusted"])))
@@ -100,7 +105,7 @@ def bounds(runs: list[dict]) -> dict[tuple, dict[str, tuple[str, float]]]:
     """The latest hard bound of each gated metric, per series."""
     out: dict[tuple, dict[str, tuple[str, float]]] = {}
     for run in runs:
-        key = (run["case"], run["platform"], run["device"], run["launcher"])
+        key = tuple(run[f] for f in SERIES)
         for gate in run["gates"]:
             out.setdefault(key, {})[gate["metric"]] = (gate["op"], gate["bound"])
     return out
@@ -111,9 +116,6 @@ def plot_history(db: Path, out: Path) -> list[Path]:
 
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
-
-    from rlsmoke.history import BANDS, check_bands
-    from rlsmoke.history import runs as load_runs
 
     runs = load_runs(db)
     limits = bounds(runs)
@@ -156,8 +158,6 @@ def plot_history(db: Path, out: Path) -> list[Path]:
 
 
 def handler(args) -> int:
-    from rlsmoke.errors import ExitCode, RlsmokeError
-
     db = Path(args.history)
     if not db.is_file():
         raise RlsmokeError(f"history={db} does not exist", rule="report.history",

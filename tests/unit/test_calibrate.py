@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from rlsmoke import calibration, metrics
+from rlsmoke import calibration, metrics, thresholds
 from rlsmoke.cli import main
 from rlsmoke.errors import ExitCode
+from rlsmoke.runkey import RunKey
 
 CPU_KEY = {"case": "glm5-744b-a40b-4layer", "platform": "cpu", "device": "CPU", "launcher": "builtin",
            "width": "tiny", "dtype": {"rollout": "float32", "train": "float32"}}  # fmt: skip
@@ -63,9 +64,9 @@ def test_a_clusters_calibration_wins_over_the_shipped_entry(tmp_path, monkeypatc
     assert "| logprob_abs_diff | `train/train_rollout_logprob_abs_diff` | 3e-06 | 3e-06 | 3e-06 | <= 6e-06 |" in out
     assert ("Not gated: logprob_abs_diff_max, train_rollout_kl, logprob_slope, grad_norm, weight_sync, reward_min, "
             "reward_max") in out
-    shipped = metrics.gates_for("glm5-744b-a40b-4layer", platform="cpu")
+    shipped = thresholds.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(ours.parent))
-    gates = metrics.gates_for("glm5-744b-a40b-4layer", platform="cpu")
+    gates = thresholds.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
     assert gates.source == str(ours) != shipped.source
     # the shipped entry's gates, measured again: those these runs logged
     assert [g.name for g in gates.gates] == ["logprob_abs_diff", "logprob_mean_diff", "ppo_kl_step0"]
@@ -105,7 +106,7 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, argv, rule):
 def test_a_missing_thresholds_dir_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(tmp_path / "missing"))
     with pytest.raises(metrics.RlsmokeError, match="RLSMOKE_THRESHOLDS_DIR="):
-        metrics.gates_for("glm5-744b-a40b-4layer", platform="cpu")
+        thresholds.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
 
 
 def test_a_target_that_is_not_a_thresholds_file_is_left_as_it_was(tmp_path, capsys):
@@ -125,5 +126,5 @@ def test_a_new_device_takes_the_gates_of_its_case(tmp_path):
     assert [g["name"] for g in entry["gates"]] == ["logprob_abs_diff", "logprob_mean_diff", "ppo_kl_step0"]
     assert {g["name"]: g["bound"] for g in entry["gates"]}["logprob_mean_diff"] == 0.06
     with pytest.raises(metrics.RlsmokeError, match="no thresholds entry matches case=no-such-case") as err:
-        calibration.template_for({**entry["key"], "case": "no-such-case"}, [])
+        calibration.template_for(RunKey.from_summary({**entry["key"], "case": "no-such-case"}), [])
     assert err.value.rule == "calibrate.template"

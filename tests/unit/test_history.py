@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from rlsmoke import history, metrics
+from rlsmoke import history, metrics, thresholds
 from rlsmoke.history import BANDS, add_run, baseline, check_bands, connect
+from rlsmoke.runkey import RunKey
 
 NV = {"case": "glm5-744b-a40b-4layer", "platform": "nvidia", "device": "H200", "launcher": "miles"}
 AMD = {**NV, "platform": "rocm", "device": "MI355X"}
@@ -70,7 +71,7 @@ def _record(tmp_path, name, values):
 def test_record_and_check_twin(tmp_path):
     """Trusted good runs build the baseline; a grad-norm blow-up fails the band and is not trusted."""
     db = tmp_path / "h.db"
-    gates = metrics.Gates((metrics.Gate("grad_norm", "train/grad_norm", "finite>", 0.0),), NV)
+    gates = thresholds.Gates((thresholds.Gate("grad_norm", "train/grad_norm", "finite>", 0.0),), RunKey.from_summary(NV))
     for i in range(3):
         rec = _record(tmp_path, f"good{i}", GOOD)
         history.record_and_check(db, rec, gates.check(rec), commit=f"c{i}", trusted=True)

@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.metrics import Gate, Gates, Record, gates_for, load_record, parse_log_line
+from rlsmoke.metrics import Record, load_record, parse_log_line
+from rlsmoke.runkey import RunKey
+from rlsmoke.thresholds import Gate, Gates, lookup_gates
 
 MILES_LOG = """\
 (MegatronTrainRayActor pid=4242) [2026-11-29 10:00:01] rollout 0: {'rollout/raw_reward': 0.25, 'rollout/log_probs': -1.2}
@@ -126,24 +128,24 @@ def _thresholds(tmp_path, entries):
     return tmp_path
 
 
-def test_gates_for_picks_the_most_specific_entry(tmp_path):
+def test_lookup_gates_picks_the_most_specific_entry(tmp_path):
     gate = {"name": "g", "metric": "m", "op": "<=", "bound": 1}
     d = _thresholds(tmp_path, [
         {"key": {"case": "c", "platform": "cpu"}, "gates": [gate | {"bound": 2}], "provenance": {"status": "wild"}},
         {"key": {"case": "c", "platform": "cpu", "device": "CPU", "dtype": "float32/float32"}, "gates": [gate],
          "provenance": {"status": "provisional", "runs": 5, "device": "CPU", "date": "2026-11-29"}},
     ])  # fmt: skip
-    gates = gates_for("c", platform="cpu", thresholds_dir=d)
+    gates = lookup_gates(RunKey("c", "cpu"), thresholds_dir=d)
     assert [g.bound for g in gates] == [1.0]
     assert "provisional: 5 runs on CPU, 2026-11-29" in gates.gates[0].provenance
-    assert [g.bound for g in gates_for("c", platform="cpu", dtype="bfloat16/float32", thresholds_dir=d)] == [
+    assert [g.bound for g in lookup_gates(RunKey("c", "cpu", dtype="bfloat16/float32"), thresholds_dir=d)] == [
         2.0
     ]
 
 
-def test_gates_for_without_an_entry_names_the_key_and_the_fix(tmp_path):
+def test_lookup_gates_without_an_entry_names_the_key_and_the_fix(tmp_path):
     with pytest.raises(RlsmokeError, match="no thresholds for case=zzz platform=cpu") as err:
-        gates_for("zzz", thresholds_dir=_thresholds(tmp_path, []))
+        lookup_gates(RunKey("zzz"), thresholds_dir=_thresholds(tmp_path, []))
     assert "`rlsmoke calibrate DIR --write FILE`" in err.value.one_line()
 
 
@@ -153,19 +155,20 @@ def test_gates_for_without_an_entry_names_the_key_and_the_fix(tmp_path):
 ])  # fmt: skip
 def test_thresholds_reject_unknown_fields(tmp_path, entry):
     with pytest.raises(RlsmokeError, match="unknown fields"):
-        gates_for("c", thresholds_dir=_thresholds(tmp_path, [entry]))
+        lookup_gates(RunKey("c"), thresholds_dir=_thresholds(tmp_path, [entry]))
 
 
 @pytest.mark.parametrize("case", ["glm5-744b-a40b-4layer", "glm5.3-flash-4layer", "glm4.5-355b-a32b-4layer"])
 def test_shipped_cpu_thresholds_have_every_gate(case):
-    names = {g.name for g in gates_for(case, platform="cpu")}
+    names = {g.name for g in lookup_gates(RunKey(case, "cpu"))}
     assert {"logprob_abs_diff", "logprob_abs_diff_max", "train_rollout_kl", "ppo_kl_step0", "grad_norm",
             "weight_sync", "reward_min", "reward_max"} <= names  # fmt: skip
     assert ("pg_clipfrac_step0" in names) is case.startswith("glm4.5")  # GQA: the two-sided Miles check_kl
 
 
 def test_metrics_does_not_import_torch():
-    code = "import sys, rlsmoke.metrics as m; m.gates_for('glm5-744b-a40b-4layer'); print('torch' in sys.modules)"
+    code = ("import sys, rlsmoke.metrics, rlsmoke.thresholds as t; t.lookup_gates(t.RunKey('glm5-744b-a40b-4layer')); "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -192,11 +195,11 @@ MILES_TWINS = [
 def test_miles_runs_get_upstreams_checks(tmp_path, change, fails):
     """Miles logs are gated by the constants upstream's one-step CI asserts (no run here to calibrate from)."""
     (tmp_path / "job.log").write_text(MILES_GQA_LOG.format(**{**GOOD_MILES, **change}))
-    verdict = gates_for("glm4.5-355b-a32b-4layer", platform="rocm", launcher="miles").check(load_record(tmp_path / "job.log"))
+    verdict = lookup_gates(RunKey("glm4.5-355b-a32b-4layer", "rocm", "MI355X", "miles")).check(load_record(tmp_path / "job.log"))
     assert [r.gate.name for r in verdict.results if not r.passed] == ([fails] if fails else [])
 
 
 def test_miles_glm5_gates_follow_upstreams_mla_checks():
-    mla = gates_for("glm5-744b-a40b-4layer", platform="nvidia", launcher="miles")
+    mla = lookup_gates(RunKey("glm5-744b-a40b-4layer", "nvidia", "H200", "miles"))
     assert {g.name: (g.op, g.bound) for g in mla.gates}["ppo_kl_step0"] == ("<", 1e-8)
     assert "logprob_mean_diff" not in {g.name for g in mla.gates}  # GLM-5's upstream tests disable that checker

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from rlsmoke.platforms import Host
-from rlsmoke.suite import Decision, Requirement, decide, requirement
+from rlsmoke.selection import Decision, Requirement, decide, requirement
 
 pytest_plugins = ["pytester"]
 
@@ -296,3 +296,39 @@ def test_plugin_import_is_light():
             "print(sorted(m for m in ('torch', 'ray', 'matplotlib', 'transformers') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+TOO_BIG = """
+import pytest
+from rlsmoke.cases import Case
+
+NUM_GPUS = 1
+CASE = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=NUM_GPUS)
+
+
+@pytest.mark.nvidia
+@pytest.mark.gpus(NUM_GPUS)
+def test_one_step():
+    raise AssertionError("a case that does not fit must be skipped before it runs")
+"""
+BUILT_IN_THE_TEST = """
+import pytest
+from rlsmoke.selection import DoesNotFit
+
+
+@pytest.mark.nvidia
+def test_case_built_in_the_test():
+    raise DoesNotFit("needs about 999 GiB per GPU")
+"""
+
+
+def test_a_case_too_big_for_the_host_is_skipped(isolated):
+    """A module's CASE is weighed at collection; a case a test builds itself is skipped when the runner says so."""
+    env = _fake_smi(isolated, "nvidia-smi", ["NVIDIA H200"])
+    isolated.makepyfile(test_big=TOO_BIG, test_built=BUILT_IN_THE_TEST)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", env["PATH"])
+        result = isolated.runpytest_subprocess("-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*needs about * GiB per GPU*glm5.3-flash-4layer over 1 GPU*1 NVIDIA H200 has 141 GiB*",
+                                 "*needs about 999 GiB per GPU*"], consecutive=False)  # fmt: skip

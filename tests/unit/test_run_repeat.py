@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from rlsmoke import metrics
+from rlsmoke import metrics, thresholds
 from rlsmoke.cli import main
 from rlsmoke.errors import ExitCode, RlsmokeError
 
@@ -38,13 +38,13 @@ def failing_seed_0(measured, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("seed-0-fails")
     _, summary = measured
     first, last = summary["per_repeat"]
-    _, entry = metrics.matching_entry(KEY, metrics.THRESHOLDS_DIR)
+    _, entry = thresholds.matching_entry(KEY, thresholds.THRESHOLDS_DIR)
     upper = [g for g in entry["gates"] if g["op"] == "<=" and first[_key(g)] > last[_key(g)]]
     assert upper, f"seed 0 is not worse than seed 1 on any upper bound: {summary['per_repeat']}"
     gate = max(upper, key=lambda g: first[_key(g)] / last[_key(g)])  # the widest gap between the seeds
     gate["bound"] = (first[_key(gate)] + last[_key(gate)]) / 2
     (tmp_path / "thresholds").mkdir()
-    doc = {"schema_version": metrics.SCHEMA_VERSION, "entries": [entry]}
+    doc = {"schema_version": thresholds.SCHEMA_VERSION, "entries": [entry]}
     (tmp_path / "thresholds" / "one-bound-between-seeds.json").write_text(json.dumps(doc))
     out = tmp_path / "run"
     env = os.environ | {"RLSMOKE_THRESHOLDS_DIR": str(tmp_path / "thresholds")}

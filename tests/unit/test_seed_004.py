@@ -1,7 +1,7 @@
 """Seed 004, flag for flag: the NVIDIA test and its ROCm port, rendered from (case, platform, 8)."""
 
 from rlsmoke.cases import Case
-from rlsmoke.launch.miles import _flags
+from rlsmoke.launch.miles import flag_values
 
 MODEL = (
     "--spec miles_plugins.models.glm5.glm5 get_glm5_spec --moe-layer-freq [0]*3+[1]*1 --num-experts 256 "
@@ -59,7 +59,7 @@ ROCM_ENV = {
 
 
 def _as_dict(tokens: list[str]) -> dict[str, tuple[str, ...]]:
-    return {flag: tuple(values) for flag, values in _flags(tokens)}
+    return {flag: tuple(values) for flag, values in flag_values(tokens)}
 
 
 def _rendered(platform: str, mode: str | None = None):

@@ -1,40 +1,46 @@
 """Which case a GPU pair runs: the session's NUM_GPUS, and the one-GPU variant where full width won't fit."""
 
-from pathlib import Path
-
 from rlsmoke.cases import Case
-from rlsmoke.suite import Artifacts, effective_case
+from rlsmoke.platforms import Host
+from rlsmoke.selection import effective_case, memory_shortfall
 
 GLM5 = Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)
 
 
 def test_num_gpus_replaces_the_module_constant():
-    assert effective_case(GLM5, Artifacts(Path("."), num_gpus=2)).num_gpus == 2
-    assert effective_case(GLM5, Artifacts(Path("."))).num_gpus == 8
+    assert effective_case(GLM5, 2).num_gpus == 2
+    assert effective_case(GLM5, None).num_gpus == 8
 
 
 def test_one_gpu_runs_the_64_expert_variant():
-    one = effective_case(GLM5, Artifacts(Path("."), num_gpus=1))
+    one = effective_case(GLM5, 1)
     assert (one.name, one.num_gpus) == ("glm5-744b-a40b-4layer-1gpu", 1)
     assert one.spec().num_experts == 64
 
 
 def test_cpu_and_models_without_a_variant_are_untouched():
     cpu = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
-    assert effective_case(cpu, Artifacts(Path("."), num_gpus=1)) == cpu
+    assert effective_case(cpu, 1) == cpu
     flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8)
-    assert effective_case(flash, Artifacts(Path("."), num_gpus=1)).name == "glm5.3-flash-4layer"
+    assert effective_case(flash, 1).name == "glm5.3-flash-4layer"
 
 
 def test_a_case_too_big_for_the_gpus_says_so():
-    from rlsmoke.platforms import Host
-    from rlsmoke.suite import memory_shortfall
-
     h200 = Host("nvidia", "H200", 1)
     flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=1)
     reason = memory_shortfall(flash, h200)
     assert "needs about" in reason and "141 GiB" in reason and "--num-gpus" in reason
     assert memory_shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=2), h200) == ""
-    one = effective_case(GLM5, Artifacts(Path("."), num_gpus=1))
+    one = effective_case(GLM5, 1)
     assert memory_shortfall(one, h200) == ""  # the 64-expert variant fits one H200
     assert memory_shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=1), h200) != ""
+
+
+def test_the_decision_carries_the_shortfall_so_the_plugin_skips_at_collection():
+    from rlsmoke.selection import Decision, Requirement, decide
+
+    h200 = Host("nvidia", "H200", 1)
+    flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8)
+    d = decide(Requirement("nvidia", 1), h200, case=flash, num_gpus=1)
+    assert not d.run and d.reason == memory_shortfall(effective_case(flash, 1), h200)
+    assert decide(Requirement("nvidia", 1), h200, case=GLM5, num_gpus=1) == Decision(True)  # the 1-GPU variant

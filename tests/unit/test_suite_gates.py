@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from rlsmoke import metrics
+from rlsmoke import metrics, thresholds
 from rlsmoke.cases import Case
-from rlsmoke.suite import Artifacts, GateFailure, HistoryBandWarning, gates_for
+from rlsmoke.suite import Artifacts, GateFailure, HistoryBandWarning, gates_for, run_case
 
 CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 META = {"case": CASE.name, "platform": "cpu", "device": "CPU", "launcher": "builtin", "dtype": "float32/float32",
@@ -102,3 +102,18 @@ def test_a_history_band_failure_fails_the_run_unless_shadowed(tmp_path, shadow):
             gates_for(CASE, art).check(record)
     result = "FAIL (shadow)" if shadow else "FAIL"
     assert f"| `train/grad_norm` | 200 | [11.2, 84] | 3 | {result} |" in (art.path / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_builtin_run_is_gated_once_by_the_suite(tmp_path, monkeypatch):
+    """The engine process only records; the suite's `check` is the one evaluation of the thresholds."""
+    evaluated = []
+    check = thresholds.Gates.check
+    monkeypatch.setattr(thresholds.Gates, "check", lambda gates, record: evaluated.append(record.artifacts) or check(gates, record))
+    art = Artifacts(tmp_path / "run")
+    record = run_case(CASE, art)
+    summary = json.loads((art.path / "summary.json").read_text())
+    assert "verdict" not in summary and "gates" not in summary, "the engine process gated the run as well"
+    assert gates_for(CASE, art).check(record).passed
+    assert evaluated == [str(art.path)]
+    assert json.loads((art.path / "summary.json").read_text())["verdict"] == "PASS"  # what the session summary reads

@@ -27,8 +27,8 @@ def parse_size(text: str) -> int:
 
 def register(subparsers) -> None:
     """Add `prepare` and `verify` to an argparse subparsers object."""
+    from rlsmoke.cases import add_case_arg, add_tiny_arg
     from rlsmoke.checkpoints.dialects import DIALECTS
-    from rlsmoke.cli import add_case_arg, add_tiny_arg
 
     p = subparsers.add_parser(
         "prepare", help="synthesize, prune, patch or FP8-convert a checkpoint, then verify it"

@@ -139,7 +139,7 @@ def prune_into(
     progress: bool = False,
 ) -> None:
     """prune() without the safety wrapper: writes into an existing empty folder."""
-    from rlsmoke.checkpoints.synthesis import _bar
+    from rlsmoke.checkpoints.synthesis import ProgressBar
 
     plans, cfg = _plans(Path(src), dense, moe, keep_mtp)
     skip = {"config.json", INDEX_NAME, MANIFEST_NAME}
@@ -147,5 +147,5 @@ def prune_into(
         if f.is_file() and f.name not in skip and not f.name.endswith(".safetensors"):
             shutil.copyfile(f, folder / f.name)  # tokenizer, generation config, remote code
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    with _bar(sum(p.nbytes for p in plans), "prune", progress) as bar:
+    with ProgressBar(sum(p.nbytes for p in plans), "prune", progress) as bar:
         write_shards(folder, plans, max_shard_bytes=max_shard_bytes, progress=bar)

@@ -175,7 +175,7 @@ def fp8_into(
     progress: bool = False,
 ) -> None:
     """fp8() without the safety wrapper: writes into an existing empty folder."""
-    from rlsmoke.checkpoints.synthesis import _bar
+    from rlsmoke.checkpoints.synthesis import ProgressBar
 
     plans, cfg = _plans(Path(src), device)
     for f in Path(src).iterdir():
@@ -186,6 +186,6 @@ def fp8_into(
         ):
             shutil.copyfile(f, folder / f.name)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    with _bar(sum(p.nbytes for p in plans), "fp8", progress) as bar:
+    with ProgressBar(sum(p.nbytes for p in plans), "fp8", progress) as bar:
         # One worker: quantizing a tensor twice in parallel would only waste the cores it needs.
         write_shards(folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, workers=1)

@@ -259,13 +259,13 @@ def synthesize_into(
     vocab = tokenizer_ids()["size"]
     plans = [tensor_plan(k, d, s, cfg, seed, vocab) for k, (d, s) in layout.tensors.items()]
     write_metadata(folder, cfg)
-    with _bar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
+    with ProgressBar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
         write_shards(
             folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, manifest=manifest, workers=workers
         )
 
 
-class _bar:
+class ProgressBar:
     """A tqdm byte counter when asked for, else nothing; used as the writer's progress callback."""
 
     def __init__(self, total: int, desc: str, enabled: bool):

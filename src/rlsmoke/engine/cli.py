@@ -1,4 +1,5 @@
-"""`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates.
+"""`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates (evaluated here, once;
+with --records-only the caller gates).
 
 Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing checkpoint and OOM),
 3 the run broke (NaN, a crashed worker), 143 stopped by SIGTERM (130 by Ctrl-C): the workers and the
@@ -7,16 +8,23 @@ Ray cluster the run started are stopped and run.log ends with "interrupted".
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
 
+from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
+from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, BatchShape, RunConfig, dtype_name, parse_inject
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
+from rlsmoke.metrics import seed_records, update_summary
+from rlsmoke.platforms import detect, get_platform
+from rlsmoke.repeats import SeedVerdicts
+from rlsmoke.runkey import RunKey, default_dtype
+from rlsmoke.thresholds import Verdict, lookup_gates
+from rlsmoke.topology import plan_topology
 
 
 def register(subparsers) -> None:
-    from rlsmoke.cli import add_case_args, add_tiny_arg
-
     p = subparsers.add_parser("run", help="run one GRPO step on the built-in engine and check its gates")
     add_case_args(p, detect_platform=True)
     g = p.add_argument_group("engine")
@@ -69,27 +77,23 @@ def register(subparsers) -> None:
     g.add_argument("--launcher-label", default=None,
                    help="the launcher field of the thresholds key (default: builtin; builtin-megatron with "
                         "--trainer megatron)")
+    g.add_argument("--records-only", action="store_true",
+                   help="write the metrics and summary, gate nothing: the caller gates (the suite does)")  # fmt: skip
     g.add_argument("--out", type=Path, default=None, help="artifacts folder (default: ./rlsmoke-runs/CASE)")
     p.set_defaults(func=handler)
 
 
 def config_from_args(args):
     """Validate every flag into a RunConfig before anything heavy is imported."""
-    from rlsmoke.cli import case_from_args
-    from rlsmoke.engine.config import BatchShape, RunConfig, dtype_name, parse_inject
-    from rlsmoke.platforms import detect, get_platform
-
     platform = get_platform(args.platform or detect().platform)
     tiny = args.tiny if args.tiny is not None else platform.name == "cpu"
     case = case_from_args(args, tiny=tiny)
-    from rlsmoke.topology import plan_topology
-
     topo = plan_topology(case.spec(), platform.name, case.num_gpus, case.mode, dict(case.overrides),
                          gpus_per_node=case.gpus_per_node, target=case.target)  # fmt: skip
-    if topo.mode == "async" and (topo.actor_gpus, topo.rollout_gpus) != (1, 1):
+    if topo.mode == "async" and (topo.actor_gpus, topo.rollout_gpus) != (1, BUILTIN_ASYNC_GPUS - 1):
         raise RlsmokeError(f"mode=async with {topo.actor_gpus} train + {topo.rollout_gpus} rollout GPUs: the built-in "
                            "engine places one trainer and one rollout engine", rule="engine.placement",
-                           fix="use --mode async --num-gpus 2")  # fmt: skip
+                           fix=f"use --mode async --num-gpus {BUILTIN_ASYNC_GPUS}")  # fmt: skip
     device_class = "CPU"
     if platform.name != "cpu":
         host = detect()
@@ -100,7 +104,7 @@ def config_from_args(args):
                 fix="ask for at most the visible GPUs, or run --platform cpu",
             )
         device_class = host.device
-    rollout_default = "float32" if platform.name == "cpu" else "bfloat16"
+    rollout_default = default_dtype(platform.name).split("/")[0]
     default_shape = BatchShape.for_platform(platform.name)
     cfg = RunConfig(
         case=case.name, tiny=tiny, platform=platform.name, device=platform.torch_device, device_class=device_class,
@@ -145,6 +149,38 @@ def _on_sigterm(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
+    """The thresholds' verdict on a finished run folder, written into its summary.json.
+
+    --repeat K: every seed is its own record and is gated; each gate shows its worst seed, and any
+    failing seed fails the run.
+    """
+    records = seed_records(out)
+    summary = json.loads((Path(out) / "summary.json").read_text())
+    try:
+        gates = lookup_gates(RunKey.from_summary(records[0].meta))
+    except RlsmokeError as exc:
+        # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
+        values = [{k: rec.value(k) for k in rec.keys()} for rec in records]
+        update_summary(out, ({"metrics": values[0]} if len(records) == 1 else {"per_repeat": values})
+                       | {"gates": [], "verdict": "FAIL", "error": exc.one_line()})  # fmt: skip
+        raise
+    first = int(summary.get("seed", 0))
+    seeds = SeedVerdicts(tuple(first + r for r in range(len(records))), tuple(gates.check(rec) for rec in records))
+    verdict = seeds.verdicts[0] if len(records) == 1 else seeds.worst()
+    fields = verdict.summary_fields()  # --repeat K: each gate's worst seed
+    if len(records) > 1:
+        for gate_json, (_, seed, failing) in zip(fields["gates"], seeds.per_gate(), strict=True):
+            gate_json |= {"seed": seed, "failing_seeds": failing}
+        fields["seeds"] = list(seeds.seeds)
+        fields["failed_seeds"] = seeds.failed_seeds()
+        # each seed's gated values and verdict
+        fields["per_repeat"] = [{g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records]
+        fields["per_repeat_verdict"] = ["PASS" if v.passed else "FAIL" for v in seeds.verdicts]
+    update_summary(out, fields)
+    return verdict, seeds
+
+
 def handler(args) -> int:
     cfg = config_from_args(args)
     out = writable_out(args.out or Path("rlsmoke-runs") / cfg.case)
@@ -157,10 +193,13 @@ def handler(args) -> int:
     except RunError as exc:
         print(f"error: [{exc.rule}] {exc}. Artifacts: {out}", file=sys.stderr)
         return ExitCode.RUN_FAILED
-    verdict = summary["_verdict"]
     print(f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} dtype={cfg.dtype_key} "
           f"seed={cfg.seed} inject={cfg.inject} ({summary['seconds']:.1f} s)")  # fmt: skip
-    print(verdict.table() if args.repeat == 1 else summary["_seeds"].table())
+    if args.records_only:
+        print(f"records (not gated): {out}")
+        return ExitCode.OK
+    verdict, seeds = gate_run(out)
+    print(verdict.table() if len(seeds.seeds) == 1 else seeds.table())
     if not verdict.passed:
         print(verdict.report(), file=sys.stderr)
     print(f"artifacts: {out}")

@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.launch.miles import SEED_RECIPE
+from rlsmoke.recipe import SEED_RECIPE
+from rlsmoke.runkey import RunKey
 from rlsmoke.shipped import FIXTURES
 
+# The built-in engine trains colocated over any number of devices (FSDP2, `engine.sharded`), but its
+# async placement is one trainer plus one rollout engine.
+BUILTIN_ASYNC_GPUS = 2
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 REWARDS = ("target", "math")
@@ -151,6 +155,11 @@ class RunConfig:
     @property
     def dtype_key(self) -> str:
         return f"{self.rollout_dtype}/{self.train_dtype}"
+
+    @property
+    def run_key(self) -> RunKey:
+        return RunKey(self.case, self.platform, self.device_class, self.launcher, self.dtype_key,
+                      "tiny" if self.tiny else "full")  # fmt: skip
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)

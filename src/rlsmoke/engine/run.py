@@ -1,4 +1,4 @@
-"""One engine run, top to bottom: prepare, place, roll out, score, train, sync, roll out again, gate.
+"""One engine run, top to bottom: prepare, place, roll out, score, train, sync, roll out again, record.
 
 With --num-rollout 2 (the default) rollout 0 is trained on once, the weights are synced and checked,
 and rollout 1 is scored against the trainer without another update: drift that appears only after
@@ -25,9 +25,7 @@ from rlsmoke.engine.model import check_dsa_dense, checkpoint_dir, estimate_memor
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
 from rlsmoke.errors import Interrupted, RlsmokeError, RunError
-from rlsmoke.metrics import Record, Verdict, gates_for
 from rlsmoke.models import model_spec
-from rlsmoke.repeats import SeedVerdicts
 
 
 class RunLog:
@@ -93,7 +91,8 @@ def _mean(values) -> float:
 
 
 def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
-    """Run `repeat` seeds from the same initial weights, write the artifacts, return summary.json's dict."""
+    """Run `repeat` seeds from the same initial weights, write the records (metrics.jsonl, run.log,
+    summary.json), return summary.json's dict. Nothing is gated here."""
     cfg.validate()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,7 +107,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         tokenizer = load_tokenizer(ckpt)
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        lines, per_repeat, where = [], [], {}
+        lines, where = [], {}
         for r in range(repeat):
             seed = cfg.seed + r
             torch.manual_seed(seed)
@@ -129,7 +128,6 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                 for line in run_lines:
                     line["repeat"] = r
             lines += run_lines
-            per_repeat.append(run_lines)
     except torch.OutOfMemoryError:
         need = estimate_memory_gib(spec, cfg.rollout_dtype, cfg.train_dtype)
         oom = RlsmokeError(
@@ -155,41 +153,9 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         for line in lines:
             f.write(json.dumps(line) + "\n")
 
-    meta = {"case": cfg.case, "platform": cfg.platform, "device": cfg.device_class, "launcher": cfg.launcher,
-            "dtype": cfg.dtype_key, "width": "tiny" if cfg.tiny else "full"}  # fmt: skip
-    # one record per seed: merged by (kind, index), the last seed would overwrite the others
-    records = [Record.from_lines(rl, source=str(out / "metrics.jsonl"), artifacts=str(out), meta=meta)
-               for rl in per_repeat]  # fmt: skip
-    try:
-        gates = gates_for(cfg.case, **{k: v for k, v in meta.items() if k != "case"})
-    except RlsmokeError as exc:
-        # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
-        values = [{k: rec.value(k) for k in rec.keys()} for rec in records]
-        (out / "summary.json").write_text(
-            json.dumps(
-                meta
-                | ({"metrics": values[0]} if repeat == 1 else {"per_repeat": values})
-                | {
-                    "gates": [],
-                    "verdict": "FAIL",
-                    "error": exc.one_line(),
-                    "artifacts": str(out),
-                    "rollout_temperature": cfg.rollout_temperature,
-                    "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                 "python": pyplatform.python_version()},  # fmt: skip
-                },
-                indent=2,
-            )
-        )
-        raise
-    seeds = SeedVerdicts(
-        tuple(cfg.seed + r for r in range(repeat)), tuple(gates.check(rec) for rec in records)
-    )
-    # --repeat K: every seed is gated; each gate shows its worst seed, and any failing seed fails the run
-    verdict = seeds.verdicts[0] if repeat == 1 else seeds.worst()
+    # Records only: whoever consumes the run (`rlsmoke run`, the suite) gates it, once.
     summary = {
-        **{k: meta[k] for k in ("case", "platform", "device", "launcher")},
-        "width": meta["width"],
+        **cfg.run_key.to_json(),
         "mode": cfg.mode,
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
@@ -202,35 +168,17 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             "python": pyplatform.python_version(),
         },  # fmt: skip
         "placement": where,
-        "metrics": verdict.values(),  # --repeat K: each gate's worst seed
-        "gates": [r.to_json() for r in verdict.results],
-        "thresholds": gates.source,
-        "verdict": "PASS" if verdict.passed else "FAIL",
         "artifacts": str(out),
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    if repeat > 1:
-        for gate_json, (_, seed, failing) in zip(summary["gates"], seeds.per_gate(), strict=True):
-            gate_json |= {"seed": seed, "failing_seeds": failing}
-        summary["seeds"] = list(seeds.seeds)
-        summary["failed_seeds"] = seeds.failed_seeds()
-        # each seed's gated values and verdict
-        summary["per_repeat"] = [
-            {g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records
-        ]
-        summary["per_repeat_verdict"] = ["PASS" if v.passed else "FAIL" for v in seeds.verdicts]
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
-    return summary | {"_verdict": verdict, "_seeds": seeds}
+    return summary
 
 
 def _json_default(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return str(x)
-
-
-def verdict_of(summary: dict) -> Verdict:
-    return summary["_verdict"]
 
 
 __all__ = ["execute", "one_run", "RunError"]

@@ -24,8 +24,8 @@ from rlsmoke.engine.model import TORCH_DTYPES, load_policy
 from rlsmoke.engine.rollout import Group, RolloutEngine
 from rlsmoke.engine.train import Trainer
 from rlsmoke.errors import RlsmokeError, RunError
-from rlsmoke.launch.lease import cpu_share
 from rlsmoke.models import model_spec
+from rlsmoke.platforms import cpu_share
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:

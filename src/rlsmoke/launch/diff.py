@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlsmoke.launch.miles import GROUP_ORDER, _flags
+from rlsmoke.launch.miles import GROUP_ORDER, flag_values
 
 
 def _by_flag(plan) -> dict[str, tuple[str, str]]:
     out = {}
     for group in GROUP_ORDER:
-        for flag, values in _flags(plan.launch.groups.get(group, [])):
+        for flag, values in flag_values(plan.launch.groups.get(group, [])):
             out[flag] = (group, " ".join(values) if values else "(set)")
     return out
 

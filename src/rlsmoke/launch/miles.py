@@ -12,8 +12,10 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from rlsmoke.launch.substitutions import SUBSTITUTIONS
 from rlsmoke.models import ModelSpec
-from rlsmoke.platforms import SUBSTITUTIONS, get_platform
+from rlsmoke.platforms import get_platform
+from rlsmoke.recipe import Recipe
 from rlsmoke.topology import Target, Topology
 
 GROUP_ORDER = ("model", "ckpt", "rollout", "perf", "grpo", "optimizer", "sglang", "ci", "misc")
@@ -33,38 +35,7 @@ class Paths:
         return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>")
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """Seed 004's one-step CI settings (not topology)."""
-
-    num_rollout: int = 3
-    rollout_batch_size: int = 8
-    n_samples_per_prompt: int = 8
-    rollout_max_response_len: int = 100
-    rollout_temperature: float = 1.0
-    max_tokens_per_gpu: int = 2048
-    # GRPO and AdamW, as every seed sets them; the built-in engine's defaults read these too.
-    lr: float = 1e-6
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.1
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    sglang_mem_fraction: float = 0.70
-    update_weights_interval: int = 2  # async only
-    # launcher-only: goes to env, not argv. None: loopback on one node; across nodes the head's address
-    # must be given (`head_addr` renders HEAD_PLACEHOLDER until it is).
-    master_addr: str | None = None
-    prompt_file: str = "dapo-math-17k/dapo-math-17k.jsonl"
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.rollout_batch_size * self.n_samples_per_prompt
-
-
 LAUNCHER_ONLY = frozenset({"master_addr"})
-SEED_RECIPE = Recipe()
 LOOPBACK = "127.0.0.1"
 HEAD_PLACEHOLDER = "<HEAD_ADDR>"
 RAY_GCS_PORT = 6379  # `ray start --head`'s default, which the joining nodes dial
@@ -124,7 +95,7 @@ class Launch:
         return f"{env} {shlex.join(self.argv)}"
 
 
-def _flags(tokens: list[str]) -> list[tuple[str, list[str]]]:
+def flag_values(tokens: list[str]) -> list[tuple[str, list[str]]]:
     """Split a token list into (flag, values) items."""
     items: list[tuple[str, list[str]]] = []
     for tok in tokens:
@@ -139,11 +110,11 @@ def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
     """A flag set by a later group replaces the same flag set by an earlier one."""
     last_group = {}
     for g in GROUP_ORDER:
-        for flag, _ in _flags(groups.get(g, [])):
+        for flag, _ in flag_values(groups.get(g, [])):
             last_group[flag] = g
     out = {}
     for g in GROUP_ORDER:
-        kept = [(f, v) for f, v in _flags(groups.get(g, [])) if last_group[f] == g]
+        kept = [(f, v) for f, v in flag_values(groups.get(g, [])) if last_group[f] == g]
         seen, toks = set(), []
         for f, v in kept:
             if f not in seen:

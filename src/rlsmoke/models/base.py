@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from rlsmoke.errors import RlsmokeError
+
 
 def frozen(d: Mapping | None = None, **kwargs) -> Mapping:
     return MappingProxyType({**(d or {}), **kwargs})
@@ -104,8 +106,6 @@ def moe_layer_freq(spec: ModelSpec) -> str:
 def reduce_layers(spec: ModelSpec, dense: int = 3, moe: int = 1) -> ModelSpec:
     """Keep `dense` leading dense layers and `moe` MoE layers at full width (upstream's `_4layer`)."""
     if dense > spec.first_k_dense or moe > spec.num_moe_layers:
-        from rlsmoke.errors import RlsmokeError
-
         raise RlsmokeError(
             f"reduction to {dense} dense + {moe} MoE layers exceeds {spec.name} "
             f"({spec.first_k_dense} dense + {spec.num_moe_layers} MoE)",

@@ -1,0 +1,81 @@
+"""Gating a suite run: the thresholds of its run key, then the history band; `check` fails with every mismatch.
+
+`gates_for(case).check(record)` is what a test module calls. The key comes from the run's summary
+(the device is the session host's when the summary does not say); the thresholds are read by
+`rlsmoke.thresholds.lookup_gates`, the band by `rlsmoke.history`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlsmoke import history, metrics, report, thresholds
+from rlsmoke.artifacts import Artifacts
+from rlsmoke.runkey import RunKey
+
+
+class GateFailure(AssertionError):
+    """One or more gates failed; the message lists each with value, bound, margin, provenance, artifacts."""
+
+
+class HistoryBandWarning(UserWarning):
+    """A history band failed in shadow mode (`--history-shadow`): shown in pytest's summary, not gating."""
+
+
+@dataclass(frozen=True)
+class CaseGates:
+    case: object
+    artifacts: Artifacts | None = None
+
+    def verdict(self, record, artifacts: Artifacts | None = None):
+        """The thresholds' verdict on `record`, without raising."""
+        art = artifacts or self.artifacts or _artifacts_of(record)
+        key = RunKey.from_summary(record.meta, case=self.case.name, platform=self.case.platform,
+                                  device=art.host.device if art is not None else None)  # fmt: skip
+        return thresholds.lookup_gates(key).check(record)
+
+    def check(self, record, artifacts: Artifacts | None = None):
+        """Apply the thresholds and the history band; raise `GateFailure` listing every failure."""
+        art = artifacts or self.artifacts or _artifacts_of(record)
+        verdict = self.verdict(record, art)
+        bands = []
+        if art is not None and art.history is not None and not art.update_golden:
+            bands = history.record_and_check(art.history, record, verdict, commit=art.commit, trusted=art.trusted)
+        if art is not None:
+            metrics.update_summary(art.path, verdict.summary_fields())
+            for r in verdict.results:
+                art.record_property(f"gate:{r.gate.name}", "PASS" if r.passed else f"FAIL {r.line()}")
+            for b in bands:
+                shadow = "SHADOW " if art.history_shadow else ""
+                art.record_property(f"band:{b.metric}", "PASS" if b.passed else f"{shadow}FAIL {b.line()}")
+            report.write_run_summary(art.path, record, verdict, bands, shadow=art.history_shadow)
+            if art.update_golden:
+                path = report.write_threshold_candidate(art.path, record, verdict)
+                art.record_property("threshold_candidate", str(path))
+                return verdict  # recording, not gating: the candidate goes to review
+        failed_bands = [b for b in bands if not b.passed]
+        if failed_bands and art is not None and art.history_shadow:
+            warnings.warn(HistoryBandWarning(history.report(failed_bands)), stacklevel=2)
+            failed_bands = []
+        if not verdict.passed or failed_bands:
+            lines = [verdict.report()] if not verdict.passed else []
+            if failed_bands:
+                lines.append(history.report(failed_bands))
+            raise GateFailure("\n".join(lines))
+        return verdict
+
+
+def _artifacts_of(record) -> Artifacts | None:
+    """The Artifacts a suite run returned with its record (`CaseRecord`), else a bare one for its folder."""
+    ran_with = getattr(record, "ran_with", None)
+    if ran_with is not None:
+        return ran_with
+    folder = getattr(record, "artifacts", "")
+    return Artifacts(Path(folder)) if folder else None
+
+
+def gates_for(case, artifacts: Artifacts | None = None) -> CaseGates:
+    """The gates of `case`: thresholds from fixtures/thresholds/ for the run's key, plus the history band."""
+    return CaseGates(case, artifacts)

@@ -1,0 +1,42 @@
+"""The seeds' one-step recipe: GRPO, AdamW and rollout settings that are not topology.
+
+Miles' launch renders it into flags (`launch.miles`); the built-in engine's defaults read it too, so
+both run the recipe the seeds run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Seed 004's one-step CI settings (not topology)."""
+
+    num_rollout: int = 3
+    rollout_batch_size: int = 8
+    n_samples_per_prompt: int = 8
+    rollout_max_response_len: int = 100
+    rollout_temperature: float = 1.0
+    max_tokens_per_gpu: int = 2048
+    # GRPO and AdamW, as every seed sets them; the built-in engine's defaults read these too.
+    lr: float = 1e-6
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.1
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    sglang_mem_fraction: float = 0.70
+    update_weights_interval: int = 2  # async only
+    # launcher-only: goes to env, not argv. None: loopback on one node; across nodes the head's address
+    # must be given (`launch.miles.head_addr` renders HEAD_PLACEHOLDER until it is).
+    master_addr: str | None = None
+    prompt_file: str = "dapo-math-17k/dapo-math-17k.jsonl"
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+
+SEED_RECIPE = Recipe()

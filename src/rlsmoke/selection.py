@@ -1,0 +1,107 @@
+"""Which tests run on this host: pure functions of a test's markers, its case and the host.
+
+`requirement` reads a test's markers; `decide` turns the requirement (and the case, when the module
+names one) into a `Decision` that the plugin applies as a skip at collection. No pytest here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS
+from rlsmoke.errors import RlsmokeError
+from rlsmoke.models import ONE_GPU_VARIANT
+from rlsmoke.platforms import DEVICE_MEMORY_GIB, Host
+
+GPU_PLATFORMS = ("nvidia", "rocm")
+VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
+# Bytes per parameter the built-in engine holds: fp32 master, grad and two AdamW moments, plus the
+# bf16 rollout copy. Activations come on top, hence the headroom.
+TRAIN_BYTES_PER_PARAM = 4 * 4 + 2
+MEMORY_HEADROOM = 0.9
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What a test needs, read off its markers: a platform and a GPU count (0 for CPU tests)."""
+
+    platform: str  # "nvidia" | "rocm" | "cpu"
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    run: bool
+    reason: str = ""
+
+
+class DoesNotFit(Exception):  # noqa: N818  (a skip reason, not an error of the user's)
+    """A case whose full width does not fit the host's devices; the plugin reports it as a skip."""
+
+
+def requirement(markers: Iterable[str], gpus_marker: int | None, override: int | None) -> Requirement | None:
+    """None for a test without a platform marker (a unit test): it always runs."""
+    names = set(markers)
+    gpu_platforms = [p for p in GPU_PLATFORMS if p in names]
+    if len(gpu_platforms) > 1:
+        raise RlsmokeError(f"markers={sorted(gpu_platforms)} on one test", rule="markers.platform",
+                           fix="mark each test with one of nvidia, rocm (split the test in two)")  # fmt: skip
+    if gpu_platforms:
+        gpus = override if override is not None else (gpus_marker if gpus_marker is not None else 1)
+        return Requirement(gpu_platforms[0], gpus)
+    if "cpu" in names:
+        return Requirement("cpu", 0)
+    return None
+
+
+def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", miles_root: str | None = None,
+           case=None, num_gpus: int | None = None) -> Decision:  # fmt: skip
+    """Whether a test with requirement `req` (running `case` at `num_gpus`, when known) runs on `host`;
+    the reason names what was needed and found."""
+    if req is None or req.platform == "cpu":
+        return Decision(True)
+    if req.gpus == 0:
+        return Decision(False, f"needs {VENDOR[req.platform]} GPUs; 0 GPUs asked for (--num-gpus / NUM_GPUS=0)")
+    need = f"{req.gpus} {VENDOR[req.platform]} GPU{'s' if req.gpus != 1 else ''}"
+    if host.platform != req.platform or host.count < req.gpus:
+        return Decision(False, f"needs {need}; found {host.describe()}")
+    if launcher == "miles" and not miles_root:
+        return Decision(False, f"needs {need} and a Miles checkout: --launcher miles without --miles-root "
+                               "(or env MILES_ROOT); pass --miles-root DIR")  # fmt: skip
+    if launcher == "builtin" and req.platform == "rocm" and req.gpus != BUILTIN_ASYNC_GPUS:
+        return Decision(False, f"needs {need} in async mode; the built-in engine places async on exactly "
+                               f"{BUILTIN_ASYNC_GPUS}. Pass --launcher miles --miles-root DIR, or --num-gpus 2")  # fmt: skip
+    if case is not None:
+        short = memory_shortfall(effective_case(case, num_gpus), host)
+        if short:
+            return Decision(False, short)
+    return Decision(True)
+
+
+def effective_case(case, num_gpus: int | None):
+    """The case at the session's GPU count, when one was given (GPU cases only: CPU runs one device).
+
+    On one GPU a case whose full width does not fit runs its one-GPU variant (`ONE_GPU_VARIANT`).
+    """
+    if case.platform not in GPU_PLATFORMS:
+        return case
+    if num_gpus is not None and case.num_gpus != num_gpus:
+        case = dataclasses.replace(case, num_gpus=num_gpus)
+    if case.num_gpus == 1 and case.name in ONE_GPU_VARIANT and not case.tiny:
+        case = dataclasses.replace(case, name=ONE_GPU_VARIANT[case.name])
+    return case
+
+
+def memory_shortfall(case, host: Host) -> str:
+    """Why a full-width GPU case cannot fit this host's devices ("" when it fits), as a skip reason."""
+    have = DEVICE_MEMORY_GIB.get(host.device, 0)
+    if case.platform not in GPU_PLATFORMS or case.tiny or not have:
+        return ""
+    need = case.spec().parameter_count() * TRAIN_BYTES_PER_PARAM / case.num_gpus / 2**30
+    if need <= have * MEMORY_HEADROOM:
+        return ""
+    return (f"needs about {need:.0f} GiB per GPU (fp32 master, grads, AdamW and a bf16 rollout copy of "
+            f"{case.name} over {case.num_gpus} GPU{'s' if case.num_gpus > 1 else ''}); {host.describe()} has "
+            f"{have} GiB each. Run with more GPUs (--num-gpus)")  # fmt: skip

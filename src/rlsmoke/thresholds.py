@@ -1,0 +1,243 @@
+"""Gates as data: thresholds files, the gates of a run key, and the verdict on a record. No torch.
+
+Entries are read from `fixtures/thresholds/` (and `RLSMOKE_THRESHOLDS_DIR`) and keyed by the run key
+(`rlsmoke.runkey`); `lookup_gates(key).check(record)` returns a `Verdict` that lists every failure
+with its value, bound, margin, provenance and the artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlsmoke.errors import RlsmokeError
+from rlsmoke.metrics import Record
+from rlsmoke.runkey import FIELDS as KEY_FIELDS
+from rlsmoke.runkey import RunKey
+from rlsmoke.shipped import FIXTURES
+
+THRESHOLDS_DIR = FIXTURES / "thresholds"
+SCHEMA_VERSION = 1
+OPS = ("<", "<=", ">", ">=", "abs<", "finite>")
+REDUCES = ("max", "min", "first", "last", "absmax")
+
+
+
+def summary_key(metric: str, reduce: str = "max") -> str:
+    """The flat key of a gated value: the metric, suffixed when not the default max."""
+    return metric if reduce == "max" else f"{metric}@{reduce}"
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    metric: str
+    op: str  # one of OPS
+    bound: float
+    reduce: str = "max"  # how the metric's series becomes one value
+    provenance: str = ""
+
+    def __post_init__(self):
+        if self.op not in OPS or self.reduce not in REDUCES:
+            raise RlsmokeError(f"gate {self.name}: op={self.op!r} reduce={self.reduce!r} is unknown",
+                               rule="gate.schema", fix=f"op in {OPS}, reduce in {REDUCES}")  # fmt: skip
+
+    @property
+    def summary_key(self) -> str:
+        return summary_key(self.metric, self.reduce)
+
+    def evaluate(self, value: float | None) -> GateResult:
+        if value is None:
+            return GateResult(self, None, False, math.nan, "missing: the run did not log this metric")
+        b, v = self.bound, value
+        margins = {"<": b - v, "<=": b - v, ">": v - b, ">=": v - b, "abs<": b - abs(v), "finite>": v - b}
+        passed = {"<": v < b, "<=": v <= b, ">": v > b, ">=": v >= b, "abs<": abs(v) < b,
+                  "finite>": math.isfinite(v) and v > b}[self.op]  # fmt: skip
+        margin = margins[self.op]
+        return GateResult(
+            self, value, bool(passed) and not math.isnan(v), margin if math.isfinite(margin) else math.nan
+        )
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: Gate
+    value: float | None
+    passed: bool
+    margin: float  # >= 0 when there is room: bound - value for an upper bound, value - bound for a lower one
+    note: str = ""
+
+    def to_json(self) -> dict:
+        g = self.gate
+        return {"name": g.name, "metric": g.metric, "reduce": g.reduce, "value": _jsonable(self.value),
+                "bound": g.bound, "op": g.op, "passed": self.passed, "margin": _jsonable(self.margin),
+                "provenance": g.provenance}  # fmt: skip
+
+    def line(self) -> str:
+        shown = "missing" if self.value is None else f"{self.value:.4g}"
+        op = {"abs<": "|x| <", "finite>": "finite and >"}.get(self.gate.op, self.gate.op)
+        return f"{self.gate.name}: {self.gate.summary_key} = {shown}, bound {op} {self.gate.bound:.4g}, margin {self.margin:.3g}"
+
+
+def _jsonable(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+@dataclass(frozen=True)
+class Verdict:
+    results: tuple[GateResult, ...]
+    artifacts: str = ""
+    key: RunKey | None = None
+    source: str = ""  # the thresholds file the gates came from
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[GateResult]:
+        return [r for r in self.results if not r.passed]
+
+    def values(self) -> dict[str, float | None]:
+        return {r.gate.summary_key: _jsonable(r.value) for r in self.results}
+
+    def summary_fields(self) -> dict[str, object]:
+        """What a gated run's summary.json says about its gates (`update_summary`)."""
+        return {"metrics": self.values(), "gates": [r.to_json() for r in self.results], "thresholds": self.source,
+                "verdict": "PASS" if self.passed else "FAIL"}  # fmt: skip
+
+    def table(self) -> str:
+        rows = [("gate", "metric", "value", "bound", "margin", "")]
+        for r in self.results:
+            op = {"abs<": "|x|<", "finite>": "fin>"}.get(r.gate.op, r.gate.op)
+            rows.append((r.gate.name, r.gate.summary_key, "missing" if r.value is None else f"{r.value:.4g}",
+                         f"{op} {r.gate.bound:.4g}", f"{r.margin:.3g}", "PASS" if r.passed else "FAIL"))  # fmt: skip
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        return "\n".join(lines + [f"verdict: {'PASS' if self.passed else 'FAIL'}"])
+
+    def report(self) -> str:
+        """Every failure with value, bound, margin and provenance, then where the artifacts are."""
+        if self.passed:
+            return (
+                f"all {len(self.results)} gates passed ({_key_text(self.key)}); artifacts: {self.artifacts}"
+            )
+        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({_key_text(self.key)}):"]
+        for r in self.failures:
+            lines.append(f"  - {r.line()}{' (' + r.note + ')' if r.note else ''}")
+            lines.append(f"    provenance: {r.gate.provenance}")
+        lines.append(f"artifacts: {self.artifacts}")
+        lines.append("next: open run.log and metrics.jsonl there; if the bound itself is stale, recalibrate: "
+                     "`rlsmoke run CASE --repeat 10`, then `rlsmoke calibrate DIR --write FILE`")  # fmt: skip
+        return "\n".join(lines)
+
+
+def _key_text(key: RunKey | None) -> str:
+    return key.text() if key else "no key"
+
+
+@dataclass(frozen=True)
+class Gates:
+    gates: tuple[Gate, ...]
+    key: RunKey | None = None
+    source: str = ""
+
+    def check(self, record: Record) -> Verdict:
+        results = tuple(g.evaluate(record.value(g.metric, g.reduce)) for g in self.gates)
+        return Verdict(results, record.artifacts, self.key, self.source)
+
+    def __iter__(self):
+        return iter(self.gates)
+
+
+# --- thresholds files -------------------------------------------------------------------------
+
+
+def read_entries(directory: Path) -> list[tuple[Path, dict]]:
+    entries = []
+    for path in sorted(Path(directory).glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("schema_version") != SCHEMA_VERSION or "entries" not in doc:
+            raise RlsmokeError(
+                f"thresholds={path} has schema_version={doc.get('schema_version')!r}",
+                rule="thresholds.schema",
+                fix=f"write schema_version {SCHEMA_VERSION} with an entries list",
+            )
+        for entry in doc["entries"]:
+            unknown = set(entry) - {"key", "gates", "provenance", "note"}
+            unknown |= set(entry.get("key", {})) - set(KEY_FIELDS)
+            if unknown:
+                raise RlsmokeError(
+                    f"thresholds={path} has unknown fields {sorted(unknown)}",
+                    rule="thresholds.schema",
+                    fix=f"entry fields: key, gates, provenance, note; key fields: {', '.join(KEY_FIELDS)}",
+                )
+            entries.append((path, entry))
+    return entries
+
+
+def gate_from_spec(spec: dict, entry_provenance: dict) -> Gate:
+    unknown = set(spec) - {"name", "metric", "op", "bound", "reduce", "max_observed", "provenance"}
+    if unknown:
+        raise RlsmokeError(
+            f"gate {spec.get('name')!r} has unknown fields {sorted(unknown)}", rule="thresholds.schema"
+        )
+    own = spec.get("provenance")
+    if own is None:
+        p = entry_provenance
+        own = (f"{p.get('status', '?')}: {p.get('runs', '?')} runs on {p.get('device', '?')}, {p.get('date', '?')}, "
+               f"{p.get('versions', '?')}; max observed {spec.get('max_observed', '?')}; {p.get('margin_rule', '')}")  # fmt: skip
+    return Gate(
+        spec["name"],
+        spec["metric"],
+        spec["op"],
+        float(spec["bound"]),
+        spec.get("reduce", "max"),
+        own.strip("; "),
+    )
+
+
+def thresholds_dirs() -> list[Path]:
+    """Where entries are read: `RLSMOKE_THRESHOLDS_DIR` (a cluster's own calibrations, os.pathsep-separated)
+    before the shipped `fixtures/thresholds/`, so at equal specificity the cluster's entry wins."""
+    extra = [Path(d) for d in os.environ.get("RLSMOKE_THRESHOLDS_DIR", "").split(os.pathsep) if d]
+    for d in extra:
+        if not d.is_dir():
+            raise RlsmokeError(f"RLSMOKE_THRESHOLDS_DIR={d} is not a folder", rule="thresholds.dir",
+                               fix="point it at a folder of thresholds *.json files (`rlsmoke calibrate --write`)")  # fmt: skip
+    return [*extra, THRESHOLDS_DIR]
+
+
+def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -> tuple[Path, dict] | None:
+    """The most specific entry whose key matches (exact fields beat "*"; the first read wins a tie)."""
+    best, best_score = None, -1
+    for directory in [thresholds_dir] if thresholds_dir else thresholds_dirs():
+        for path, entry in read_entries(directory):
+            ekey = entry["key"]
+            if any(ekey.get(f, "*") not in ("*", key[f]) for f in KEY_FIELDS):
+                continue
+            score = sum(ekey.get(f, "*") != "*" for f in KEY_FIELDS)
+            if score > best_score:
+                best, best_score = (path, entry), score
+    return best
+
+
+def lookup_gates(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
+    """The gates of a run key. The most specific matching entry wins: exact fields beat "*". No match
+    is an error that names the key and how to calibrate one.
+    """
+    best = matching_entry(key.to_json(), thresholds_dir)
+    if best is None:
+        raise RlsmokeError(
+            f"no thresholds for {key.text()}",
+            rule="thresholds.missing",
+            fix="calibrate with `rlsmoke run CASE --repeat 10` then `rlsmoke calibrate DIR --write FILE`, and "
+                "point RLSMOKE_THRESHOLDS_DIR at FILE's folder",
+        )
+    path, entry = best
+    gates = tuple(gate_from_spec(g, entry.get("provenance", {})) for g in entry["gates"])
+    return Gates(gates, key, str(path))

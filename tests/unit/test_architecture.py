@@ -1,0 +1,94 @@
+"""The package's import graph, read from the source with `ast`: no loops, the engine below the suite and
+the CLI, pytest only in the plugin, and `rlsmoke plan` without torch."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import rlsmoke
+
+SRC = Path(rlsmoke.__file__).parent
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _imports(path: Path) -> tuple[set[str], set[str]]:
+    """(every module imported anywhere in the file, those imported at module level). `from pkg import name`
+    counts pkg.name when that is a module, else pkg; a module named by a string in a file that calls
+    `importlib.import_module` counts too (the CLI's subcommands), so no arrow hides."""
+    tree = ast.parse(path.read_text())
+    here = _module(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    top_level = {id(n) for n in tree.body}
+    anywhere, module_level = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        anywhere.update(names)
+        if id(node) in top_level:
+            module_level.update(names)
+    if "import_module" in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}:
+        anywhere |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in MODULES}
+    return anywhere, module_level
+
+
+GRAPH = {m: {n for n in _imports(p)[0] if n in MODULES and n != m} for m, p in MODULES.items()}
+
+
+def test_the_import_graph_has_no_loops():
+    done, stack = set(), []
+
+    def visit(m):
+        if m in stack:
+            raise AssertionError("import loop: " + " -> ".join(stack[stack.index(m):] + [m]))
+        if m in done:
+            return
+        stack.append(m)
+        for n in sorted(GRAPH[m]):
+            visit(n)
+        stack.pop()
+        done.add(m)
+
+    for m in sorted(GRAPH):
+        visit(m)
+
+
+def test_the_engine_imports_no_layer_above_it():
+    above = ("rlsmoke.cli", "rlsmoke.launch", "rlsmoke.suite", "rlsmoke.pytest_plugin", "rlsmoke.gating",
+             "rlsmoke.selection")  # fmt: skip
+    wrong = {m: sorted(n for n in GRAPH[m] if n.startswith(above)) for m in GRAPH if m.startswith("rlsmoke.engine")}
+    assert not {m: n for m, n in wrong.items() if n}, wrong
+
+
+def test_only_the_plugin_imports_pytest_at_module_level():
+    users = sorted(m for m, p in MODULES.items() if m != "rlsmoke.pytest_plugin"
+                   and {"pytest", "_pytest"} & {n.split(".")[0] for n in _imports(p)[1]})  # fmt: skip
+    assert users == []
+
+
+def test_the_library_never_imports_pytest():
+    users = sorted(m for m, p in MODULES.items() if m != "rlsmoke.pytest_plugin"
+                   and {"pytest", "_pytest"} & {n.split(".")[0] for n in _imports(p)[0]})  # fmt: skip
+    assert users == []
+
+
+def test_plan_imports_no_torch():
+    code = ("import sys; from rlsmoke.cli import main; rc = main(['plan', 'glm5-744b-a40b-4layer', '--platform', "
+            "'nvidia', '--num-gpus', '8']); print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
