@@ -253,7 +253,8 @@ def estimate(spec, plan: Plan) -> Estimate:
         | ({} if plan.offload else {"master": master, "AdamW moments": moments}),
         "train": {"master": master, "grads": grads, "AdamW moments": moments, "AdamW temporary": adam_tmp,
                   "rollout copy": resident_copy},
-        "sync": {"master": master, "rollout copy": copy, "gathered tensor": p.largest_tensor * (t + r)}
+        # FSDP2 gathers each parameter in full (train dtype) and casts it; one device casts only
+        "sync": {"master": master, "rollout copy": copy, "gathered tensor": p.largest_tensor * (r if w == 1 else t + r)}
         | ({} if plan.offload else {"AdamW moments": moments}),
     }  # fmt: skip
     backward = {"master": master, "grads": grads, "unsharded weights": unsharded, "activations": act,
@@ -270,6 +271,30 @@ def plan_for(case, *, offload: bool | None = None, **batch) -> Plan:
     world = case.num_gpus if mode == "colocate" else 1
     batch.setdefault("n_prompts", max(2, world))
     return Plan(world=world, mode=mode, offload=mode == "colocate" if offload is None else offload, **batch)
+
+
+def plan_of_run(cfg) -> Plan:
+    """The plan of an engine `RunConfig` (read by field name, so this module stays free of the engine)."""
+    return Plan(world=cfg.num_gpus if cfg.mode == "colocate" else 1, mode=cfg.mode, train_dtype=cfg.train_dtype,
+                rollout_dtype=cfg.rollout_dtype, compute_dtype=cfg.train_compute_dtype, offload=cfg.offload_active,
+                n_prompts=cfg.n_prompts, n_samples=cfg.n_samples, response_len=cfg.max_response_len)  # fmt: skip
+
+
+def check_run_fits(cfg, spec) -> Estimate:
+    """Refuse a run whose estimate exceeds its devices, before anything loads; return the estimate."""
+    from rlsmoke.errors import RlsmokeError
+    from rlsmoke.platforms import DEVICE_MEMORY_GIB
+
+    est = estimate(spec, plan_of_run(cfg))
+    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
+    if have and est.peak > usable_gib(cfg.device_class) * GIB:
+        hint = "" if cfg.offload_active or cfg.mode != "colocate" else "--offload, "
+        raise RlsmokeError(
+            f"case={cfg.case} needs {est.describe()} over {cfg.num_gpus} GPU(s); a {cfg.device_class} has "
+            f"{have} GiB ({usable_gib(cfg.device_class):.0f} usable)", rule="memory.fits",
+            fix=f"use {hint}more GPUs (--num-gpus), a smaller batch (--n-samples, --max-response-len), or --tiny",
+        )  # fmt: skip
+    return est
 
 
 def usable_gib(device: str) -> float:

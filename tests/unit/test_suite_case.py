@@ -33,7 +33,7 @@ def test_a_case_too_big_for_the_gpus_says_so():
     h200 = Host("nvidia", "H200", 1)
     flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=1)
     reason = memory_shortfall(flash, h200)
-    assert "needs about" in reason and "141 GiB" in reason and "--num-gpus" in reason
+    assert "GiB per GPU" in reason and "141 GiB" in reason and "--num-gpus" in reason
     assert memory_shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=2), h200) == ""
     one = effective_case(GLM5, Artifacts(Path("."), num_gpus=1))
     assert memory_shortfall(one, h200) == ""  # the 64-expert variant fits one H200

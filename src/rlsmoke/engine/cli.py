@@ -54,6 +54,9 @@ def register(subparsers) -> None:
     g.add_argument("--max-response-len", type=int, default=16, help="16 keeps tiny GLM-5 within index_topk")
     g.add_argument("--reward", default="target", help="target (dense, for untrained models) | math")
     g.add_argument("--gradient-checkpointing", action="store_true")
+    g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
+                   help="colocate: keep the train state in pinned host memory while rolling out and the rollout "
+                        "copy there while training (default: on for GPUs, off on CPU where it moves nothing)")
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
@@ -100,12 +103,17 @@ def config_from_args(args):
         inject=parse_inject(args.inject), num_rollout=args.num_rollout,
         n_prompts=args.n_prompts or (max(2, topo.num_gpus) if topo.mode == "colocate" else 2),
         n_samples=args.n_samples, max_response_len=args.max_response_len, reward=args.reward,
-        gradient_checkpointing=args.gradient_checkpointing, checkpoint=args.checkpoint, launcher=args.launcher_label,
+        gradient_checkpointing=args.gradient_checkpointing, offload=args.offload, checkpoint=args.checkpoint, launcher=args.launcher_label,
         **({"prompt_data": args.prompt_data} if args.prompt_data else {}),
     )  # fmt: skip
     if args.repeat < 1:
         raise RlsmokeError(f"repeat={args.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
-    return cfg.validate()
+    cfg.validate()
+    if platform.name != "cpu":
+        from rlsmoke.memory import check_run_fits
+
+        check_run_fits(cfg, case.spec())  # a run that cannot fit is refused here, not by an OOM after loading
+    return cfg
 
 
 def handler(args) -> int:

@@ -102,6 +102,9 @@ class RunConfig:
     # The trainer's compute dtype (autocast over fp32 master weights); None: the rollout dtype on a GPU,
     # as Megatron's bf16 training does, and the master dtype on CPU.
     compute_dtype: str | None = None
+    # Colocate offload (Miles' --colocate): the train state waits in pinned host memory while the
+    # rollout copy samples, the rollout copy while the trainer steps. None: on for GPU colocate.
+    offload: bool | None = None
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
     launcher: str = "builtin"
@@ -111,6 +114,12 @@ class RunConfig:
         if self.compute_dtype:
             return self.compute_dtype
         return self.rollout_dtype if self.device.startswith("cuda") else self.train_dtype
+
+    @property
+    def offload_active(self) -> bool:
+        if self.mode != "colocate":
+            return False  # async: the trainer and the rollout engine never share a device
+        return self.device.startswith("cuda") if self.offload is None else self.offload
 
     @property
     def dtype_key(self) -> str:

@@ -20,10 +20,11 @@ import transformers
 from rlsmoke.engine import grpo
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
-from rlsmoke.engine.model import checkpoint_dir, estimate_memory_gib, load_tokenizer
+from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
 from rlsmoke.errors import RlsmokeError, RunError
+from rlsmoke.memory import estimate, plan_of_run
 from rlsmoke.metrics import Record, Verdict, gates_for
 from rlsmoke.models import model_spec
 
@@ -98,6 +99,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
     spec = model_spec(cfg.case, tiny=cfg.tiny)
+    mem_estimate = estimate(spec, plan_of_run(cfg))
+    peaks: list = []
     try:
         ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
         log(f"config: {cfg!r}")
@@ -115,6 +118,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                 where = workers.where
                 log(f"placement: {cfg.mode} {where}")
                 run_lines = one_run(cfg, workers, prompts, tokenizer, seed, log)
+                peaks = _max_peaks(peaks, workers.memory())
+                log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
             finally:
                 workers.close()
                 del workers  # the next seed reloads from the checkpoint: free this one's device memory
@@ -127,12 +132,11 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             lines += run_lines
             per_repeat.append(run_lines)
     except torch.OutOfMemoryError:
-        need = estimate_memory_gib(spec, cfg.rollout_dtype, cfg.train_dtype)
         raise RlsmokeError(
-            f"case={cfg.case} ran out of device memory on {cfg.device_class}; it needs about {need:.0f} GiB "
-            "for weights, grads, AdamW state and the rollout copy, before activations",
+            f"case={cfg.case} ran out of device memory on {cfg.device_class}; the estimate was "
+            f"{mem_estimate.describe()}, which the memory check let through",
             rule="engine.oom",
-            fix="add --gradient-checkpointing, --rollout-dtype bfloat16, or use --tiny",
+            fix="run with more GPUs (--num-gpus) or --offload, or use --tiny; report the estimate's miss",
         ) from None
     finally:
         log.close()
@@ -140,6 +144,10 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         for line in lines:
             f.write(json.dumps(line) + "\n")
 
+    memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
+              "offload": cfg.offload_active, "world": cfg.num_gpus,
+              "peak_gib_per_rank": [max(p.values()) if p else None for p in peaks] or None,
+              "peak_gib_per_rank_by_phase": peaks or None}  # fmt: skip
     meta = {"case": cfg.case, "platform": cfg.platform, "device": cfg.device_class, "launcher": cfg.launcher,
             "dtype": cfg.dtype_key, "width": "tiny" if cfg.tiny else "full"}  # fmt: skip
     record = Record.from_lines(lines, source=str(out / "metrics.jsonl"), artifacts=str(out), meta=meta)
@@ -158,6 +166,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                     "error": exc.one_line(),
                     "artifacts": str(out),
                     "rollout_temperature": cfg.rollout_temperature,
+                    "memory": memory,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                                  "python": pyplatform.python_version()},  # fmt: skip
                 },
@@ -181,6 +190,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             "python": pyplatform.python_version(),
         },  # fmt: skip
         "placement": where,
+        "memory": memory,
         "metrics": verdict.values(),
         "gates": [r.to_json() for r in verdict.results],
         "thresholds": gates.source,
@@ -196,6 +206,14 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         ]
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary | {"_verdict": verdict}
+
+
+def _max_peaks(before: list, now: list) -> list:
+    """Per rank and phase, the larger of two measurements (over --repeat seeds); None off CUDA."""
+    if not before:
+        return list(now)
+    return [None if a is None or b is None else {k: max(a.get(k, 0), b.get(k, 0)) for k in a.keys() | b.keys()}
+            for a, b in zip(before, now, strict=True)]  # fmt: skip
 
 
 def _json_default(x):

@@ -113,9 +113,28 @@ class Trainer:
         return metrics
 
 
+# Elements summed at a time: a float64 copy of a whole expert tensor would be a transient as large as
+# the AdamW moments (6.4 G elements in GLM-5's 256-expert gate_up_proj); 16 M elements is 128 MiB.
+CHECKSUM_CHUNK = 1 << 24
+
+
 @torch.no_grad()
 def _checksums(model) -> dict[str, float]:
     # A float64 sum sees a 1e-6 update without keeping a second copy of the weights. Under FSDP2 the
-    # parameters are DTensor shards: their sum is partial until reduced across the ranks.
-    sums = {n: p.detach().double().sum() for n, p in model.named_parameters()}
-    return {n: (s.full_tensor() if hasattr(s, "full_tensor") else s).item() for n, s in sums.items()}
+    # parameters are DTensor shards: each rank sums its shard, one all-reduce adds them up.
+    names, sums, sharded = [], [], False
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        sharded |= local is not p
+        flat = local.detach().reshape(-1)
+        total = torch.zeros((), dtype=torch.float64, device=flat.device)
+        for i in range(0, flat.numel(), CHECKSUM_CHUNK):
+            total += flat[i : i + CHECKSUM_CHUNK].double().sum()
+        names.append(name)
+        sums.append(total)
+    stacked = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)
+    if sharded:
+        import torch.distributed as dist
+
+        dist.all_reduce(stacked)
+    return dict(zip(names, stacked.tolist(), strict=True))
