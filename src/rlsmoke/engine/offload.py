@@ -65,7 +65,7 @@ class HostCopies:
         moved = 0
         for state in optimizer.state.values():
             for key, t in list(state.items()):
-                if not torch.is_tensor(t) or t.dim() == 0:
+                if not isinstance(t, _HostShard) and (not torch.is_tensor(t) or t.dim() == 0):
                     continue  # the step counter stays where AdamW keeps it
                 state[key] = self._move_state(t, where)
                 moved += t.numel() * t.element_size()
