@@ -25,7 +25,9 @@ SCHEMA_VERSION = 1
 KINDS = ("rollout", "step")
 OPS = ("<", "<=", ">", ">=", "abs<", "finite>")
 REDUCES = ("max", "min", "first", "last", "absmax")
-KEY_FIELDS = ("case", "platform", "device", "launcher", "dtype", "width")
+# num_gpus: FSDP2 over N ranks reduces grads in bf16 and splits the prompts; an entry without it
+# matches any count, and one calibrated at N (`rlsmoke calibrate` writes it) wins at N.
+KEY_FIELDS = ("case", "platform", "device", "launcher", "dtype", "width", "num_gpus")
 
 # --- records ----------------------------------------------------------------------------------
 
@@ -138,7 +140,7 @@ def load_record(path: str | Path) -> Record:
         summary = json.loads((folder / "summary.json").read_text())
         meta = {
             k: summary[k]
-            for k in ("case", "platform", "device", "launcher", "dtype", "seed", "width")
+            for k in ("case", "platform", "device", "launcher", "dtype", "seed", "width", "num_gpus")
             if k in summary
         }
     text = path.read_text(errors="replace")
@@ -327,7 +329,7 @@ def _gate(spec: dict, entry_provenance: dict) -> Gate:
     )
 
 
-def _default_key(case, platform, device, launcher, dtype, width) -> dict[str, str]:
+def _default_key(case, platform, device, launcher, dtype, width, num_gpus=None) -> dict[str, str]:
     name = getattr(case, "name", None) or (case.meta.get("case") if isinstance(case, Record) else case)
     if isinstance(case, Record):
         m = case.meta
@@ -336,7 +338,9 @@ def _default_key(case, platform, device, launcher, dtype, width) -> dict[str, st
         launcher = launcher or m.get("launcher")
         dtype = dtype or m.get("dtype")
         width = width or m.get("width")
+        num_gpus = num_gpus or m.get("num_gpus")
     elif hasattr(case, "platform"):
+        num_gpus = num_gpus or getattr(case, "num_gpus", None)
         platform = platform or case.platform
         width = width or ("tiny" if getattr(case, "tiny", False) else "full")
     platform = platform or "cpu"
@@ -351,7 +355,8 @@ def _default_key(case, platform, device, launcher, dtype, width) -> dict[str, st
             device = detect().device
     key = {"case": str(name), "platform": platform, "device": device, "launcher": launcher or "builtin",
            "dtype": dtype or ("float32/float32" if platform == "cpu" else "bfloat16/float32"),
-           "width": width or ("tiny" if platform == "cpu" else "full")}  # fmt: skip
+           "width": width or ("tiny" if platform == "cpu" else "full"),
+           "num_gpus": str(num_gpus) if num_gpus is not None else "*"}  # fmt: skip
     return key
 
 
@@ -381,14 +386,14 @@ def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -
 
 
 def gates_for(case, *, platform: str | None = None, device: str | None = None, launcher: str | None = None,
-              dtype: str | Mapping | None = None, width: str | None = None,
+              dtype: str | Mapping | None = None, width: str | None = None, num_gpus: int | str | None = None,
               thresholds_dir: Path | None = None) -> Gates:  # fmt: skip
     """The gates of a case: a name, a `Case`, or a `Record` (its summary names the key).
 
     The most specific matching entry wins: exact fields beat "*". No match is an error that names
     the key and how to calibrate one.
     """
-    key = _default_key(case, platform, device, launcher, dtype, width)
+    key = _default_key(case, platform, device, launcher, dtype, width, num_gpus)
     best = matching_entry(key, thresholds_dir)
     if best is None:
         raise RlsmokeError(

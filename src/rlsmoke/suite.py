@@ -229,7 +229,7 @@ def _write_meta(art: Artifacts, case, launcher: str) -> None:
     """A summary.json naming the run, so the thresholds key of a Miles log is known."""
     dtype = "float32/float32" if case.platform == "cpu" else "bfloat16/float32"
     meta = {"case": case.name, "platform": case.platform, "device": art.host.device, "launcher": launcher,
-            "dtype": dtype, "width": "tiny" if case.tiny else "full", "num_gpus": case.num_gpus}  # fmt: skip
+            "dtype": dtype, "width": "tiny" if case.tiny else "full", "num_gpus": str(case.num_gpus)}  # fmt: skip
     (art.path / "summary.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

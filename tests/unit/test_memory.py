@@ -9,6 +9,7 @@ import pytest
 
 from rlsmoke import memory
 from rlsmoke.cases import Case
+from rlsmoke.errors import RlsmokeError
 from rlsmoke.memory import GIB, Plan, estimate, parameter_count
 from rlsmoke.models import model_spec
 from rlsmoke.platforms import Host
@@ -138,3 +139,18 @@ def test_no_torch_import():
     code = ("import sys, rlsmoke.memory as m; from rlsmoke.models import model_spec; "
             "m.estimate(model_spec('glm5-744b-a40b-4layer'), m.Plan()); assert 'torch' not in sys.modules")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rlsmoke_run_refuses_a_case_that_cannot_fit_before_loading():
+    from rlsmoke.engine.config import RunConfig
+
+    gpu = RunConfig(case="glm5-744b-a40b-4layer", tiny=False, platform="nvidia", device="cuda", device_class="H200",
+                    rollout_dtype="bfloat16")  # fmt: skip
+    with pytest.raises(RlsmokeError) as err:
+        memory.check_run_fits(gpu, model_spec(gpu.case))
+    assert err.value.rule == "memory.fits" and "GiB per GPU" in str(err.value) and "--num-gpus" in err.value.fix
+    two = gpu.replace(num_gpus=2, n_prompts=2)
+    assert memory.check_run_fits(two, model_spec(two.case)).peak < 141 * GIB
+    with pytest.raises(RlsmokeError) as err:  # the measured OOM: two H200s without offload
+        memory.check_run_fits(two.replace(offload=False), model_spec(two.case))
+    assert "--offload" in err.value.fix

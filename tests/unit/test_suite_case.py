@@ -38,3 +38,8 @@ def test_a_case_too_big_for_the_gpus_says_so():
     one = effective_case(GLM5, Artifacts(Path("."), num_gpus=1))
     assert memory_shortfall(one, h200) == ""  # the 64-expert variant fits one H200
     assert memory_shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=1), h200) != ""
+
+
+def test_two_gpus_run_all_256_experts():
+    two = effective_case(GLM5, Artifacts(Path("."), num_gpus=2))
+    assert (two.name, two.num_gpus, two.spec().num_experts) == ("glm5-744b-a40b-4layer", 2, 256)

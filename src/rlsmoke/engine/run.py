@@ -149,7 +149,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
               "peak_gib_per_rank": [max(p.values()) if p else None for p in peaks] or None,
               "peak_gib_per_rank_by_phase": peaks or None}  # fmt: skip
     meta = {"case": cfg.case, "platform": cfg.platform, "device": cfg.device_class, "launcher": cfg.launcher,
-            "dtype": cfg.dtype_key, "width": "tiny" if cfg.tiny else "full"}  # fmt: skip
+            "dtype": cfg.dtype_key, "width": "tiny" if cfg.tiny else "full", "num_gpus": str(cfg.num_gpus)}  # fmt: skip
     record = Record.from_lines(lines, source=str(out / "metrics.jsonl"), artifacts=str(out), meta=meta)
     try:
         gates = gates_for(cfg.case, **{k: v for k, v in meta.items() if k != "case"})
@@ -178,6 +178,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     summary = {
         **{k: meta[k] for k in ("case", "platform", "device", "launcher")},
         "width": meta["width"],
+        "num_gpus": cfg.num_gpus,
         "mode": cfg.mode,
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
