@@ -103,7 +103,7 @@ class Rank:
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
                                     inject=cfg.inject)  # fmt: skip
         self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
-                             rollout_model=self.rollout_model)  # fmt: skip
+                             rollout_model=self.rollout_model, ranks_on_host=world)  # fmt: skip
 
     def mine(self, items: list) -> list:
         return items[self.rank :: self.world]
