@@ -41,11 +41,13 @@ def phase_walk(cfg):
         seen["sync"] = (workers.sync(skip=False), workers.offload_state())
         workers.generate([p.ids for p in prompts], cfg.n_samples, seed=1)
         seen["rollout 1"] = workers.offload_state()
-        workers.forward_only(groups)
-        seen["train again"] = workers.offload_state()
+        old = workers.forward_only(groups)
+        seen["score"] = workers.offload_state()
+        second = workers.step(groups, [lp for lp, _ in old], adv)  # on moments brought back from the host
+        seen["second step"] = workers.offload_state()
     finally:
         workers.close()
-    return step, seen
+    return (step, second), seen
 
 
 @pytest.mark.parametrize("world", [1, 2], ids=["one-device", "fsdp2-gloo-2"])
@@ -57,7 +59,9 @@ def test_phases_move_the_state_and_the_step_is_unchanged(world):
         assert rank["offload"] and rank["optimizer_pinned"] == [False]  # CPU: no pinned pages without CUDA
         if world > 1:
             assert rank["optimizer_parked_shards"] > 0  # the moments' local shards, outside their DTensors
-    for rank in seen["train again"]:
+    for rank in seen["score"]:  # scoring needs the master weights, not the moments
+        assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == ("device", "host", "host")
+    for rank in seen["second step"]:
         assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == ("device", "device", "host")
         assert rank["optimizer_parked_shards"] == 0
     sync, after_sync = seen["sync"]
@@ -66,7 +70,7 @@ def test_phases_move_the_state_and_the_step_is_unchanged(world):
     assert [r["rollout_copy"] for r in after_sync] == ["device"] * world
 
     plain_step, plain = phase_walk(cfg.replace(offload=False))
-    assert plain_step == step, "offload changed the step's numbers"
+    assert plain_step == step, "offload changed the steps' numbers"
     assert {r["optimizer_state"] for r in plain["rollout 1"]} == {"device"}
 
 

@@ -6,8 +6,8 @@ copy; `Phases.enter` moves what the next phase does not use to host memory:
 
 - rollout: master weights and AdamW moments go to the host, grads are freed (every step starts by
   zeroing them), the rollout copy comes back;
-- train (old log-probs and the step): the rollout copy goes to the host, the master weights and the
-  moments come back;
+- train (old log-probs and the step): the rollout copy goes to the host, the master weights come
+  back, and the moments too when a step follows;
 - sync: the moments go to the host again, the rollout copy comes back next to the master weights.
 
 Plain tensors (the rollout copy, the one-device trainer, the moments) move into pinned host buffers
@@ -138,9 +138,7 @@ class MemoryMeter:
         self.device = torch.device(device)
         self.on = self.device.type == "cuda"
         self.peaks: dict[str, int] = {}
-        self.phase = "load"
-        if self.on:
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.phase = "load"  # measured from the last reset: process start, or `reset_peak_memory_stats` before loading
 
     def enter(self, phase: str) -> None:
         self.close()
@@ -180,7 +178,9 @@ class Phases:
         if self.offload:
             want = {
                 "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
-                "train": {"train_params": "device", "optimizer_state": "device", "rollout_copy": "host"},
+                # the moments come back only for a step (`for_step`): scoring the last rollout needs none
+                "train": {"train_params": "device", "optimizer_state": self.where["optimizer_state"],
+                          "rollout_copy": "host"},
                 "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
             }[phase]
             if want["train_params"] == "host" or want["optimizer_state"] == "host":
@@ -191,6 +191,11 @@ class Phases:
                     self._move(part, want[part])
         self.phase = phase
         self.meter.enter(phase)
+
+    def for_step(self) -> None:
+        """The AdamW moments back on the device, right before the optimizer needs them."""
+        if self.offload and self.where["optimizer_state"] == "host":
+            self._move("optimizer_state", "device")
 
     def state(self) -> dict:
         """Where each part is now, and what the AdamW moments' tensors say of themselves (device, pinned)."""

@@ -109,6 +109,8 @@ class Colocated:
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
         self.cfg = cfg
+        if cfg.device.startswith("cuda"):  # the load phase's peak counts from here (a --repeat reuses the process)
+            torch.cuda.reset_peak_memory_stats()
         self.train = TrainWorker(cfg, ckpt)
         self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id)
         self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.train.trainer,
@@ -125,6 +127,7 @@ class Colocated:
 
     def step(self, groups, old, advantages):
         self.phases.enter("train")
+        self.phases.for_step()
         return self.train.step(groups, old, advantages)
 
     def memory(self) -> list:

@@ -118,6 +118,7 @@ class Rank:
 
     def step(self, groups, old, advantages):
         self.phases.enter("train")
+        self.phases.for_step()
         return self.trainer.step(groups, old, advantages)
 
     def full_weights(self):
