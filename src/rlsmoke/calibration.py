@@ -2,7 +2,7 @@
 
 A run folder is either a built-in engine's `rlsmoke run CASE --repeat K --out DIR` (K seeds, one
 record each) or a suite run's artifacts folder (a Miles log beside its summary.json: one seed).
-Runs are grouped by key (case, platform, device, launcher, dtype, width). Each key gets one entry:
+Runs are grouped by key (case, platform, device, launcher, dtype, width, num_gpus). Each key gets one entry:
 the gates its runs were judged by, their bounds set by MARGIN_RULE, and the min / median / max over
 the seeds as each gate's provenance. `--write FILE` replaces that key's entry in FILE (created if
 missing); point `RLSMOKE_THRESHOLDS_DIR` at FILE's folder to gate against it.
@@ -128,7 +128,8 @@ def _command(summary: dict, runs: int) -> str:
     if summary.get("launcher", "builtin") != "builtin":
         return f"{runs} suite runs of {summary['case']} on {summary['platform']} (--launcher {summary['launcher']})"
     width = "" if summary.get("width") == "tiny" or summary["platform"] != "cpu" else " --no-tiny"
-    return f"rlsmoke run {summary['case']} --platform {summary['platform']} --repeat {runs}{width}"
+    gpus = f" --num-gpus {summary['num_gpus']}" if int(summary.get("num_gpus", 1)) > 1 else ""
+    return f"rlsmoke run {summary['case']} --platform {summary['platform']}{gpus} --repeat {runs}{width}"
 
 
 def markdown(entry: dict, rows: list[tuple]) -> str:

@@ -126,7 +126,8 @@ def load_meta(folder: Path) -> dict:
     if not (folder / "summary.json").is_file():
         return {}
     summary = json.loads((folder / "summary.json").read_text())
-    return {k: summary[k] for k in ("case", "platform", "device", "launcher", "dtype", "seed", "width") if k in summary}
+    return {k: summary[k] for k in ("case", "platform", "device", "launcher", "dtype", "seed", "width", "num_gpus")
+            if k in summary}  # fmt: skip
 
 
 def load_record(path: str | Path) -> Record:

@@ -1,6 +1,6 @@
 """The run key: what a thresholds entry, a calibration and a history series are keyed by.
 
-(case, platform, device class, launcher, dtype, width). Built in one place, from a summary.json (or a
+(case, platform, device class, launcher, dtype, width, GPU count). Built in one place, from a summary.json (or a
 record's meta) or from a case; the device is always given by the caller, never detected here.
 """
 
@@ -32,6 +32,9 @@ class RunKey:
     launcher: str = "builtin"
     dtype: str = ""  # "": the platform's default
     width: str = ""  # "tiny" | "full"; "": tiny on CPU, full on GPUs
+    # FSDP2 over N ranks reduces grads in bf16 and splits the prompts: an entry calibrated at N wins at
+    # N, one without a count ("*") matches any; a key that does not know its count matches only those.
+    num_gpus: str = "*"
 
     def __post_init__(self):
         if not self.dtype:
@@ -51,12 +54,13 @@ class RunKey:
             raise RlsmokeError(f"the run's summary names no {missing} (platform={platform})", rule="runkey.fields",
                                fix=f"write `{missing}` into the run's summary.json, or pass it in")  # fmt: skip
         return cls(str(name), platform, device, summary.get("launcher") or launcher or "builtin",
-                   dtype_text(summary.get("dtype")) or "", summary.get("width") or "")  # fmt: skip
+                   dtype_text(summary.get("dtype")) or "", summary.get("width") or "",
+                   str(summary.get("num_gpus") or "*"))  # fmt: skip
 
     @classmethod
     def of_case(cls, case, *, device: str, launcher: str = "builtin") -> RunKey:
         """The key of a `Case` run on `device` (a device class: "CPU", "H200", ...)."""
-        return cls(case.name, case.platform, device, launcher, "", "tiny" if case.tiny else "full")
+        return cls(case.name, case.platform, device, launcher, "", "tiny" if case.tiny else "full", str(case.num_gpus))
 
     def to_json(self) -> dict[str, str]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -10,17 +10,14 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from rlsmoke import memory
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ONE_GPU_VARIANT
-from rlsmoke.platforms import DEVICE_MEMORY_GIB, Host
+from rlsmoke.platforms import Host
 
 GPU_PLATFORMS = ("nvidia", "rocm")
 VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
-# Bytes per parameter the built-in engine holds: fp32 master, grad and two AdamW moments, plus the
-# bf16 rollout copy. Activations come on top, hence the headroom.
-TRAIN_BYTES_PER_PARAM = 4 * 4 + 2
-MEMORY_HEADROOM = 0.9
 
 
 @dataclass(frozen=True)
@@ -96,12 +93,4 @@ def effective_case(case, num_gpus: int | None):
 
 def memory_shortfall(case, host: Host) -> str:
     """Why a full-width GPU case cannot fit this host's devices ("" when it fits), as a skip reason."""
-    have = DEVICE_MEMORY_GIB.get(host.device, 0)
-    if case.platform not in GPU_PLATFORMS or case.tiny or not have:
-        return ""
-    need = case.spec().parameter_count() * TRAIN_BYTES_PER_PARAM / case.num_gpus / 2**30
-    if need <= have * MEMORY_HEADROOM:
-        return ""
-    return (f"needs about {need:.0f} GiB per GPU (fp32 master, grads, AdamW and a bf16 rollout copy of "
-            f"{case.name} over {case.num_gpus} GPU{'s' if case.num_gpus > 1 else ''}); {host.describe()} has "
-            f"{have} GiB each. Run with more GPUs (--num-gpus)")  # fmt: skip
+    return memory.shortfall(case, host)

@@ -128,7 +128,7 @@ def _verified_checkpoint(case, art: Artifacts) -> Path | None:
 
 def _write_meta(art: Artifacts, case, launcher: str) -> None:
     """A summary.json naming the run, so the thresholds key of a Miles log is known."""
-    meta = RunKey.of_case(case, device=art.host.device, launcher=launcher).to_json() | {"num_gpus": case.num_gpus}
+    meta = RunKey.of_case(case, device=art.host.device, launcher=launcher).to_json()
     (art.path / "summary.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

@@ -218,7 +218,7 @@ def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -
     for directory in [thresholds_dir] if thresholds_dir else thresholds_dirs():
         for path, entry in read_entries(directory):
             ekey = entry["key"]
-            if any(ekey.get(f, "*") not in ("*", key[f]) for f in KEY_FIELDS):
+            if any(ekey.get(f, "*") not in ("*", key.get(f, "*")) for f in KEY_FIELDS):
                 continue
             score = sum(ekey.get(f, "*") != "*" for f in KEY_FIELDS)
             if score > best_score:

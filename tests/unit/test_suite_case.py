@@ -29,7 +29,7 @@ def test_a_case_too_big_for_the_gpus_says_so():
     h200 = Host("nvidia", "H200", 1)
     flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=1)
     reason = memory_shortfall(flash, h200)
-    assert "needs about" in reason and "141 GiB" in reason and "--num-gpus" in reason
+    assert "GiB per GPU" in reason and "141 GiB" in reason and "--num-gpus" in reason
     assert memory_shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=2), h200) == ""
     one = effective_case(GLM5, 1)
     assert memory_shortfall(one, h200) == ""  # the 64-expert variant fits one H200
@@ -44,3 +44,8 @@ def test_the_decision_carries_the_shortfall_so_the_plugin_skips_at_collection():
     d = decide(Requirement("nvidia", 1), h200, case=flash, num_gpus=1)
     assert not d.run and d.reason == memory_shortfall(effective_case(flash, 1), h200)
     assert decide(Requirement("nvidia", 1), h200, case=GLM5, num_gpus=1) == Decision(True)  # the 1-GPU variant
+
+
+def test_two_gpus_run_all_256_experts():
+    two = effective_case(GLM5, 2)
+    assert (two.name, two.num_gpus, two.spec().num_experts) == ("glm5-744b-a40b-4layer", 2, 256)

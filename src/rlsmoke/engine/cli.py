@@ -8,6 +8,7 @@ Ray cluster the run started are stopped and run.log ends with "interrupted".
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import sys
@@ -66,6 +67,9 @@ def register(subparsers) -> None:
                    help="response cap in tokens (default on GPUs: seed 004's 100; on CPU: 16, for speed)")
     g.add_argument("--reward", default="target", help="target (dense, for untrained models) | math")
     g.add_argument("--gradient-checkpointing", action="store_true")
+    g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
+                   help="colocate: keep the train state in pinned host memory while rolling out and the rollout "
+                        "copy there while training (default: on for GPUs, off on CPU where it moves nothing)")
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
@@ -117,14 +121,19 @@ def config_from_args(args):
         n_samples=args.n_samples or default_shape.n_samples,
         max_response_len=args.max_response_len or default_shape.max_response_len, reward=args.reward,
         compute_path=args.compute_path,
-        gradient_checkpointing=args.gradient_checkpointing, checkpoint=args.checkpoint,
+        gradient_checkpointing=args.gradient_checkpointing, offload=args.offload, checkpoint=args.checkpoint,
         launcher=args.launcher_label or ("builtin-megatron" if args.trainer == "megatron" else "builtin"),
         trainer=args.trainer,
         **({"prompt_data": args.prompt_data} if args.prompt_data else {}),
     )  # fmt: skip
     if args.repeat < 1:
         raise RlsmokeError(f"repeat={args.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
-    return cfg.validate()
+    cfg.validate()
+    if platform.name != "cpu":
+        from rlsmoke.memory import check_run_fits
+
+        check_run_fits(cfg, case.spec())  # a run that cannot fit is refused here, not by an OOM after loading
+    return cfg
 
 
 def writable_out(out: Path) -> Path:

@@ -137,6 +137,9 @@ class RunConfig:
     # parameters (Megatron's bf16 training; the rollout engine's cast path); "autocast" over the fp32
     # weights (measured 5-10x noisier against a bf16 rollout: docs/calibration.md).
     compute_path: str = "params"
+    # Colocate offload (Miles' --colocate): the train state waits in pinned host memory while the
+    # rollout copy samples, the rollout copy while the trainer steps. None: on for GPU colocate.
+    offload: bool | None = None
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
     launcher: str = "builtin"
@@ -153,13 +156,19 @@ class RunConfig:
         return self.compute_path == "params" and self.train_compute_dtype != self.train_dtype
 
     @property
+    def offload_active(self) -> bool:
+        if self.mode != "colocate":
+            return False  # async: the trainer and the rollout engine never share a device
+        return self.device.startswith("cuda") if self.offload is None else self.offload
+
+    @property
     def dtype_key(self) -> str:
         return f"{self.rollout_dtype}/{self.train_dtype}"
 
     @property
     def run_key(self) -> RunKey:
         return RunKey(self.case, self.platform, self.device_class, self.launcher, self.dtype_key,
-                      "tiny" if self.tiny else "full")  # fmt: skip
+                      "tiny" if self.tiny else "full", str(self.num_gpus))  # fmt: skip
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -60,13 +60,6 @@ def load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path)
 
 
-def estimate_memory_gib(spec: ModelSpec, rollout_dtype: str, train_dtype: str) -> float:
-    """Weights + grads + AdamW moments in the train dtype, plus the rollout copy. Activations excluded."""
-    size = {"float32": 4, "bfloat16": 2, "float16": 2}
-    per_param = size[train_dtype] * 4 + size[rollout_dtype]  # master, grad, exp_avg, exp_avg_sq; rollout copy
-    return spec.parameter_count() * per_param / 2**30
-
-
 def check_dsa_dense(path: Path, longest: int) -> None:
     """A DSA model's sequences must fit its indexer's top-k: below it decode and full forward agree.
 

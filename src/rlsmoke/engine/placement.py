@@ -19,6 +19,7 @@ import torch
 from rlsmoke.engine import sync
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy
+from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine
 from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.errors import RlsmokeError, RunError
@@ -110,24 +111,43 @@ class RolloutWorker:
 
 
 class Colocated:
-    """One process, one device: the rollout engine keeps its own copy in the rollout dtype."""
+    """One process, one device: the rollout engine keeps its own copy in the rollout dtype.
+
+    The train state and the rollout copy take turns on the device between phases (`engine.offload`).
+    """
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
         self.cfg = cfg
+        if cfg.device.startswith("cuda"):  # the load phase's peak counts from here (a --repeat reuses the process)
+            torch.cuda.reset_peak_memory_stats()
         self.train = train_worker(cfg, ckpt)
         self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id)
+        self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.train.trainer,
+                             rollout_model=self.rollout.model)  # fmt: skip
         self.where = {"train": _where(), "rollout": _where()}
 
     def generate(self, prompt_ids, n, seed):
+        self.phases.enter("rollout")
         return self.rollout.generate(prompt_ids, n, seed)
 
     def forward_only(self, groups):
+        self.phases.enter("train")
         return self.train.forward_only(groups)
 
     def step(self, groups, old, advantages):
+        self.phases.enter("train")
+        self.phases.for_step()
         return self.train.step(groups, old, advantages)
 
+    def memory(self) -> list:
+        """Peak allocated device memory by phase (GiB), one entry per rank; [None] off CUDA."""
+        return [self.phases.meter.report()]
+
+    def offload_state(self) -> list[dict]:
+        return [self.phases.state()]
+
     def sync(self, *, skip: bool) -> dict[str, float]:
+        self.phases.enter("sync")
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
         model = self.rollout.model
         if not skip:
@@ -206,6 +226,9 @@ class RayAsync:
 
     def step(self, groups, old, advantages):
         return self._get(self.train.step.remote(groups, old, advantages))
+
+    def memory(self) -> list:
+        return [None, None]  # not metered across Ray actors
 
     def sync(self, *, skip: bool) -> dict[str, float]:
         weights = self.train.weights.remote()  # an object ref: the driver never copies the weights

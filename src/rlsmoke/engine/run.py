@@ -21,10 +21,11 @@ from rlsmoke.engine import grpo
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
-from rlsmoke.engine.model import check_dsa_dense, checkpoint_dir, estimate_memory_gib, load_tokenizer
+from rlsmoke.engine.model import check_dsa_dense, checkpoint_dir, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
 from rlsmoke.errors import Interrupted, RlsmokeError, RunError
+from rlsmoke.memory import estimate, plan_of_run
 from rlsmoke.models import model_spec
 
 
@@ -100,6 +101,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
     spec = model_spec(cfg.case, tiny=cfg.tiny)
+    mem_estimate = estimate(spec, plan_of_run(cfg))
+    peaks: list = []
     try:
         ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
         log(f"config: {cfg!r}")
@@ -118,6 +121,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                 where = workers.where
                 log(f"placement: {cfg.mode} {where}")
                 run_lines = one_run(cfg, workers, prompts, tokenizer, seed, log)
+                peaks = _max_peaks(peaks, workers.memory())
+                log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
             finally:
                 workers.close()
                 del workers  # the next seed reloads from the checkpoint: free this one's device memory
@@ -129,12 +134,11 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                     line["repeat"] = r
             lines += run_lines
     except torch.OutOfMemoryError:
-        need = estimate_memory_gib(spec, cfg.rollout_dtype, cfg.train_dtype)
         oom = RlsmokeError(
-            f"case={cfg.case} ran out of device memory on {cfg.device_class}; it needs about {need:.0f} GiB "
-            "for weights, grads, AdamW state and the rollout copy, before activations",
+            f"case={cfg.case} ran out of device memory on {cfg.device_class}; the estimate was "
+            f"{mem_estimate.describe()}, which the memory check let through",
             rule="engine.oom",
-            fix="add --gradient-checkpointing, --rollout-dtype bfloat16, or use --tiny",
+            fix="run with more GPUs (--num-gpus) or --offload, or use --tiny; report the estimate's miss",
         )
         log(f"error: {oom.one_line()}")
         raise oom from None
@@ -153,6 +157,10 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         for line in lines:
             f.write(json.dumps(line) + "\n")
 
+    memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
+              "offload": cfg.offload_active, "world": cfg.num_gpus,
+              "peak_gib_per_rank": [max(p.values()) if p else None for p in peaks] or None,
+              "peak_gib_per_rank_by_phase": peaks or None}  # fmt: skip
     # Records only: whoever consumes the run (`rlsmoke run`, the suite) gates it, once.
     summary = {
         **cfg.run_key.to_json(),
@@ -168,11 +176,20 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             "python": pyplatform.python_version(),
         },  # fmt: skip
         "placement": where,
+        "memory": memory,
         "artifacts": str(out),
         "seconds": round(time.perf_counter() - t0, 2),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
+
+
+def _max_peaks(before: list, now: list) -> list:
+    """Per rank and phase, the larger of two measurements (over --repeat seeds); None off CUDA."""
+    if not before:
+        return list(now)
+    return [None if a is None or b is None else {k: max(a.get(k, 0), b.get(k, 0)) for k in a.keys() | b.keys()}
+            for a, b in zip(before, now, strict=True)]  # fmt: skip
 
 
 def _json_default(x):

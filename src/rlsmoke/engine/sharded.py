@@ -3,7 +3,9 @@
 Each rank is a data-parallel replica of the colocated flow: it holds an FSDP2 shard of the trainer
 (`fully_shard` per decoder layer, then the root) and a full rollout copy in the rollout dtype, rolls
 out its share of the prompts, and takes part in every collective (forward, backward, the
-all-gather of the weight sync). The driver speaks to the ranks through pipes, so the path needs no
+all-gather of the weight sync). The trainer loads on the host and `fully_shard` moves each block's
+shard to the device, so no rank ever holds the whole fp32 model on its GPU. Between phases the
+train state and the rollout copy take turns on the device (`engine.offload`). The driver speaks to the ranks through pipes, so the path needs no
 Ray and runs the same with gloo on CPU (CI) and NCCL on GPUs.
 """
 
@@ -21,8 +23,9 @@ import torch.distributed as dist
 from rlsmoke.engine import sync
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy
+from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine
-from rlsmoke.engine.train import Trainer
+from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import model_spec
 from rlsmoke.platforms import cpu_share
@@ -85,7 +88,9 @@ class Rank:
         self.device = f"cuda:{rank}" if on_gpu else "cpu"
         if on_gpu:
             torch.cuda.set_device(rank)
-        model = load_policy(ckpt, spec, cfg.train_dtype, self.device)
+        model = load_policy(ckpt, spec, cfg.train_dtype, "cpu")  # fully_shard moves each shard to the device
+        if cfg.inject.kind == "train-dropout":
+            set_dropout(model, cfg.inject.value)
         low = TORCH_DTYPES[cfg.rollout_dtype] if on_gpu else None  # bf16 compute and reduce on GPUs
         shard(model, param_dtype=low, reduce_dtype=low)
         self.trainer = ShardedTrainer(
@@ -99,27 +104,45 @@ class Rank:
         self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
                                     inject=cfg.inject)  # fmt: skip
+        self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
+                             rollout_model=self.rollout_model, ranks_on_host=world)  # fmt: skip
 
     def mine(self, items: list) -> list:
         return items[self.rank :: self.world]
 
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
+        self.phases.enter("rollout")
         return self.engine.generate(prompt_ids, n, seed, indices=self.mine(list(range(len(prompt_ids)))))
 
     def forward_only(self, groups: list[Group]):
+        self.phases.enter("train")
         return self.trainer.forward_only(groups)
 
     def step(self, groups, old, advantages):
+        self.phases.enter("train")
+        self.phases.for_step()
         return self.trainer.step(groups, old, advantages)
 
-    def sync(self, skip: bool) -> dict[str, float]:
+    def full_weights(self):
+        """Each parameter gathered in full and cast to the rollout dtype, one at a time (every rank in order)."""
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
-        full = [(name, _full(p.detach()).to(dtype)) for name, p in self.trainer.model.named_parameters()]
+        for name, p in self.trainer.model.named_parameters():
+            yield name, _full(p.detach()).to(dtype)
+
+    def sync(self, skip: bool) -> dict[str, float]:
+        self.phases.enter("sync")
         if not skip:
-            sync.load_weights(self.rollout_model, full)
-        result = sync.compare(self.rollout_model, full)
+            sync.load_weights(self.rollout_model, self.full_weights())
+        result = sync.compare(self.rollout_model, self.full_weights())
         mismatched = self.trainer.global_sum(result["sync/mismatched_params"])
         return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
+
+    def memory(self) -> dict | None:
+        """This rank's peak allocated device memory by phase (GiB); None off CUDA."""
+        return self.phases.meter.report()
+
+    def offload_state(self) -> dict:
+        return self.phases.state()
 
     def where(self) -> dict:
         info = {"pid": os.getpid(), "rank": self.rank, "world": self.world, "device": self.device,
@@ -221,6 +244,13 @@ class Sharded:
     def sync(self, *, skip: bool):
         results = self._call("sync", [(skip,)] * self.world)
         return {**results[0], "sync/max_abs_diff": max(r["sync/max_abs_diff"] for r in results)}
+
+    def memory(self) -> list:
+        """Each rank's peak allocated device memory by phase (GiB), in rank order."""
+        return self._call("memory", [()] * self.world)
+
+    def offload_state(self) -> list[dict]:
+        return self._call("offload_state", [()] * self.world)
 
     def close(self) -> None:
         for conn in self.conns:

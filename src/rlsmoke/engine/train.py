@@ -55,7 +55,12 @@ class Trainer:
         self.compute_dtype = compute_dtype if compute_model is None else None
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        # One CUDA device: the fused step, as Megatron's fused Adam, with no state-sized temporary (it is
+        # what lets GLM-4.5 4-layer's train state fit one H200: rlsmoke.memory). FSDP2's DTensors and the
+        # CPU keep the foreach step the CPU thresholds were calibrated with.
+        params = list(model.parameters())
+        fused = all(p.device.type == "cuda" and not hasattr(p, "device_mesh") for p in params)
+        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
     @torch.no_grad()
     def forward_only(self, groups: list[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -127,9 +132,28 @@ class Trainer:
         return metrics
 
 
+# Elements summed at a time: a float64 copy of a whole expert tensor would be a transient as large as
+# the AdamW moments (6.4 G elements in GLM-5's 256-expert gate_up_proj); 16 M elements is 128 MiB.
+CHECKSUM_CHUNK = 1 << 24
+
+
 @torch.no_grad()
 def _checksums(model) -> dict[str, float]:
     # A float64 sum sees a 1e-6 update without keeping a second copy of the weights. Under FSDP2 the
-    # parameters are DTensor shards: their sum is partial until reduced across the ranks.
-    sums = {n: p.detach().double().sum() for n, p in model.named_parameters()}
-    return {n: (s.full_tensor() if hasattr(s, "full_tensor") else s).item() for n, s in sums.items()}
+    # parameters are DTensor shards: each rank sums its shard, one all-reduce adds them up.
+    names, sums, sharded = [], [], False
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        sharded |= local is not p
+        flat = local.detach().reshape(-1)
+        total = torch.zeros((), dtype=torch.float64, device=flat.device)
+        for i in range(0, flat.numel(), CHECKSUM_CHUNK):
+            total += flat[i : i + CHECKSUM_CHUNK].double().sum()
+        names.append(name)
+        sums.append(total)
+    stacked = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)
+    if sharded:
+        import torch.distributed as dist
+
+        dist.all_reduce(stacked)
+    return dict(zip(names, stacked.tolist(), strict=True))

@@ -1,0 +1,226 @@
+"""Colocate memory time-sharing, as Miles' --colocate does it, and the per-phase device memory meter.
+
+Miles offloads the Megatron state while SGLang rolls out and has SGLang release its memory while
+Megatron trains. Here one device (or one rank's device under FSDP2) holds the trainer and a rollout
+copy; `Phases.enter` moves what the next phase does not use to host memory:
+
+- rollout: master weights and AdamW moments go to the host, grads are freed (every step starts by
+  zeroing them), the rollout copy comes back;
+- train (old log-probs and the step): the rollout copy goes to the host, the master weights come
+  back, and the moments too when a step follows;
+- sync: the moments go to the host again, the rollout copy comes back next to the master weights.
+
+Plain tensors (the rollout copy, the one-device trainer, the moments) move into pinned host buffers
+and back with non-blocking copies, where the host can spare the pages: torch's pinned allocator
+rounds each block up to a power of two and keeps it cached, so parking 72 GiB of GLM-4.5's train
+state could lock twice that. When twice what a host's ranks park exceeds half its RAM, the copies go
+to pageable memory instead (synchronous, and exactly sized); `state()["pinned"]` says which. FSDP2's sharded parameters move through `module.to()`, whose
+`_apply` hook re-registers the shards; those host pages are not pinned. On CPU the moves copy into
+fresh host tensors, so the bookkeeping and the code path run in CI although no device memory is
+freed there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+PHASES = ("load", "rollout", "train", "sync")
+
+
+def _is_dtensor(t) -> bool:
+    return hasattr(t, "device_mesh") and hasattr(t, "to_local")
+
+
+class HostCopies:
+    """Moves tensors between a device and host memory; counts what is on the host."""
+
+    def __init__(self, device: str, *, park_bytes: int = 0, ranks_on_host: int = 1):
+        self.device = torch.device(device)
+        self.pin = self.device.type == "cuda" and 2 * park_bytes * ranks_on_host <= host_memory_bytes() // 2
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
+        host.copy_(t, non_blocking=self.pin)
+        return host
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=self.pin)
+
+    @torch.no_grad()
+    def module(self, module: torch.nn.Module, where: str) -> None:
+        """Every parameter and buffer of `module` to the host or back."""
+        if any(_is_dtensor(p) for p in module.parameters()):
+            module.to("cpu" if where == "host" else self.device)  # FSDP2's _apply re-registers the shards
+        else:
+            move = self.to_host if where == "host" else self.to_device
+            for p in module.parameters():
+                p.data = move(p.data)
+            for sub in module.modules():
+                for name, b in sub._buffers.items():
+                    if b is not None:
+                        sub._buffers[name] = move(b)
+        self._sync()
+
+    @torch.no_grad()
+    def optimizer_state(self, optimizer: torch.optim.Optimizer, where: str) -> int:
+        """The optimizer's state tensors (AdamW's moments) to the host or back; returns the bytes moved."""
+        moved = 0
+        for state in optimizer.state.values():
+            for key, t in list(state.items()):
+                if not isinstance(t, _HostShard) and (not torch.is_tensor(t) or t.dim() == 0):
+                    continue  # the step counter stays where AdamW keeps it
+                state[key] = self._move_state(t, where)
+                moved += t.numel() * t.element_size()
+        self._sync()
+        return moved
+
+    def _move_state(self, t, where: str):
+        if where == "host":
+            if _is_dtensor(t):  # keep the layout, hold the local shard on the host
+                return _HostShard(self.to_host(t.to_local()), t)
+            return self.to_host(t)
+        if isinstance(t, _HostShard):
+            from torch.distributed.tensor import DTensor
+
+            local = self.to_device(t.local)
+            return DTensor.from_local(local, t.mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride)
+        return self.to_device(t)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def release_host_cache(self) -> None:
+        """Give the pinned blocks the allocator keeps cached back to the host, once their data is on the device."""
+        if self.pin and hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()
+
+
+def host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _bytes(module: torch.nn.Module) -> int:
+    total = 0
+    for p in module.parameters():
+        local = p.to_local() if _is_dtensor(p) else p
+        total += local.numel() * local.element_size()
+    return total
+
+
+class _HostShard:
+    """A DTensor's local shard parked in host memory, with what rebuilds the DTensor on the device."""
+
+    def __init__(self, local: torch.Tensor, like):
+        self.local, self.mesh, self.placements = local, like.device_mesh, like.placements
+        self.shape, self.stride = like.shape, like.stride()
+
+    def numel(self) -> int:
+        return self.local.numel()
+
+    def element_size(self) -> int:
+        return self.local.element_size()
+
+    @property
+    def device(self) -> torch.device:
+        return self.local.device
+
+
+class MemoryMeter:
+    """Peak allocated device memory per phase (`torch.cuda.max_memory_allocated`); None off CUDA."""
+
+    def __init__(self, device: str):
+        self.device = torch.device(device)
+        self.on = self.device.type == "cuda"
+        self.peaks: dict[str, int] = {}
+        self.phase = "load"  # measured from the last reset: process start, or `reset_peak_memory_stats` before loading
+
+    def enter(self, phase: str) -> None:
+        self.close()
+        self.phase = phase
+        if self.on:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def close(self) -> None:
+        if self.on:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), peak)
+
+    def report(self) -> dict[str, float] | None:
+        if not self.on:
+            return None
+        self.close()
+        return {k: round(v / 2**30, 2) for k, v in self.peaks.items()}
+
+
+class Phases:
+    """What is resident in each phase of a colocated step, and the meter that measures it."""
+
+    def __init__(self, *, device: str, offload: bool, trainer, rollout_model, ranks_on_host: int = 1):
+        # parked at most: master weights and two moments of the same size, then the rollout copy
+        park = 3 * _bytes(trainer.master) + _bytes(rollout_model) if offload else 0
+        if offload and trainer.model is not trainer.master:
+            park += _bytes(trainer.model)  # the compute-dtype copy (engine.precision) moves with the master
+        self.copies = HostCopies(device, park_bytes=park, ranks_on_host=ranks_on_host)
+        self.offload, self.trainer, self.rollout_model = offload, trainer, rollout_model
+        self.meter = MemoryMeter(device)
+        self.phase = "load"
+        # Where each part is now: what the tests read, and what keeps a repeated phase from moving twice.
+        self.where = {"train_params": "device", "optimizer_state": "device", "rollout_copy": "device"}
+
+    def enter(self, phase: str) -> None:
+        if phase == self.phase:
+            return
+        self.meter.close()
+        if self.offload:
+            want = {
+                "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
+                # the moments come back only for a step (`for_step`): scoring the last rollout needs none
+                "train": {"train_params": "device", "optimizer_state": self.where["optimizer_state"],
+                          "rollout_copy": "host"},
+                "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
+            }[phase]
+            if want["train_params"] == "host" or want["optimizer_state"] == "host":
+                self.trainer.optimizer.zero_grad(set_to_none=True)  # the next step zeroes them anyway
+            # Free before allocating: what leaves the device moves first.
+            for part in sorted(want, key=lambda k: want[k] != "host"):
+                if self.where[part] != want[part]:
+                    self._move(part, want[part])
+        self.phase = phase
+        self.meter.enter(phase)
+
+    def for_step(self) -> None:
+        """The AdamW moments back on the device, right before the optimizer needs them."""
+        if self.offload and self.where["optimizer_state"] == "host":
+            self._move("optimizer_state", "device")
+
+    def state(self) -> dict:
+        """Where each part is now, and what the AdamW moments' tensors say of themselves (device, pinned)."""
+        held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
+                if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
+        local = [t.local if isinstance(t, _HostShard) else t for t in held]
+        return {**self.where, "offload": self.offload, "phase": self.phase, "pinned": self.copies.pin,
+                "optimizer_devices": sorted({str(t.device) for t in local}),
+                "optimizer_pinned": sorted({bool(t.is_pinned()) for t in local if t.device.type == "cpu"}),
+                "optimizer_parked_shards": sum(isinstance(t, _HostShard) for t in held)}  # fmt: skip
+
+    def _move(self, part: str, where: str) -> None:
+        if part == "train_params":
+            self.copies.module(self.trainer.master, where)
+            if self.trainer.model is not self.trainer.master:
+                self.copies.module(self.trainer.model, where)
+        elif part == "optimizer_state":
+            self.copies.optimizer_state(self.trainer.optimizer, where)
+        else:
+            self.copies.module(self.rollout_model, where)
+        self.where[part] = where
+        if self.copies.device.type == "cuda":
+            if where == "host":
+                torch.cuda.empty_cache()
+            else:
+                self.copies.release_host_cache()

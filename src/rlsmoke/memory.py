@@ -1,0 +1,338 @@
+"""Device memory per GPU, estimated from the plan before anything loads. No torch here.
+
+Parameter counts are exact: each family's tensors are counted from the same config dims the HF
+config is built from (`models/`), and tests pin the sum against transformers' own modules on the
+meta device and against a synthesized checkpoint's safetensors header.
+
+The estimate follows what the built-in engine keeps resident in each phase of a colocated run:
+
+- load: the trainer (train dtype; under FSDP2 its shard plus one block being sharded) and the rollout copy;
+- rollout: the rollout copy, its KV cache and sampling logits; with offload the train state is in
+  host memory, otherwise the master weights, grads and AdamW moments stay;
+- train: master weights, grads, the AdamW moments and foreach AdamW's one state-sized temporary at
+  the step; in backward the unsharded blocks (FSDP2) or the compute-dtype weight casts autocast
+  saves (one device), plus one micro-batch's activations; with offload the rollout copy is on the host;
+- sync: master weights, the rollout copy and one parameter gathered in full.
+
+The peak is the max over the phases. Async mode places the trainer and the rollout engine on
+different GPUs: the estimate per GPU is the larger of the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlsmoke.recipe import SEED_RECIPE
+
+GIB = 2**30
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PHASES = ("load", "rollout", "train", "sync")
+# The longest fixture prompt is 47 tokens; the estimate budgets for this many.
+PROMPT_TOKENS = 64
+# What a device can hold of its nominal memory: the CUDA context, NCCL buffers and the allocator's
+# fragmentation are not in `max_memory_allocated`, which the estimate predicts.
+USABLE_FRACTION = 0.92
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters of a model, exact, in the groups memory depends on."""
+
+    blocks: tuple[int, ...]  # each decoder layer (FSDP2 shards and gathers one at a time)
+    root: int  # everything outside the decoder layers: embeddings, final norm, lm_head, vision tower
+    experts: int  # routed expert weights, included in `blocks`
+    largest_tensor: int  # the biggest single parameter (the sync gathers one at a time)
+    embedding: int  # the input embedding (autocast does not cast a lookup)
+    buffers: int = 0  # persistent buffers saved in the checkpoint (router expert bias)
+
+    @property
+    def total(self) -> int:
+        return self.root + sum(self.blocks)
+
+    @property
+    def dense(self) -> int:
+        return self.total - self.experts
+
+    @property
+    def checkpoint_numel(self) -> int:
+        return self.total + self.buffers
+
+
+def _mla(h: int, heads: int, x: dict) -> int:
+    q_rank, kv_rank = x["q_lora_rank"], x["kv_lora_rank"]
+    nope, rope, v = x["qk_nope_head_dim"], x["qk_rope_head_dim"], x["v_head_dim"]
+    n = h * q_rank + q_rank + q_rank * heads * (nope + rope)  # q_a, q_a_layernorm, q_b
+    n += h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)  # kv_a_proj_with_mqa, kv_a_layernorm, kv_b
+    n += heads * v * h  # o_proj
+    return n
+
+
+def _indexer(h: int, x: dict, *, kpool: int = 0) -> int:
+    """DSA indexer: wq_b, wk, k_norm (LayerNorm: weight and bias), weights_proj; GLM-5.3's key pooling."""
+    n_heads, dim = x["index_n_heads"], x["index_head_dim"]
+    n = x["q_lora_rank"] * n_heads * dim + h * dim + 2 * dim + h * n_heads
+    if kpool:
+        n += kpool * dim + dim * h  # index_kpool_compress_ape, index_kpool_compress_gate
+    return n
+
+
+def _kda(h: int, x: dict) -> int:
+    """GLM-5.3-Flash's linear attention: q/k/v, depthwise conv, forget gate, beta, output gate and norm, o."""
+    heads, dim, kernel = x["linear_num_heads"], x["linear_head_dim"], x.get("linear_conv_kernel_dim", 4)
+    qkv = heads * dim
+    n = 3 * h * qkv + 3 * qkv * kernel  # q/k/v projections, conv1d (groups = channels, no bias)
+    n += h * dim + dim * qkv + qkv + heads  # forget gate: f_a, f_b, dt_bias, A_log
+    n += h * heads  # b_proj
+    n += h * dim + dim * qkv + dim  # g_a, g_b, o_norm
+    n += qkv * h  # o_proj
+    return n
+
+
+def _hyper_connection(h: int, mult: int) -> int:
+    width = (2 + mult) * mult
+    return width * mult * h + width + 3  # fn, base, scale
+
+
+# transformers' Glm5NextVisionConfig defaults, used where the spec leaves the vision tower unset.
+GLM5_NEXT_VISION = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "in_channels": 3, "patch_size": 14,
+                    "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 1536,
+                    "intermediate_size": 4096, "projection_intermediate_size": 10240}  # fmt: skip
+
+
+def _glm5_next_vision(outer: dict) -> int:
+    v = {**GLM5_NEXT_VISION, **outer.get("vision_config", {})}
+    d, heads, out = v["hidden_size"], v["num_heads"], v["out_hidden_size"]
+    head_dim = d // heads
+    block = 2 * d  # norm1, norm2
+    block += 3 * d * d + 3 * d + d * d + d + 2 * head_dim  # qkv and proj with bias, q_norm, k_norm
+    block += 3 * d * v["intermediate_size"] + 2 * v["intermediate_size"] + d  # gate/up/down with bias
+    n = v["depth"] * block
+    n += v["in_channels"] * d * v["temporal_patch_size"] * v["patch_size"] ** 2 + d  # patch_embed (Conv3d)
+    ctx = v["projection_intermediate_size"]
+    n += out * out + 2 * out + 3 * out * ctx  # merger: proj, LayerNorm, gate/up/down
+    n += d * out * v["spatial_merge_size"] ** 2 + out  # downsample (Conv2d)
+    n += d  # post_layernorm
+    return n
+
+
+def parameter_count(spec) -> ParamCount:
+    """The exact parameter count of `spec`'s transformers model (text tower and, where present, vision)."""
+    h, x = spec.hidden_size, dict(spec.hf_extra)
+    norm = 2 * h  # input_layernorm, post_attention_layernorm
+    dense_mlp = 3 * h * spec.ffn_hidden_size
+    experts = spec.num_experts * 3 * h * spec.moe_ffn_hidden_size  # gate_up_proj (E, 2I, h), down_proj (E, h, I)
+    shared = x.get("n_shared_experts", 1) * 3 * h * spec.moe_ffn_hidden_size
+    moe_mlp = experts + shared + spec.num_experts * h  # + the router weight
+    embedding = spec.vocab_size * h
+    root = 2 * embedding + h  # embed_tokens, lm_head (untied), final norm
+    largest = max(embedding, experts * 2 // 3)  # gate_up_proj holds two of the three expert matrices
+    if spec.hf_model_type == "glm_moe_dsa":
+        attn = [_mla(h, spec.num_attention_heads, x) + _indexer(h, x)] * spec.num_layers
+    elif spec.hf_model_type == "glm5_next":
+        # Every 4th layer (index 3, 7, ...) is MLA with the indexer; the others are linear attention.
+        kpool = x.get("index_kpool", 16)
+        attn = [_mla(h, spec.num_attention_heads, x) + _indexer(h, x, kpool=kpool) if i % 4 == 3 else _kda(h, x)
+                for i in range(spec.num_layers)]  # fmt: skip
+        norm += 2 * _hyper_connection(h, x.get("hc_mult", 4))  # attn_hc, ffn_hc
+        root += _glm5_next_vision(dict(spec.hf_outer))
+    elif spec.hf_model_type == "glm4_moe":
+        heads, groups = spec.num_attention_heads, spec.num_query_groups
+        d = x.get("head_dim", h // heads)
+        bias = x.get("attention_bias", False)
+        attn_one = h * d * (heads + 2 * groups) + heads * d * h + (heads + 2 * groups) * d * bias
+        attn_one += 2 * d * bool(x.get("use_qk_norm", False))
+        attn = [attn_one] * spec.num_layers
+    else:
+        raise ValueError(f"no parameter count for hf_model_type={spec.hf_model_type!r}")
+    blocks = tuple(a + norm + (dense_mlp if i < spec.first_k_dense else moe_mlp) for i, a in enumerate(attn))
+    return ParamCount(blocks=blocks, root=root, experts=experts * spec.num_moe_layers, largest_tensor=largest,
+                      embedding=embedding, buffers=spec.num_experts * spec.num_moe_layers)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What decides the memory of a run: the sharding, the dtypes, the offload and the batch."""
+
+    world: int = 1  # FSDP2 ranks of the trainer (colocate: every GPU)
+    mode: str = "colocate"
+    train_dtype: str = "float32"  # master weights, grads, AdamW moments
+    rollout_dtype: str = "bfloat16"
+    compute_dtype: str = "bfloat16"  # the trainer's autocast dtype (FSDP2's param dtype)
+    offload: bool = True  # train state in host memory during rollout, rollout copy during the train step
+    # One device: the trainer forwards a copy of the weights in the compute dtype over the fp32 master
+    # weights (engine.precision), and backward fills that copy's grads before they reach the master's.
+    compute_copy: bool = False
+    # The fused AdamW step (one CUDA device) needs no state-sized temporary; foreach (FSDP2, CPU) does.
+    fused_adamw: bool = False
+    n_prompts: int = 2
+    n_samples: int = 4
+    prompt_len: int = PROMPT_TOKENS
+    response_len: int = 16
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch: one prompt's group of samples."""
+        return self.n_samples * (self.prompt_len + self.response_len)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per GPU by phase, with the terms that make each."""
+
+    phases: dict[str, int]
+    terms: dict[str, dict[str, int]] = field(default_factory=dict)
+    params: int = 0
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    def gib(self) -> dict[str, float]:
+        """{phase: GiB} plus "peak", rounded for summary.json."""
+        out = {k: round(v / GIB, 2) for k, v in self.phases.items()}
+        return out | {"peak": round(self.peak / GIB, 2)}
+
+    def describe(self) -> str:
+        worst = self.terms.get(self.peak_phase, {})
+        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in worst.items() if v)
+        return f"{self.peak / GIB:.0f} GiB per GPU at {self.peak_phase} ({parts})"
+
+
+def _activations(spec, plan: Plan) -> int:
+    """One micro-batch of the train step: the logits path dominates at these lengths.
+
+    Logits in the compute dtype, the float32 response slice, log_softmax, and the two float32
+    temporaries of the entropy; per layer a few dozen hidden-size values per token.
+    """
+    n_resp = plan.n_samples * plan.response_len
+    logits = plan.tokens * spec.vocab_size * BYTES[plan.compute_dtype] + 4 * n_resp * spec.vocab_size * 4
+    layers = plan.tokens * spec.hidden_size * 32 * BYTES[plan.compute_dtype] * spec.num_layers
+    return logits + layers
+
+
+def _rollout_working(spec, plan: Plan) -> int:
+    """Sampling: per-step logits of the group (float32) and a KV cache in the rollout dtype (upper bound:
+    every head's full key and value)."""
+    x = dict(spec.hf_extra)
+    seq = plan.prompt_len + plan.response_len
+    head = x.get("qk_nope_head_dim", 0) + x.get("qk_rope_head_dim", 0) + x.get("v_head_dim", 0)
+    if not head:
+        head = 2 * x.get("head_dim", spec.hidden_size // spec.num_attention_heads)
+    kv = plan.n_samples * seq * spec.num_attention_heads * head * BYTES[plan.rollout_dtype] * spec.num_layers
+    logits = plan.n_samples * seq * spec.vocab_size * 4 * 2  # prefill logits and their float32 copy
+    return kv + logits
+
+
+def estimate(spec, plan: Plan) -> Estimate:
+    """Peak device bytes per GPU for one GRPO step of `spec` under `plan`."""
+    p = parameter_count(spec)
+    if plan.mode == "async":
+        train = estimate(spec, Plan(**{**plan.__dict__, "mode": "train-only"}))
+        rollout = p.total * BYTES[plan.rollout_dtype] + _rollout_working(spec, plan)
+        phases = {"load": max(train.phases["load"], rollout), "rollout": rollout, "train": train.phases["train"],
+                  "sync": max(train.phases["sync"], rollout)}  # fmt: skip
+        return Estimate(phases, {"train": train.terms["train"], "rollout": {"rollout copy": rollout}}, p.total)
+    w, t, r, c = plan.world, BYTES[plan.train_dtype], BYTES[plan.rollout_dtype], BYTES[plan.compute_dtype]
+    has_rollout = plan.mode != "train-only"
+    master = -(-p.total * t // w)  # ceil: FSDP2 pads the shards
+    grads, moments, adam_tmp = master, 2 * master, 0 if plan.fused_adamw and w == 1 else master
+    copy = p.total * r if has_rollout else 0
+    act = _activations(spec, plan)
+    compute = p.total * c if plan.compute_copy and w == 1 else 0
+    if compute:
+        unsharded = 0  # the compute copy is resident (below); its grads live until they are added to the master's
+        loading = {"master": master, "compute copy": compute}
+    elif w == 1:
+        # autocast saves a compute-dtype cast of every matmul weight for backward (the lookup stays fp32)
+        unsharded = (p.total - p.embedding) * c if c != t else 0
+        loading = {"master": master}
+    else:
+        # FSDP2: the root's gathered params stay through forward and backward; a block and the one
+        # prefetched with it are gathered, and the block's unsharded grads exist until reduce-scatter.
+        big = sorted(p.blocks, reverse=True)[:2]
+        unsharded = p.root * c + sum(big) * c + big[0] * c
+        loading = {"master": master, "block being sharded": max(p.blocks) * t}
+    resident_copy = 0 if plan.offload else copy
+    terms = {
+        "load": loading | {"rollout copy": copy},
+        # with offload the train state waits in host memory; otherwise the step's state stays
+        "rollout": {"rollout copy": copy, "rollout working set": _rollout_working(spec, plan) if has_rollout else 0}
+        | ({} if plan.offload else {"master": master, "compute copy": compute, "AdamW moments": moments}),
+        "train": {"master": master, "compute copy": compute, "grads": grads, "AdamW moments": moments,
+                  "AdamW temporary": adam_tmp, "rollout copy": resident_copy},
+        # FSDP2 gathers each parameter in full (train dtype) and casts it; one device casts only
+        "sync": {"master": master, "compute copy": compute, "rollout copy": copy,
+                 "gathered tensor": p.largest_tensor * (r if w == 1 else t + r)}
+        | ({} if plan.offload else {"AdamW moments": moments}),
+    }  # fmt: skip
+    backward = {"master": master, "grads": grads, "unsharded weights": unsharded, "compute copy": compute,
+                "compute grads": compute, "activations": act, "rollout copy": resident_copy}  # fmt: skip
+    if sum(backward.values()) > sum(terms["train"].values()):
+        terms["train"] = backward
+    phases = {k: sum(v.values()) for k, v in terms.items()}
+    return Estimate(phases, terms, p.total)
+
+
+def plan_for(case, *, offload: bool | None = None, **batch) -> Plan:
+    """The plan the built-in engine runs for a GPU case with its default flags (what the suite launches)."""
+    mode = case.mode or ("async" if case.platform == "rocm" else "colocate")
+    world = case.num_gpus if mode == "colocate" else 1
+    # the GPU runs' default batch: seed 004's per-rollout shape (engine.config.BatchShape)
+    r = SEED_RECIPE
+    batch.setdefault("n_prompts", max(world, -(-r.rollout_batch_size // world) * world))
+    batch.setdefault("n_samples", r.n_samples_per_prompt)
+    batch.setdefault("response_len", r.rollout_max_response_len)
+    return Plan(world=world, mode=mode, offload=mode == "colocate" if offload is None else offload,
+                compute_copy=world == 1, fused_adamw=world == 1, **batch)  # fmt: skip
+
+
+def plan_of_run(cfg) -> Plan:
+    """The plan of an engine `RunConfig` (read by field name, so this module stays free of the engine)."""
+    return Plan(world=cfg.num_gpus if cfg.mode == "colocate" else 1, mode=cfg.mode, train_dtype=cfg.train_dtype,
+                rollout_dtype=cfg.rollout_dtype, compute_dtype=cfg.train_compute_dtype, offload=cfg.offload_active,
+                n_prompts=cfg.n_prompts, n_samples=cfg.n_samples, response_len=cfg.max_response_len,
+                compute_copy=cfg.separate_compute_copy and cfg.trainer != "megatron"
+                and (cfg.num_gpus == 1 or cfg.mode == "async"),
+                fused_adamw=cfg.device.startswith("cuda") and (cfg.num_gpus == 1 or cfg.mode == "async"))  # fmt: skip
+
+
+def check_run_fits(cfg, spec) -> Estimate:
+    """Refuse a run whose estimate exceeds its devices, before anything loads; return the estimate."""
+    from rlsmoke.errors import RlsmokeError
+    from rlsmoke.platforms import DEVICE_MEMORY_GIB
+
+    est = estimate(spec, plan_of_run(cfg))
+    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
+    if have and est.peak > usable_gib(cfg.device_class) * GIB:
+        hint = "" if cfg.offload_active or cfg.mode != "colocate" else "--offload, "
+        raise RlsmokeError(
+            f"case={cfg.case} needs {est.describe()} over {cfg.num_gpus} GPU(s); a {cfg.device_class} has "
+            f"{have} GiB ({usable_gib(cfg.device_class):.0f} usable)", rule="memory.fits",
+            fix=f"use {hint}more GPUs (--num-gpus), a smaller batch (--n-samples, --max-response-len), or --tiny",
+        )  # fmt: skip
+    return est
+
+
+def usable_gib(device: str) -> float:
+    from rlsmoke.platforms import DEVICE_MEMORY_GIB
+
+    return DEVICE_MEMORY_GIB.get(device, 0) * USABLE_FRACTION
+
+
+def shortfall(case, host) -> str:
+    """Why a full-width GPU case cannot fit this host's devices ("" when it fits), as a skip reason."""
+    from rlsmoke.platforms import DEVICE_MEMORY_GIB
+
+    have = DEVICE_MEMORY_GIB.get(host.device, 0)
+    if case.platform not in ("nvidia", "rocm") or case.tiny or not have:
+        return ""
+    est = estimate(case.spec(), plan_for(case))
+    if est.peak <= usable_gib(host.device) * GIB:
+        return ""
+    gpus = f"{case.num_gpus} GPU{'s' if case.num_gpus > 1 else ''}"
+    return (f"needs {est.describe()} for {case.name} over {gpus}; {host.describe()} has {have} GiB each "
+            f"({usable_gib(host.device):.0f} usable). Run with more GPUs (--num-gpus)")  # fmt: skip

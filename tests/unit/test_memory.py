@@ -1,0 +1,167 @@
+"""The memory estimate: exact parameter counts (against transformers and a synthesized checkpoint),
+the per-phase arithmetic against hand computations, and the fit decision the suite and `rlsmoke run` use."""
+
+import json
+import math
+import struct
+
+import pytest
+
+from rlsmoke import memory
+from rlsmoke.cases import Case
+from rlsmoke.errors import RlsmokeError
+from rlsmoke.memory import GIB, Plan, estimate, parameter_count
+from rlsmoke.models import model_spec
+from rlsmoke.platforms import Host
+
+MODELS = ["glm5-744b-a40b-4layer", "glm5-744b-a40b-4layer-1gpu", "glm5.3-flash-4layer", "glm4.5-355b-a32b-4layer",
+          "glm4.5-air"]  # fmt: skip
+
+
+def meta_model(spec):
+    import torch
+
+    from rlsmoke.checkpoints.synthesis import synth_config
+    from rlsmoke.engine.model import model_class
+
+    cfg = synth_config(spec, torch.float32)
+    cls = model_class(spec)
+    with torch.device("meta"):
+        return cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
+
+
+@pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "full"])
+@pytest.mark.parametrize("name", MODELS)
+def test_parameter_count_is_transformers_own(name, tiny):
+    spec = model_spec(name, tiny=tiny)
+    model = meta_model(spec)
+    count = parameter_count(spec)
+    assert count.total == sum(p.numel() for p in model.parameters())
+    layers = next(m for n, m in model.named_modules() if n.endswith(".layers"))
+    assert count.blocks == tuple(sum(p.numel() for p in block.parameters()) for block in layers)
+    assert count.largest_tensor == max(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert count.experts == experts and count.dense == count.total - experts
+
+
+def safetensors_numel(folder) -> int:
+    """Sum of numel over every tensor of a checkpoint, read from the safetensors headers (no torch)."""
+    total = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        total += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return total
+
+
+@pytest.mark.parametrize("name", ["glm5-744b-a40b-4layer", "glm5.3-flash-4layer", "glm4.5-355b-a32b-4layer"])
+def test_parameter_count_matches_a_synthesized_checkpoint(name, tmp_path):
+    from rlsmoke.checkpoints.synthesis import synthesize
+
+    spec = model_spec(name, tiny=True)
+    synthesize(spec, tmp_path / "ckpt", dtype="bf16", seed=0)
+    assert safetensors_numel(tmp_path / "ckpt") == parameter_count(spec).checkpoint_numel
+
+
+def test_glm5_4layer_by_hand():
+    # The 256-expert MoE layer alone: 256 x 3 x 6144 x 2048 routed weights
+    count = parameter_count(model_spec("glm5-744b-a40b-4layer"))
+    assert count.experts == 256 * 3 * 6144 * 2048 == 9_663_676_416
+    assert count.root == 2 * 154880 * 6144 + 6144
+    assert count.largest_tensor == 256 * 2 * 2048 * 6144  # gate_up_proj
+
+
+SMALL = Plan(world=1, train_dtype="float32", rollout_dtype="bfloat16", compute_dtype="bfloat16", offload=True,
+             n_prompts=2, n_samples=4, prompt_len=64, response_len=16)  # fmt: skip
+
+
+def test_one_gpu_phases_by_hand():
+    spec = model_spec("glm5-744b-a40b-4layer-1gpu")
+    p = parameter_count(spec).total
+    est = estimate(spec, SMALL)
+    # load: fp32 trainer + bf16 rollout copy
+    assert est.phases["load"] == 4 * p + 2 * p
+    # train (offload): master, grads, two moments and foreach AdamW's sqrt temporary, all fp32
+    assert est.terms["train"] == {"master": 4 * p, "compute copy": 0, "grads": 4 * p, "AdamW moments": 8 * p,
+                                  "AdamW temporary": 4 * p, "rollout copy": 0}  # fmt: skip
+    assert est.peak == est.phases["train"] == 20 * p and est.peak_phase == "train"
+    # without offload the rollout copy stays through the step
+    assert estimate(spec, Plan(**{**SMALL.__dict__, "offload": False})).peak == 22 * p
+
+
+def test_one_gpu_compute_copy_and_fused_step_by_hand():
+    # What a GPU run holds on one device: a bf16 compute copy over the fp32 master, the fused AdamW step
+    spec = model_spec("glm5-744b-a40b-4layer-1gpu")
+    p = parameter_count(spec).total
+    est = estimate(spec, Plan(**{**SMALL.__dict__, "compute_copy": True, "fused_adamw": True}))
+    assert est.phases["load"] == 4 * p + 2 * p + 2 * p  # master, compute copy, rollout copy
+    assert est.terms["train"] == {"master": 4 * p, "compute copy": 2 * p, "grads": 4 * p, "AdamW moments": 8 * p,
+                                  "AdamW temporary": 0, "rollout copy": 0}  # fmt: skip
+    assert est.peak == 18 * p
+
+
+def test_fsdp_shards_the_train_state_not_the_rollout_copy():
+    spec = model_spec("glm5-744b-a40b-4layer")
+    count = parameter_count(spec)
+    p = count.total
+    two = estimate(spec, Plan(**{**SMALL.__dict__, "world": 2}))
+    half = -(-4 * p // 2)
+    assert two.terms["train"]["master"] == half and two.terms["train"]["AdamW moments"] == 2 * half
+    assert two.terms["rollout"]["rollout copy"] == 2 * p  # every rank holds a full copy
+    assert two.terms["load"] == {"master": half, "block being sharded": 4 * max(count.blocks), "rollout copy": 2 * p}
+    four = estimate(spec, Plan(**{**SMALL.__dict__, "world": 4}))
+    assert four.terms["train"]["master"] == -(-4 * p // 4)
+
+
+def test_the_measured_two_gpu_oom_is_predicted_and_offload_fixes_it():
+    """Two H200s ran GLM-5 4-layer (256 experts) without offload and ran out of memory after loading."""
+    h200 = 141 * memory.USABLE_FRACTION * GIB
+    spec = model_spec("glm5-744b-a40b-4layer")
+    without = estimate(spec, Plan(**{**SMALL.__dict__, "world": 2, "offload": False}))
+    with_offload = estimate(spec, Plan(**{**SMALL.__dict__, "world": 2, "offload": True}))
+    assert without.peak > h200 > with_offload.peak
+    assert estimate(spec, SMALL).peak > h200  # one GPU: all 256 experts never fit
+
+
+def test_async_is_the_larger_of_trainer_and_rollout_gpu():
+    spec = model_spec("glm4.5-355b-a32b-4layer")
+    p = parameter_count(spec).total
+    est = estimate(spec, Plan(**{**SMALL.__dict__, "mode": "async"}))
+    assert est.phases["train"] >= 20 * p and est.terms["train"]["rollout copy"] == 0
+    assert est.phases["rollout"] >= 2 * p
+
+
+def test_shortfall_names_the_numbers():
+    h200 = Host("nvidia", "H200", 1)
+    reason = memory.shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=1), h200)
+    assert "GiB per GPU at train" in reason and "141 GiB" in reason and "--num-gpus" in reason
+    assert memory.shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=2), h200) == ""
+    assert memory.shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=2), h200) == ""
+    assert memory.shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=1), h200) != ""
+    assert memory.shortfall(Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia", num_gpus=1), h200) == ""
+    assert memory.shortfall(Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True), h200) == ""
+
+
+def test_no_torch_import():
+    import subprocess
+    import sys
+
+    code = ("import sys, rlsmoke.memory as m; from rlsmoke.models import model_spec; "
+            "m.estimate(model_spec('glm5-744b-a40b-4layer'), m.Plan()); assert 'torch' not in sys.modules")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rlsmoke_run_refuses_a_case_that_cannot_fit_before_loading():
+    from rlsmoke.engine.config import RunConfig
+
+    gpu = RunConfig(case="glm5-744b-a40b-4layer", tiny=False, platform="nvidia", device="cuda", device_class="H200",
+                    rollout_dtype="bfloat16")  # fmt: skip
+    with pytest.raises(RlsmokeError) as err:
+        memory.check_run_fits(gpu, model_spec(gpu.case))
+    assert err.value.rule == "memory.fits" and "GiB per GPU" in str(err.value) and "--num-gpus" in err.value.fix
+    two = gpu.replace(num_gpus=2, n_prompts=2)
+    assert memory.check_run_fits(two, model_spec(two.case)).peak < 141 * GIB
+    with pytest.raises(RlsmokeError) as err:  # the measured OOM: two H200s without offload
+        memory.check_run_fits(two.replace(offload=False), model_spec(two.case))
+    assert "--offload" in err.value.fix
