@@ -10,7 +10,10 @@ Skipped without megatron-core (pip install 'rlsmoke[megatron]').
 
 import pytest
 
+import json
+
 from rlsmoke.engine import megatron
+from rlsmoke.engine.cli import gate_run
 from rlsmoke.engine.config import RunConfig, parse_inject
 from rlsmoke.engine.run import execute
 
@@ -23,7 +26,10 @@ pytestmark = [
 
 def _run(tmp_path, case, inject=None):
     cfg = RunConfig(case=case, tiny=True, trainer="megatron", inject=parse_inject(inject))
-    return execute(cfg, tmp_path / (inject or "clean"))
+    out = tmp_path / (inject or "clean")
+    execute(cfg, out)  # records only
+    gate_run(out)  # the verdict, as `rlsmoke run` gives it, into summary.json
+    return json.loads((out / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("case", ["glm5-744b-a40b-4layer", "glm4.5-355b-a32b-4layer"])
