@@ -15,6 +15,7 @@ class Artifacts:
 
     path: Path
     launcher: str = "builtin"
+    trainer: str = "fsdp"  # --trainer: the built-in engine's trainer (fsdp: HF modeling code; megatron)
     host: Host = Host("cpu", "CPU", 0)
     num_gpus: int | None = None  # --num-gpus / NUM_GPUS when given: replaces the module's NUM_GPUS
     miles_root: Path | None = None

@@ -64,8 +64,10 @@ def template_for(key: RunKey, target: list[dict]) -> list[dict]:
     if found is not None:
         return found[1]["gates"]
     known = target + [e for d in thresholds.thresholds_dirs() for _, e in thresholds.read_entries(d)]
+    # the built-in engine's other trainers (builtin-megatron) run the same step: the same gates
+    launchers = ("*", key.launcher, key.launcher.split("-")[0])
     for entry in known:
-        if entry["key"].get("case") == key.case and entry["key"].get("launcher", "*") in ("*", key.launcher):
+        if entry["key"].get("case") == key.case and entry["key"].get("launcher", "*") in launchers:
             return entry["gates"]
     raise RlsmokeError(f"no thresholds entry matches {key.text()} to take its gates from",
                        rule="calibrate.template",

@@ -36,6 +36,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="the host's platform when detection cannot see it (default detected by nvidia-smi/rocm-smi)")
     g.addoption("--launcher", choices=("builtin", "miles"), default="builtin",
                 help="what runs GPU cases: the built-in engine or Miles under --miles-root (default builtin)")
+    g.addoption("--trainer", choices=("fsdp", "megatron"), default="fsdp",
+                help="the built-in engine's trainer: fsdp (HF modeling code, FSDP2 over several GPUs) or "
+                     "megatron (a megatron-core GPTModel through the HF <-> Megatron bridge; one device)")
     g.addoption("--miles-root", default=os.environ.get("MILES_ROOT"), metavar="DIR",
                 help="a Miles checkout to launch from (default env MILES_ROOT)")
     g.addoption("--model-dir", default=None, metavar="DIR",
@@ -125,12 +128,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             req = _requirement(item)
         except RlsmokeError as exc:
             raise pytest.UsageError(f"{item.nodeid}: {exc.one_line()}") from None
-        if req is None or req.platform == "cpu":
+        if req is None:
             continue
         module = getattr(item, "module", None)  # a module's CASE: a case too big for the host skips here
         decision = decide(req, _host(config), launcher=config.getoption("launcher"),
                           miles_root=config.getoption("miles_root"), case=getattr(module, "CASE", None),
-                          num_gpus=config.getoption("num_gpus"))  # fmt: skip
+                          num_gpus=config.getoption("num_gpus"), trainer=config.getoption("trainer"))  # fmt: skip
         if not decision.run:
             item.add_marker(pytest.mark.skip(reason=decision.reason))
 
@@ -202,7 +205,8 @@ def artifacts(request: pytest.FixtureRequest, rlsmoke_host, rlsmoke_ports, gpu_l
     miles_root = config.getoption("miles_root")
     model_dir = config.getoption("model_dir")
     return Artifacts(
-        path=folder, launcher=config.getoption("launcher"), host=rlsmoke_host, num_gpus=config.getoption("num_gpus"),
+        path=folder, launcher=config.getoption("launcher"), trainer=config.getoption("trainer"), host=rlsmoke_host,
+        num_gpus=config.getoption("num_gpus"),
         miles_root=Path(miles_root) if miles_root else None, model_dir=Path(model_dir) if model_dir else None,
         lease=gpu_lease, ports=rlsmoke_ports, timeout=config.getoption("run_timeout"),
         update_golden=config.getoption("update_golden"), history=Path(history) if history else None,

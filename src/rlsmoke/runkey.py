@@ -17,6 +17,12 @@ def default_dtype(platform: str) -> str:
     return "float32/float32" if platform == "cpu" else "bfloat16/float32"
 
 
+def gpu_count(n) -> str:
+    """The key's GPU count: "*" for one device (entries without a count are one-device calibrations,
+    which also stand for any count not calibrated on its own), else the count."""
+    return "*" if n in (None, "", "*") or int(n) <= 1 else str(int(n))
+
+
 def dtype_text(dtype) -> str | None:
     """A summary's dtype, flat: `{"rollout": r, "train": t, ...}` (the engine's summary) -> "r/t"."""
     if isinstance(dtype, Mapping):
@@ -33,7 +39,7 @@ class RunKey:
     dtype: str = ""  # "": the platform's default
     width: str = ""  # "tiny" | "full"; "": tiny on CPU, full on GPUs
     # FSDP2 over N ranks reduces grads in bf16 and splits the prompts: an entry calibrated at N wins at
-    # N, one without a count ("*") matches any; a key that does not know its count matches only those.
+    # N, one without a count ("*", a one-device calibration) matches any (`gpu_count`).
     num_gpus: str = "*"
 
     def __post_init__(self):
@@ -55,12 +61,13 @@ class RunKey:
                                fix=f"write `{missing}` into the run's summary.json, or pass it in")  # fmt: skip
         return cls(str(name), platform, device, summary.get("launcher") or launcher or "builtin",
                    dtype_text(summary.get("dtype")) or "", summary.get("width") or "",
-                   str(summary.get("num_gpus") or "*"))  # fmt: skip
+                   gpu_count(summary.get("num_gpus")))  # fmt: skip
 
     @classmethod
     def of_case(cls, case, *, device: str, launcher: str = "builtin") -> RunKey:
         """The key of a `Case` run on `device` (a device class: "CPU", "H200", ...)."""
-        return cls(case.name, case.platform, device, launcher, "", "tiny" if case.tiny else "full", str(case.num_gpus))
+        return cls(case.name, case.platform, device, launcher, "", "tiny" if case.tiny else "full",
+                   gpu_count(case.num_gpus))  # fmt: skip
 
     def to_json(self) -> dict[str, str]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rlsmoke import memory
+from rlsmoke.engine import megatron
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ONE_GPU_VARIANT
@@ -54,9 +55,13 @@ def requirement(markers: Iterable[str], gpus_marker: int | None, override: int |
 
 
 def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", miles_root: str | None = None,
-           case=None, num_gpus: int | None = None) -> Decision:  # fmt: skip
+           case=None, num_gpus: int | None = None, trainer: str = "fsdp") -> Decision:  # fmt: skip
     """Whether a test with requirement `req` (running `case` at `num_gpus`, when known) runs on `host`;
     the reason names what was needed and found."""
+    if req is not None and trainer == "megatron":
+        why = trainer_refusal(trainer, effective_case(case, num_gpus) if case is not None else None)
+        if why:
+            return Decision(False, why)
     if req is None or req.platform == "cpu":
         return Decision(True)
     if req.gpus == 0:
@@ -75,6 +80,16 @@ def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", mi
         if short:
             return Decision(False, short)
     return Decision(True)
+
+
+def trainer_refusal(trainer: str, case=None) -> str:
+    """Why `--trainer` cannot run (`case`, when known): "" when it can. Only the built-in engine's
+    megatron trainer has limits: megatron-core installed, one device, a model megatron-core has."""
+    if trainer != "megatron":
+        return ""
+    if not megatron.available():
+        return "--trainer megatron needs megatron-core (pip install 'rlsmoke[megatron]')"
+    return megatron.refusal(case) if case is not None else ""
 
 
 def effective_case(case, num_gpus: int | None):

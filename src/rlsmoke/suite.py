@@ -21,7 +21,7 @@ from rlsmoke.gating import CaseGates, GateFailure, HistoryBandWarning, gates_for
 from rlsmoke.launch import runner
 from rlsmoke.launch.miles import Paths
 from rlsmoke.runkey import RunKey
-from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall
+from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
 __all__ = ["Artifacts", "CaseGates", "CaseRecord", "GateFailure", "HistoryBandWarning", "builtin_argv", "gates_for",
            "run_case"]  # fmt: skip
@@ -49,7 +49,7 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
         art = dataclasses.replace(art, history=None)
     art.path.mkdir(parents=True, exist_ok=True)
     case = effective_case(case, art.num_gpus)
-    short = memory_shortfall(case, art.host)
+    short = memory_shortfall(case, art.host) or trainer_refusal(art.trainer, case)
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
     checkpoint = _verified_checkpoint(case, art)
@@ -73,7 +73,7 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
         broke = not result.ok
     else:
         argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
-                            checkpoint=checkpoint)  # fmt: skip
+                            checkpoint=checkpoint, trainer=art.trainer)  # fmt: skip
         result = runner.run(argv, env=runner.clean_env(env), log=art.path / "pytest-run.log", timeout=timeout,
                             echo=echo)  # fmt: skip
         if result.returncode == 2:
@@ -92,11 +92,13 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
     return record
 
 
-def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=None, checkpoint=None) -> list[str]:
+def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=None, checkpoint=None,
+                 trainer: str = "fsdp") -> list[str]:  # fmt: skip
     """`rlsmoke run` for a case: its flags are the case's fields, one flag per field that is set."""
+    label = "builtin-megatron" if trainer == "megatron" else "builtin"  # the megatron trainer's own thresholds
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", case.name, "--platform", case.platform,
             "--num-gpus", str(case.num_gpus), "--tiny" if case.tiny else "--no-tiny", "--seed", str(seed),
-            "--out", str(out), "--launcher-label", "builtin", "--records-only"]  # fmt: skip
+            "--out", str(out), "--trainer", trainer, "--launcher-label", label, "--records-only"]  # fmt: skip
     if case.mode:
         argv += ["--mode", case.mode]
     for key, value in case.overrides:

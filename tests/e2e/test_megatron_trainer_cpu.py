@@ -8,9 +8,9 @@ exactly (the weight sync still passes) and must fail the log-prob gate.
 Skipped without megatron-core (pip install 'rlsmoke[megatron]').
 """
 
-import pytest
-
 import json
+
+import pytest
 
 from rlsmoke.engine import megatron
 from rlsmoke.engine.cli import gate_run

@@ -4,6 +4,7 @@ GPU hosts are stood in for by an `nvidia-smi` / `rocm-smi` script on PATH that p
 tool prints; those runs use `runpytest_subprocess` because detection is cached per process.
 """
 
+import json
 import os
 import stat
 import sys
@@ -11,6 +12,7 @@ import textwrap
 
 import pytest
 
+from rlsmoke.engine import megatron
 from rlsmoke.platforms import Host
 from rlsmoke.selection import Decision, Requirement, decide, requirement
 
@@ -73,6 +75,7 @@ def test_requirement_rejects_two_vendors():
 # --- through pytest --------------------------------------------------------------------------------
 
 PAIR = """
+import json
 import os
 import pytest
 
@@ -332,3 +335,30 @@ def test_a_case_too_big_for_the_host_is_skipped(isolated):
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*needs * GiB per GPU*glm5.3-flash-4layer over 1 GPU*1 NVIDIA H200 has 141 GiB*",
                                  "*needs about 999 GiB per GPU*"], consecutive=False)  # fmt: skip
+
+
+MEGATRON_PAIR = """
+import pytest
+from rlsmoke.cases import Case
+from rlsmoke.suite import gates_for, run_case
+
+CASE = Case("{name}", platform="cpu", tiny=True)
+
+
+@pytest.mark.cpu
+def test_one_step(artifacts):
+    gates_for(CASE).check(run_case(CASE, artifacts))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])")
+def test_trainer_megatron_runs_the_suite_through_megatron_core(isolated):
+    """`--trainer megatron`: GLM-5 trains through megatron-core, gated by its own key; Flash skips, saying why."""
+    isolated.makepyfile(test_glm5=MEGATRON_PAIR.format(name="glm5-744b-a40b-4layer"),
+                        test_flash=MEGATRON_PAIR.format(name="glm5.3-flash-4layer"))  # fmt: skip
+    result = isolated.runpytest_subprocess("-rs", "--trainer", "megatron")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*glm5.3-flash-4layer: megatron-core has no KDA linear attention*"])
+    (summary,) = (isolated.path / "artifacts").glob("test_glm5.py_test_one_step/summary.json")
+    assert json.loads(summary.read_text())["launcher"] == "builtin-megatron"

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.models import model_spec
 from rlsmoke.recipe import SEED_RECIPE
-from rlsmoke.runkey import RunKey
+from rlsmoke.runkey import RunKey, gpu_count
 from rlsmoke.shipped import FIXTURES
 
 # The built-in engine trains colocated over any number of devices (FSDP2, `engine.sharded`), but its
@@ -168,7 +169,7 @@ class RunConfig:
     @property
     def run_key(self) -> RunKey:
         return RunKey(self.case, self.platform, self.device_class, self.launcher, self.dtype_key,
-                      "tiny" if self.tiny else "full", str(self.num_gpus))  # fmt: skip
+                      "tiny" if self.tiny else "full", gpu_count(self.num_gpus))  # fmt: skip
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -208,6 +209,9 @@ class RunConfig:
             problems.append(f"trainer={self.trainer!r} is unknown ({', '.join(TRAINERS)}). Adjust --trainer")
         if self.inject.kind.startswith("bridge-") and self.trainer != "megatron":
             problems.append(f"inject={self.inject.kind} is a bridge defect: it needs --trainer megatron")
+        if self.trainer == "megatron" and model_spec(self.case, tiny=self.tiny).family == "glm5.3-flash":
+            problems.append("trainer=megatron: megatron-core has no KDA linear attention nor hyper-connections. "
+                            "Adjust --trainer fsdp for GLM-5.3-Flash (its bridge is still round-tripped)")
         if self.trainer == "megatron" and (self.mode != "colocate" or self.num_gpus > 1):
             problems.append("trainer=megatron runs colocated on one device (world size 1). "
                             "Adjust --mode colocate --num-gpus 1")

@@ -198,7 +198,7 @@ def _without_transformer_engine() -> None:
 def build_gpt(spec: ModelSpec, par: Parallel, *, plan_argv: list[str] | None = None,
               params_dtype: torch.dtype = torch.float32, device: str = "cpu"):  # fmt: skip
     """The rank's GPTModel (model-parallel state must be initialized for `par`)."""
-    if spec.family == "glm5.3-flash":
+    if spec.family == "glm5.3-flash":  # RunConfig.validate refuses it first, before anything loads
         raise RlsmokeError(
             f"case={spec.name}: megatron-core has no KDA linear attention nor hyper-connections",
             rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
