@@ -45,7 +45,7 @@ from rlsmoke.engine import grpo
 from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.logprob_slope import logprob_slope
 from rlsmoke.engine.model import checkpoint_dir, load_policy, load_tokenizer
-from rlsmoke.engine.rollout import _LogprobRecorder, response_mask
+from rlsmoke.engine.rollout import LogprobRecorder, response_mask
 from rlsmoke.models import model_spec
 from rlsmoke.recipe import SEED_RECIPE
 from rlsmoke.shipped import FIXTURES
@@ -64,7 +64,7 @@ def sample(model, ids, n, temperature, seed, max_new):
     """The engine's sampling call, recording log-probs at temperature 1 and at `temperature`."""
     torch.manual_seed(seed)
     prompt = torch.tensor([ids] * n, device=model.device)
-    at_1, at_t = _LogprobRecorder(1.0), _LogprobRecorder(temperature)
+    at_1, at_t = LogprobRecorder(1.0), LogprobRecorder(temperature)
     out = model.generate(
         prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=temperature, top_k=0,
         top_p=1.0, max_new_tokens=max_new, min_new_tokens=1, logits_processor=LogitsProcessorList([at_1, at_t]),

@@ -42,7 +42,7 @@ class _Noise(LogitsProcessor):
         return scores + (self.sigma * noise).to(scores.dtype)
 
 
-class _LogprobRecorder(LogitsProcessor):
+class LogprobRecorder(LogitsProcessor):
     """Keeps the log-softmax of each step and gathers it at the token sampled next.
 
     Runs before generate's temperature warper, so it sees the raw logits and divides them itself; only
@@ -96,7 +96,7 @@ class RolloutEngine:
         # temperature-mismatch: the engine reports the raw logits' log-probs while the trainer applies
         # the temperature; one side forgetting T is the classic mismatch
         mismatch = self.inject.kind == "temperature-mismatch"
-        recorder = _LogprobRecorder(1.0 if mismatch else self.temperature)
+        recorder = LogprobRecorder(1.0 if mismatch else self.temperature)
         processors.append(recorder)
         out = self.model.generate(
             prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=self.temperature,
