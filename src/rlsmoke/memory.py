@@ -7,8 +7,9 @@ meta device and against a synthesized checkpoint's safetensors header.
 The estimate follows what the built-in engine keeps resident in each phase of a colocated run:
 
 - load: the trainer (train dtype; under FSDP2 its shard plus one block being sharded) and the rollout copy;
-- rollout: the rollout copy, its KV cache and sampling logits; with offload the train state is in
-  host memory, otherwise the master weights, grads and AdamW moments stay;
+- rollout: the rollout copy, its KV cache, the MoE decode's gathered expert weights and the
+  next-token logits; with offload the train state is in host memory, otherwise the master
+  weights, the compute copy and the AdamW moments stay;
 - train: master weights, grads, the AdamW moments and foreach AdamW's one state-sized temporary at
   the step; in backward the unsharded blocks (FSDP2) or the compute-dtype weight casts autocast
   saves (one device), plus one micro-batch's activations; with offload the rollout copy is on the host;
@@ -214,17 +215,39 @@ def _activations(spec, plan: Plan) -> int:
     return logits + layers
 
 
-def _rollout_working(spec, plan: Plan) -> int:
-    """Sampling: per-step logits of the group (float32) and a KV cache in the rollout dtype (upper bound:
-    every head's full key and value)."""
+def _kv_elements(spec) -> int:
+    """Values transformers' DynamicCache keeps per token and layer.
+
+    MLA (GLM-5): every head's expanded key (nope + rope) and value, not the compressed latent; the DSA
+    indexer adds its own key. GQA (GLM-4.5): a key and a value per query group. GLM-5.3-Flash is
+    counted as MLA in every layer (its linear-attention layers hold less: an upper bound).
+    """
     x = dict(spec.hf_extra)
-    seq = plan.prompt_len + plan.response_len
-    head = x.get("qk_nope_head_dim", 0) + x.get("qk_rope_head_dim", 0) + x.get("v_head_dim", 0)
-    if not head:
-        head = 2 * x.get("head_dim", spec.hidden_size // spec.num_attention_heads)
-    kv = plan.n_samples * seq * spec.num_attention_heads * head * BYTES[plan.rollout_dtype] * spec.num_layers
-    logits = plan.n_samples * seq * spec.vocab_size * 4 * 2  # prefill logits and their float32 copy
-    return kv + logits
+    if "kv_lora_rank" in x:
+        head = x["qk_nope_head_dim"] + x["qk_rope_head_dim"] + x["v_head_dim"]
+        return spec.num_attention_heads * head + x.get("index_head_dim", 0)
+    return 2 * spec.num_query_groups * x.get("head_dim", spec.hidden_size // spec.num_attention_heads)
+
+
+def _rollout_working(spec, plan: Plan) -> int:
+    """What sampling holds beside the rollout copy. The engine samples one prompt's group of n at a time.
+
+    - the KV cache of every layer for n x (prompt + response) positions, plus one layer's old cache
+      while `torch.cat` grows it;
+    - the MoE decode: on a GPU transformers' generate switches the experts to `batched_mm`, which
+      gathers a copy of the weights of every (token, routed expert) pair: n x top_k gate_up (2I x h)
+      and down (h x I) matrices, both alive at the down projection. The largest term at n = 8;
+    - the next-token logits only (generate keeps one position): (n, V) in the rollout dtype, its
+      float32 copy, the log-prob recorder's scaled logits and log-softmax, the sampler's probabilities.
+
+    The prefill's activations (n x prompt tokens, the grouped_mm experts) are tens of MiB here and left out.
+    """
+    r = BYTES[plan.rollout_dtype]
+    n, seq = plan.n_samples, plan.prompt_len + plan.response_len
+    kv = n * seq * _kv_elements(spec) * r * (spec.num_layers + 1)
+    experts = n * spec.moe_topk * 3 * spec.moe_ffn_hidden_size * spec.hidden_size * r if spec.num_moe_layers else 0
+    logits = n * spec.vocab_size * (r + 4 * 4)
+    return kv + experts + logits
 
 
 def estimate(spec, plan: Plan) -> Estimate:

@@ -101,6 +101,34 @@ def test_one_gpu_compute_copy_and_fused_step_by_hand():
     assert est.peak == 18 * p
 
 
+# The GPU runs' shape (seed 004): one group of 8 samples at a time, 64 prompt tokens budgeted (the
+# fixture prompts are 22-47 tokens under the chat template), 100 response tokens.
+GPU_SHAPE = Plan(**{**SMALL.__dict__, "n_prompts": 8, "n_samples": 8, "response_len": 100,
+                    "compute_copy": True, "fused_adamw": True})  # fmt: skip
+
+
+def test_rollout_phase_by_hand():
+    seq = 64 + 100
+    # GLM-5 (MLA + DSA): 64 heads x (192 nope + 64 rope key + 256 value) + the indexer's 128-wide key, bf16,
+    # 4 layers plus one layer's copy while the cache grows
+    glm5 = model_spec("glm5-744b-a40b-4layer-1gpu")
+    kv = 8 * seq * (64 * (192 + 64 + 256) + 128) * 2 * (4 + 1)
+    experts = 8 * 8 * 3 * 2048 * 6144 * 2  # batched_mm decode: 8 tokens x top-8 gate_up + down, bf16
+    logits = 8 * 154880 * (2 + 4 * 4)  # next-token logits (bf16) and four float32 (n, V) of them
+    assert (kv, experts, logits) == (431_595_520, 4_831_838_208, 22_302_720)
+    est = estimate(glm5, GPU_SHAPE)
+    p = parameter_count(glm5).total
+    assert est.terms["rollout"] == {"rollout copy": 2 * p, "rollout working set": kv + experts + logits}
+    # GLM-4.5 (GQA): a key and a value for each of 8 query groups of 128
+    glm45 = model_spec("glm4.5-355b-a32b-4layer")
+    kv = 8 * seq * (2 * 8 * 128) * 2 * (4 + 1)
+    experts = 8 * 8 * 3 * 1536 * 5120 * 2
+    logits = 8 * 151552 * (2 + 4 * 4)
+    assert estimate(glm45, GPU_SHAPE).terms["rollout"]["rollout working set"] == kv + experts + logits == 3_068_592_128
+    # the group, not the batch: more prompts sample one group after another
+    assert estimate(glm5, Plan(**{**GPU_SHAPE.__dict__, "n_prompts": 64})).phases["rollout"] == est.phases["rollout"]
+
+
 def test_fsdp_shards_the_train_state_not_the_rollout_copy():
     spec = model_spec("glm5-744b-a40b-4layer")
     count = parameter_count(spec)

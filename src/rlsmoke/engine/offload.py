@@ -174,9 +174,12 @@ class Phases:
         self.where = {"train_params": "device", "optimizer_state": "device", "rollout_copy": "device"}
 
     def enter(self, phase: str) -> None:
+        """Move to `phase`. What leaves the device moves first, inside the old phase's window (it only
+        frees); the meter then starts the new phase, so what comes back counts in the phase that uses it.
+        """
         if phase == self.phase:
             return
-        self.meter.close()
+        arriving: list[tuple[str, str]] = []
         if self.offload:
             want = {
                 "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
@@ -187,12 +190,18 @@ class Phases:
             }[phase]
             if want["train_params"] == "host" or want["optimizer_state"] == "host":
                 self.trainer.optimizer.zero_grad(set_to_none=True)  # the next step zeroes them anyway
-            # Free before allocating: what leaves the device moves first.
-            for part in sorted(want, key=lambda k: want[k] != "host"):
-                if self.where[part] != want[part]:
-                    self._move(part, want[part])
+            # Free before allocating: what leaves the device moves now, what arrives after the meter's reset.
+            for part, where in want.items():
+                if self.where[part] == where:
+                    continue
+                if where == "host":
+                    self._move(part, where)
+                else:
+                    arriving.append((part, where))
         self.phase = phase
         self.meter.enter(phase)
+        for part, where in arriving:
+            self._move(part, where)
 
     def for_step(self) -> None:
         """The AdamW moments back on the device, right before the optimizer needs them."""

@@ -160,7 +160,10 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
               "offload": cfg.offload_active, "world": cfg.num_gpus,
               "peak_gib_per_rank": [max(p.values()) if p else None for p in peaks] or None,
-              "peak_gib_per_rank_by_phase": peaks or None}  # fmt: skip
+              "peak_gib_per_rank_by_phase": peaks or None,
+              # what a phase's window holds: the moves that bring a phase's own state back count in it
+              # (earlier summaries counted them in the phase before: the rollout read as the train weights)
+              "meter": "arrivals-in-own-phase"}  # fmt: skip
     # Records only: whoever consumes the run (`rlsmoke run`, the suite) gates it, once.
     summary = {
         **cfg.run_key.to_json(),
