@@ -15,7 +15,6 @@ import pytest
 from rlsmoke.engine import megatron
 from rlsmoke.engine.cli import gate_run
 from rlsmoke.engine.config import RunConfig, parse_inject
-from rlsmoke.engine.run import execute
 
 pytestmark = [
     pytest.mark.cpu,
@@ -25,6 +24,8 @@ pytestmark = [
 
 
 def _run(tmp_path, case, inject=None):
+    from rlsmoke.engine.run import execute  # torch and transformers: imported by the test, not at collection
+
     cfg = RunConfig(case=case, tiny=True, trainer="megatron", inject=parse_inject(inject))
     out = tmp_path / (inject or "clean")
     execute(cfg, out)  # records only

@@ -13,8 +13,6 @@ import torch
 
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
-from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
-from rlsmoke.engine.placement import open_workers
 
 CASE = "glm5-744b-a40b-4layer"
 
@@ -22,6 +20,11 @@ CASE = "glm5-744b-a40b-4layer"
 def phase_walk(cfg):
     """One GRPO step through the placement, reading where the state is after each phase."""
     from rlsmoke.engine import grpo
+    from rlsmoke.engine.model import (  # transformers: at run time, not collection
+        checkpoint_dir,
+        load_tokenizer,
+    )
+    from rlsmoke.engine.placement import open_workers
 
     ckpt = checkpoint_dir(CASE, tiny=True)
     tok = load_tokenizer(ckpt)

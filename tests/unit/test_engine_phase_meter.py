@@ -14,8 +14,6 @@ import torch
 from rlsmoke.engine import grpo
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
-from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
-from rlsmoke.engine.placement import open_workers
 
 CASE = "glm5-744b-a40b-4layer"
 # The parts each phase works with on the device; a move onto the device belongs to one of these.
@@ -24,6 +22,12 @@ USES = {"rollout": {"rollout_copy"}, "train": {"train_params", "optimizer_state"
 
 
 def test_arrivals_count_in_the_phase_that_uses_them():
+    from rlsmoke.engine.model import (  # transformers: at run time, not collection
+        checkpoint_dir,
+        load_tokenizer,
+    )
+    from rlsmoke.engine.placement import open_workers
+
     cfg = RunConfig(case=CASE, tiny=True, num_gpus=1, n_prompts=2, n_samples=2, max_response_len=4, offload=True)
     ckpt = checkpoint_dir(CASE, tiny=True)
     tok = load_tokenizer(ckpt)

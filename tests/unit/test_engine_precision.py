@@ -14,9 +14,6 @@ from rlsmoke.checkpoints import prepare
 from rlsmoke.cli import main
 from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.logprob_slope import logprob_slope
-from rlsmoke.engine.model import load_policy, load_tokenizer
-from rlsmoke.engine.rollout import RolloutEngine
-from rlsmoke.engine.train import Trainer
 from rlsmoke.errors import ExitCode
 from rlsmoke.models import model_spec
 from rlsmoke.shipped import FIXTURES
@@ -26,6 +23,8 @@ CASE = "glm5-744b-a40b-4layer"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    from rlsmoke.engine.model import load_tokenizer  # transformers: at run time, not collection
+
     ckpt = prepare(CASE, tiny=True, cache_dir=tmp_path_factory.mktemp("cache"))
     tokenizer = load_tokenizer(ckpt)
     prompts = [encode(tokenizer, p).ids for p in read_prompts(FIXTURES / "data" / "math.jsonl", 2, 0)]
@@ -33,16 +32,22 @@ def tiny(tmp_path_factory):
 
 
 def _rollout(model, prompts, max_new, n=2):
+    from rlsmoke.engine.rollout import RolloutEngine
+
     engine = RolloutEngine(model, temperature=1.0, max_new_tokens=max_new, eos_id=-1, pad_id=0)
     return engine.generate(prompts, n, seed=0)
 
 
 def _trainer(master, **kw):
+    from rlsmoke.engine.train import Trainer
+
     return Trainer(master, lr=1e-6, betas=(0.9, 0.98), weight_decay=0.1, grad_clip=1.0, eps_clip=0.2,
                    eps_clip_high=0.28, **kw)  # fmt: skip
 
 
 def test_dsa_decode_matches_the_full_forward_past_64_tokens(tiny):
+    from rlsmoke.engine.model import load_policy
+
     ckpt, spec, prompts = tiny
     model = load_policy(ckpt, spec, "float32", "cpu")
     groups = _rollout(model, prompts, 60)  # prompts of 27 and 39 tokens: sequences reach 99
@@ -55,6 +60,7 @@ def test_dsa_decode_matches_the_full_forward_past_64_tokens(tiny):
 
 
 def test_a_checkpoint_whose_index_topk_is_shorter_than_the_run_is_refused(tiny, tmp_path, capsys):
+
     ckpt, _, _ = tiny
     stale = shutil.copytree(ckpt, tmp_path / "stale")
     config = json.loads((stale / "config.json").read_text())
@@ -69,6 +75,8 @@ def test_a_checkpoint_whose_index_topk_is_shorter_than_the_run_is_refused(tiny, 
 
 
 def test_the_trainer_on_bf16_params_computes_what_the_bf16_rollout_computed(tiny):
+    from rlsmoke.engine.model import load_policy
+
     ckpt, spec, prompts = tiny
     rollout = load_policy(ckpt, spec, "bfloat16", "cpu")
     groups = _rollout(rollout, prompts, 16, n=8)
@@ -87,6 +95,8 @@ def test_the_trainer_on_bf16_params_computes_what_the_bf16_rollout_computed(tiny
 
 
 def test_a_bf16_params_step_updates_the_fp32_main_weights_and_rounds_them_into_the_copy(tiny):
+    from rlsmoke.engine.model import load_policy
+
     ckpt, spec, prompts = tiny
     master = load_policy(ckpt, spec, "float32", "cpu")
     compute = load_policy(ckpt, spec, "bfloat16", "cpu")
