@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import rlsmoke
 
 SRC = Path(rlsmoke.__file__).parent
@@ -47,10 +49,13 @@ def _imports(path: Path) -> tuple[set[str], set[str]]:
     return anywhere, module_level
 
 
-GRAPH = {m: {n for n in _imports(p)[0] if n in MODULES and n != m} for m, p in MODULES.items()}
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    """Every module's arrows to the package's other modules (read when a test needs it, not at collection)."""
+    return {m: {n for n in _imports(p)[0] if n in MODULES and n != m} for m, p in MODULES.items()}
 
 
-def test_the_import_graph_has_no_loops():
+def test_the_import_graph_has_no_loops(graph):
     done, stack = set(), []
 
     def visit(m):
@@ -59,19 +64,19 @@ def test_the_import_graph_has_no_loops():
         if m in done:
             return
         stack.append(m)
-        for n in sorted(GRAPH[m]):
+        for n in sorted(graph[m]):
             visit(n)
         stack.pop()
         done.add(m)
 
-    for m in sorted(GRAPH):
+    for m in sorted(graph):
         visit(m)
 
 
-def test_the_engine_imports_no_layer_above_it():
+def test_the_engine_imports_no_layer_above_it(graph):
     above = ("rlsmoke.cli", "rlsmoke.launch", "rlsmoke.suite", "rlsmoke.pytest_plugin", "rlsmoke.gating",
              "rlsmoke.selection")  # fmt: skip
-    wrong = {m: sorted(n for n in GRAPH[m] if n.startswith(above)) for m in GRAPH if m.startswith("rlsmoke.engine")}
+    wrong = {m: sorted(n for n in graph[m] if n.startswith(above)) for m in graph if m.startswith("rlsmoke.engine")}
     assert not {m: n for m, n in wrong.items() if n}, wrong
 
 
