@@ -36,7 +36,7 @@ class Decision:
 
 
 class DoesNotFit(Exception):  # noqa: N818  (a skip reason, not an error of the user's)
-    """A case whose full width does not fit the host's devices; the plugin reports it as a skip."""
+    """A case the host's devices cannot hold, or the chosen trainer cannot run; the plugin reports it as a skip."""
 
 
 def requirement(markers: Iterable[str], gpus_marker: int | None, override: int | None) -> Requirement | None:
