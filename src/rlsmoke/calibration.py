@@ -115,7 +115,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
             "device": summary["device"],
             "date": date.today().isoformat(),
             "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) or "not recorded",
-            "command": _command(summary, len(records)),
+            "command": _command(key, len(records)),
             "margin_rule": MARGIN_RULE,
             "rollout_temperature": summary.get("rollout_temperature"),
         },
@@ -126,12 +126,14 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
     return entry, rows
 
 
-def _command(summary: dict, runs: int) -> str:
-    if summary.get("launcher", "builtin") != "builtin":
-        return f"{runs} suite runs of {summary['case']} on {summary['platform']} (--launcher {summary['launcher']})"
-    width = "" if summary.get("width") == "tiny" or summary["platform"] != "cpu" else " --no-tiny"
-    gpus = f" --num-gpus {summary['num_gpus']}" if int(summary.get("num_gpus", 1)) > 1 else ""
-    return f"rlsmoke run {summary['case']} --platform {summary['platform']}{gpus} --repeat {runs}{width}"
+def _command(key: RunKey, runs: int) -> str:
+    """The command that makes runs of `key`: what a thresholds entry's provenance names."""
+    if not key.launcher.startswith("builtin"):
+        return f"{runs} suite runs of {key.case} on {key.platform} (--launcher {key.launcher})"
+    width = " --no-tiny" if key.platform == "cpu" and key.width != "tiny" else ""
+    gpus = "" if key.num_gpus == "*" else f" --num-gpus {key.num_gpus}"
+    trainer = " --trainer megatron" if key.launcher == "builtin-megatron" else ""
+    return f"rlsmoke run {key.case} --platform {key.platform}{gpus}{trainer} --repeat {runs}{width}"
 
 
 def markdown(entry: dict, rows: list[tuple]) -> str:

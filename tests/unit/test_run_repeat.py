@@ -97,3 +97,13 @@ def test_the_seeds_of_a_repeat_run_make_no_single_record(measured):
     with pytest.raises(RlsmokeError) as err:
         metrics.load_record(out)
     assert err.value.rule == "metrics.one_seed"
+
+
+def test_a_one_device_run_calibrates_into_a_count_free_entry(measured, tmp_path, capsys):
+    """The engine's own summary (one device: num_gpus "*") goes through `rlsmoke calibrate` as it is."""
+    out, _ = measured
+    target = tmp_path / "cal.json"
+    assert main(["calibrate", str(out), "--write", str(target)]) == ExitCode.OK
+    (entry,) = json.loads(target.read_text())["entries"]
+    assert entry["key"]["num_gpus"] == "*" and entry["provenance"]["runs"] == 2
+    assert entry["provenance"]["command"] == f"rlsmoke run {CASE} --platform cpu --repeat 2"
