@@ -89,7 +89,7 @@ def trainer_refusal(trainer: str, case=None) -> str:
         return ""
     if not megatron.available():
         return "--trainer megatron needs megatron-core (pip install 'rlsmoke[megatron]')"
-    return megatron.refusal(case) if case is not None else ""
+    return megatron.refusal(case.spec(), case.num_gpus, case.mode) if case is not None else ""
 
 
 def effective_case(case, num_gpus: int | None):

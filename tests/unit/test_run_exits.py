@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive, descendants
 
 from rlsmoke.errors import ExitCode
 
@@ -54,31 +55,6 @@ def test_a_truncated_shard_is_one_error_line_and_in_run_log(tmp_path):
     assert shard.name in log.splitlines()[-1] and "error:" in log.splitlines()[-1], log
 
 
-def _descendants(root: int) -> set[int]:
-    """Every process under `root` now (read from /proc), so the test can check each one ends."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_sigterm_during_an_async_run_stops_ray_and_says_interrupted(tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "out"
@@ -91,7 +67,7 @@ def test_sigterm_during_an_async_run_stops_ray_and_says_interrupted(tmp_path):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the async run never reached its first rollout"
             time.sleep(0.2)
-        started = _descendants(proc.pid)
+        started = descendants(proc.pid)
         assert started, "the async run started no Ray processes"
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
@@ -104,8 +80,8 @@ def test_sigterm_during_an_async_run_stops_ray_and_says_interrupted(tmp_path):
     assert stderr.strip().splitlines()[-1].startswith("error: interrupted"), stderr[-3000:]
     assert (out / "run.log").read_text().splitlines()[-1].split("] ", 1)[1].startswith("interrupted")
     deadline = time.monotonic() + 30
-    while [p for p in started if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in started if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not [p for p in started if _alive(p)], "Ray processes outlived the run"
+    assert not [p for p in started if alive(p)], "Ray processes outlived the run"
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)

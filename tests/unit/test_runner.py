@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 from rlsmoke.launch import runner
 
@@ -40,15 +41,6 @@ TREE = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    """Running or sleeping; a zombie is dead (only not yet reaped, by init in a container)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_timeout_kills_the_whole_tree_and_leaves_zero_orphans(tmp_path):
     pids_file = tmp_path / "pids"
     script = tmp_path / "tree.py"
@@ -61,7 +53,7 @@ def test_timeout_kills_the_whole_tree_and_leaves_zero_orphans(tmp_path):
     assert len(_read(pids_file)) == 4, "the tree did not start"
     result = proc.wait(timeout=0.5)
     pids = _read(pids_file)
-    orphans = [p for p in pids if _alive(p)]
+    orphans = [p for p in pids if alive(p)]
     assert result.timed_out and result.returncode is None
     assert orphans == [], f"{len(orphans)} orphans of {len(pids)} processes: {orphans}"
     assert runner.tree_pids(proc.token, proc.proc.pid) == []
@@ -79,7 +71,7 @@ def test_children_left_by_a_finished_leader_are_stopped(tmp_path):
     code = f"import subprocess, sys; p = subprocess.Popen(['sleep', '600']); open({str(pid_file)!r}, 'w').write(str(p.pid))"
     result = runner.run([PY, "-c", code], env=runner.clean_env(), log=tmp_path / "run.log", timeout=30)
     assert result.ok
-    assert not _alive(int(pid_file.read_text()))
+    assert not alive(int(pid_file.read_text()))
 
 
 @pytest.mark.parametrize(("code", "rc"), [("pass", 0), ("raise SystemExit(3)", 3), ("import os; os.kill(os.getpid(), 9)", -9)])

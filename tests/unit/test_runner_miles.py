@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 from rlsmoke.cases import Case
 from rlsmoke.errors import CheckpointError
@@ -40,8 +41,7 @@ def _processes_in(folder: Path) -> list[int]:
             continue
         try:
             if os.readlink(f"/proc/{entry}/cwd") == str(folder):
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":
+                if alive(entry):
                     found.append(int(entry))
         except OSError:
             continue

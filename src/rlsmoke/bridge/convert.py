@@ -14,12 +14,13 @@ model computes with the wrong layout, which only the log-prob gates can see.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from rlsmoke.bridge.tables import Rule, hf_expert_name, rules
+from rlsmoke.bridge.tables import Rule, expert_name, rules
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
@@ -52,8 +53,7 @@ class Parallel:
     def world_size(self) -> int:
         if self.world is not None:
             return self.world
-        a, b = self.tp, self.ep * self.expert_tp
-        return a * b // _gcd(a, b)
+        return math.lcm(self.tp, self.ep * self.expert_tp)
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(tp_rank, ep_rank, etp_rank) of a global rank."""
@@ -72,11 +72,6 @@ class Parallel:
             raise RlsmokeError("; ".join(problems), rule="bridge.layout", fix="choose a TP/EP the model divides")
         return self
 
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
@@ -145,7 +140,7 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, *, vocab_siz
     used: set[str] = set()
     for rule in rules(spec, hf):
         for e in range(spec.num_experts) if rule.expert else (None,):
-            names = [hf_expert_name(n, _expert_source(e, spec, defect)) if e is not None else n for n in rule.hf]
+            names = [expert_name(n, _expert_source(e, spec, defect)) if e is not None else n for n in rule.hf]
             missing = [n for n in names if n not in hf]
             if missing:
                 raise RlsmokeError(f"HF tensor {missing[0]} is missing for {rule.megatron}",
@@ -156,7 +151,7 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, *, vocab_siz
                 t = _kv_permutation(spec, t, inverse=False)
             if rule.tp == "vocab" and vocab_size and vocab_size > t.shape[0]:
                 t = torch.cat([t, t.new_zeros(vocab_size - t.shape[0], *t.shape[1:])])
-            out[rule.megatron.replace("{e}", str(e)) if e is not None else rule.megatron] = t
+            out[expert_name(rule.megatron, e) if e is not None else rule.megatron] = t
     if left := sorted(set(hf) - used):
         raise RlsmokeError(f"HF tensor {left[0]} (+{len(left) - 1} more) has no Megatron rule",
                            rule="bridge.hf_names", fix="add a rule to rlsmoke.bridge.tables")  # fmt: skip
@@ -170,14 +165,14 @@ def megatron_to_hf(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names,
     out: dict[str, torch.Tensor] = {}
     for rule in rules(spec, hf_names):
         for e in range(spec.num_experts) if rule.expert else (None,):
-            t = full[rule.megatron.replace("{e}", str(e)) if e is not None else rule.megatron]
+            t = full[expert_name(rule.megatron, e) if e is not None else rule.megatron]
             if rule.tp == "vocab":
                 t = t[: spec.vocab_size]
             if defect == "bridge-kv-order" and rule.megatron.endswith("linear_kv_up_proj.weight"):
                 t = _kv_permutation(spec, t, inverse=True)
             src = _expert_source(e, spec, defect) if e is not None else None
             for name, part in zip(rule.hf, _split(rule, t, spec, defect), strict=True):
-                out[hf_expert_name(name, src) if src is not None else name] = part
+                out[expert_name(name, src) if src is not None else name] = part
     return out
 
 
@@ -209,10 +204,6 @@ def _join(rule: Rule, parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def _megatron_rules(spec: ModelSpec, hf_names) -> list[Rule]:
-    return rules(spec, hf_names)
-
-
 def shard(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names, par: Parallel,
           rank: int) -> dict[str, torch.Tensor]:  # fmt: skip
     """One rank's Megatron state: TP cuts of the dense tensors, its EP block of experts (local index)."""
@@ -220,11 +211,11 @@ def shard(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names, par: Para
     tp_rank, ep_rank, etp_rank = par.coords(rank)
     local = spec.num_experts // par.ep
     out = {}
-    for rule in _megatron_rules(spec, hf_names):
+    for rule in rules(spec, hf_names):
         if rule.expert:
             for j in range(local):
-                t = full[rule.megatron.replace("{e}", str(ep_rank * local + j))]
-                out[rule.megatron.replace("{e}", str(j))] = _cut(rule, t, par.expert_tp, etp_rank).clone()
+                t = full[expert_name(rule.megatron, ep_rank * local + j)]
+                out[expert_name(rule.megatron, j)] = _cut(rule, t, par.expert_tp, etp_rank).clone()
         else:
             out[rule.megatron] = _cut(rule, full[rule.megatron], par.tp, tp_rank).clone()
     return out
@@ -240,13 +231,13 @@ def unshard(states: list[Mapping[str, torch.Tensor]], spec: ModelSpec, hf_names,
     by_expert = {par.coords(r)[1:]: states[r] for r in reversed(range(len(states)))}
     local = spec.num_experts // par.ep
     out = {}
-    for rule in _megatron_rules(spec, hf_names):
+    for rule in rules(spec, hf_names):
         if rule.expert:
             for ep_rank in range(par.ep):
                 for j in range(local):
-                    parts = [by_expert[ep_rank, i][rule.megatron.replace("{e}", str(j))]
+                    parts = [by_expert[ep_rank, i][expert_name(rule.megatron, j)]
                              for i in range(par.expert_tp)]  # fmt: skip
-                    out[rule.megatron.replace("{e}", str(ep_rank * local + j))] = _join(rule, parts)
+                    out[expert_name(rule.megatron, ep_rank * local + j)] = _join(rule, parts)
         else:
             out[rule.megatron] = _join(rule, [by_tp[i][rule.megatron] for i in range(par.tp)])
     return out

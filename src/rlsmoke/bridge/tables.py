@@ -161,5 +161,5 @@ def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
     return out
 
 
-def hf_expert_name(template: str, e: int) -> str:
+def expert_name(template: str, e: int) -> str:
     return template.replace("{e}", str(e))

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.engine import megatron
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import model_spec
 from rlsmoke.recipe import SEED_RECIPE
@@ -209,12 +210,9 @@ class RunConfig:
             problems.append(f"trainer={self.trainer!r} is unknown ({', '.join(TRAINERS)}). Adjust --trainer")
         if self.inject.kind.startswith("bridge-") and self.trainer != "megatron":
             problems.append(f"inject={self.inject.kind} is a bridge defect: it needs --trainer megatron")
-        if self.trainer == "megatron" and model_spec(self.case, tiny=self.tiny).family == "glm5.3-flash":
-            problems.append("trainer=megatron: megatron-core has no KDA linear attention nor hyper-connections. "
-                            "Adjust --trainer fsdp for GLM-5.3-Flash (its bridge is still round-tripped)")
-        if self.trainer == "megatron" and (self.mode != "colocate" or self.num_gpus > 1):
-            problems.append("trainer=megatron runs colocated on one device (world size 1). "
-                            "Adjust --mode colocate --num-gpus 1")
+        why = megatron.refusal(model_spec(self.case, tiny=self.tiny), self.num_gpus, self.mode)
+        if self.trainer == "megatron" and why:
+            problems.append(f"trainer=megatron: {why}. Adjust --trainer fsdp, or --mode colocate --num-gpus 1")
         if problems:
             raise RlsmokeError("; ".join(problems), rule="run.config")
         return self

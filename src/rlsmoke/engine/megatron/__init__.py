@@ -4,13 +4,14 @@ megatron-core is optional (`pip install rlsmoke[megatron]`); nothing here is imp
 """
 
 
-def refusal(case) -> str:
-    """Why the megatron trainer cannot run `case` ("" when it can): read before anything loads."""
-    if case.spec().family == "glm5.3-flash":
-        return (f"case={case.name}: megatron-core has no KDA linear attention nor hyper-connections "
+def refusal(spec, num_gpus: int = 1, mode: str | None = None) -> str:
+    """Why the megatron trainer cannot run `spec` at `num_gpus` in `mode` ("" when it can): the one rule
+    the suite's selection, `RunConfig.validate` and the model builder read, before anything loads."""
+    if spec.family == "glm5.3-flash":
+        return (f"case={spec.name}: megatron-core has no KDA linear attention nor hyper-connections "
                 "(the bridge of GLM-5.3-Flash is still round-tripped)")  # fmt: skip
-    if case.num_gpus > 1 or (case.mode or "colocate") != "colocate":
-        return f"case={case.name}: the megatron trainer runs colocated on one device (world size 1)"
+    if num_gpus > 1 or (mode or "colocate") != "colocate":
+        return f"case={spec.name}: the megatron trainer runs colocated on one device (world size 1)"
     return ""
 
 

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 
 from rlsmoke.bridge.convert import Parallel
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rlsmoke.engine.sharded import free_port
 
 
 def init(rank: int, par: Parallel, port: int, *, backend: str = "gloo") -> None:

@@ -30,6 +30,7 @@ import torch
 from rlsmoke.bridge.convert import Parallel, padded_vocab
 from rlsmoke.conformance.mcore import config_kwargs
 from rlsmoke.conformance.verdict import flag_value
+from rlsmoke.engine.megatron import refusal
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
@@ -62,7 +63,7 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         tensor_model_parallel_size=par.tp,
         expert_model_parallel_size=par.ep,
         expert_tensor_parallel_size=par.expert_tp,
-        sequence_parallel=par.tp > 1 and flag_value(argv, "--sequence-parallel") is not None,
+        sequence_parallel=par.tp > 1 and "--sequence-parallel" in argv,  # a flag without a value
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -77,8 +78,6 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
     )
-    if "--sequence-parallel" in argv:
-        kw["sequence_parallel"] = par.tp > 1
     if not device.startswith("cuda"):
         kw["moe_token_dispatcher_type"] = "allgather"
     if mla:
@@ -198,10 +197,10 @@ def _without_transformer_engine() -> None:
 def build_gpt(spec: ModelSpec, par: Parallel, *, plan_argv: list[str] | None = None,
               params_dtype: torch.dtype = torch.float32, device: str = "cpu"):  # fmt: skip
     """The rank's GPTModel (model-parallel state must be initialized for `par`)."""
-    if spec.family == "glm5.3-flash":  # RunConfig.validate refuses it first, before anything loads
+    why = refusal(spec)  # RunConfig.validate refuses it first, before anything loads
+    if why:
         raise RlsmokeError(
-            f"case={spec.name}: megatron-core has no KDA linear attention nor hyper-connections",
-            rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
+            why, rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
         )
     from megatron.core.models.gpt import GPTModel
 

@@ -1,0 +1,34 @@
+"""What the process tests read from /proc: a process's state, whether it lives, its descendants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, ...]; OSError when gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def alive(pid: int | str) -> bool:
+    """Running or sleeping; a zombie is dead (only not yet reaped, by init in a container)."""
+    try:
+        return stat_fields(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
+def descendants(root: int) -> set[int]:
+    """Every process under `root` now, so a test can check that each one ends."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat_fields(stat.parent.name)[1]), []).append(int(stat.parent.name))
+        except OSError:
+            continue
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
