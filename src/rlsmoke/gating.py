@@ -30,16 +30,17 @@ class CaseGates:
     artifacts: Artifacts | None = None
 
     def verdict(self, record, artifacts: Artifacts | None = None):
-        """The thresholds' verdict on `record`, without raising."""
-        art = artifacts or self.artifacts or _artifacts_of(record)
+        """The thresholds' verdict on `record`, without raising. The device comes from the run's summary, else
+        from the session that ran it; never from a stand-in (a GPU record naming none is an error)."""
+        session = artifacts or self.artifacts or getattr(record, "ran_with", None)
         key = RunKey.from_summary(record.meta, case=self.case.name, platform=self.case.platform,
-                                  device=art.host.device if art is not None else None)  # fmt: skip
+                                  device=session.host.device if session is not None else None)  # fmt: skip
         return thresholds.lookup_gates(key).check(record)
 
     def check(self, record, artifacts: Artifacts | None = None):
         """Apply the thresholds and the history band; raise `GateFailure` listing every failure."""
         art = artifacts or self.artifacts or _artifacts_of(record)
-        verdict = self.verdict(record, art)
+        verdict = self.verdict(record, artifacts)
         bands = []
         if art is not None and art.history is not None and not art.update_golden:
             bands = history.record_and_check(art.history, record, verdict, commit=art.commit, trusted=art.trusted)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.runkey import FIELDS
 
 KINDS = ("rollout", "step")
 
@@ -126,8 +127,7 @@ def load_meta(folder: Path) -> dict:
     if not (folder / "summary.json").is_file():
         return {}
     summary = json.loads((folder / "summary.json").read_text())
-    return {k: summary[k] for k in ("case", "platform", "device", "launcher", "dtype", "seed", "width", "num_gpus")
-            if k in summary}  # fmt: skip
+    return {k: summary[k] for k in (*FIELDS, "seed") if k in summary}
 
 
 def load_record(path: str | Path) -> Record:

@@ -58,7 +58,7 @@ def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", mi
            case=None, num_gpus: int | None = None, trainer: str = "fsdp") -> Decision:  # fmt: skip
     """Whether a test with requirement `req` (running `case` at `num_gpus`, when known) runs on `host`;
     the reason names what was needed and found."""
-    if req is not None and trainer == "megatron":
+    if req is not None:
         why = trainer_refusal(trainer, effective_case(case, num_gpus) if case is not None else None)
         if why:
             return Decision(False, why)

@@ -95,10 +95,9 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
 def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=None, checkpoint=None,
                  trainer: str = "fsdp") -> list[str]:  # fmt: skip
     """`rlsmoke run` for a case: its flags are the case's fields, one flag per field that is set."""
-    label = "builtin-megatron" if trainer == "megatron" else "builtin"  # the megatron trainer's own thresholds
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", case.name, "--platform", case.platform,
             "--num-gpus", str(case.num_gpus), "--tiny" if case.tiny else "--no-tiny", "--seed", str(seed),
-            "--out", str(out), "--trainer", trainer, "--launcher-label", label, "--records-only"]  # fmt: skip
+            "--out", str(out), "--trainer", trainer, "--records-only"]  # the engine labels its key by trainer  # fmt: skip
     if case.mode:
         argv += ["--mode", case.mode]
     for key, value in case.overrides:

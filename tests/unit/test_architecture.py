@@ -21,15 +21,14 @@ def _module(path: Path) -> str:
 MODULES = {_module(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
-def _imports(path: Path) -> tuple[set[str], set[str]]:
-    """(every module imported anywhere in the file, those imported at module level). `from pkg import name`
+def _imports(path: Path) -> set[str]:
+    """Every module imported anywhere in the file. `from pkg import name`
     counts pkg.name when that is a module, else pkg; a module named by a string in a file that calls
     `importlib.import_module` counts too (the CLI's subcommands), so no arrow hides."""
     tree = ast.parse(path.read_text())
     here = _module(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
-    top_level = {id(n) for n in tree.body}
-    anywhere, module_level = set(), set()
+    anywhere = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -42,17 +41,15 @@ def _imports(path: Path) -> tuple[set[str], set[str]]:
         else:
             continue
         anywhere.update(names)
-        if id(node) in top_level:
-            module_level.update(names)
     if "import_module" in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}:
         anywhere |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in MODULES}
-    return anywhere, module_level
+    return anywhere
 
 
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
     """Every module's arrows to the package's other modules (read when a test needs it, not at collection)."""
-    return {m: {n for n in _imports(p)[0] if n in MODULES and n != m} for m, p in MODULES.items()}
+    return {m: {n for n in _imports(p) if n in MODULES and n != m} for m, p in MODULES.items()}
 
 
 def test_the_import_graph_has_no_loops(graph):
@@ -80,15 +77,9 @@ def test_the_engine_imports_no_layer_above_it(graph):
     assert not {m: n for m, n in wrong.items() if n}, wrong
 
 
-def test_only_the_plugin_imports_pytest_at_module_level():
-    users = sorted(m for m, p in MODULES.items() if m != "rlsmoke.pytest_plugin"
-                   and {"pytest", "_pytest"} & {n.split(".")[0] for n in _imports(p)[1]})  # fmt: skip
-    assert users == []
-
-
 def test_the_library_never_imports_pytest():
     users = sorted(m for m, p in MODULES.items() if m != "rlsmoke.pytest_plugin"
-                   and {"pytest", "_pytest"} & {n.split(".")[0] for n in _imports(p)[0]})  # fmt: skip
+                   and {"pytest", "_pytest"} & {n.split(".")[0] for n in _imports(p)})  # fmt: skip
     assert users == []
 
 

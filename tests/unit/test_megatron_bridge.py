@@ -248,8 +248,11 @@ def test_a_bridge_defect_needs_the_megatron_trainer():
 def test_the_megatron_trainer_refuses_async_and_several_gpus():
     from rlsmoke.engine.config import RunConfig
 
-    with pytest.raises(RlsmokeError, match="world size 1"):
-        RunConfig(case="glm5-744b-a40b-4layer", tiny=True, trainer="megatron", mode="async").validate()
+    for layout in ({"mode": "async"}, {"num_gpus": 2}):
+        with pytest.raises(RlsmokeError, match="world size 1"):
+            RunConfig(case="glm5-744b-a40b-4layer", tiny=True, trainer="megatron", **layout).validate()
+    with pytest.raises(RlsmokeError, match="no KDA linear attention"):
+        RunConfig(case="glm5.3-flash-4layer", tiny=True, trainer="megatron").validate()
 
 
 def test_the_megatron_trainer_refuses_flash_with_a_rule():

@@ -75,7 +75,6 @@ def test_requirement_rejects_two_vendors():
 # --- through pytest --------------------------------------------------------------------------------
 
 PAIR = """
-import json
 import os
 import pytest
 

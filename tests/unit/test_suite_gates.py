@@ -117,3 +117,16 @@ def test_a_builtin_run_is_gated_once_by_the_suite(tmp_path, monkeypatch):
     assert gates_for(CASE, art).check(record).passed
     assert evaluated == [str(art.path)]
     assert json.loads((art.path / "summary.json").read_text())["verdict"] == "PASS"  # what the session summary reads
+
+
+def test_a_gpu_record_naming_no_device_is_an_error_not_a_cpu_key(tmp_path):
+    """Gated from its folder alone, a GPU run's device must come from its summary: never a stand-in's CPU."""
+    from rlsmoke.errors import RlsmokeError
+
+    gpu = Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia", num_gpus=1)
+    _run(tmp_path / "run")
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({**META, "case": gpu.name, "platform": "nvidia",
+                                                               "device": None}))  # fmt: skip
+    with pytest.raises(RlsmokeError) as err:
+        gates_for(gpu).check(metrics.load_record(tmp_path / "run"))
+    assert err.value.rule == "runkey.fields"

@@ -139,7 +139,7 @@ def prune_into(
     progress: bool = False,
 ) -> None:
     """prune() without the safety wrapper: writes into an existing empty folder."""
-    from rlsmoke.checkpoints.synthesis import ProgressBar
+    from rlsmoke.checkpoints.progress import ProgressBar
 
     plans, cfg = _plans(Path(src), dense, moe, keep_mtp)
     skip = {"config.json", INDEX_NAME, MANIFEST_NAME}

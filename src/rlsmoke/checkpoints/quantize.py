@@ -175,7 +175,7 @@ def fp8_into(
     progress: bool = False,
 ) -> None:
     """fp8() without the safety wrapper: writes into an existing empty folder."""
-    from rlsmoke.checkpoints.synthesis import ProgressBar
+    from rlsmoke.checkpoints.progress import ProgressBar
 
     plans, cfg = _plans(Path(src), device)
     for f in Path(src).iterdir():

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlsmoke.checkpoints.progress import ProgressBar
 from rlsmoke.checkpoints.shards import (
     DEFAULT_MAX_SHARD_BYTES,
     DTYPE_NAMES,
@@ -263,27 +264,6 @@ def synthesize_into(
         write_shards(
             folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, manifest=manifest, workers=workers
         )
-
-
-class ProgressBar:
-    """A tqdm byte counter when asked for, else nothing; used as the writer's progress callback."""
-
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self.tqdm = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.tqdm = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
-
-    def __enter__(self):
-        return self if self.tqdm else None
-
-    def __call__(self, n: int) -> None:
-        self.tqdm.update(n)
-
-    def __exit__(self, *exc):
-        if self.tqdm:
-            self.tqdm.close()
 
 
 def next_token_entropy(model, vocab: int, *, n_seq: int = 8, seq_len: int = 32, seed: int = 0) -> float:

@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.checkpoints.progress import ProgressBar
 from rlsmoke.checkpoints.shards import DTYPE_SIZES, INDEX_NAME, MANIFEST_NAME, MAX_HEADER_BYTES, SINGLE_NAME
 from rlsmoke.errors import CheckpointError
 
@@ -265,23 +266,15 @@ def config_from_dict(cfg: dict):
 
 def _check_manifest(folder: Path, rep: Report, *, progress: bool = False) -> None:
     entries = [line.partition("  ") for line in (folder / MANIFEST_NAME).read_text().splitlines() if line.strip()]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        total = sum((folder / n).stat().st_size for _, _, n in entries if _plain_name(n) and (folder / n).is_file())
-        bar = tqdm(total=total, desc=f"verify {folder.name}", unit="B", unit_scale=True, unit_divisor=1024)
-    try:
+    total = sum((folder / n).stat().st_size for _, _, n in entries if _plain_name(n) and (folder / n).is_file())
+    with ProgressBar(total, f"verify {folder.name}", progress) as bar:
         for digest, _, name in entries:
             if not _plain_name(name):
                 rep.add(MANIFEST_NAME, "", f"names {name!r}, not a plain file name in the folder")
             elif not (folder / name).is_file():
                 rep.add(name, "", f"listed in {MANIFEST_NAME} but missing")
-            elif sha256_file(folder / name, on_bytes=bar.update if bar else None) != digest:
+            elif sha256_file(folder / name, on_bytes=bar) != digest:
                 rep.add(name, "", f"sha256 differs from {MANIFEST_NAME}")
-    finally:
-        if bar is not None:
-            bar.close()
     rep.checksummed = True
 
 

@@ -9,7 +9,6 @@ Ray cluster the run started are stopped and run.log ends with "interrupted".
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
@@ -165,7 +164,6 @@ def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
     failing seed fails the run.
     """
     records = seed_records(out)
-    summary = json.loads((Path(out) / "summary.json").read_text())
     try:
         gates = lookup_gates(RunKey.from_summary(records[0].meta))
     except RlsmokeError as exc:
@@ -174,7 +172,7 @@ def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
         update_summary(out, ({"metrics": values[0]} if len(records) == 1 else {"per_repeat": values})
                        | {"gates": [], "verdict": "FAIL", "error": exc.one_line()})  # fmt: skip
         raise
-    first = int(summary.get("seed", 0))
+    first = int(records[0].meta.get("seed", 0))
     seeds = SeedVerdicts(tuple(first + r for r in range(len(records))), tuple(gates.check(rec) for rec in records))
     verdict = seeds.verdicts[0] if len(records) == 1 else seeds.worst()
     fields = verdict.summary_fields()  # --repeat K: each gate's worst seed

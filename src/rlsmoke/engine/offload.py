@@ -26,8 +26,6 @@ import os
 
 import torch
 
-PHASES = ("load", "rollout", "train", "sync")
-
 
 def _is_dtensor(t) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "to_local")
@@ -64,17 +62,14 @@ class HostCopies:
         self._sync()
 
     @torch.no_grad()
-    def optimizer_state(self, optimizer: torch.optim.Optimizer, where: str) -> int:
-        """The optimizer's state tensors (AdamW's moments) to the host or back; returns the bytes moved."""
-        moved = 0
+    def optimizer_state(self, optimizer: torch.optim.Optimizer, where: str) -> None:
+        """The optimizer's state tensors (AdamW's moments) to the host or back."""
         for state in optimizer.state.values():
             for key, t in list(state.items()):
                 if not isinstance(t, _HostShard) and (not torch.is_tensor(t) or t.dim() == 0):
                     continue  # the step counter stays where AdamW keeps it
                 state[key] = self._move_state(t, where)
-                moved += t.numel() * t.element_size()
         self._sync()
-        return moved
 
     def _move_state(self, t, where: str):
         if where == "host":
@@ -119,16 +114,6 @@ class _HostShard:
     def __init__(self, local: torch.Tensor, like):
         self.local, self.mesh, self.placements = local, like.device_mesh, like.placements
         self.shape, self.stride = like.shape, like.stride()
-
-    def numel(self) -> int:
-        return self.local.numel()
-
-    def element_size(self) -> int:
-        return self.local.element_size()
-
-    @property
-    def device(self) -> torch.device:
-        return self.local.device
 
 
 class MemoryMeter:

@@ -80,10 +80,7 @@ class TrainWorker:
 
     def weights(self) -> list[tuple[str, torch.Tensor]]:
         """The update as it crosses a process boundary: CPU tensors in the rollout dtype."""
-        return [
-            (n, t.cpu())
-            for n, t in sync.rollout_weights(self.trainer.master, TORCH_DTYPES[self.cfg.rollout_dtype])
-        ]
+        return [(n, t.cpu()) for n, t in self.rollout_weights(None, TORCH_DTYPES[self.cfg.rollout_dtype])]
 
     def where(self) -> dict:
         return _where()

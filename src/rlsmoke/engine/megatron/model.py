@@ -41,11 +41,6 @@ LOCAL_EQUIVALENTS = {
 }
 
 
-def model_argv(spec: ModelSpec, plan_argv: list[str] | None = None) -> list[str]:
-    """The Megatron model flags: the plan's rendered argv when given, else the spec's own rendering."""
-    return list(plan_argv) if plan_argv is not None else spec.megatron_args()
-
-
 def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, params_dtype: torch.dtype,
                        device: str):  # fmt: skip
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
@@ -194,8 +189,8 @@ def _without_transformer_engine() -> None:
         mla.HAVE_TE = False
 
 
-def build_gpt(spec: ModelSpec, par: Parallel, *, plan_argv: list[str] | None = None,
-              params_dtype: torch.dtype = torch.float32, device: str = "cpu"):  # fmt: skip
+def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = torch.float32,
+              device: str = "cpu"):  # fmt: skip
     """The rank's GPTModel (model-parallel state must be initialized for `par`)."""
     why = refusal(spec)  # RunConfig.validate refuses it first, before anything loads
     if why:
@@ -205,7 +200,7 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, plan_argv: list[str] | None = N
     from megatron.core.models.gpt import GPTModel
 
     _without_transformer_engine()
-    argv = model_argv(spec, plan_argv)
+    argv = spec.megatron_args()  # the Megatron model flags the plan renders for Miles
     config = transformer_config(spec, argv, par, params_dtype=params_dtype, device=device)
     pos = flag_value(argv, "--position-embedding-type") or "learned_absolute"
     with device_shim(device):

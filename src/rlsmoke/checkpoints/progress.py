@@ -1,0 +1,24 @@
+"""A byte progress bar for the checkpoint writers and the verifier. No torch."""
+
+from __future__ import annotations
+
+
+class ProgressBar:
+    """A tqdm byte counter when asked for, else nothing; used as the writer's progress callback."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.tqdm = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.tqdm = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
+
+    def __enter__(self):
+        return self if self.tqdm else None
+
+    def __call__(self, n: int) -> None:
+        self.tqdm.update(n)
+
+    def __exit__(self, *exc):
+        if self.tqdm:
+            self.tqdm.close()
