@@ -82,14 +82,16 @@ def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", mi
     return Decision(True)
 
 
-def trainer_refusal(trainer: str, case=None) -> str:
+def trainer_refusal(trainer: str, case=None, inject: str | None = None) -> str:
     """Why `--trainer` cannot run (`case`, when known): "" when it can. Only the built-in engine's
     megatron trainer has limits: megatron-core installed, one device, a model megatron-core has."""
     if trainer != "megatron":
         return ""
     if not megatron.available():
         return "--trainer megatron needs megatron-core (pip install 'rlsmoke[megatron]')"
-    return megatron.refusal(case.spec(), case.num_gpus, case.mode) if case is not None else ""
+    if case is None:
+        return megatron.unwired(inject=inject or "")
+    return megatron.refusal(case.spec(), case.num_gpus, case.mode) or megatron.unwired(inject=inject or "")
 
 
 def effective_case(case, num_gpus: int | None):

@@ -49,7 +49,7 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
         art = dataclasses.replace(art, history=None)
     art.path.mkdir(parents=True, exist_ok=True)
     case = effective_case(case, art.num_gpus)
-    short = memory_shortfall(case, art.host) or trainer_refusal(art.trainer, case)
+    short = memory_shortfall(case, art.host) or trainer_refusal(art.trainer, case, inject)
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
     checkpoint = _verified_checkpoint(case, art)

@@ -253,6 +253,12 @@ def test_the_megatron_trainer_refuses_async_and_several_gpus():
             RunConfig(case="glm5-744b-a40b-4layer", tiny=True, trainer="megatron", **layout).validate()
     with pytest.raises(RlsmokeError, match="no KDA linear attention"):
         RunConfig(case="glm5.3-flash-4layer", tiny=True, trainer="megatron").validate()
+    # refused before anything loads: what the megatron trainer does not wire
+    from rlsmoke.engine.config import parse_inject
+
+    with pytest.raises(RlsmokeError, match="runs without train-dropout, gradient checkpointing"):
+        RunConfig(case="glm5-744b-a40b-4layer", tiny=True, trainer="megatron", gradient_checkpointing=True,
+                  inject=parse_inject("train-dropout=0.1")).validate()  # fmt: skip
 
 
 def test_the_megatron_trainer_refuses_flash_with_a_rule():

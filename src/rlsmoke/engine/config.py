@@ -210,7 +210,8 @@ class RunConfig:
             problems.append(f"trainer={self.trainer!r} is unknown ({', '.join(TRAINERS)}). Adjust --trainer")
         if self.inject.kind.startswith("bridge-") and self.trainer != "megatron":
             problems.append(f"inject={self.inject.kind} is a bridge defect: it needs --trainer megatron")
-        why = megatron.refusal(model_spec(self.case, tiny=self.tiny), self.num_gpus, self.mode)
+        why = megatron.refusal(model_spec(self.case, tiny=self.tiny), self.num_gpus, self.mode) or megatron.unwired(
+            inject=str(self.inject), gradient_checkpointing=self.gradient_checkpointing, kl_coef=self.kl_coef)
         if self.trainer == "megatron" and why:
             problems.append(f"trainer=megatron: {why}. Adjust --trainer fsdp, or --mode colocate --num-gpus 1")
         if problems:

@@ -15,6 +15,17 @@ def refusal(spec, num_gpus: int = 1, mode: str | None = None) -> str:
     return ""
 
 
+# what the megatron trainer does not wire (megatron-core has each; the one-step check needs none of them)
+UNWIRED = ("train-dropout", "gradient checkpointing", "a KL loss")
+
+
+def unwired(*, inject: str = "", gradient_checkpointing: bool = False, kl_coef: float = 0.0) -> str:
+    """Which of the asked options the megatron trainer does not wire ("" when none)."""
+    asked = [inject.startswith("train-dropout"), gradient_checkpointing, bool(kl_coef)]
+    missing = [name for name, on in zip(UNWIRED, asked, strict=True) if on]
+    return f"the megatron trainer runs without {', '.join(missing)}" if missing else ""
+
+
 def available() -> bool:
     import importlib.util
 

@@ -49,9 +49,6 @@ class MegatronTrainWorker:
                                rule="engine.megatron", fix="pip install 'rlsmoke[megatron]'")  # fmt: skip
         if threads:
             torch.set_num_threads(threads)
-        if cfg.gradient_checkpointing or cfg.inject.kind == "train-dropout" or cfg.kl_coef:
-            raise RlsmokeError("trainer=megatron runs without --gradient-checkpointing, train-dropout and KL",
-                               rule="engine.megatron", fix="drop those options or use --trainer fsdp")  # fmt: skip
         self.cfg, self.spec = cfg, model_spec(cfg.case, tiny=cfg.tiny)
         self.par = Parallel()
         self.defect = cfg.inject.kind if cfg.inject.kind.startswith("bridge-") else None
