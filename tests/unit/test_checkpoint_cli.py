@@ -97,9 +97,13 @@ def test_prepare_says_what_it_will_write_before_it_starts(tmp_path, capsys):
 
 
 def test_the_full_width_announcement_names_its_gigabytes_and_the_tiny_flag():
-    from rlsmoke.checkpoints.cli import announcement
+    # the line `prepare_to` says, at the size it would synthesize (26 GB: not written here)
+    from rlsmoke.checkpoints.cache import describe_write
+    from rlsmoke.checkpoints.synthesis import synth_bytes
+    from rlsmoke.models import model_spec
 
-    text = announcement("glm5-744b-a40b-4layer", tiny=False, dtype="bf16", fp8=False, out="ckpt")
+    spec = model_spec("glm5-744b-a40b-4layer")
+    text = describe_write(spec, synth_bytes(spec, "bf16"), "ckpt", dtype="bf16", fp8=False)
     assert re.search(r"full width, bf16: writes 2[56]\.\d GB to ckpt", text) and "--tiny" in text, text
 
 

@@ -99,16 +99,6 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)  # stdout is the folder alone, for scripts
 
 
-def announcement(case: str, *, tiny: bool, dtype: str, fp8: bool, out) -> str:
-    """What `prepare CASE` would say before synthesizing into `out`."""
-    from rlsmoke.checkpoints.cache import describe_write
-    from rlsmoke.checkpoints.synthesis import synth_bytes
-    from rlsmoke.models import model_spec
-
-    spec = model_spec(case, tiny=tiny)
-    return describe_write(spec, synth_bytes(spec, dtype), out, dtype=dtype, fp8=fp8)
-
-
 def verify_handler(args: argparse.Namespace) -> int:
     from rlsmoke.checkpoints.verification import verify
 
