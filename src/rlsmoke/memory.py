@@ -21,7 +21,7 @@ different GPUs: the estimate per GPU is the larger of the two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlsmoke.recipe import SEED_RECIPE
 
@@ -33,6 +33,10 @@ PROMPT_TOKENS = 64
 # What a device can hold of its nominal memory: the CUDA context, NCCL buffers and the allocator's
 # fragmentation are not in `max_memory_allocated`, which the estimate predicts.
 USABLE_FRACTION = 0.92
+# A colocated GPU run skips the offload only when everything stays resident within this fraction of
+# the device: the moves are exact but slow (pageable copies of the whole train state, each phase), and
+# the estimate counts allocated bytes, not what the allocator loses to fragmentation.
+RESIDENT_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,19 @@ def plan_of_run(cfg) -> Plan:
                 compute_copy=cfg.separate_compute_copy and cfg.trainer != "megatron"
                 and (cfg.num_gpus == 1 or cfg.mode == "async"),
                 fused_adamw=cfg.device.startswith("cuda") and (cfg.num_gpus == 1 or cfg.mode == "async"))  # fmt: skip
+
+
+def offload_needed(cfg, spec) -> bool:
+    """`--offload`'s default for a colocated GPU run: on unless the run fits resident with room to spare.
+
+    An unknown device keeps the offload on; CPU runs and async runs have nothing to offload."""
+    from rlsmoke.platforms import DEVICE_MEMORY_GIB
+
+    if cfg.mode != "colocate" or not cfg.device.startswith("cuda"):
+        return False
+    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
+    resident = estimate(spec, replace(plan_of_run(cfg), offload=False))
+    return not have or resident.peak > RESIDENT_FRACTION * have * GIB
 
 
 def check_run_fits(cfg, spec) -> Estimate:

@@ -193,3 +193,43 @@ def test_rlsmoke_run_refuses_a_case_that_cannot_fit_before_loading():
     with pytest.raises(RlsmokeError) as err:  # the measured OOM: two H200s without offload
         memory.check_run_fits(two.replace(offload=False), model_spec(two.case))
     assert "--offload" in err.value.fix
+
+
+def test_offload_is_skipped_only_when_the_run_fits_resident_with_room():
+    """Seed 004's shape on one H200: GLM-5 4-layer stays resident (107 of 141 GiB), GLM-4.5 4-layer
+    (120 GiB, past 80 %) offloads; an explicit --offload/--no-offload is never second-guessed."""
+    from rlsmoke.engine.config import RunConfig
+
+    def h200(case, **kw):
+        return RunConfig(case=case, tiny=False, platform="nvidia", device="cuda", device_class="H200",
+                         rollout_dtype="bfloat16", n_prompts=8, n_samples=8, max_response_len=100, **kw)  # fmt: skip
+
+    glm5, glm45 = h200("glm5-744b-a40b-4layer-1gpu"), h200("glm4.5-355b-a32b-4layer")
+    resident = memory.estimate(model_spec(glm5.case), memory.replace(memory.plan_of_run(glm5), offload=False))
+    assert resident.peak < memory.RESIDENT_FRACTION * 141 * GIB
+    assert not memory.offload_needed(glm5, model_spec(glm5.case))
+    assert memory.offload_needed(glm45, model_spec(glm45.case))
+    assert memory.offload_needed(glm5.replace(device_class="GPU-not-in-the-table"), model_spec(glm5.case))
+    assert not memory.offload_needed(glm5.replace(mode="async", num_gpus=2), model_spec(glm5.case))
+    assert not memory.offload_needed(glm5.replace(device="cpu"), model_spec(glm5.case))
+
+
+def test_rlsmoke_run_resolves_the_offload_default_before_loading(monkeypatch):
+    """`rlsmoke run`'s config has a concrete offload before anything loads (the summary records it);
+    the host is the one thing stood in for: there is no GPU here."""
+    import argparse
+
+    from rlsmoke import platforms
+    from rlsmoke.engine import cli as engine_cli
+
+    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=1))
+    parser = argparse.ArgumentParser()
+    engine_cli.register(parser.add_subparsers())
+
+    def offload(*argv):
+        return engine_cli.config_from_args(parser.parse_args(["run", *argv, "--platform", "nvidia"])).offload
+
+    assert offload("glm5-744b-a40b-4layer-1gpu") is False
+    assert offload("glm4.5-355b-a32b-4layer") is True
+    assert offload("glm5-744b-a40b-4layer-1gpu", "--offload") is True
+    assert offload("glm4.5-355b-a32b-4layer", "--no-offload", "--max-response-len", "16") is False

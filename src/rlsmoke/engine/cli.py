@@ -67,8 +67,9 @@ def register(subparsers) -> None:
     g.add_argument("--reward", default="target", help="target (dense, for untrained models) | math")
     g.add_argument("--gradient-checkpointing", action="store_true")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
-                   help="colocate: keep the train state in pinned host memory while rolling out and the rollout "
-                        "copy there while training (default: on for GPUs, off on CPU where it moves nothing)")
+                   help="colocate: keep the train state in host memory while rolling out and the rollout copy "
+                        "there while training (default on GPUs: on unless the run fits resident in 80%% of the "
+                        "device; off on CPU, where it frees nothing)")
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
@@ -129,8 +130,10 @@ def config_from_args(args):
         raise RlsmokeError(f"repeat={args.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
     cfg.validate()
     if platform.name != "cpu":
-        from rlsmoke.memory import check_run_fits
+        from rlsmoke.memory import check_run_fits, offload_needed
 
+        if cfg.offload is None:
+            cfg = cfg.replace(offload=offload_needed(cfg, case.spec()))
         check_run_fits(cfg, case.spec())  # a run that cannot fit is refused here, not by an OOM after loading
     return cfg
 

@@ -139,8 +139,9 @@ class RunConfig:
     # parameters (Megatron's bf16 training; the rollout engine's cast path); "autocast" over the fp32
     # weights (measured 5-10x noisier against a bf16 rollout: docs/calibration.md).
     compute_path: str = "params"
-    # Colocate offload (Miles' --colocate): the train state waits in pinned host memory while the
-    # rollout copy samples, the rollout copy while the trainer steps. None: on for GPU colocate.
+    # Colocate offload (Miles' --colocate): the train state waits in host memory while the rollout
+    # copy samples, the rollout copy while the trainer steps. None: on for GPU colocate; `rlsmoke run`
+    # resolves it first (memory.offload_needed: off when everything fits resident with room to spare).
     offload: bool | None = None
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
