@@ -3,7 +3,7 @@
 # batches of clean runs (the suite's defaults: the calibration runs) and of twin runs (seed 000's
 # rollout temperature with the temperature on one side only), alternating, while the budget lasts.
 # A batch is one process (`--repeat`), so one cut short loses only itself.
-#   bench/gpu_twin_table.sh OUT_DIR [BUDGET_S] [FIRST_SEED] [LAST_SEED]   (env CASE, BATCH, TEMPERATURE)
+#   bench/gpu_twin_table.sh OUT_DIR [BUDGET_S] [FIRST_SEED] [LAST_SEED]   (env CASE, BATCH, TEMPERATURE, KINDS)
 # then: python bench/twin_table.py OUT_DIR/clean* OUT_DIR/twin*   (the per-seed table)
 #       rlsmoke calibrate OUT_DIR/clean* --write src/rlsmoke/_fixtures/thresholds/builtin.json
 set -uo pipefail
@@ -11,13 +11,14 @@ out=${1:?OUT_DIR}; budget=${2:-540}; first=${3:-0}; last=${4:-9}
 case_name=${CASE:-glm5-744b-a40b-4layer-1gpu}
 batch=${BATCH:-5}
 temperature=${TEMPERATURE:-0.8}
+kinds=${KINDS:-clean twin}  # KINDS=twin: the twin seeds only
 mkdir -p "$out"
 start=$(date +%s)
 per_seed=90  # until measured: a seed with the checkpoint's first synthesis
 seed=$first
 while [ "$seed" -le "$last" ]; do
   n=$(( last - seed + 1 < batch ? last - seed + 1 : batch ))
-  for kind in clean twin; do
+  for kind in $kinds; do
     if [ $(( $(date +%s) - start + n * per_seed )) -gt "$budget" ]; then
       echo "budget: stopped before $kind seeds $seed-$((seed + n - 1))" | tee -a "$out/timing.txt"
       exit 0

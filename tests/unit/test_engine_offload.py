@@ -75,6 +75,9 @@ def test_phases_move_the_state_and_the_step_is_unchanged(world):
     plain_step, plain = phase_walk(cfg.replace(offload=False))
     assert plain_step == step, "offload changed the steps' numbers"
     assert {r["optimizer_state"] for r in plain["rollout 1"]} == {"device"}
+    # without the offload too, a rollout and the sync hold no grads: the step that follows zeroes them
+    assert {r["grads_held"] for r in [*plain["rollout 1"], *plain["sync"][1]]} == {0}
+    assert {r["grads_held"] for r in plain["second step"]} != {0}
 
 
 def test_offload_defaults_on_for_gpu_colocate_only():

@@ -4,8 +4,7 @@ Miles offloads the Megatron state while SGLang rolls out and has SGLang release 
 Megatron trains. Here one device (or one rank's device under FSDP2) holds the trainer and a rollout
 copy; `Phases.enter` moves what the next phase does not use to host memory:
 
-- rollout: master weights and AdamW moments go to the host, grads are freed (every step starts by
-  zeroing them), the rollout copy comes back;
+- rollout: master weights and AdamW moments go to the host, the rollout copy comes back;
 - train (old log-probs and the step): the rollout copy goes to the host, the master weights come
   back, and the moments too when a step follows;
 - sync: the moments go to the host again, the rollout copy comes back next to the master weights.
@@ -17,7 +16,8 @@ state could lock twice that. When twice what a host's ranks park exceeds half it
 to pageable memory instead (synchronous, and exactly sized); `state()["pinned"]` says which. FSDP2's sharded parameters move through `module.to()`, whose
 `_apply` hook re-registers the shards; those host pages are not pinned. On CPU the moves copy into
 fresh host tensors, so the bookkeeping and the code path run in CI although no device memory is
-freed there.
+freed there. With or without the offload, the grads are freed on entering a rollout or the sync
+(every step starts by zeroing them).
 """
 
 from __future__ import annotations
@@ -165,6 +165,10 @@ class Phases:
         if phase == self.phase:
             return
         arriving: list[tuple[str, str]] = []
+        if phase in ("rollout", "sync"):
+            # after a step the grads are dead weight (the next step zeroes them): resident, they held
+            # a master-sized 21 GiB through GLM-5's rollout on one H200
+            self.trainer.optimizer.zero_grad(set_to_none=True)
         if self.offload:
             want = {
                 "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
@@ -173,8 +177,6 @@ class Phases:
                           "rollout_copy": "host"},
                 "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
             }[phase]
-            if want["train_params"] == "host" or want["optimizer_state"] == "host":
-                self.trainer.optimizer.zero_grad(set_to_none=True)  # the next step zeroes them anyway
             # Free before allocating: what leaves the device moves now, what arrives after the meter's reset.
             for part, where in want.items():
                 if self.where[part] == where:
@@ -194,14 +196,16 @@ class Phases:
             self._move("optimizer_state", "device")
 
     def state(self) -> dict:
-        """Where each part is now, and what the AdamW moments' tensors say of themselves (device, pinned)."""
+        """Where each part is now, what the AdamW moments' tensors say of themselves (device, pinned), and
+        how many master parameters hold a grad."""
         held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
                 if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
         local = [t.local if isinstance(t, _HostShard) else t for t in held]
         return {**self.where, "offload": self.offload, "phase": self.phase, "pinned": self.copies.pin,
                 "optimizer_devices": sorted({str(t.device) for t in local}),
                 "optimizer_pinned": sorted({bool(t.is_pinned()) for t in local if t.device.type == "cpu"}),
-                "optimizer_parked_shards": sum(isinstance(t, _HostShard) for t in held)}  # fmt: skip
+                "optimizer_parked_shards": sum(isinstance(t, _HostShard) for t in held),
+                "grads_held": sum(p.grad is not None for p in self.trainer.master.parameters())}  # fmt: skip
 
     def _move(self, part: str, where: str) -> None:
         if part == "train_params":
