@@ -3,7 +3,7 @@
 # batches of clean runs (the suite's defaults: the calibration runs) and of twin runs (seed 000's
 # rollout temperature with the temperature on one side only), alternating, while the budget lasts.
 # A batch is one process (`--repeat`), so one cut short loses only itself.
-#   bench/gpu_twin_table.sh OUT_DIR [BUDGET_S] [FIRST_SEED] [LAST_SEED]   (env CASE, BATCH, TEMPERATURE, KINDS)
+#   bench/gpu_twin_table.sh OUT_DIR [BUDGET_S] [FIRST_SEED] [LAST_SEED]   (env CASE, BATCH, TEMPERATURE, KINDS, PER_SEED)
 # then: python bench/twin_table.py OUT_DIR/clean* OUT_DIR/twin*   (the per-seed table)
 #       rlsmoke calibrate OUT_DIR/clean* --write src/rlsmoke/_fixtures/thresholds/builtin.json
 set -uo pipefail
@@ -14,7 +14,7 @@ temperature=${TEMPERATURE:-0.8}
 kinds=${KINDS:-clean twin}  # KINDS=twin: the twin seeds only
 mkdir -p "$out"
 start=$(date +%s)
-per_seed=90  # until measured: a seed with the checkpoint's first synthesis
+per_seed=${PER_SEED:-60}  # until measured (a cold checkpoint adds about 35 s to the first batch)
 seed=$first
 while [ "$seed" -le "$last" ]; do
   n=$(( last - seed + 1 < batch ? last - seed + 1 : batch ))
