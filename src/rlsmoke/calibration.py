@@ -58,7 +58,7 @@ def template_for(key: RunKey, target: list[dict]) -> list[dict]:
     """The gates a key gets: its entry in the target file, else the entry its runs were judged by, else
     an entry of the same case and launcher (a new device: MLA and GQA models have different gates)."""
     for entry in target:
-        if entry["key"] == key.to_json():
+        if thresholds.same_key(entry["key"], key.to_json()):
             return entry["gates"]
     found = thresholds.matching_entry(key.to_json())
     if found is not None:
@@ -173,7 +173,8 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
                "header": {"what": "calibrated with `rlsmoke calibrate`", "margin_rule": MARGIN_RULE},
                "entries": []}  # fmt: skip
     keys = [e["key"] for e in new]
-    doc["entries"] = [e for e in doc["entries"] if e["key"] not in keys] + new
+    kept = [e for e in doc["entries"] if not any(thresholds.same_key(e["key"], k) for k in keys)]
+    doc["entries"] = kept + new
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")

@@ -212,6 +212,11 @@ def thresholds_dirs() -> list[Path]:
     return [*extra, THRESHOLDS_DIR]
 
 
+def same_key(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
+    """Two entry keys name the same runs: a field left out is "*" (older one-device entries have no count)."""
+    return all(a.get(f, "*") == b.get(f, "*") for f in KEY_FIELDS)
+
+
 def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -> tuple[Path, dict] | None:
     """The most specific entry whose key matches (exact fields beat "*"; the first read wins a tie)."""
     best, best_score = None, -1

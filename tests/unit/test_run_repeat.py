@@ -107,3 +107,29 @@ def test_a_one_device_run_calibrates_into_a_count_free_entry(measured, tmp_path,
     (entry,) = json.loads(target.read_text())["entries"]
     assert entry["key"]["num_gpus"] == "*" and entry["provenance"]["runs"] == 2
     assert entry["provenance"]["command"] == f"rlsmoke run {CASE} --platform cpu --repeat 2"
+
+
+def test_recalibrating_replaces_an_entry_written_before_keys_had_a_count(measured, tmp_path):
+    """An entry whose key has no num_gpus is the same one-device key: recalibrating replaces it, and
+    the new bounds are the ones looked up (kept side by side, the older entry won the tie)."""
+    from rlsmoke.runkey import RunKey
+    from rlsmoke.thresholds import lookup_gates
+
+    out, _ = measured
+    target = tmp_path / "cal.json"
+    assert main(["calibrate", str(out), "--write", str(target)]) == ExitCode.OK
+    doc = json.loads(target.read_text())
+    (fresh,) = doc["entries"]
+    stale = json.loads(json.dumps(fresh))
+    del stale["key"]["num_gpus"]
+    for gate in stale["gates"]:
+        if gate["name"] == "logprob_abs_diff":  # a calibrated gate: the definitional ones keep their bounds
+            gate["bound"] = 12345.0
+    doc["entries"] = [stale]
+    target.write_text(json.dumps(doc))
+    assert main(["calibrate", str(out), "--write", str(target)]) == ExitCode.OK
+    (entry,) = json.loads(target.read_text())["entries"]
+    assert entry["key"]["num_gpus"] == "*"
+    key = RunKey.from_summary(json.loads((out / "summary.json").read_text()))
+    bounds = {g.name: g.bound for g in lookup_gates(key, thresholds_dir=tmp_path).gates}
+    assert bounds["logprob_abs_diff"] == next(g["bound"] for g in fresh["gates"] if g["name"] == "logprob_abs_diff")
