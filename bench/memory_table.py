@@ -76,7 +76,8 @@ def rows(folders: list[Path], extra: list[str] = ()) -> list[str]:
             mem = s.get("memory")
             if not mem or s.get("width") != "full":
                 continue
-            case = Case(s["case"], platform=s["platform"], num_gpus=int(s["num_gpus"]), mode=s.get("mode"))
+            gpus = int(mem.get("world") or 1)  # the summary's num_gpus is the key's count: "*" for one device
+            case = Case(s["case"], platform=s["platform"], num_gpus=gpus, mode=s.get("mode"))
             est = memory.estimate(case.spec(), _plan(case, mem, s.get("dtype") or {}))
             ranks = [p for p in mem.get("peak_gib_per_rank_by_phase") or [] if p]
             measured = {k: max(r.get(k, 0.0) for r in ranks) for k in PHASES if any(k in r for r in ranks)}

@@ -330,11 +330,15 @@ def plan_of_run(cfg) -> Plan:
 def offload_needed(cfg, spec) -> bool:
     """`--offload`'s default for a colocated GPU run: on unless the run fits resident with room to spare.
 
-    An unknown device keeps the offload on; CPU runs and async runs have nothing to offload."""
+    Only a one-device run goes without: that is where the estimate has met the measured peak (FSDP2
+    ranks keep the offload until theirs is measured). An unknown device keeps it too; CPU runs and
+    async runs have nothing to offload."""
     from rlsmoke.platforms import DEVICE_MEMORY_GIB
 
     if cfg.mode != "colocate" or not cfg.device.startswith("cuda"):
         return False
+    if cfg.num_gpus > 1:
+        return True
     have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
     resident = estimate(spec, replace(plan_of_run(cfg), offload=False))
     return not have or resident.peak > RESIDENT_FRACTION * have * GIB

@@ -68,8 +68,8 @@ def register(subparsers) -> None:
     g.add_argument("--gradient-checkpointing", action="store_true")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
                    help="colocate: keep the train state in host memory while rolling out and the rollout copy "
-                        "there while training (default on GPUs: on unless the run fits resident in 80%% of the "
-                        "device; off on CPU, where it frees nothing)")
+                        "there while training (default on GPUs: on, unless the run is on one device and fits "
+                        "resident in 80%% of it; off on CPU, where it frees nothing)")
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )

@@ -141,7 +141,7 @@ class RunConfig:
     compute_path: str = "params"
     # Colocate offload (Miles' --colocate): the train state waits in host memory while the rollout
     # copy samples, the rollout copy while the trainer steps. None: on for GPU colocate; `rlsmoke run`
-    # resolves it first (memory.offload_needed: off when everything fits resident with room to spare).
+    # resolves it first (memory.offload_needed: off when one device holds everything with room to spare).
     offload: bool | None = None
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"

@@ -1,0 +1,48 @@
+"""The committed H200 records against this checkout: the shipped thresholds still separate the
+temperature twin from the clean run seed by seed, and the memory estimate still meets what was measured.
+
+The runs themselves need a GPU; their metrics.jsonl and summary.json are in docs/runs/, so a change
+of bounds or of the estimate that would contradict them fails here, on CPU.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TWIN_TABLE = ROOT / "docs" / "runs" / "2026-12-01-h200-twin-table"
+
+
+def bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def seeds():
+    twin_table = bench("twin_table")
+    return [row for run in ("clean0", "clean5", "twin0") for row in twin_table.rows(TWIN_TABLE / run)]
+
+
+def test_the_h200_key_passes_every_clean_seed(seeds):
+    clean = [row for row in seeds if row["run"] == "clean at 1"]
+    assert sorted(row["seed"] for row in clean) == list(range(10))
+    assert {row["verdict"] for row in clean} == {"PASS"}
+
+
+def test_the_h200_key_fails_every_temperature_twin_seed_on_the_slope(seeds):
+    twins = [row for row in seeds if row["run"] == "temperature-mismatch at 0.8"]
+    assert sorted(row["seed"] for row in twins) == list(range(10))
+    assert all(row["verdict"] == "FAIL" and "logprob_slope" in row["failed"] for row in twins)
+
+
+def test_the_memory_estimate_meets_the_measured_peak_without_offload():
+    """One-device summaries carry the key's count "*" (the table read it as an int once)."""
+    lines = bench("memory_table").rows([TWIN_TABLE / "clean5"])
+    (row,) = lines[2:]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:3] == ["glm5-744b-a40b-4layer-1gpu", "1", "off"]
+    assert abs(float(cells[-1].rstrip("%"))) < 2.0  # peak error, percent
