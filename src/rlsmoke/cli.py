@@ -85,10 +85,13 @@ def cmd_plan(args) -> int:
         print(diff_platforms(case, args.diff))
         return ExitCode.OK
     head = _head_addr(args, plan.topology)
-    if head:
+    if head:  # the topology stands: only the launch names the head
+        import dataclasses
+
+        from rlsmoke.launch.miles import Paths, render
         from rlsmoke.recipe import Recipe
 
-        plan = case.plan(validate=not args.no_validate, recipe=Recipe(master_addr=head))
+        plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), Recipe(master_addr=head)))
     if args.format == "json":
         print(json.dumps(plan.to_json(), indent=2))
     else:

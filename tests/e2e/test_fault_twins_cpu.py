@@ -15,7 +15,8 @@ CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 TWINS = [
     ("temperature-mismatch", 0.7, ["logprob_abs_diff: train/train_rollout_logprob_abs_diff =",
                                    "train_rollout_kl: train/train_rollout_kl =",
-                                   "logprob_mean_diff: rollout/logprob_mean_diff@absmax ="]),
+                                   "logprob_mean_diff: rollout/logprob_mean_diff@absmax =",
+                                   "logprob_slope: train/train_rollout_logprob_slope@absmax ="]),
     ("stale-weights", None, ["weight_sync: sync/mismatched_params ="]),
     ("rollout-noise=0.05", None, ["logprob_abs_diff_max: train/train_rollout_logprob_abs_diff_max =",
                                   "train_rollout_kl: train/train_rollout_kl ="]),
@@ -33,3 +34,15 @@ def test_fault_fails_its_gate(artifacts, inject, temperature, expected):
     for line in expected:
         assert line in str(failure.value), f"--inject {inject} did not fail `{line}`:\n{failure.value}"
     assert f"artifacts: {artifacts.path}" in str(failure.value)
+
+
+@pytest.mark.cpu
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["glm4.5-355b-a32b-4layer", "glm5.3-flash-4layer"])
+def test_every_model_s_slope_gate_sees_a_temperature_mismatch(artifacts, model):
+    """The GQA and the hybrid-attention models carry the slope gate too (fixtures/thresholds)."""
+    case = Case(model, platform="cpu", tiny=True)
+    record = run_case(case, artifacts, inject="temperature-mismatch", rollout_temperature=0.8)
+    with pytest.raises(GateFailure) as failure:
+        gates_for(case).check(record)
+    assert "logprob_slope: train/train_rollout_logprob_slope@absmax =" in str(failure.value)

@@ -130,3 +130,15 @@ def test_a_gpu_record_naming_no_device_is_an_error_not_a_cpu_key(tmp_path):
     with pytest.raises(RlsmokeError) as err:
         gates_for(gpu).check(metrics.load_record(tmp_path / "run"))
     assert err.value.rule == "runkey.fields"
+
+
+def test_every_current_builtin_key_gates_the_logprob_slope():
+    """The slope is the statistic bf16 noise cancels in (docs/calibration.md): every CPU key and every
+    full-width GPU key of the built-in engine carries it. (The tiny H200 keys are from before seed 004's
+    shape and are not what the GPU suite runs.)"""
+    entries = [e for _, e in thresholds.read_entries(thresholds.thresholds_dirs()[-1])]
+    current = [e for e in entries if e["key"].get("launcher", "").startswith("builtin")
+               and (e["key"].get("device") == "CPU" or e["key"].get("width") == "full")]  # fmt: skip
+    assert len(current) >= 6
+    for entry in current:
+        assert "logprob_slope" in {g["name"] for g in entry["gates"]}, entry["key"]

@@ -154,9 +154,12 @@ class Phases:
         self.copies = HostCopies(device, park_bytes=park, ranks_on_host=ranks_on_host)
         self.offload, self.trainer, self.rollout_model = offload, trainer, rollout_model
         self.meter = MemoryMeter(device)
-        self.phase = "load"
         # Where each part is now: what the tests read, and what keeps a repeated phase from moving twice.
         self.where = {"train_params": "device", "optimizer_state": "device", "rollout_copy": "device"}
+
+    @property
+    def phase(self) -> str:
+        return self.meter.phase
 
     def enter(self, phase: str) -> None:
         """Move to `phase`. What leaves the device moves first, inside the old phase's window (it only
@@ -185,7 +188,6 @@ class Phases:
                     self._move(part, where)
                 else:
                     arriving.append((part, where))
-        self.phase = phase
         self.meter.enter(phase)
         for part, where in arriving:
             self._move(part, where)
