@@ -192,3 +192,21 @@ def test_kl_loss_is_miles_low_var_kl_of_the_policy_to_the_reference_at_the_rollo
     kl_loss = trainer.step([group], [logp], [torch.tensor([1.0, -1.0])])["train/kl_loss"]
     assert kl_loss == pytest.approx((d.exp() - 1 - d).mean().item(), rel=1e-4)
     assert kl_loss != pytest.approx(((-d).exp() - 1 + d).mean().item(), rel=1e-2)  # not the reverse direction
+
+
+def test_load_and_compare_builds_each_weight_once_and_still_sees_a_skipped_load(torch, sync):
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    built = []
+
+    def weights():
+        for name, t in sync.rollout_weights(a, torch.float32):
+            built.append(name)
+            yield name, t
+
+    stale = sync.load_and_compare(b, weights(), load=False)  # the stale-weights fault: nothing copied
+    assert stale["sync/mismatched_params"] == 2 and built == ["weight", "bias"]
+    built.clear()
+    assert sync.load_and_compare(b, weights())["sync/mismatched_params"] == 0
+    assert built == ["weight", "bias"] and torch.equal(b.weight, a.weight)  # one build per parameter
+    extra = [*sync.rollout_weights(a, torch.float32), ("not.in.the.engine", torch.zeros(1))]
+    assert sync.load_and_compare(b, extra)["sync/mismatched_params"] == 1  # counted, not a KeyError

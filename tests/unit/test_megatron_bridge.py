@@ -233,6 +233,61 @@ def test_real_gptmodel_in_two_gloo_ranks_matches_one_rank(case, par):
     assert all(torch.equal(back[n], hf[n].float()) for n in hf)
 
 
+def _forward_past_index_topk(rank, par, case):
+    """A forward one token past the DSA index top-k: the rule, or None if it ran."""
+    from rlsmoke.engine.megatron.model import build_gpt, device_shim, read_hf_state
+
+    spec = model_spec(case, tiny=True)
+    hf = {k: v.float() for k, v in read_hf_state(prepare(case, tiny=True)).items()}
+    model = build_gpt(spec, par)
+    model.load_state_dict(shard(hf_to_megatron(hf, spec), spec, hf, par, rank), strict=True)
+    n = dict(spec.hf_extra)["index_topk"] + 1
+    tokens = torch.zeros(1, n, dtype=torch.long)
+    try:
+        with torch.no_grad(), device_shim("cpu"):
+            model(tokens, torch.arange(n)[None], None)
+    except RlsmokeError as exc:
+        return exc.rule, str(exc)
+    return None, ""
+
+
+@needs_mcore
+def test_dense_attention_refuses_a_sequence_past_the_dsa_index_topk():
+    """Dense causal attention equals DSA only within index_topk keys: past it the stand-in would
+    silently compute something else, so it refuses."""
+    from rlsmoke.engine.megatron.dist import run_ranks
+
+    [(rule, message)] = run_ranks(_forward_past_index_topk, Parallel(), "glm5-744b-a40b-4layer")
+    assert rule == "megatron.dsa_topk" and "exceeds the DSA index top-k" in message
+
+
+def test_an_unknown_bridge_defect_is_refused(checkpoints):
+    case = "glm4.5-355b-a32b-4layer"
+    with pytest.raises(RlsmokeError) as err:
+        hf_to_megatron(checkpoints[case], model_spec(case, tiny=True), defect="bridge-nonsense")
+    assert err.value.rule == "bridge.defect" and "bridge-kv-order" in err.value.fix
+
+
+def test_unshard_refuses_a_rank_count_that_is_not_the_world(checkpoints):
+    case = "glm4.5-355b-a32b-4layer"
+    hf, spec, par = checkpoints[case], model_spec("glm4.5-355b-a32b-4layer", tiny=True), Parallel(tp=2)
+    states = [shard(hf_to_megatron(hf, spec), spec, hf, par, r) for r in range(2)]
+    with pytest.raises(RlsmokeError, match="1 rank states for a world of 2") as err:
+        unshard(states[:1], spec, hf, par)
+    assert err.value.rule == "bridge.layout"
+
+
+def test_a_tensor_tp_does_not_divide_is_refused_not_cut_unevenly():
+    from rlsmoke.bridge.convert import _cut
+    from rlsmoke.bridge.tables import Rule
+
+    rule = Rule("decoder.layers.0.odd.weight", ("odd",), tp="column")
+    assert _cut(rule, torch.zeros(6, 4), 2, 1).shape == (3, 4)
+    with pytest.raises(RlsmokeError, match="5 rows, not a multiple of TP=2") as err:
+        _cut(rule, torch.zeros(5, 4), 2, 0)
+    assert err.value.rule == "bridge.layout"
+
+
 # ---- the run's options -----------------------------------------------------------------------------
 
 

@@ -63,17 +63,25 @@ def test_pool_honours_visible_devices(monkeypatch):
     assert visible_gpu_ids("nvidia", 2) == ("0", "1")
 
 
-def _ports(args):
-    folder, start, base = args
-    lease = lease_ports(start=start, folder=folder, base=base)
-    time.sleep(0.3)  # hold while the others look
-    return lease.base
+def _ports(folder, base, reported, release):
+    lease = lease_ports(start=0, folder=folder, base=base)
+    reported.put(lease.base)
+    release.wait(60)  # every holder holds at once: no process can free a block another then takes
 
 
 def test_concurrent_port_leases_never_collide(tmp_path):
     base = 41000  # away from the default range so a live suite on this host does not interfere
-    with mp.get_context("spawn").Pool(6) as pool:
-        bases = pool.map(_ports, [(tmp_path, 0, base)] * 6)  # all start at block 0: the locks must spread them
+    ctx = mp.get_context("spawn")
+    reported, release = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_ports, args=(tmp_path, base, reported, release)) for _ in range(6)]
+    for p in procs:  # all start at block 0: the locks must spread them
+        p.start()
+    try:
+        bases = [reported.get(timeout=120) for _ in procs]
+    finally:
+        release.set()
+        for p in procs:
+            p.join(30)
     assert len(set(bases)) == 6
     named = [b + off for b in bases for off in PORT_NAMES.values()]
     assert len(named) == len(set(named))

@@ -147,9 +147,7 @@ class Colocated:
         self.phases.enter("sync")
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
         model = self.rollout.model
-        if not skip:
-            self.rollout.load(self.train.rollout_weights(model, dtype))
-        return self.rollout.compare(self.train.rollout_weights(model, dtype))
+        return sync.load_and_compare(model, self.train.rollout_weights(model, dtype), load=not skip)
 
     def close(self) -> None:
         pass

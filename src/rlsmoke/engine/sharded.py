@@ -131,9 +131,7 @@ class Rank:
 
     def sync(self, skip: bool) -> dict[str, float]:
         self.phases.enter("sync")
-        if not skip:
-            sync.load_weights(self.rollout_model, self.full_weights())
-        result = sync.compare(self.rollout_model, self.full_weights())
+        result = sync.load_and_compare(self.rollout_model, self.full_weights(), load=not skip)
         mismatched = self.trainer.global_sum(result["sync/mismatched_params"])
         return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
 

@@ -1,7 +1,9 @@
 """Weight sync: trainer -> rollout engine, then an equality check parameter by parameter.
 
 The check compares after casting the trainer's weights to the rollout dtype, like Miles' --ci-test
-weight check: equal means bitwise equal in what the engine actually samples with.
+weight check: equal means bitwise equal in what the engine actually samples with. In one process
+`load_and_compare` builds each weight once (under FSDP2 one all-gather per parameter, for the
+megatron trainer one pass of the bridge), copies it in and compares the engine's parameter with it.
 """
 
 from __future__ import annotations
@@ -49,3 +51,18 @@ def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, fl
     mismatched += len(set(params) - seen)  # the engine holds a parameter the trainer does not
     return {"sync/checked_params": float(checked), "sync/mismatched_params": float(mismatched),
             "sync/max_abs_diff": max_diff}  # fmt: skip
+
+
+@torch.no_grad()
+def load_and_compare(model, weights: Iterable[tuple[str, torch.Tensor]], *, load: bool = True) -> dict[str, float]:
+    """Copy each weight into `model` as it is built, then compare the parameter with it (`load=False`:
+    compare only, the stale-weights fault). A name or shape the engine lacks counts as mismatched."""
+
+    def copied(params):
+        for name, tensor in weights:
+            mine = params.get(name)
+            if mine is not None and mine.shape == tensor.shape:
+                mine.copy_(tensor.to(mine.device))
+            yield name, tensor
+
+    return compare(model, copied(dict(model.named_parameters())) if load else weights)
