@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from rlsmoke.recipe import SEED_RECIPE
+from rlsmoke.recipe import BatchShape
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -308,11 +308,10 @@ def plan_for(case, *, offload: bool | None = None, **batch) -> Plan:
     """The plan the built-in engine runs for a GPU case with its default flags (what the suite launches)."""
     mode = case.mode or ("async" if case.platform == "rocm" else "colocate")
     world = case.num_gpus if mode == "colocate" else 1
-    # the GPU runs' default batch: seed 004's per-rollout shape (engine.config.BatchShape)
-    r = SEED_RECIPE
-    batch.setdefault("n_prompts", max(world, -(-r.rollout_batch_size // world) * world))
-    batch.setdefault("n_samples", r.n_samples_per_prompt)
-    batch.setdefault("response_len", r.rollout_max_response_len)
+    shape = BatchShape.for_platform(case.platform)  # what `rlsmoke run` defaults to
+    batch.setdefault("n_prompts", shape.n_prompts(mode, case.num_gpus))
+    batch.setdefault("n_samples", shape.n_samples)
+    batch.setdefault("response_len", shape.max_response_len)
     return Plan(world=world, mode=mode, offload=mode == "colocate" if offload is None else offload,
                 compute_copy=world == 1, fused_adamw=world == 1, **batch)  # fmt: skip
 

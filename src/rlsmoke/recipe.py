@@ -40,3 +40,26 @@ class Recipe:
 
 
 SEED_RECIPE = Recipe()
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The per-rollout shape a run defaults to on a platform."""
+
+    prompts: int
+    n_samples: int
+    max_response_len: int
+
+    @classmethod
+    def for_platform(cls, platform: str) -> BatchShape:
+        if platform == "cpu":
+            return cls(2, 4, 16)  # the tiny CPU cases stay seconds long on 2 cores
+        # seed 004's per-rollout shape: what the GPU gates are calibrated on (docs/calibration.md)
+        r = SEED_RECIPE
+        return cls(r.rollout_batch_size, r.n_samples_per_prompt, r.rollout_max_response_len)
+
+    def n_prompts(self, mode: str, num_gpus: int) -> int:
+        """At least one prompt per data-parallel rank when colocated, rounded up to a multiple of them."""
+        if mode != "colocate":
+            return self.prompts
+        return max(num_gpus, -(-self.prompts // num_gpus) * num_gpus)

@@ -235,3 +235,22 @@ def test_rlsmoke_run_resolves_the_offload_default_before_loading(monkeypatch):
     assert offload("glm4.5-355b-a32b-4layer") is True
     assert offload("glm5-744b-a40b-4layer-1gpu", "--offload") is True
     assert offload("glm4.5-355b-a32b-4layer", "--no-offload", "--max-response-len", "16") is False
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3])
+def test_the_suite_s_estimate_and_rlsmoke_run_s_read_the_same_batch(monkeypatch, gpus):
+    """The suite decides a skip from `plan_for`; `rlsmoke run` refuses from its RunConfig: one shape."""
+    import argparse
+
+    from rlsmoke import platforms
+    from rlsmoke.cases import Case
+    from rlsmoke.engine import cli as engine_cli
+
+    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=gpus))
+    parser = argparse.ArgumentParser()
+    engine_cli.register(parser.add_subparsers())
+    name = "glm4.5-355b-a32b-4layer"
+    cfg = engine_cli.config_from_args(parser.parse_args(["run", name, "--platform", "nvidia", "--num-gpus",
+                                                         str(gpus), "--set", "train.cp=1"]))  # fmt: skip
+    run, suite = memory.plan_of_run(cfg), memory.plan_for(Case(name, platform="nvidia", num_gpus=gpus))
+    assert (run.n_prompts, run.n_samples, run.response_len) == (suite.n_prompts, suite.n_samples, suite.response_len)

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
-from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, BatchShape, RunConfig, dtype_name, parse_inject
+from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, RunConfig, dtype_name, parse_inject
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 from rlsmoke.metrics import seed_records, update_summary
 from rlsmoke.platforms import detect, get_platform
+from rlsmoke.recipe import BatchShape
 from rlsmoke.repeats import SeedVerdicts
 from rlsmoke.runkey import RunKey, default_dtype
 from rlsmoke.thresholds import Verdict, lookup_gates
@@ -117,7 +118,7 @@ def config_from_args(args):
         train_dtype=dtype_name(args.train_dtype, "--train-dtype"), rollout_temperature=args.rollout_temperature,
         compute_dtype=dtype_name(args.compute_dtype, "--compute-dtype") if args.compute_dtype else None,
         inject=parse_inject(args.inject), num_rollout=args.num_rollout,
-        n_prompts=args.n_prompts or default_shape.n_prompts(topo),
+        n_prompts=args.n_prompts or default_shape.n_prompts(topo.mode, topo.num_gpus),
         n_samples=args.n_samples or default_shape.n_samples,
         max_response_len=args.max_response_len or default_shape.max_response_len, reward=args.reward,
         compute_path=args.compute_path,

@@ -81,30 +81,6 @@ def dtype_name(text: str, flag: str) -> str:
 
 
 @dataclass(frozen=True)
-class BatchShape:
-    """The per-rollout shape a run defaults to on a platform."""
-
-    prompts: int
-    n_samples: int
-    max_response_len: int
-
-    @classmethod
-    def for_platform(cls, platform: str) -> BatchShape:
-        if platform == "cpu":
-            return cls(2, 4, 16)  # the tiny CPU cases stay seconds long on 2 cores
-        # seed 004's per-rollout shape: what the GPU gates are calibrated on (docs/calibration.md)
-        r = SEED_RECIPE
-        return cls(r.rollout_batch_size, r.n_samples_per_prompt, r.rollout_max_response_len)
-
-    def n_prompts(self, topo) -> int:
-        """At least one prompt per data-parallel rank when colocated, rounded up to a multiple of them."""
-        if topo.mode != "colocate":
-            return self.prompts
-        ranks = topo.num_gpus
-        return max(ranks, -(-self.prompts // ranks) * ranks)
-
-
-@dataclass(frozen=True)
 class RunConfig:
     case: str
     tiny: bool
