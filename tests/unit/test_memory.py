@@ -197,7 +197,7 @@ def test_rlsmoke_run_refuses_a_case_that_cannot_fit_before_loading():
 
 def test_offload_is_skipped_only_when_the_run_fits_resident_with_room():
     """Seed 004's shape on one H200: GLM-5 4-layer stays resident (107 of 141 GiB), GLM-4.5 4-layer
-    (120 GiB, past 80 %) offloads; an explicit --offload/--no-offload is never second-guessed."""
+    (120 GiB, past 80 %) offloads, and so do several GPUs, an unknown device; CPU and async have none."""
     from rlsmoke.engine.config import RunConfig
 
     def h200(case, **kw):
