@@ -23,6 +23,8 @@ freed there. With or without the offload, the grads are freed on entering a roll
 from __future__ import annotations
 
 import os
+import time
+from collections import defaultdict
 
 import torch
 
@@ -156,6 +158,8 @@ class Phases:
         self.meter = MemoryMeter(device)
         # Where each part is now: what the tests read, and what keeps a repeated phase from moving twice.
         self.where = {"train_params": "device", "optimizer_state": "device", "rollout_copy": "device"}
+        # seconds spent moving, by the phase that asked (`step`: the moments' return before the optimizer)
+        self.move_seconds: dict[str, float] = defaultdict(float)
 
     @property
     def phase(self) -> str:
@@ -185,17 +189,17 @@ class Phases:
                 if self.where[part] == where:
                     continue
                 if where == "host":
-                    self._move(part, where)
+                    self._move(part, where, phase)
                 else:
                     arriving.append((part, where))
         self.meter.enter(phase)
         for part, where in arriving:
-            self._move(part, where)
+            self._move(part, where, phase)
 
     def for_step(self) -> None:
         """The AdamW moments back on the device, right before the optimizer needs them."""
         if self.offload and self.where["optimizer_state"] == "host":
-            self._move("optimizer_state", "device")
+            self._move("optimizer_state", "device", "step")
 
     def state(self) -> dict:
         """Where each part is now, what the AdamW moments' tensors say of themselves (device, pinned), and
@@ -209,7 +213,8 @@ class Phases:
                 "optimizer_parked_shards": sum(isinstance(t, _HostShard) for t in held),
                 "grads_held": sum(p.grad is not None for p in self.trainer.master.parameters())}  # fmt: skip
 
-    def _move(self, part: str, where: str) -> None:
+    def _move(self, part: str, where: str, asked_by: str) -> None:
+        start = time.perf_counter()
         if part == "train_params":
             self.copies.module(self.trainer.master, where)
             if self.trainer.model is not self.trainer.master:
@@ -224,3 +229,4 @@ class Phases:
                 torch.cuda.empty_cache()
             else:
                 self.copies.release_host_cache()
+        self.move_seconds[asked_by] += time.perf_counter() - start

@@ -1,12 +1,16 @@
 """Rollout: sampling with the model's KV cache (transformers `generate`), one group per prompt.
 
 The engine reports its own log-prob of each sampled token under the sampling temperature (the
-log-softmax of logits / T), as SGLang does; Miles' trainer divides by the same temperature. The n samples of a prompt share its length, so a group needs no padding, and the train
-forward sees exactly the positions the rollout saw.
+log-softmax of logits / T), as SGLang does; Miles' trainer divides by the same temperature. The n
+samples of a prompt share its length; a rank's groups go through one call, left-padded to the
+longest prompt (`--rollout-batch rank`, the GPU default), or one call each. Each group draws from a
+generator seeded by its prompt's index, so its samples do not depend on the batch, and the train
+forward sees each group without padding.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -32,14 +36,38 @@ class Group:
 
 
 class _Noise(LogitsProcessor):
-    """--inject rollout-noise=SIGMA: Gaussian noise in the engine's logits (sampling and log-probs)."""
+    """--inject rollout-noise=SIGMA: Gaussian noise in the engine's logits (sampling and log-probs), each
+    group's rows from the group's own generator."""
 
-    def __init__(self, sigma: float, generator: torch.Generator):
-        self.sigma, self.generator = sigma, generator
+    def __init__(self, sigma: float, rows: list[slice], generators: list[torch.Generator]):
+        self.sigma, self.rows, self.generators = sigma, rows, generators
 
     def __call__(self, input_ids, scores):
-        noise = torch.randn(scores.shape, generator=self.generator, device=scores.device, dtype=torch.float32)
+        noise = torch.empty(scores.shape, device=scores.device, dtype=torch.float32)
+        for rows, g in zip(self.rows, self.generators, strict=True):
+            noise[rows] = torch.randn(noise[rows].shape, generator=g, device=scores.device, dtype=torch.float32)
         return scores + (self.sigma * noise).to(scores.dtype)
+
+
+class GroupSampler(LogitsProcessor):
+    """Samples each group's next tokens from the group's own generator, then leaves only that token
+    possible, so generate's own greedy pick takes it.
+
+    A group's samples then depend on its seed alone, not on which rank or batch samples it, and draw the
+    same numbers as a `generate(do_sample=True)` call for that group alone after `torch.manual_seed(seed)`
+    (softmax of the logits / T, one multinomial over its n rows).
+    """
+
+    def __init__(self, temperature: float, rows: list[slice], generators: list[torch.Generator]):
+        self.temperature, self.rows, self.generators = temperature, rows, generators
+
+    def __call__(self, input_ids, scores):
+        probs = torch.softmax(scores / self.temperature, dim=-1)
+        chosen = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
+        for rows, g in zip(self.rows, self.generators, strict=True):
+            chosen[rows] = torch.multinomial(probs[rows], num_samples=1, generator=g)[:, 0]
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(1, chosen[:, None], 0.0)
 
 
 class LogprobRecorder(LogitsProcessor):
@@ -68,47 +96,94 @@ class LogprobRecorder(LogitsProcessor):
         return torch.stack(self.logprobs, dim=1)  # (n, R)
 
 
+# group: one generate call per group; rank: one per rank, the groups left-padded; length: one per prompt
+# length, no padding (for a model whose recurrent layers would carry the padding: KDA's linear attention)
+BATCHES = ("group", "rank", "length")
+# What left padding cannot pass through: the KDA layers' short convolution and recurrent state.
+NO_LEFT_PADDING = ("glm5.3-flash",)
+
+
+def batch_for(choice: str, device: str, family: str) -> str:
+    """`--rollout-batch auto`: a rank's groups in one call on a GPU, where a step's cost is launches and
+    weight reads, not rows; one call per group on CPU, where the thresholds were calibrated."""
+    if choice != "auto":
+        return "length" if choice == "rank" and family in NO_LEFT_PADDING else choice
+    if not device.startswith("cuda"):
+        return "group"
+    return "length" if family in NO_LEFT_PADDING else "rank"
+
+
 class RolloutEngine:
     def __init__(self, model, *, temperature: float, max_new_tokens: int, eos_id: int, pad_id: int,
-                 inject: Inject | None = None):  # fmt: skip
+                 inject: Inject | None = None, batch: str = "group"):  # fmt: skip
         self.model = model
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.eos_id, self.pad_id, self.inject = eos_id, pad_id, inject or Inject()
+        self.batch = batch
+        if batch != "group":
+            keep_grouped_experts(model)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[tuple[int, ...]], n: int, seed: int,
                  indices: list[int] | None = None) -> list[Group]:  # fmt: skip
         """n samples of each prompt (of `indices` only, when given: a data-parallel rank's share).
 
-        A group's sampling seed depends on its prompt's index, not on which rank samples it.
+        A group's sampling seed depends on its prompt's index, not on which rank or batch samples it.
         """
-        chosen = range(len(prompt_ids)) if indices is None else indices
-        return [self._group(i, prompt_ids[i], n, seed * 1000 + i) for i in chosen]
+        chosen = list(range(len(prompt_ids)) if indices is None else indices)
+        if self.batch == "group":
+            calls = [[i] for i in chosen]
+        elif self.batch == "length":
+            lengths = sorted({len(prompt_ids[i]) for i in chosen})
+            calls = [[i for i in chosen if len(prompt_ids[i]) == n_tok] for n_tok in lengths]
+        else:
+            calls = [chosen]
+        return [g for call in calls for g in self._call([(i, prompt_ids[i]) for i in call], n, seed)]
 
-    def _group(self, index: int, ids: tuple[int, ...], n: int, seed: int) -> Group:
+    def _call(self, prompts: list[tuple[int, tuple[int, ...]]], n: int, seed: int) -> list[Group]:
+        """One generate call over the n samples of each prompt, left-padded to the longest prompt."""
         device = self.model.device
-        torch.manual_seed(seed)  # generate samples from the global generator
-        prompt = torch.tensor([ids] * n, device=device)  # (n, P)
+        width = max(len(ids) for _, ids in prompts)
+        rows = [slice(k * n, (k + 1) * n) for k in range(len(prompts))]
+        tokens = torch.tensor([[self.pad_id] * (width - len(ids)) + list(ids) for _, ids in prompts for _ in range(n)],
+                              device=device)  # fmt: skip
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in prompts for _ in range(n)],
+                                 device=device)  # fmt: skip
+
+        def generators(offset: int) -> list[torch.Generator]:
+            return [torch.Generator(device=device).manual_seed(seed * 1000 + i + offset) for i, _ in prompts]
+
         processors = LogitsProcessorList()
         if self.inject.kind == "rollout-noise":
-            g = torch.Generator(device=device).manual_seed(seed + 7)
-            processors.append(_Noise(self.inject.value, g))
+            processors.append(_Noise(self.inject.value, rows, generators(7)))
         # temperature-mismatch: the engine reports the raw logits' log-probs while the trainer applies
         # the temperature; one side forgetting T is the classic mismatch
         mismatch = self.inject.kind == "temperature-mismatch"
         recorder = LogprobRecorder(1.0 if mismatch else self.temperature)
         processors.append(recorder)
+        processors.append(GroupSampler(self.temperature, rows, generators(0)))
         out = self.model.generate(
-            prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=self.temperature,
-            top_k=0, top_p=1.0, max_new_tokens=self.max_new_tokens, min_new_tokens=1, logits_processor=processors,
-            eos_token_id=self.eos_id, pad_token_id=self.pad_id, use_cache=True,
+            tokens, attention_mask=attention, do_sample=False, max_new_tokens=self.max_new_tokens, min_new_tokens=1,
+            logits_processor=processors, eos_token_id=self.eos_id, pad_token_id=self.pad_id, use_cache=True,
         )  # fmt: skip
-        tokens = out  # (n, P+R'), R' <= max_new_tokens when every sample hit EOS early
-        response = tokens[:, len(ids) :]  # (n, R')
-        logprobs = recorder.finish(response[:, -1])  # (n, R')
-        return Group(
-            index, len(ids), tokens.cpu(), response_mask(response, self.eos_id).cpu(), logprobs.cpu()
-        )
+        response = out[:, width:]  # (N, R'), R' <= max_new_tokens when every sample hit EOS early
+        logprobs = recorder.finish(response[:, -1])  # (N, R')
+        mask = response_mask(response, self.eos_id)
+        groups = []
+        for (index, ids), r in zip(prompts, rows, strict=True):
+            # a group ends where its own longest sample ends, as a call for it alone would
+            length = int(mask[r].sum(1).max().item())
+            groups.append(Group(index, len(ids), torch.cat([tokens[r, width - len(ids) :], response[r, :length]], 1).cpu(),
+                                mask[r, :length].cpu(), logprobs[r, :length].cpu()))  # fmt: skip
+        return groups
+
+
+def keep_grouped_experts(model) -> None:
+    """transformers decodes MoE experts with batched_mm on a GPU, which gathers an expert's weights for every
+    (token, expert) pair: at a rank's whole batch that reads the experts many times over per step. grouped_mm
+    reads each expert once (measured on an H200: docs/benchmarks.md, the rollout's shape)."""
+    if hasattr(model, "_optimize_model_for_decode"):
+        model._optimize_model_for_decode = contextlib.nullcontext
 
 
 def response_mask(response: torch.Tensor, eos_id: int) -> torch.Tensor:

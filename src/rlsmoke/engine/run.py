@@ -44,17 +44,33 @@ class RunLog:
         self.file.close()
 
 
-def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog) -> list[dict]:
+class PhaseClock:
+    """Wall seconds of each engine call of a seed, summed over its rollouts (the calls return host tensors
+    or numbers, so a device's work is done when they return)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, phase: str, call, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+
+def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
+            clock: PhaseClock | None = None) -> list[dict]:  # fmt: skip
     """The GRPO loop for one seed; returns the metrics.jsonl lines."""
     lines = []
     score = REWARDS[cfg.reward]
+    clock = clock or PhaseClock()
     for i in range(cfg.num_rollout):
-        groups = workers.generate([p.ids for p in prompts], cfg.n_samples, seed=seed * 100 + i)
+        groups = clock("rollout", workers.generate, [p.ids for p in prompts], cfg.n_samples, seed=seed * 100 + i)
         for g, p in zip(groups, prompts, strict=True):
             rows = [resp[mask > 0].tolist() for resp, mask in zip(g.response, g.mask, strict=True)]
             g.rewards = torch.tensor([score(tokenizer.decode(r), r, p.label) for r in rows])  # (n,)
-        old = workers.forward_only(groups)  # [(logp (n, R), entropy (n, R))] per group
-
+        old = clock("forward_only", workers.forward_only, groups)  # [(logp (n, R), entropy (n, R))] per group
         # Groups hold the same n samples, so the mean of group means is the mean over samples.
         rollout = {
             "rollout/raw_reward": torch.cat([g.rewards for g in groups]).mean().item(),
@@ -78,8 +94,8 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog)
         if i < cfg.num_rollout - 1:
             rewards = torch.stack([g.rewards for g in groups])  # (G, n)
             advantages = list(grpo.group_advantages(rewards))  # G of (n,)
-            step.update(workers.step(groups, [lp for lp, _ in old], advantages))
-            step.update(workers.sync(skip=cfg.inject.kind == "stale-weights"))
+            step.update(clock("train_step", workers.step, groups, [lp for lp, _ in old], advantages))
+            step.update(clock("sync", workers.sync, skip=cfg.inject.kind == "stale-weights"))
         for kind, metrics in (("rollout", rollout), ("step", step)):
             lines.append({"kind": kind, "index": i, "metrics": metrics})
             log(f"{kind} {i}: {metrics!r}")
@@ -103,6 +119,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     spec = model_spec(cfg.case, tiny=cfg.tiny)
     mem_estimate = estimate(spec, plan_of_run(cfg))
     peaks: list = []
+    where: dict = {}
+    timing: dict = {"per_seed_s": [], "restore_s": []}
     try:
         ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
         log(f"config: {cfg!r}")
@@ -110,29 +128,45 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         tokenizer = load_tokenizer(ckpt)
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        lines, where = [], {}
-        for r in range(repeat):
-            seed = cfg.seed + r
-            torch.manual_seed(seed)
-            prompts = [encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)]
-            check_dsa_dense(ckpt, max(len(p.ids) for p in prompts) + cfg.max_response_len)
-            workers = open_workers(cfg, ckpt, eos, pad)  # fresh from the checkpoint: same initial weights
-            try:
-                where = workers.where
-                log(f"placement: {cfg.mode} {where}")
-                run_lines = one_run(cfg, workers, prompts, tokenizer, seed, log)
-                peaks = _max_peaks(peaks, workers.memory())
-                log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
-            finally:
-                workers.close()
-                del workers  # the next seed reloads from the checkpoint: free this one's device memory
-                gc.collect()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+        lines = []
+        # Every seed's prompts first: a sequence past DSA's index_topk is refused before anything loads.
+        seeds = [cfg.seed + r for r in range(repeat)]
+        prompts_of = {}
+        for seed in seeds:
+            prompts_of[seed] = [encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)]
+            check_dsa_dense(ckpt, max(len(p.ids) for p in prompts_of[seed]) + cfg.max_response_len)
+        timing["checkpoint_s"] = time.perf_counter() - t0
+        workers = open_workers(cfg, ckpt, eos, pad)
+        try:
+            where = workers.where
+            log(f"placement: {cfg.mode} {where}")
             if repeat > 1:
-                for line in run_lines:
-                    line["repeat"] = r
-            lines += run_lines
+                workers.keep_initial()  # each further seed restores these weights in place (engine.reuse)
+            timing["load_s"] = time.perf_counter() - t0 - timing["checkpoint_s"]
+            for r, seed in enumerate(seeds):
+                seed_start = time.perf_counter()
+                if r:
+                    workers.restore_initial()
+                    timing["restore_s"].append(time.perf_counter() - seed_start)
+                torch.manual_seed(seed)
+                clock = PhaseClock()
+                run_lines = one_run(cfg, workers, prompts_of[seed], tokenizer, seed, log, clock)
+                timing["per_seed_s"].append(time.perf_counter() - seed_start)
+                if r == 0:
+                    timing["phases_s"] = phase_seconds(clock.seconds, workers.move_seconds())
+                log(f"timing: {describe_timing(timing)}")
+                if repeat > 1:
+                    for line in run_lines:
+                        line["repeat"] = r
+                lines += run_lines
+            peaks = _max_peaks(peaks, workers.memory())
+            log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
+        finally:
+            workers.close()
+            del workers
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     except torch.OutOfMemoryError:
         oom = RlsmokeError(
             f"case={cfg.case} ran out of device memory on {cfg.device_class}; the estimate was "
@@ -182,9 +216,37 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         "memory": memory,
         "artifacts": str(out),
         "seconds": round(time.perf_counter() - t0, 2),
+        "timing": _rounded(timing),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
+
+
+def phase_seconds(called: dict[str, float], moved: dict[str, float]) -> dict[str, float]:
+    """The first seed's seconds by phase, each summed over its rollouts: the engine calls less the
+    offload moves they made, which are their own phase (`offload`)."""
+    asked_by = {"rollout": "rollout", "forward_only": "train", "train_step": "step", "sync": "sync"}
+    out = {phase: max(0.0, s - moved.get(asked_by[phase], 0.0)) for phase, s in called.items()}
+    out["offload"] = sum(moved.values())
+    return out
+
+
+def describe_timing(timing: dict) -> str:
+    """One line: load, each seed, and the first seed's phases."""
+    seeds = ", ".join(f"{s:.1f}" for s in timing["per_seed_s"])
+    phases = " ".join(f"{k} {v:.1f}" for k, v in timing.get("phases_s", {}).items())
+    return (f"load {timing.get('load_s', 0):.1f} s (checkpoint {timing.get('checkpoint_s', 0):.1f} s); "
+            f"per seed [{seeds}] s; first seed: {phases}")  # fmt: skip
+
+
+def _rounded(x):
+    if isinstance(x, float):
+        return round(x, 3)
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    return x
 
 
 def _max_peaks(before: list, now: list) -> list:

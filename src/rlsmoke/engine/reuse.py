@@ -1,0 +1,115 @@
+"""`--repeat K` keeps its workers: the state a seed starts from, kept once and put back in place.
+
+Loading costs more than a seed (two model copies from the checkpoint, first-use kernels), so a
+further seed restores the weights instead of reloading them:
+
+- the trainer's main parameters are kept in host memory, each in the narrowest dtype that gives it
+  back bit for bit (a bf16 checkpoint's fp32 master weights fit in bf16: half the host memory);
+- AdamW's moments are dropped: a fresh optimizer has none, its first step makes them;
+- the copies derived from the main weights (the compute copy, the rollout copy) are rebuilt from
+  them the way the step and the weight sync rebuild them. Where a copy differs from that rebuild
+  when kept (a bridge defect in the sync path, a module the checkpoint loads differently), those
+  parameters are kept as they are instead.
+
+Seed k of a repeat then starts from the same bits as a fresh `--seed k` run (tests/unit/test_run_reuse.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from rlsmoke.engine.offload import host_memory_bytes
+
+CHUNK = 1 << 24  # elements cast at a time: no device temporary larger than 64 MiB in fp32
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _resharded(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 leaves the root's parameters gathered after a forward: back to the shards we keep."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return model
+
+
+def _pin(nbytes: int, device: torch.device) -> bool:
+    # pinned pages copy back at full bandwidth; they are locked, so only when they leave the host room
+    return device.type == "cuda" and 4 * nbytes <= host_memory_bytes()
+
+
+@torch.no_grad()
+def _narrowest_exact(t: torch.Tensor, narrow: torch.dtype | None) -> torch.dtype:
+    """`narrow` when every element of `t` survives the round trip through it, else t's own dtype."""
+    if narrow is None or narrow == t.dtype or not t.is_floating_point():
+        return t.dtype
+    flat = t.reshape(-1)
+    for i in range(0, flat.numel(), CHUNK):
+        part = flat[i : i + CHUNK]
+        if not torch.equal(part.to(narrow).to(t.dtype), part):
+            return t.dtype
+    return narrow
+
+
+class HostSnapshot:
+    """Parameters (FSDP2's local shards included) as they are now, in host memory."""
+
+    @torch.no_grad()
+    def __init__(self, model: torch.nn.Module, *, narrow: torch.dtype | None = None):
+        params = [(name, _local(p.detach())) for name, p in _resharded(model).named_parameters()]
+        dtypes = {name: _narrowest_exact(t, narrow) for name, t in params}
+        nbytes = sum(t.numel() * dtypes[name].itemsize for name, t in params)
+        device = params[0][1].device if params else torch.device("cpu")
+        pin = _pin(nbytes, device)
+        self.tensors: dict[str, torch.Tensor] = {}
+        for name, t in params:
+            host = torch.empty(t.shape, dtype=dtypes[name], device="cpu", pin_memory=pin)
+            host.copy_(t)
+            self.tensors[name] = host
+        self.nbytes, self.narrowed = nbytes, sum(dtypes[n] != t.dtype for n, t in params)
+
+    @torch.no_grad()
+    def restore(self, model: torch.nn.Module) -> None:
+        for name, p in _resharded(model).named_parameters():
+            _local(p.detach()).copy_(self.tensors[name], non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+class DerivedCopy:
+    """A model whose parameters are rebuilt from the main weights (`derived`: name, tensor pairs).
+
+    Kept: the parameters that the rebuild does not reproduce bit for bit now, restored as they are.
+    """
+
+    @torch.no_grad()
+    def __init__(self, model: torch.nn.Module, derived: Iterable[tuple[str, torch.Tensor]]):
+        params = dict(model.named_parameters())
+        seen, self.kept = set(), {}
+        for name, t in derived:
+            seen.add(name)
+            mine = params.get(name)
+            if mine is not None and (mine.shape != t.shape or not torch.equal(mine, t.to(mine.device, mine.dtype))):
+                self.kept[name] = mine.detach().cpu().clone()
+        for name in params.keys() - seen:
+            self.kept[name] = params[name].detach().cpu().clone()
+
+    @torch.no_grad()
+    def restore(self, model: torch.nn.Module, derived: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(model.named_parameters())
+        for name, t in derived:  # consumed in full: under FSDP2 each item is a collective
+            if name in params and name not in self.kept and params[name].shape == t.shape:
+                params[name].copy_(t.to(params[name].device))
+        for name, t in self.kept.items():
+            params[name].copy_(t.to(params[name].device))
+
+
+def narrow_dtype(rollout_dtype: torch.dtype, train_dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a main weight may be kept in: the rollout's when it is narrower than the train dtype."""
+    return rollout_dtype if rollout_dtype.itemsize < train_dtype.itemsize else None

@@ -1,0 +1,78 @@
+"""The rollout's batching: a rank's groups in one left-padded generate call sample what each group's own
+seed says, whatever else is in the batch; one call per group draws exactly what `generate(do_sample=True)`
+drew for that group after `torch.manual_seed` (the CPU thresholds' calibration).
+"""
+
+import pytest
+import torch
+
+from rlsmoke.engine import rollout
+from rlsmoke.engine.data import encode, read_prompts
+from rlsmoke.engine.model import checkpoint_dir, load_policy, load_tokenizer
+from rlsmoke.engine.rollout import GroupSampler, RolloutEngine
+from rlsmoke.engine.train import token_logprobs
+from rlsmoke.models import model_spec
+from rlsmoke.shipped import FIXTURES
+
+CASE = "glm5-744b-a40b-4layer"
+N, TOKENS, SEED = 3, 8, 5
+
+
+@pytest.fixture(scope="module")
+def setup():
+    ckpt = checkpoint_dir(CASE, tiny=True)
+    tok = load_tokenizer(ckpt)
+    model = load_policy(ckpt, model_spec(CASE, tiny=True), "float32", "cpu")
+    prompts = [encode(tok, p).ids for p in read_prompts(FIXTURES / "data" / "math.jsonl", 3, 0)]
+    assert len({len(p) for p in prompts}) == 3  # the batch needs left padding
+    return model, prompts, tok.eos_token_id
+
+
+def _engine(model, eos, batch):
+    return RolloutEngine(model, temperature=0.9, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch=batch)
+
+
+def test_one_call_per_group_draws_what_generate_drew(setup):
+    model, prompts, eos = setup
+    group = _engine(model, eos, "group").generate(prompts, N, SEED, indices=[1])[0]
+    torch.manual_seed(SEED * 1000 + 1)
+    x = torch.tensor([prompts[1]] * N)
+    expected = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=0.9, top_k=0,
+                              top_p=1.0, max_new_tokens=TOKENS, min_new_tokens=1, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+    assert torch.equal(group.tokens, expected)
+
+
+def test_a_group_samples_the_same_alone_or_in_a_padded_batch(setup):
+    model, prompts, eos = setup
+    alone = _engine(model, eos, "group").generate(prompts, N, SEED, indices=[2])[0]
+    batched = _engine(model, eos, "rank").generate(prompts, N, SEED, indices=[0, 1, 2])
+    assert [g.prompt_index for g in batched] == [0, 1, 2]
+    assert torch.equal(batched[2].tokens, alone.tokens)
+    assert torch.equal(batched[2].mask, alone.mask)
+    for g in batched:  # the padding leaks into no log-prob: the unpadded train forward agrees
+        train_lp, _ = token_logprobs(model, g, temperature=0.9)
+        assert g.tokens.shape[1] == g.prompt_len + g.mask.shape[1]
+        assert (train_lp - g.rollout_logprobs).abs()[g.mask > 0].max() < 1e-4
+
+
+def test_one_generator_for_the_batch_makes_a_group_depend_on_its_neighbours(setup, monkeypatch):
+    """The fault twin: sampling the batch from one generator, as a plain `generate` would."""
+
+    def shared(self, input_ids, scores):
+        probs = torch.softmax(scores / self.temperature, dim=-1)
+        chosen = torch.multinomial(probs, num_samples=1, generator=self.generators[0])[:, 0]
+        return torch.full_like(scores, float("-inf")).scatter_(1, chosen[:, None], 0.0)
+
+    model, prompts, eos = setup
+    monkeypatch.setattr(GroupSampler, "__call__", shared)
+    alone = _engine(model, eos, "group").generate(prompts, N, SEED, indices=[2])[0]
+    batched = _engine(model, eos, "rank").generate(prompts, N, SEED, indices=[0, 1, 2])
+    assert not torch.equal(batched[2].tokens[:, batched[2].prompt_len :], alone.tokens[:, alone.prompt_len :])
+
+
+@pytest.mark.parametrize(("choice", "device", "family", "expected"), [
+    ("auto", "cpu", "glm5", "group"), ("auto", "cuda", "glm5", "rank"), ("auto", "cuda", "glm5.3-flash", "length"),
+    ("rank", "cpu", "glm5.3-flash", "length"), ("group", "cuda", "glm4.5", "group"),
+])  # fmt: skip
+def test_the_batch_each_device_and_model_gets(choice, device, family, expected):
+    assert rollout.batch_for(choice, device, family) == expected
