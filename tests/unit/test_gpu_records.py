@@ -6,6 +6,7 @@ of bounds or of the estimate that would contradict them fails here, on CPU.
 """
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,25 @@ def test_the_memory_estimate_meets_the_measured_peak_without_offload():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:3] == ["glm5-744b-a40b-4layer-1gpu", "1", "off"]
     assert abs(float(cells[-1].rstrip("%"))) < 2.0  # peak error, percent
+
+
+MEGATRON = ROOT / "docs" / "runs" / "2026-12-01-h200-megatron"
+REPEAT = ROOT / "docs" / "runs" / "2026-12-01-h200-repeat"
+
+
+@pytest.mark.parametrize("model", ["glm5", "glm45"])
+def test_the_megatron_trainer_passes_its_h200_key_on_every_seed(model):
+    """`--trainer megatron` on one H200 (bf16 params, fp32 router, no autocast), 10 seeds each."""
+    rows = bench("twin_table").rows(MEGATRON / model)
+    assert len(rows) == 10
+    assert {row["verdict"] for row in rows} == {"PASS"}
+    summary = json.loads((MEGATRON / model / "summary.json").read_text())
+    assert summary["launcher"] == "builtin-megatron" and summary["device"] == "H200"
+
+
+def test_a_repeat_seed_on_the_h200_costs_seconds():
+    """GLM-5 4-layer, 64 experts, warm checkpoint cache: the first seed within 30 s, each further one within 10 s."""
+    summary = json.loads((REPEAT / "glm5" / "summary.json").read_text())
+    first, *further = summary["timing"]["per_seed_s"]
+    assert len(further) == 2 and first <= 30 and max(further) <= 10
+    assert {row["verdict"] for row in bench("twin_table").rows(REPEAT / "glm5")} == {"PASS"}

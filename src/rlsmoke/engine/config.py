@@ -123,6 +123,8 @@ class RunConfig:
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
     launcher: str = "builtin"
     trainer: str = "fsdp"
+    # auto: a rank's groups in one generate call on a GPU, one call per group on CPU (engine.rollout.batch_for)
+    rollout_batch: str = "auto"
 
     @property
     def train_compute_dtype(self) -> str:
@@ -172,6 +174,9 @@ class RunConfig:
         if self.compute_path not in COMPUTE_PATHS:
             problems.append(f"compute_path={self.compute_path!r} is unknown ({', '.join(COMPUTE_PATHS)}). "
                             "Adjust --compute-path")  # fmt: skip
+        if self.rollout_batch not in ("auto", "group", "rank", "length"):
+            problems.append(f"rollout_batch={self.rollout_batch!r} is unknown (auto, group, rank, length). "
+                            "Adjust --rollout-batch")  # fmt: skip
         if self.reward not in REWARDS:
             problems.append(f"reward={self.reward!r} is unknown ({', '.join(REWARDS)}). Adjust --reward")
         if self.inject.kind == "temperature-mismatch" and self.rollout_temperature == 1.0:

@@ -31,6 +31,14 @@ def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None =
     return given
 
 
+def without_cudnn_attention() -> None:
+    """SDPA without its cuDNN backend: cuDNN builds a plan for every new shape (each group's length, each
+    decode step's key length), which a seed pays again whenever its prompts differ, and its backward is
+    nondeterministic. Flash and memory-efficient attention have neither."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def model_class(spec: ModelSpec):
     import transformers
 

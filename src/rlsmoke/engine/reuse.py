@@ -110,6 +110,31 @@ class DerivedCopy:
             params[name].copy_(t.to(params[name].device))
 
 
+class InitialState:
+    """What a trainer starts a seed from: its main weights, and what of its compute copy they do not
+    rebuild. Works on any trainer with `master`, `model` (the compute copy, or `master` itself),
+    `optimizer` and `_pairs` (compute, main) parameter pairs."""
+
+    def __init__(self, trainer, narrow: torch.dtype | None):
+        self.master = HostSnapshot(trainer.master, narrow=narrow)
+        self.compute = DerivedCopy(trainer.model, _compute_from_master(trainer)) if trainer._pairs else None
+
+    def restore(self, trainer) -> None:
+        """Main weights as kept, no moments, no grads: a fresh optimizer's first step comes next."""
+        trainer.optimizer.zero_grad(set_to_none=True)
+        for p in trainer.model.parameters():
+            p.grad = None
+        trainer.optimizer.state.clear()
+        self.master.restore(trainer.master)
+        if self.compute is not None:
+            self.compute.restore(trainer.model, _compute_from_master(trainer))
+
+
+def _compute_from_master(trainer):
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    return ((names[id(p)], main.detach().to(p.dtype)) for p, main in trainer._pairs)
+
+
 def narrow_dtype(rollout_dtype: torch.dtype, train_dtype: torch.dtype) -> torch.dtype | None:
     """The dtype a main weight may be kept in: the rollout's when it is narrower than the train dtype."""
     return rollout_dtype if rollout_dtype.itemsize < train_dtype.itemsize else None

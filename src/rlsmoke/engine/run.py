@@ -120,7 +120,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     mem_estimate = estimate(spec, plan_of_run(cfg))
     peaks: list = []
     where: dict = {}
-    timing: dict = {"per_seed_s": [], "restore_s": []}
+    timing: dict = {"per_seed_s": [], "restore_s": [], "seed_phases_s": []}
     try:
         ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
         log(f"config: {cfg!r}")
@@ -143,6 +143,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             if repeat > 1:
                 workers.keep_initial()  # each further seed restores these weights in place (engine.reuse)
             timing["load_s"] = time.perf_counter() - t0 - timing["checkpoint_s"]
+            moved_before: dict[str, float] = {}
             for r, seed in enumerate(seeds):
                 seed_start = time.perf_counter()
                 if r:
@@ -152,8 +153,10 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                 clock = PhaseClock()
                 run_lines = one_run(cfg, workers, prompts_of[seed], tokenizer, seed, log, clock)
                 timing["per_seed_s"].append(time.perf_counter() - seed_start)
-                if r == 0:
-                    timing["phases_s"] = phase_seconds(clock.seconds, workers.move_seconds())
+                moved = workers.move_seconds()  # cumulative: this seed's are the difference
+                timing["seed_phases_s"].append(phase_seconds(clock.seconds, _minus(moved, moved_before)))
+                moved_before = moved
+                timing["phases_s"] = timing["seed_phases_s"][0]
                 log(f"timing: {describe_timing(timing)}")
                 if repeat > 1:
                     for line in run_lines:
@@ -229,6 +232,10 @@ def phase_seconds(called: dict[str, float], moved: dict[str, float]) -> dict[str
     out = {phase: max(0.0, s - moved.get(asked_by[phase], 0.0)) for phase, s in called.items()}
     out["offload"] = sum(moved.values())
     return out
+
+
+def _minus(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in now.items()}
 
 
 def describe_timing(timing: dict) -> str:

@@ -63,24 +63,11 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
     def keep_initial(self, narrow: torch.dtype | None) -> None:
-        """Keep the state a seed starts from (`engine.reuse`): the main weights, and what of the compute
-        copy they do not rebuild."""
-        self._initial = reuse.HostSnapshot(self.master, narrow=narrow)
-        self._initial_compute = reuse.DerivedCopy(self.model, self._compute_from_master()) if self._pairs else None
+        """Keep the state a seed starts from (`engine.reuse`)."""
+        self._initial = reuse.InitialState(self, narrow)
 
     def restore_initial(self) -> None:
-        """Back to the kept state: main weights, no moments, no grads (a fresh optimizer's first step)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        for p in self.model.parameters():
-            p.grad = None
-        self.optimizer.state.clear()
-        self._initial.restore(self.master)
-        if self._initial_compute is not None:
-            self._initial_compute.restore(self.model, self._compute_from_master())
-
-    def _compute_from_master(self):
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        return ((names[id(p)], main.detach().to(p.dtype)) for p, main in self._pairs)
+        self._initial.restore(self)
 
     @torch.no_grad()
     def forward_only(self, groups: list[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
