@@ -24,6 +24,7 @@ from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
 from rlsmoke.engine.model import check_dsa_dense, checkpoint_dir, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
+from rlsmoke.engine.rollout import batch_for
 from rlsmoke.errors import Interrupted, RlsmokeError, RunError
 from rlsmoke.memory import estimate, plan_of_run
 from rlsmoke.models import model_spec
@@ -205,6 +206,10 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     summary = {
         **cfg.run_key.to_json(),
         "mode": cfg.mode,
+        "trainer": cfg.trainer,
+        "shape": {"n_prompts": cfg.n_prompts, "n_samples": cfg.n_samples, "max_response_len": cfg.max_response_len,
+                  "num_rollout": cfg.num_rollout,
+                  "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family)},  # fmt: skip
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
         "repeat": repeat,
