@@ -37,9 +37,9 @@ def test_arrivals_count_in_the_phase_that_uses_them():
     moves = []  # (the meter's window, part, where to)
     real_move = phases._move
 
-    def observed(part, where):
+    def observed(part, where, asked_by):
         moves.append((phases.meter.phase, part, where))
-        return real_move(part, where)
+        return real_move(part, where, asked_by)
 
     phases._move = observed
     try:

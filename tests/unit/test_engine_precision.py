@@ -89,9 +89,10 @@ def test_the_trainer_on_bf16_params_computes_what_the_bf16_rollout_computed(tiny
                    for g, (lp, _) in zip(groups, trainer.forward_only(groups), strict=True))  # fmt: skip
 
     same, other = abs_diff(params), abs_diff(autocast)
-    # the same weights and dtypes leave only kernel order; autocast keeps an fp32 residual stream and
-    # computes the router in bf16, a different network (measured here: 0 against 0.08)
-    assert same < 1e-3 and other > 1e-2, (same, other)
+    # the same weights and dtypes leave only kernel order (decode against the full forward: 0 with
+    # transformers 5.17, 0.0025 with 5.24); autocast keeps an fp32 residual stream and computes the
+    # router in bf16, a different network (0.08 with both)
+    assert same < 5e-3 and other > 10 * same, (same, other)
 
 
 def test_a_bf16_params_step_updates_the_fp32_main_weights_and_rounds_them_into_the_copy(tiny):

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from rlsmoke.engine import sync
+from rlsmoke.engine import reuse, sync
 from rlsmoke.engine.config import RunConfig
-from rlsmoke.engine.model import TORCH_DTYPES, load_policy
+from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
-from rlsmoke.engine.rollout import Group, RolloutEngine
+from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import model_spec
@@ -35,6 +35,7 @@ def _setup(threads: int | None) -> None:
     # CPU backward (MoE index ops) is otherwise nondeterministic in the last bits; measured, not assumed.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
+    without_cudnn_attention()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
@@ -82,6 +83,12 @@ class TrainWorker:
         """The update as it crosses a process boundary: CPU tensors in the rollout dtype."""
         return [(n, t.cpu()) for n, t in self.rollout_weights(None, TORCH_DTYPES[self.cfg.rollout_dtype])]
 
+    def keep_initial(self) -> None:
+        self.trainer.keep_initial(narrow_for(self.cfg))
+
+    def restore_initial(self) -> None:
+        self.trainer.restore_initial()
+
     def where(self) -> dict:
         return _where()
 
@@ -89,10 +96,11 @@ class TrainWorker:
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, threads: int | None = None):
         _setup(threads)
-        self.model = load_policy(ckpt, model_spec(cfg.case, tiny=cfg.tiny), cfg.rollout_dtype, cfg.device)
+        spec = model_spec(cfg.case, tiny=cfg.tiny)
+        self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device)
         self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
-                                    inject=cfg.inject)  # fmt: skip
+                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, cfg.device, spec.family))  # fmt: skip
 
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
         return self.engine.generate(prompt_ids, n, seed)
@@ -102,6 +110,12 @@ class RolloutWorker:
 
     def compare(self, weights) -> dict[str, float]:
         return sync.compare(self.model, weights)
+
+    def keep_initial(self, weights) -> None:
+        self.kept = reuse.DerivedCopy(self.model, weights)
+
+    def restore_initial(self, weights) -> None:
+        self.kept.restore(self.model, weights)
 
     def where(self) -> dict:
         return _where()
@@ -140,6 +154,21 @@ class Colocated:
         """Peak allocated device memory by phase (GiB), one entry per rank; [None] off CUDA."""
         return [self.phases.meter.report()]
 
+    def move_seconds(self) -> dict[str, float]:
+        return dict(self.phases.move_seconds)
+
+    def keep_initial(self) -> None:
+        """What a further seed of --repeat starts from (`engine.reuse`)."""
+        self.train.trainer.keep_initial(narrow_for(self.cfg))
+        model = self.rollout.model
+        self.rollout_kept = reuse.DerivedCopy(model, self.train.rollout_weights(model, TORCH_DTYPES[self.cfg.rollout_dtype]))
+
+    def restore_initial(self) -> None:
+        self.phases.enter("sync")  # the weight sync's residency: main weights and the rollout copy on the device
+        self.train.trainer.restore_initial()
+        model = self.rollout.model
+        self.rollout_kept.restore(model, self.train.rollout_weights(model, TORCH_DTYPES[self.cfg.rollout_dtype]))
+
     def offload_state(self) -> list[dict]:
         return [self.phases.state()]
 
@@ -161,9 +190,11 @@ class RayAsync:
     """
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
+        if "ray" not in sys.modules:  # Ray reads it once, on import; the cluster's head is given the same
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
         try:
             import ray
-            from ray.util.placement_group import placement_group, remove_placement_group
+            from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         except ImportError:
             raise RlsmokeError(
@@ -171,16 +202,25 @@ class RayAsync:
                 rule="engine.ray",
                 fix="pip install 'rlsmoke[ray]', or run with --mode colocate --num-gpus 1",
             ) from None
-        self.ray, self._remove_pg, self.cfg = ray, remove_placement_group, cfg
+        from rlsmoke.engine.ray_cluster import LocalCluster, held_signals
+
+        self.ray, self.cfg, self.cluster = ray, cfg, None
         gpus = cfg.num_gpus
-        sigterm = signal.getsignal(signal.SIGTERM)
-        ray.init(address="local", num_cpus=max(2, gpus), num_gpus=gpus, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}})  # fmt: skip
-        if callable(sigterm) and threading.current_thread() is threading.main_thread():
-            # Ray's core worker takes SIGTERM over (an abort with a stack dump): give the caller's back.
-            signal.signal(signal.SIGTERM, sigterm)
-        try:
+        try:  # an interrupt at any point, during Ray's start too: close() ends the whole cluster
+            self.cluster = LocalCluster(num_cpus=max(2, gpus), num_gpus=gpus)
+            handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+            # Ray's core worker takes SIGTERM over while it connects (an abort with a stack dump): the
+            # signals wait until the caller's handlers are back.
+            with held_signals():
+                try:
+                    ray.init(address=self.cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False,
+                             configure_logging=False,
+                             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}})  # fmt: skip
+                finally:
+                    if threading.current_thread() is threading.main_thread():
+                        for signum, handler in handlers.items():
+                            if handler is not None:
+                                signal.signal(signum, handler)
             bundles = [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}]  # (train, rollout)
             self.pg = placement_group(bundles, strategy="PACK")
             ray.get(self.pg.ready(), timeout=60)
@@ -196,7 +236,7 @@ class RayAsync:
                 "train": self._get(self.train.where.remote()),
                 "rollout": self._get(self.rollout.where.remote()),
             }
-        except BaseException:  # an interrupt too: never leave the cluster behind
+        except BaseException:
             self.close()
             raise
 
@@ -231,15 +271,30 @@ class RayAsync:
             self._get(self.rollout.load.remote(weights))
         return self._get(self.rollout.compare.remote(weights))
 
+    def move_seconds(self) -> dict[str, float]:
+        return {}  # the trainer and the rollout engine have devices of their own: nothing moves
+
+    def keep_initial(self) -> None:
+        self._get(self.train.keep_initial.remote())
+        self._get(self.rollout.keep_initial.remote(self.train.weights.remote()))
+
+    def restore_initial(self) -> None:
+        self._get(self.train.restore_initial.remote())
+        self._get(self.rollout.restore_initial.remote(self.train.weights.remote()))
+
     def close(self) -> None:
-        if not self.ray.is_initialized():
-            return
-        for actor in ("train", "rollout"):
-            if hasattr(self, actor):
-                self.ray.kill(getattr(self, actor))
-        if hasattr(self, "pg"):
-            self._remove_pg(self.pg)
-        self.ray.shutdown()
+        """The driver leaves, then every process of the cluster ends (actors, raylet, agents, GCS)."""
+        try:
+            if self.ray.is_initialized():
+                self.ray.shutdown()
+        finally:
+            if self.cluster is not None:
+                self.cluster.stop()
+                self.cluster = None
+
+
+def narrow_for(cfg: RunConfig) -> torch.dtype | None:
+    return reuse.narrow_dtype(TORCH_DTYPES[cfg.rollout_dtype], TORCH_DTYPES[cfg.train_dtype])
 
 
 def train_worker(cfg: RunConfig, ckpt: Path):

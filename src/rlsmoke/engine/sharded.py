@@ -11,7 +11,6 @@ Ray and runs the same with gloo on CPU (CI) and NCCL on GPUs.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import socket
 import traceback
@@ -20,11 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import sync
+from rlsmoke.engine import reuse, sync
 from rlsmoke.engine.config import RunConfig
-from rlsmoke.engine.model import TORCH_DTYPES, load_policy
+from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
-from rlsmoke.engine.rollout import Group, RolloutEngine
+from rlsmoke.engine.procs import rank_context
+from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import model_spec
@@ -103,7 +103,7 @@ class Rank:
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
         self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
-                                    inject=cfg.inject)  # fmt: skip
+                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, self.device, spec.family))  # fmt: skip
         self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
                              rollout_model=self.rollout_model, ranks_on_host=world)  # fmt: skip
 
@@ -139,6 +139,19 @@ class Rank:
         """This rank's peak allocated device memory by phase (GiB); None off CUDA."""
         return self.phases.meter.report()
 
+    def move_seconds(self) -> dict[str, float]:
+        return dict(self.phases.move_seconds)
+
+    def keep_initial(self) -> None:
+        narrow = reuse.narrow_dtype(TORCH_DTYPES[self.cfg.rollout_dtype], TORCH_DTYPES[self.cfg.train_dtype])
+        self.trainer.keep_initial(narrow)
+        self.rollout_kept = reuse.DerivedCopy(self.rollout_model, self.full_weights())
+
+    def restore_initial(self) -> None:
+        self.phases.enter("sync")  # the gather below needs the shards on the device
+        self.trainer.restore_initial()
+        self.rollout_kept.restore(self.rollout_model, self.full_weights())
+
     def offload_state(self) -> dict:
         return self.phases.state()
 
@@ -153,6 +166,7 @@ class Rank:
 def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(cpu_share(world))  # this run's budget (a pytest worker's share), split by rank
+    without_cudnn_attention()
     backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
     try:
         dist.init_process_group(backend, rank=rank, world_size=world)
@@ -189,7 +203,7 @@ class Sharded:
                 fix=f"use --n-prompts {self.world * max(1, cfg.n_prompts // self.world)}",
             )  # fmt: skip
         port = int(os.environ.get("MASTER_PORT") or free_port())
-        ctx = mp.get_context("spawn")
+        ctx = rank_context()  # forked from a server that imported torch once
         self.conns, self.procs = [], []
         for rank in range(self.world):
             parent, child = ctx.Pipe()
@@ -249,6 +263,17 @@ class Sharded:
 
     def offload_state(self) -> list[dict]:
         return self._call("offload_state", [()] * self.world)
+
+    def move_seconds(self) -> dict[str, float]:
+        """Per phase, the slowest rank's seconds of offload moves."""
+        per_rank = self._call("move_seconds", [()] * self.world)
+        return {k: max(r.get(k, 0.0) for r in per_rank) for k in set().union(*per_rank)}
+
+    def keep_initial(self) -> None:
+        self._call("keep_initial", [()] * self.world)
+
+    def restore_initial(self) -> None:
+        self._call("restore_initial", [()] * self.world)
 
     def close(self) -> None:
         for conn in self.conns:

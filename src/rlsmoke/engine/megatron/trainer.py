@@ -1,9 +1,28 @@
-"""The megatron train worker: megatron-core's GPTModel loaded through the bridge, trained by the same
-GRPO step as the HF trainer, synced back into the HF rollout engine through the bridge.
+"""The megatron trainer: megatron-core's GPTModel, built as Megatron builds it, loaded through the bridge,
+trained by the same GRPO loss as the HF trainer and synced back into the HF rollout engine through
+the bridge.
 
-One process, world size 1 (TP = EP = 1): what runs colocated here. The bridge's TP/EP shards and the
-model at TP=2 / EP=2 are checked under gloo (tests/unit/test_megatron_bridge.py); a multi-rank
-megatron training step is not wired into the engine.
+The compute model is Megatron's bf16 training (Miles: `args.bf16`, `--moe-router-dtype fp32`): the
+GPTModel is built in the compute dtype (`params_dtype`, `bf16=True`), its router upcasts to fp32 and
+its expert bias stays an fp32 buffer, and nothing runs under `torch.autocast`. Autocast over an fp32
+GPTModel turns the router's matmul into bf16 logits while CUDA's `scores.sum()` stays fp32, and
+`topk_routing_with_score_function` then fails in `index_put_`. Under the compute model:
+
+* megatron-core's `DistributedDataParallel` accumulates the grads into its fp32 `main_grad` buffer
+  and `finalize_model_grads` reduces them over the data-parallel ranks (summed: the loss is already
+  divided by the global token count, `calculate_per_token_loss`) and the sequence-parallel norms;
+* fp32 main parameters take the AdamW step and the compute copy is refreshed from them, rounding
+  (`rlsmoke.engine.precision`: the FSDP trainer's compute_path="params").
+
+megatron-core 0.16.1 refuses its own optimizer (`get_megatron_optimizer`, the distributed one too)
+without CUDA: `MixedPrecisionOptimizer.__init__` allocates `torch.tensor([1.0], device='cuda')`,
+`FP32Optimizer` too, and the distributed optimizer accepts only `torch.cuda.*Tensor` parameters. The
+optimizer here is the nearest thing it allows on CPU and gloo: its DDP grad buffers with
+torch AdamW over fp32 main parameters, clipped by the global grad norm. It is the same code on
+CUDA over NCCL (the backend follows the device).
+
+Layouts: world size 1 runs in the driver process (`MegatronTrainWorker`, colocated); TP, SP and EP
+over several processes run through `rlsmoke.engine.megatron.ranks`.
 """
 
 from __future__ import annotations
@@ -13,36 +32,258 @@ from types import SimpleNamespace
 
 import torch
 
-from rlsmoke.bridge.convert import Parallel, hf_to_megatron, megatron_to_hf, unshard
+from rlsmoke.bridge.convert import Parallel, hf_to_megatron, megatron_to_hf, shard, unshard
+from rlsmoke.engine import grpo, reuse
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.model import TORCH_DTYPES
-from rlsmoke.engine.train import Trainer
-from rlsmoke.errors import RlsmokeError
-from rlsmoke.models import model_spec
+from rlsmoke.engine.train import _checksums, token_logprobs
+from rlsmoke.errors import RlsmokeError, RunError
+from rlsmoke.models import ModelSpec, model_spec
 
 
 class HFStyle(torch.nn.Module):
-    """GPTModel behind the HF call the trainer makes: `model(input_ids=...).logits` over the real vocab."""
+    """GPTModel behind the HF call the trainer makes: `model(input_ids=...).logits` over the real vocab.
 
-    def __init__(self, gpt, vocab_size: int, device: str):
+    Under TP the output layer is vocab-parallel: the logits are gathered (differentiably) across the TP
+    ranks. Under sequence parallelism the sequence must split evenly over them: it is padded at the
+    end, which a causal model's earlier positions never see, and the padding is cut off again."""
+
+    def __init__(self, gpt, vocab_size: int, device: str, par: Parallel | None = None):
         super().__init__()
-        self.gpt, self.vocab_size, self.device_name = gpt, vocab_size, device
+        self.gpt, self.vocab_size, self.device_name, self.par = gpt, vocab_size, device, par or Parallel()
 
     def forward(self, input_ids, use_cache=False, **_):
         from rlsmoke.engine.megatron.model import device_shim
 
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
+        b, s = input_ids.shape
+        split = self.par.tp if self.par.tp > 1 and self.par.sp else 1
+        pad = -s % split
+        if pad:
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(b, pad)], dim=1)
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(b, -1)
         with device_shim(self.device_name):
             logits = self.gpt(input_ids, pos, None)
+            if self.par.tp > 1:
+                from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+                logits = gather_from_tensor_model_parallel_region(logits)
         # padded vocab rows are no tokens: Megatron-LM pads, the HF engine samples the real vocab
-        return SimpleNamespace(logits=logits[..., : self.vocab_size])
+        return SimpleNamespace(logits=logits[:, :s, : self.vocab_size])
+
+
+class MainParams(torch.nn.Module):
+    """The fp32 main parameters AdamW steps, one per compute parameter (Megatron's main params)."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        super().__init__()
+        self.params = torch.nn.ParameterList([torch.nn.Parameter(t) for t in tensors])
+
+
+def _groups():
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_group(), parallel_state.get_expert_model_parallel_world_size()
+
+
+class MegatronTrainer:
+    """One rank's trainer: forward_only and step, with the attributes `engine.offload.Phases` moves
+    (`model`: the compute copy, `master`: the main parameters, `optimizer`)."""
+
+    def __init__(self, compute: HFStyle, gpt, ddp, pairs, par: Parallel, *, lr: float, betas: tuple[float, float],
+                 weight_decay: float, grad_clip: float, eps_clip: float, eps_clip_high: float,
+                 entropy_coef: float, temperature: float, comm_device: str):  # fmt: skip
+        self.model, self.gpt, self.ddp, self.par = compute, gpt, ddp, par
+        self.master = MainParams([m for _, m in pairs])
+        self._pairs = list(zip([p for p, _ in pairs], self.master.parameters(), strict=True))  # (compute, main)
+        self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
+        self.entropy_coef, self.temperature, self.comm_device = entropy_coef, temperature, comm_device
+        # which compute parameters the backward reached: DDP moves their grads into main_grad, where
+        # an unreached parameter and a zero gradient look alike
+        self._reached: set[int] = set()
+        for i, (p, _) in enumerate(self._pairs):
+            p.register_hook(lambda grad, i=i: self._reached.add(i))
+        fused = comm_device.startswith("cuda")
+        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, betas=betas,
+                                           weight_decay=weight_decay, fused=fused or None)  # fmt: skip
+
+    def keep_initial(self, narrow: torch.dtype | None) -> None:
+        """Keep the state a seed starts from (`engine.reuse`): --repeat restores it in place."""
+        self._initial = reuse.InitialState(self, narrow)
+
+    def restore_initial(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self._initial.restore(self)
+
+    @torch.no_grad()
+    def forward_only(self, groups):
+        """The old log-probs and entropies, eval mode, no graph (no autocast: the params are the dtype)."""
+        self.model.eval()
+        return [tuple(t.cpu() for t in token_logprobs(self.model, g, self.temperature)) for g in groups]
+
+    def _sum(self, values: list[float], group=None) -> list[float]:
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
+        dist.all_reduce(t, group=group)
+        return t.tolist()
+
+    def step(self, groups, old, advantages) -> dict[str, float]:
+        """One optimizer step over this data-parallel rank's groups; metrics over the whole batch."""
+        from megatron.core.distributed import finalize_model_grads
+
+        from rlsmoke.engine.megatron.model import device_shim
+
+        dp_group, _ = _groups()
+        self.model.train()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._reached.clear()
+        device = torch.device(self.comm_device)
+        [total_tokens] = self._sum([float(sum(g.mask.sum() for g in groups))], dp_group)
+        total_tokens = max(total_tokens, 1.0)
+        keys = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "kl_loss")
+        sums = dict.fromkeys(keys, 0.0)
+        for g, old_lp, adv in zip(groups, old, advantages, strict=True):
+            mask = g.mask.to(device)
+            logp, entropy = token_logprobs(self.model, g, self.temperature)
+            loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp.to(device), adv.to(device), mask,
+                                                         self.eps_clip, self.eps_clip_high)  # fmt: skip
+            loss = loss_tok.sum() - self.entropy_coef * (entropy * mask).sum()
+            if not torch.isfinite(loss):
+                raise RunError(f"loss is {loss.item()} on group {g.prompt_index}", rule="train.finite_loss")
+            with device_shim(self.comm_device):  # SP's backward asks megatron-core's device too
+                (loss / total_tokens).backward()
+            sums["pg_loss"] += loss_tok.sum().item()
+            sums["pg_clipfrac"] += clipped.sum().item()
+            sums["ppo_kl"] += ppo_kl.sum().item()
+            sums["entropy_loss"] += (entropy.detach() * mask).sum().item()
+        with device_shim(self.comm_device):
+            finalize_model_grads([self.ddp])  # DP reduction, SP norms across TP
+        for i, (p, main) in enumerate(self._pairs):
+            # a parameter outside the graph (the DSA indexer: dense attention never calls it) keeps no
+            # grad, as torch leaves it None: AdamW then skips it, weight decay included
+            main.grad = p.main_grad.to(main.dtype) if i in self._reached else None
+        grad_norm = self._grad_norm()
+        if not torch.isfinite(torch.tensor(grad_norm)):
+            raise RunError(f"grad_norm is {grad_norm}", rule="train.finite_grads")
+        coef = self.grad_clip / (grad_norm + 1e-6)
+        if coef < 1.0:  # torch's clip_grad_norm_ rule, over the global norm
+            for main in self.master.parameters():
+                if main.grad is not None:
+                    main.grad.mul_(coef)
+        before = _checksums(self.master)
+        self.optimizer.step()
+        self.refresh()
+        after = _checksums(self.master)
+        changed, count = self._sum([float(sum(after[n] != before[n] for n in before)), float(len(before))])
+        if changed == 0:
+            raise RunError("the optimizer step changed no parameter", rule="train.update_applied")
+        self.model.eval()
+        totals = self._sum([sums[k] for k in keys], dp_group)
+        metrics = {f"train/{k}": v / total_tokens for k, v in zip(keys, totals, strict=True)}
+        metrics["train/loss"] = metrics["train/pg_loss"]
+        metrics["train/grad_norm"] = grad_norm
+        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["train/updated_params_frac"] = changed / count
+        return metrics
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """The compute copy from the updated main parameters, rounded to its dtype."""
+        for p, main in self._pairs:
+            p.copy_(main)
+
+    @torch.no_grad()
+    def _grad_norm(self) -> float:
+        """The L2 norm of the whole model's gradient: each rank adds its tensors' squares, divided by the
+        number of ranks holding the same tensor (TP-duplicated norms, data-parallel replicas)."""
+        world, par = self.par.world_size, self.par
+        local = torch.zeros((), dtype=torch.float64, device=self.comm_device)
+        for p, main in self._pairs:
+            if main.grad is None:
+                continue
+            expert = not getattr(p, "allreduce", True)  # megatron-core marks expert parameters so
+            split = (par.expert_tp if expert else par.tp) if getattr(p, "tensor_model_parallel", False) else 1
+            copies = world // ((par.ep if expert else 1) * split)
+            local += main.grad.double().pow(2).sum() / copies
+        [total] = self._sum([local.item()])
+        return total**0.5
+
+
+def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank: int, *, cfg: RunConfig,
+               device: str, defect: str | None = None) -> MegatronTrainer:  # fmt: skip
+    """This rank's GPTModel in the compute dtype under megatron-core DDP, its fp32 main parameters from
+    the bridge's unrounded shard, and the trainer over both (model-parallel state initialized)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from rlsmoke.engine.megatron.model import build_gpt, device_shim
+
+    if par.tp > 1 and not par.sp:
+        # megatron-core's MoE layer refuses to train under TP without SP, and its MLA sums the shared
+        # RoPE key's gradient over the TP ranks only through the sequence-parallel gather
+        raise RlsmokeError(f"tp={par.tp} trains only with sequence parallelism", rule="megatron.layout",
+                           fix="turn sequence parallelism on (Megatron's --sequence-parallel)")  # fmt: skip
+    compute_dtype, master_dtype = TORCH_DTYPES[cfg.train_compute_dtype], TORCH_DTYPES[cfg.train_dtype]
+    gpt = build_gpt(spec, par, params_dtype=compute_dtype, device=device)
+    full = hf_to_megatron({k: v.to(master_dtype) for k, v in hf.items()}, spec, vocab_size=gpt.vocab_size,
+                          defect=defect)  # fmt: skip
+    state = shard(full, spec, hf, par, rank) if par.world_size > 1 else full
+    state = {k: v for k, v in state.items() if not k.startswith("model.")}  # vision passengers: no GPTModel part
+    model = gpt
+    if gpt.config.bf16:
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(gpt.config, gpt)  # Megatron's bf16 model: every parameter and buffer in bf16
+    gpt.load_state_dict(state, strict=True)  # rounds into the compute dtype
+    with torch.no_grad():  # the router's expert bias stays fp32 (Miles keeps it so; HF holds it in fp32)
+        for name, module in gpt.named_modules():
+            if getattr(module, "expert_bias", None) is not None:
+                module.expert_bias.data = state[f"{name}.expert_bias"].to(device=device, dtype=torch.float32)
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False)
+    with device_shim(device):  # its grad buffers go where `torch.cuda.current_device()` says
+        ddp = DistributedDataParallel(gpt.config, ddp_config, model)
+    pairs = [(p, state[name].to(device=device, dtype=master_dtype, copy=True)) for name, p in gpt.named_parameters()]
+    return MegatronTrainer(
+        HFStyle(ddp, spec.vocab_size, device, par), gpt, ddp, pairs, par, lr=cfg.lr, betas=cfg.betas,
+        weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, eps_clip=cfg.eps_clip,
+        eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef, temperature=cfg.rollout_temperature,
+        comm_device=device,
+    )  # fmt: skip
+
+
+def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel,
+                      dtype: torch.dtype, defect: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Every rank's compute parameters gathered (in `dtype`, one tensor at a time, in the same order on
+    every rank), joined into the whole Megatron state and turned into HF tensors through the bridge.
+    Every rank gets the whole state: each holds a rollout copy."""
+    import torch.distributed as dist
+
+    from rlsmoke.engine.megatron.model import rank_state
+
+    mine = {k: v.detach().to(dtype) for k, v in rank_state(trainer.gpt).items()}
+    if par.world_size == 1:
+        states = [mine]
+    else:
+        states = [{} for _ in range(par.world_size)]
+        for name in sorted(mine):  # every rank holds the same names and shapes (local expert indices)
+            parts = [torch.empty_like(mine[name]) for _ in range(par.world_size)]
+            dist.all_gather(parts, mine[name].contiguous())
+            for r, t in enumerate(parts):
+                states[r][name] = t.cpu()
+    passengers = {k: v for k, v in hf.items() if k.startswith("model.visual.")}
+    full = unshard([s | passengers for s in states], spec, hf, par)
+    return megatron_to_hf(full, spec, hf, defect=defect)
 
 
 class MegatronTrainWorker:
+    """World size 1, in the driver's process: what `rlsmoke run --trainer megatron` colocates."""
+
     def __init__(self, cfg: RunConfig, ckpt: Path, threads: int | None = None):
+        import torch.distributed as tdist
+
         from rlsmoke.engine import megatron
         from rlsmoke.engine.megatron import dist
-        from rlsmoke.engine.megatron.model import build_gpt, read_hf_state
+        from rlsmoke.engine.megatron.model import read_hf_state
 
         if not megatron.available():
             raise RlsmokeError("trainer=megatron needs megatron-core, which is not installed",
@@ -52,23 +293,13 @@ class MegatronTrainWorker:
         self.cfg, self.spec = cfg, model_spec(cfg.case, tiny=cfg.tiny)
         self.par = Parallel()
         self.defect = cfg.inject.kind if cfg.inject.kind.startswith("bridge-") else None
-        import torch.distributed as tdist
-
         if not tdist.is_initialized():
-            dist.init(0, self.par, dist.free_port(), backend="gloo")
+            dist.init(0, self.par, dist.free_port(), backend=dist.backend_for(cfg.device))
         self.hf = read_hf_state(ckpt)
-        dtype = TORCH_DTYPES[cfg.train_dtype]
-        gpt = build_gpt(self.spec, self.par, params_dtype=dtype, device=cfg.device)
-        full = hf_to_megatron({k: v.to(dtype) for k, v in self.hf.items()}, self.spec,
-                              vocab_size=gpt.vocab_size, defect=self.defect)  # fmt: skip
-        # world size 1: the whole state is rank 0's shard; the router's expert bias stays fp32
-        gpt.load_state_dict({k: v for k, v in full.items() if not k.startswith("model.")}, strict=True)
-        self.trainer = Trainer(
-            HFStyle(gpt, self.spec.vocab_size, cfg.device), lr=cfg.lr, betas=cfg.betas,
-            weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, eps_clip=cfg.eps_clip,
-            eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
-            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], temperature=cfg.rollout_temperature,
-        )  # fmt: skip
+        self.trainer = build_rank(self.spec, self.hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect)
+
+    def parallel(self) -> dict:
+        return self.par.executed()
 
     def forward_only(self, groups):
         return self.trainer.forward_only(groups)
@@ -76,18 +307,13 @@ class MegatronTrainWorker:
     def step(self, groups, old, advantages) -> dict[str, float]:
         return self.trainer.step(groups, old, advantages)
 
-    def hf_weights(self) -> dict[str, torch.Tensor]:
+    def hf_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """The trainer's weights under HF checkpoint names: Megatron -> HF through the bridge."""
-        from rlsmoke.engine.megatron.model import rank_state
-
-        state = {k: v.detach() for k, v in rank_state(self.trainer.model.gpt).items()}
-        passengers = {k: v for k, v in self.hf.items() if k.startswith("model.visual.")}
-        full = unshard([state | passengers], self.spec, self.hf, self.par)
-        return megatron_to_hf(full, self.spec, self.hf, defect=self.defect)
+        return gather_hf_weights(self.trainer, self.spec, self.hf, self.par, dtype, self.defect)
 
     def rollout_weights(self, model, dtype: torch.dtype):
         """What the rollout engine should hold, under its in-memory names (fused experts stacked)."""
-        return in_memory_weights(model, self.hf_weights(), dtype)
+        return in_memory_weights(model, self.hf_weights(dtype), dtype)
 
 
 def in_memory_weights(model, disk: dict[str, torch.Tensor], dtype: torch.dtype):
