@@ -42,6 +42,8 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(layout, tmp_path):
     assert len(timing["per_seed_s"]) == 2 and len(timing["restore_s"]) == 1
     assert {"rollout", "forward_only", "train_step", "sync", "offload"} <= timing["phases_s"].keys()
     assert timing["load_s"] > 0
+    assert repeated["parallel"] | {"dp": 0} == {"tp": 1, "ep": 1, "pp": 1, "cp": 1, "dp": 0, "sp": False}
+    assert repeated["parallel"]["dp"] == cfg.num_gpus  # the executed layout: data parallel over the ranks
 
 
 def test_without_the_restore_seed_1_starts_from_trained_weights(tmp_path, monkeypatch):

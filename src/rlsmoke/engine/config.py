@@ -34,6 +34,11 @@ INJECTIONS = {
 TRAINERS = ("fsdp", "megatron")  # HF modeling code (FSDP2 on several GPUs) | megatron-core GPTModel
 
 
+def executed_layout(*, dp: int) -> dict:
+    """summary.json's `parallel` for the HF trainer: data parallel only (FSDP2 shards, never splits a layer)."""
+    return {"tp": 1, "ep": 1, "pp": 1, "cp": 1, "dp": dp, "sp": False}
+
+
 @dataclass(frozen=True)
 class Inject:
     kind: str = ""  # "" means no fault

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rlsmoke.engine import reuse, sync
-from rlsmoke.engine.config import RunConfig
+from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
@@ -157,6 +157,10 @@ class Colocated:
     def move_seconds(self) -> dict[str, float]:
         return dict(self.phases.move_seconds)
 
+    def parallel(self) -> dict:
+        """The training layout as executed (the megatron trainer's own, else one data-parallel rank)."""
+        return self.train.parallel() if hasattr(self.train, "parallel") else executed_layout(dp=1)
+
     def keep_initial(self) -> None:
         """What a further seed of --repeat starts from (`engine.reuse`)."""
         self.train.trainer.keep_initial(narrow_for(self.cfg))
@@ -273,6 +277,9 @@ class RayAsync:
 
     def move_seconds(self) -> dict[str, float]:
         return {}  # the trainer and the rollout engine have devices of their own: nothing moves
+
+    def parallel(self) -> dict:
+        return executed_layout(dp=1)
 
     def keep_initial(self) -> None:
         self._get(self.train.keep_initial.remote())

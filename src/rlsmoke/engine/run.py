@@ -121,6 +121,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     mem_estimate = estimate(spec, plan_of_run(cfg))
     peaks: list = []
     where: dict = {}
+    parallel: dict = {}
     timing: dict = {"per_seed_s": [], "restore_s": [], "seed_phases_s": []}
     try:
         ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
@@ -139,8 +140,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         timing["checkpoint_s"] = time.perf_counter() - t0
         workers = open_workers(cfg, ckpt, eos, pad)
         try:
-            where = workers.where
-            log(f"placement: {cfg.mode} {where}")
+            where, parallel = workers.where, workers.parallel()
+            log(f"placement: {cfg.mode} {where}; parallel {parallel}")
             if repeat > 1:
                 workers.keep_initial()  # each further seed restores these weights in place (engine.reuse)
             timing["load_s"] = time.perf_counter() - t0 - timing["checkpoint_s"]
@@ -221,6 +222,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             "python": pyplatform.python_version(),
         },  # fmt: skip
         "placement": where,
+        "parallel": parallel,  # the training layout as executed
         "memory": memory,
         "artifacts": str(out),
         "seconds": round(time.perf_counter() - t0, 2),

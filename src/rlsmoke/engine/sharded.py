@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from rlsmoke.engine import reuse, sync
-from rlsmoke.engine.config import RunConfig
+from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.procs import rank_context
@@ -268,6 +268,9 @@ class Sharded:
         """Per phase, the slowest rank's seconds of offload moves."""
         per_rank = self._call("move_seconds", [()] * self.world)
         return {k: max(r.get(k, 0.0) for r in per_rank) for k in set().union(*per_rank)}
+
+    def parallel(self) -> dict:
+        return executed_layout(dp=self.world)
 
     def keep_initial(self) -> None:
         self._call("keep_initial", [()] * self.world)
