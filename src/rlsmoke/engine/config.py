@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.engine import megatron
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.models import model_spec
+from rlsmoke.models import ModelSpec, model_spec
 from rlsmoke.recipe import SEED_RECIPE
 from rlsmoke.runkey import RunKey, gpu_count
 from rlsmoke.shipped import FIXTURES
@@ -131,6 +132,15 @@ class RunConfig:
     # auto: a rank's groups in one generate call on a GPU, one call per group on CPU (engine.rollout.batch_for)
     rollout_batch: str = "auto"
 
+    @functools.cached_property
+    def spec(self) -> ModelSpec:
+        """The case's model, resolved once: the workers receive it with the config."""
+        return model_spec(self.case, tiny=self.tiny)
+
+    def __getstate__(self) -> dict:
+        # a spec's frozen mappings do not pickle: a rank process or a Ray actor resolves its own, once
+        return {k: v for k, v in self.__dict__.items() if k != "spec"}
+
     @property
     def train_compute_dtype(self) -> str:
         if self.compute_dtype:
@@ -197,7 +207,7 @@ class RunConfig:
             problems.append(f"trainer={self.trainer!r} is unknown ({', '.join(TRAINERS)}). Adjust --trainer")
         if self.inject.kind.startswith("bridge-") and self.trainer != "megatron":
             problems.append(f"inject={self.inject.kind} is a bridge defect: it needs --trainer megatron")
-        why = megatron.refusal(model_spec(self.case, tiny=self.tiny), self.num_gpus, self.mode) or megatron.unwired(
+        why = megatron.refusal(self.spec, self.num_gpus, self.mode) or megatron.unwired(
             inject=str(self.inject), gradient_checkpointing=self.gradient_checkpointing, kl_coef=self.kl_coef)
         if self.trainer == "megatron" and why:
             problems.append(f"trainer=megatron: {why}. Adjust --trainer fsdp, or --mode colocate --num-gpus 1")

@@ -27,7 +27,6 @@ from rlsmoke.engine.reward import REWARDS
 from rlsmoke.engine.rollout import batch_for
 from rlsmoke.errors import Interrupted, RlsmokeError, RunError
 from rlsmoke.memory import estimate, plan_of_run
-from rlsmoke.models import model_spec
 
 
 class RunLog:
@@ -117,7 +116,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     log = RunLog(out / "run.log")
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
-    spec = model_spec(cfg.case, tiny=cfg.tiny)
+    spec = cfg.spec
     mem_estimate = estimate(spec, plan_of_run(cfg))
     peaks: list = []
     where: dict = {}

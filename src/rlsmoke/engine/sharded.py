@@ -27,7 +27,6 @@ from rlsmoke.engine.procs import rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.errors import RlsmokeError, RunError
-from rlsmoke.models import model_spec
 from rlsmoke.platforms import cpu_share
 
 
@@ -83,7 +82,7 @@ class Rank:
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int):
         self.cfg, self.rank, self.world = cfg, rank, world
-        spec = model_spec(cfg.case, tiny=cfg.tiny)
+        spec = cfg.spec
         on_gpu = cfg.device.startswith("cuda")
         self.device = f"cuda:{rank}" if on_gpu else "cpu"
         if on_gpu:
