@@ -8,6 +8,8 @@ Two steps each way, so each can be checked alone:
   megatron_to_hf    whole Megatron state -> HF tensors (the weight sync into the rollout engine)
 
 Every tensor is moved, never computed: a round trip is bit-exact by construction, and a test pins it.
+Rows move where the two layouts differ: GQA's q/k/v interleaved per query group, the fused SwiGLU fc1,
+and GLM-5's DSA indexer, whose RoPE dims HF holds first in each head and megatron-core last.
 A `defect` (the fault twins) is a symmetric mistake: it round-trips bit-exactly too, yet the Megatron
 model computes with the wrong layout, which only the log-prob gates can see.
 """
@@ -44,6 +46,7 @@ class Parallel:
     ep: int = 1
     etp: int | None = None  # None: megatron-core's default, the TP size
     world: int | None = None  # None: the smallest world that holds both grids
+    sp: bool = False  # sequence parallelism over the TP ranks (Megatron's --sequence-parallel; TP > 1 only)
 
     @property
     def expert_tp(self) -> int:
@@ -54,6 +57,15 @@ class Parallel:
         if self.world is not None:
             return self.world
         return math.lcm(self.tp, self.ep * self.expert_tp)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas of the dense layers (PP = CP = 1 here)."""
+        return self.world_size // self.tp
+
+    def executed(self) -> dict[str, int | bool]:
+        """The layout as run: what summary.json records under `parallel`."""
+        return {"tp": self.tp, "ep": self.ep, "pp": 1, "cp": 1, "dp": self.dp, "sp": self.tp > 1 and self.sp}
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(tp_rank, ep_rank, etp_rank) of a global rank."""
@@ -120,6 +132,29 @@ def _kv_permutation(spec: ModelSpec, t: torch.Tensor, inverse: bool) -> torch.Te
     return torch.cat([second, first], dim=1).reshape(t.shape)
 
 
+# The DSA indexer tensors whose rows are head dims (wq_b: per indexer head).
+INDEXER_HEAD_DIM_ROWS = tuple(f"core_attention.indexer.{n}" for n in
+                              ("linear_wq_b.weight", "linear_wk.weight", "k_norm.weight", "k_norm.bias"))  # fmt: skip
+
+
+def moves_indexer_rope(spec: ModelSpec) -> bool:
+    """GLM-5's HF indexer (transformers' `GlmMoeDsaIndexer`) applies its interleaved RoPE to the first
+    `qk_rope_head_dim` dims of each indexer head, megatron-core's `DSAIndexer` to the last (it splits
+    [nope, rope], de-interleaving as MLA does). The dense attention never reads the indexer, so only
+    its top-k sees the layout. GLM-5.3-Flash keeps the 1:1 mapping: the megatron trainer does not run it."""
+    return spec.family == "glm5"
+
+
+def _indexer_rope(spec: ModelSpec, t: torch.Tensor, *, to_megatron: bool) -> torch.Tensor:
+    """Per indexer head, the RoPE rows moved from first (HF) to last (Megatron), or back. Miles'
+    converter (`megatron_to_hf/deepseekv3.py`, under `indexer_rope_interleave`) makes the same move
+    for its 128-dim heads with 64 RoPE dims, where it is a swap of halves."""
+    head, rope = spec.hf_extra["index_head_dim"], spec.hf_extra["qk_rope_head_dim"]
+    heads = t.reshape(-1, head, *t.shape[1:])
+    cut = rope if to_megatron else head - rope
+    return torch.cat([heads[:, cut:], heads[:, :cut]], dim=1).reshape(t.shape)
+
+
 def _expert_source(e: int, spec: ModelSpec, defect: str | None) -> int:
     if defect == "bridge-expert-swap" and e in (0, 1) and spec.num_experts > 1:
         return 1 - e
@@ -147,6 +182,8 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, *, vocab_siz
                                    rule="bridge.hf_names", fix="convert a checkpoint of this model")  # fmt: skip
             used.update(names)
             t = _fuse(rule, [hf[n] for n in names], spec, defect)
+            if rule.megatron.endswith(INDEXER_HEAD_DIM_ROWS) and moves_indexer_rope(spec):
+                t = _indexer_rope(spec, t, to_megatron=True)
             if defect == "bridge-kv-order" and rule.megatron.endswith("linear_kv_up_proj.weight"):
                 t = _kv_permutation(spec, t, inverse=False)
             if rule.tp == "vocab" and vocab_size and vocab_size > t.shape[0]:
@@ -170,6 +207,8 @@ def megatron_to_hf(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names,
                 t = t[: spec.vocab_size]
             if defect == "bridge-kv-order" and rule.megatron.endswith("linear_kv_up_proj.weight"):
                 t = _kv_permutation(spec, t, inverse=True)
+            if rule.megatron.endswith(INDEXER_HEAD_DIM_ROWS) and moves_indexer_rope(spec):
+                t = _indexer_rope(spec, t, to_megatron=False)
             src = _expert_source(e, spec, defect) if e is not None else None
             for name, part in zip(rule.hf, _split(rule, t, spec, defect), strict=True):
                 out[expert_name(name, src) if src is not None else name] = part

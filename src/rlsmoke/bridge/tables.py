@@ -5,8 +5,8 @@ linear_qkv.weight`, `...mlp.experts.local_experts.E.linear_fc1.weight`), the HF 
 (concatenated along dim 0 in the listed order, or interleaved per query group for `qkv`), and how
 tensor parallelism cuts it:
 
-  replicated  every TP rank holds the whole tensor (norms, router, DSA indexer)
-  column      dim 0 in TP chunks (ColumnParallelLinear: q_up, kv_up, MLA's local down projections)
+  replicated  every TP rank holds the whole tensor (norms, router, MLA's down projections, DSA indexer)
+  column      dim 0 in TP chunks (ColumnParallelLinear: q_up, kv_up)
   row         dim 1 in TP chunks (RowParallelLinear: linear_proj, linear_fc2)
   vocab       dim 0 in TP chunks after padding the vocab (embedding, output layer)
   gate_up     each rank holds [gate_r; up_r]: the fused SwiGLU fc1 is cut per half, then joined
@@ -82,13 +82,13 @@ def _gqa(spec: ModelSpec, i: int) -> list[Rule]:
     return rules
 
 
-# MLA: megatron-core name -> (HF name, TP cut). The local spec builds the down projections as
-# ColumnParallelLinear without gathering, so they are cut by rows too.
+# MLA: megatron-core name -> (HF name, TP cut). The down projections are duplicated on every TP rank,
+# as megatron-core's TransformerEngine spec builds them (`rlsmoke.engine.megatron.model.layer_spec`).
 MLA = {
-    "linear_q_down_proj.weight": ("q_a_proj.weight", "column"),
+    "linear_q_down_proj.weight": ("q_a_proj.weight", "replicated"),
     "q_layernorm.weight": ("q_a_layernorm.weight", "replicated"),
     "linear_q_up_proj.weight": ("q_b_proj.weight", "column"),
-    "linear_kv_down_proj.weight": ("kv_a_proj_with_mqa.weight", "column"),
+    "linear_kv_down_proj.weight": ("kv_a_proj_with_mqa.weight", "replicated"),
     "kv_layernorm.weight": ("kv_a_layernorm.weight", "replicated"),
     "linear_kv_up_proj.weight": ("kv_b_proj.weight", "column"),
     "linear_proj.weight": ("o_proj.weight", "row"),

@@ -2,29 +2,53 @@
 
 from __future__ import annotations
 
-import os
+import pickle
 
 import torch
 
 from rlsmoke.bridge.convert import Parallel
 from rlsmoke.engine.sharded import free_port
 
+RANK_GRACE_S = 10.0  # how long the other ranks get to finish once one has failed, or to exit once all are done
+
+
+def backend_for(device: str) -> str:
+    """NCCL between GPUs, gloo between CPU processes: the one choice every megatron path makes."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
 
 def init(rank: int, par: Parallel, port: int, *, backend: str = "gloo") -> None:
     """Join the world of `par` as `rank` and build megatron-core's model-parallel groups."""
     import torch.distributed as dist
-    from megatron.core import parallel_state
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, rank=rank, world_size=par.world_size)
+    # the address in the call, not in os.environ: a colocated megatron run keeps its group for the
+    # process's life, and a MASTER_PORT left behind would send a later run's ranks to a port in use
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=par.world_size)
+    _model_parallel(par)
+
+
+def _model_parallel(par: Parallel) -> None:
+    from megatron.core import parallel_state
+
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=par.tp,
         expert_model_parallel_size=par.ep,
         expert_tensor_parallel_size=par.expert_tp,
     )
+
+
+def relayout(par: Parallel) -> None:
+    """Re-form megatron-core's model-parallel groups for `par` over the same world (one set of ranks
+    can then train at several layouts)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if par.world_size != dist.get_world_size():
+        raise ValueError(f"{par} needs {par.world_size} ranks; the world has {dist.get_world_size()}")
+    parallel_state.destroy_model_parallel()
+    _model_parallel(par)
 
 
 def close() -> None:
@@ -37,40 +61,76 @@ def close() -> None:
 
 
 def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
-    """Run `fn(rank, par, *args)` on every rank of `par` in its own process; the ranks' results."""
-    import torch.multiprocessing as mp
+    """Run `fn(rank, par, *args)` on every rank of `par` in its own process; the ranks' results.
+
+    A rank sends its result pickled by value (plain pickle, not torch's shared-memory reductions, whose
+    tensors live only as long as the rank that shared them). A rank that fails or dies fails the call,
+    and the ranks still waiting on it in a collective are stopped.
+    """
+    from multiprocessing.connection import wait
+
+    from rlsmoke.engine.procs import rank_context
 
     port = free_port()
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, par, port, backend, queue, args))
-             for r in range(par.world_size)]  # fmt: skip
-    for p in procs:
-        p.start()
+    ctx = rank_context()
+    pending: dict = {}  # the read end of each rank's pipe -> rank
+    procs = []
     results: dict[int, object] = {}
-    errors = []
-    for _ in procs:
-        rank, ok, value = queue.get()
-        (results.__setitem__(rank, value) if ok else errors.append(f"rank {rank}: {value}"))
-    for p in procs:
-        p.join()
+    errors: list[str] = []
+    try:
+        for rank in range(par.world_size):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_rank_main, args=(fn, rank, par, port, backend, writer, args), daemon=True)
+            proc.start()
+            writer.close()  # the rank's copy is its own: EOF here means the rank is gone
+            pending[reader] = rank
+            procs.append(proc)
+        while pending:
+            ready = wait(list(pending), timeout=RANK_GRACE_S if errors else None)
+            if not ready:  # the others wait in a collective for a rank that failed
+                errors += [f"rank {rank}: stopped after another rank failed" for rank in sorted(pending.values())]
+                break
+            for reader in ready:
+                rank = pending.pop(reader)
+                try:
+                    ok, value = pickle.loads(reader.recv_bytes())
+                except EOFError:
+                    procs[rank].join(RANK_GRACE_S)
+                    errors.append(f"rank {rank}: died (exit code {procs[rank].exitcode})")
+                    continue
+                if ok:
+                    results[rank] = value
+                else:
+                    errors.append(f"rank {rank}: {value}")
+    finally:
+        for reader in pending:
+            reader.close()
+        for proc in procs:
+            proc.join(timeout=RANK_GRACE_S if len(results) == len(procs) else 0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
     if errors:
         raise RuntimeError("; ".join(errors))
     return [results[r] for r in range(par.world_size)]
 
 
-def _rank_main(fn, rank, par, port, backend, queue, args):
+def _rank_main(fn, rank, par, port, backend, conn, args):
     import traceback
 
     torch.set_num_threads(1)
     try:
         init(rank, par, port, backend=backend)
-        value = fn(rank, par, *args)
-        queue.put((rank, True, value))
-    except BaseException:  # the parent must hear of every rank, or it waits forever
-        queue.put((rank, False, traceback.format_exc(limit=-6)))
-    finally:
-        try:
-            close()
-        except Exception:
-            pass
+        reply = (True, fn(rank, par, *args))
+    except BaseException:  # the driver must hear of every rank
+        reply = (False, traceback.format_exc(limit=-6))
+    try:
+        payload = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        payload = pickle.dumps((False, f"its result does not pickle: {traceback.format_exc(limit=-2)}"))
+    conn.send_bytes(payload)
+    conn.close()
+    try:
+        close()
+    except Exception:
+        pass

@@ -10,7 +10,7 @@ without TransformerEngine:
   `DotProductAttention` rejects MLA's separate key/value head dims (`k_channels`, `v_channels`).
 * DSA (GLM-5): the layer holds megatron-core's own `DSAIndexer` (its weights, names and shapes), and
   attends over every causal key. That is DSA exactly while the sequence is no longer than the index
-  top-k (64 tiny, 2048 full; the runs here stay under 64 tokens): the top-k then selects every key,
+  top-k (2048, tiny and full): the top-k then selects every key,
   and the indexer only feeds its training loss (megatron-core detaches its inputs). Longer sequences
   are refused, not silently attended densely. megatron-core's `DSAttention` itself needs the CUDA
   `fast_hadamard_transform` kernel in its indexer forward.
@@ -58,7 +58,7 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         tensor_model_parallel_size=par.tp,
         expert_model_parallel_size=par.ep,
         expert_tensor_parallel_size=par.expert_tp,
-        sequence_parallel=par.tp > 1 and "--sequence-parallel" in argv,  # a flag without a value
+        sequence_parallel=par.tp > 1 and par.sp,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -72,7 +72,15 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
+        # the GRPO loss is already divided by the global token count: DDP sums the data-parallel
+        # gradients instead of averaging them
+        calculate_per_token_loss=True,
     )
+    rate = flag_value(argv, "--moe-router-bias-update-rate")
+    if rate is not None:
+        # config_kwargs drops a rate of 0 (megatron-core's default 1e-3 then moves the expert bias in
+        # finalize_model_grads; Miles freezes it, and the weight sync checks no HF buffer)
+        kw["moe_router_bias_update_rate"] = float(rate)
     if not device.startswith("cuda"):
         kw["moe_token_dispatcher_type"] = "allgather"
     if mla:
@@ -106,8 +114,9 @@ def _core_attention_cls():
                 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
                 linear = _duplicated_linear_cls()
+                norm = SequenceParallelNorm if config.sequence_parallel else WrappedTorchNorm
                 spec = ModuleSpec(module=DSAIndexer, submodules=DSAIndexerSubmodules(
-                    linear_wq_b=linear, linear_wk=linear, k_norm=WrappedTorchNorm,
+                    linear_wq_b=linear, linear_wk=linear, k_norm=norm,
                     linear_weights_proj=linear))  # fmt: skip
                 from megatron.core.transformer.spec_utils import build_module
 
@@ -141,6 +150,8 @@ def _duplicated_linear_cls():
 
         def __init__(self, input_size, output_size, *, config, init_method=None, bias=False, **_):
             super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
+            for p in self.parameters():  # a sequence chunk's partial grad: finalize_model_grads sums it over TP
+                p.sequence_parallel = config.sequence_parallel
 
         def forward(self, x):
             return super().forward(x), None
@@ -148,14 +159,70 @@ def _duplicated_linear_cls():
     return DuplicatedLinear
 
 
+class SequenceParallelNorm:
+    """megatron-core's torch norm (`WrappedTorchNorm`) for sequence parallelism.
+
+    `WrappedTorchNorm` asserts `not config.sequence_parallel` (megatron-core 0.16.1: "sequence parallel
+    not supported by torch LayerNorm"); TransformerEngine's and Apex's norms support it by marking their
+    weights `sequence_parallel`, which `finalize_model_grads` reads to all-reduce the partial grads of
+    each TP rank's sequence chunk. This is the same torch norm with that mark."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_):
+        norm_cls = torch.nn.LayerNorm if config.normalization == "LayerNorm" else torch.nn.RMSNorm
+        norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
+        for p in norm.parameters():
+            p.sequence_parallel = config.sequence_parallel
+        return norm
+
+
+def _sequence_parallel_norms(spec) -> None:
+    """Swap every `WrappedTorchNorm` in a (nested) layer spec for `SequenceParallelNorm`."""
+    import dataclasses
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    if isinstance(spec, ModuleSpec):
+        if spec.module is WrappedTorchNorm:
+            spec.module = SequenceParallelNorm
+        _sequence_parallel_norms(spec.submodules)
+    elif dataclasses.is_dataclass(spec):
+        for f in dataclasses.fields(spec):
+            value = getattr(spec, f.name)
+            if value is WrappedTorchNorm:
+                setattr(spec, f.name, SequenceParallelNorm)
+            else:
+                _sequence_parallel_norms(value)
+    elif isinstance(spec, list):
+        for item in spec:
+            _sequence_parallel_norms(item)
+
+
 def layer_spec(config):
-    """megatron-core's local decoder block spec with our core attention in every layer."""
+    """megatron-core's local decoder block spec with our core attention in every layer, and MLA's down
+    projections duplicated on every TP rank, as its TransformerEngine spec builds them.
+
+    The local spec cuts the down projections by rows (`ColumnParallelLinear`) and gathers their output;
+    the gather's backward keeps each rank's slice of the gradient only, so the RoPE key (the last rows
+    of `linear_kv_down_proj`, shared by every head) gets the gradient of one rank's heads: measured on
+    tiny GLM-5 at TP=2 with SP, those rows' gradient was 50-110% off and every earlier layer's with it.
+    Duplicated (megatron-core's own duplicated `Linear`, marked `sequence_parallel` as TE's is), the
+    RoPE key is gathered over the sequence, whose backward sums the heads of every rank."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
     core = _core_attention_cls()
     for layer in block.layer_specs:
-        layer.submodules.self_attention.submodules.core_attention = core
+        attention = layer.submodules.self_attention.submodules
+        attention.core_attention = core
+        if hasattr(attention, "linear_kv_down_proj"):
+            from megatron.core.post_training.modelopt.layers import Linear
+
+            attention.linear_kv_down_proj = Linear
+            if getattr(attention, "linear_q_down_proj", None) is not None:
+                attention.linear_q_down_proj = Linear
+    if config.sequence_parallel:
+        _sequence_parallel_norms(block)
     return block
 
 
@@ -167,12 +234,18 @@ def device_shim(device: str):
     if device.startswith("cuda"):
         yield
         return
-    original = torch.cuda.current_device
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    # Under TP and SP the embedding forks the model-parallel CUDA RNG stream (for dropout): there is no
+    # CUDA RNG on CPU, and with dropout 0 no random number is drawn in the fork.
+    tracker = get_cuda_rng_tracker()
+    original, fork = torch.cuda.current_device, tracker.fork
     torch.cuda.current_device = lambda: torch.device("cpu")
+    tracker.fork = lambda *_, **__: contextlib.nullcontext()
     try:
         yield
     finally:
-        torch.cuda.current_device = original
+        torch.cuda.current_device, tracker.fork = original, fork
 
 
 def _without_transformer_engine() -> None:
@@ -216,7 +289,37 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
         )
     if "--multi-latent-attention" in argv:
         _latent_norm_eps(model)
+    _mark_tensor_parallel(model)
     return model.to(device)
+
+
+def _mark_tensor_parallel(model) -> None:
+    """The marks megatron-core's weight initializer puts on TP-split weights (`tensor_model_parallel`,
+    `partition_dim`, `partition_stride`), which the grad norm reads to count each tensor once.
+
+    Every weight here comes from the checkpoint (`perform_initialization=False`), and megatron-core
+    0.16.1 marks a split weight only inside its initializer: unmarked, every split weight looked
+    duplicated over TP and the TP=2 grad norm came out 158.2 where one rank's is 223.7 (tiny GLM-5)."""
+    from megatron.core.tensor_parallel.layers import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        set_defaults_if_not_set_tensor_model_parallel_attributes,
+        set_tensor_model_parallel_attributes,
+    )
+
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if weight is None or hasattr(weight, "tensor_model_parallel"):
+            continue
+        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+            # a gated fc1 holds [gate_r; up_r] on each rank: megatron-core's stride 2
+            gated = name.endswith("linear_fc1") and module.config.gated_linear_unit
+            set_tensor_model_parallel_attributes(weight, True, 0, 2 if gated else 1)
+        elif isinstance(module, RowParallelLinear):
+            set_tensor_model_parallel_attributes(weight, True, 1, 1)
+    for p in model.parameters():
+        set_defaults_if_not_set_tensor_model_parallel_attributes(p)
 
 
 # GLM-5's HF attention builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps (1e-6), not
@@ -227,9 +330,11 @@ MLA_LATENT_NORM_EPS = 1e-6
 
 
 def _latent_norm_eps(model) -> None:
+    # the DSA indexer's key norm too: HF builds it as LayerNorm(eps=1e-6), megatron-core with layernorm_epsilon
     for name, module in model.named_modules():
-        if name.endswith(("self_attention.q_layernorm", "self_attention.kv_layernorm")) and hasattr(module, "eps"):
-            module.eps = MLA_LATENT_NORM_EPS
+        if name.endswith(("self_attention.q_layernorm", "self_attention.kv_layernorm", "indexer.k_norm")):
+            if hasattr(module, "eps"):
+                module.eps = MLA_LATENT_NORM_EPS
 
 
 def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:

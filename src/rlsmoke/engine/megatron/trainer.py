@@ -21,8 +21,8 @@ optimizer here is the nearest thing it allows on CPU and gloo: its DDP grad buff
 torch AdamW over fp32 main parameters, clipped by the global grad norm. It is the same code on
 CUDA over NCCL (the backend follows the device).
 
-Layouts: world size 1 runs in the driver process (`MegatronTrainWorker`, colocated); TP, SP and EP
-over several processes run through `rlsmoke.engine.megatron.ranks`.
+Layouts: world size 1 runs in the driver process (`MegatronTrainWorker`, colocated); TP (with SP) and
+EP run one `build_rank` per process, and `gather_hf_weights` joins their shards into HF tensors.
 """
 
 from __future__ import annotations

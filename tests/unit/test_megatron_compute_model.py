@@ -1,0 +1,94 @@
+"""The megatron trainer at the GPU's dtypes on CPU: bf16 compute params over fp32 main params, no autocast.
+
+A case: tiny GLM-5 (sigmoid router with expert bias, MoE layer 3), rolled out in bf16, trained with a
+bf16 compute dtype over fp32 master weights, as `rlsmoke run --platform nvidia` does.
+A run: one GRPO step and a sync, with CUDA autocast's policy for `sum` (fp32 out of bf16 in) forced
+onto CPU autocast. CPU autocast keeps `sum` in bf16, which is why CI never saw a trainer built in
+fp32 and run under autocast crash in megatron-core's routing (`index_put_`: Float vs BFloat16) as it
+did on the H200.
+Gates: the run completes without autocast ever turning on; the GPTModel holds bf16 parameters, an
+fp32 expert bias and routes in fp32; the main parameters are fp32; the sync is exact; train and
+rollout log-probs agree within the H200 gate of the same dtypes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from rlsmoke.engine import megatron
+
+pytestmark = [
+    pytest.mark.cpu,
+    pytest.mark.skipif(not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"),
+]
+
+CASE_NAME = "glm5-744b-a40b-4layer"
+SUMS = {torch.sum, torch.Tensor.sum}
+
+
+class CudaAutocastSum(TorchFunctionMode):
+    """CUDA autocast runs `sum` in fp32; CPU autocast does not. While CPU autocast is on, give `sum`
+    CUDA's result dtype, and count the calls made under autocast."""
+
+    def __init__(self):
+        super().__init__()
+        self.under_autocast = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SUMS and torch.is_autocast_enabled("cpu"):
+            self.under_autocast += 1
+            x = args[0]
+            if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) and "dtype" not in kwargs:
+                return func(x.float(), *args[1:], **kwargs)
+        return func(*args, **kwargs)
+
+
+def _config(**changes):
+    from rlsmoke.engine.config import RunConfig
+
+    return RunConfig(case=CASE_NAME, tiny=True, trainer="megatron", rollout_dtype="bfloat16", compute_dtype="bfloat16",
+                     n_prompts=1, n_samples=4, max_response_len=8, **changes)  # fmt: skip
+
+
+def test_the_megatron_trainer_steps_at_the_gpu_dtypes_without_autocast(tmp_path):
+    from rlsmoke.engine.run import execute
+    from rlsmoke.runkey import RunKey
+    from rlsmoke.thresholds import lookup_gates
+
+    cfg = _config()
+    mode = CudaAutocastSum()
+    with mode:
+        summary = execute(cfg, tmp_path)  # the old trainer raised here, in topk_routing_with_score_function
+    assert mode.under_autocast == 0
+    assert summary["dtype"] == {"rollout": "bfloat16", "train": "float32", "compute": "bfloat16"}
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    step0, step1 = (s["metrics"] for s in steps if s["kind"] == "step")
+    assert step0["sync/mismatched_params"] == 0
+    # the H200 gate of the same dtypes (tiny GLM-5): what the GPU run will be held to
+    h200 = RunKey(CASE_NAME, "nvidia", "H200", "builtin", "bfloat16/float32", "tiny")
+    bound = {g.name: g.bound for g in lookup_gates(h200)}["logprob_abs_diff"]
+    for step in (step0, step1):  # before the update, and after the sync
+        assert 0 < step["train/train_rollout_logprob_abs_diff"] < bound
+
+
+def test_the_gptmodel_is_built_in_bf16_with_an_fp32_router_over_fp32_main_params():
+    from rlsmoke.checkpoints import prepare
+    from rlsmoke.engine.megatron.trainer import MegatronTrainWorker
+
+    cfg = _config()
+    trainer = MegatronTrainWorker(cfg, prepare(CASE_NAME, tiny=True)).trainer
+    gpt = trainer.gpt
+    assert gpt.config.bf16 and gpt.config.params_dtype == torch.bfloat16
+    assert gpt.config.moe_router_dtype == "fp32"
+    assert {p.dtype for p in gpt.parameters()} == {torch.bfloat16}
+    biases = {n: b for n, b in gpt.named_buffers() if n.endswith("router.expert_bias")}
+    assert biases and all(b.dtype == torch.float32 for b in biases.values())
+    assert {p.dtype for p in trainer.master.parameters()} == {torch.float32}
+    # the main params are the unrounded checkpoint values; the compute copy is them in bf16
+    differ = sum(not torch.equal(p.float(), m) for p, m in trainer._pairs)
+    assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in trainer._pairs) and differ > 0
