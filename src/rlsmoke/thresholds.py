@@ -160,14 +160,28 @@ class Gates:
 def read_entries(directory: Path) -> list[tuple[Path, dict]]:
     entries = []
     for path in sorted(Path(directory).glob("*.json")):
-        doc = json.loads(path.read_text())
-        if doc.get("schema_version") != SCHEMA_VERSION or "entries" not in doc:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RlsmokeError(f"thresholds={path} cannot be read ({exc})", rule="thresholds.json",
+                               fix="make it readable, or move it out of the thresholds folder") from None  # fmt: skip
+        except json.JSONDecodeError as exc:
+            raise RlsmokeError(f"thresholds={path} is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+                               rule="thresholds.json",
+                               fix="fix the file (`rlsmoke calibrate DIR --write FILE` writes a valid one)") from None  # fmt: skip
+        if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or "entries" not in doc:
+            doc = doc if isinstance(doc, dict) else {}
             raise RlsmokeError(
                 f"thresholds={path} has schema_version={doc.get('schema_version')!r}",
                 rule="thresholds.schema",
                 fix=f"write schema_version {SCHEMA_VERSION} with an entries list",
             )
-        for entry in doc["entries"]:
+        for entry in doc["entries"] if isinstance(doc["entries"], list) else [None]:
+            if not (isinstance(entry, dict) and isinstance(entry.get("key", {}), dict)
+                    and isinstance(entry.get("gates"), list)):  # fmt: skip
+                raise RlsmokeError(f"thresholds={path} has an entry that is not {{key: {{...}}, gates: [...]}}: "
+                                   f"{json.dumps(entry)[:80]}", rule="thresholds.schema",
+                                   fix="write each entry as an object with a key object and a gates list")  # fmt: skip
             unknown = set(entry) - {"key", "gates", "provenance", "note"}
             unknown |= set(entry.get("key", {})) - set(KEY_FIELDS)
             if unknown:
@@ -180,12 +194,22 @@ def read_entries(directory: Path) -> list[tuple[Path, dict]]:
     return entries
 
 
-def gate_from_spec(spec: dict, entry_provenance: dict) -> Gate:
+def gate_from_spec(spec: dict, entry_provenance: dict, source: Path | str = "") -> Gate:
+    where = f"thresholds={source}: " if source else ""
+    if not isinstance(spec, dict):
+        raise RlsmokeError(f"{where}gate {spec!r} is not an object", rule="thresholds.schema",
+                           fix="write each gate as {name, metric, op, bound}")  # fmt: skip
     unknown = set(spec) - {"name", "metric", "op", "bound", "reduce", "max_observed", "provenance"}
-    if unknown:
+    missing = [k for k in ("name", "metric", "op", "bound") if k not in spec]
+    if unknown or missing:
         raise RlsmokeError(
-            f"gate {spec.get('name')!r} has unknown fields {sorted(unknown)}", rule="thresholds.schema"
-        )
+            f"{where}gate {spec.get('name')!r} has " + "; ".join(
+                ([f"unknown fields {sorted(unknown)}"] if unknown else []) + ([f"no {', '.join(missing)}"] if missing else [])),
+            rule="thresholds.schema", fix="write each gate as {name, metric, op, bound} (reduce, provenance optional)",
+        )  # fmt: skip
+    if isinstance(spec["bound"], bool) or not isinstance(spec["bound"], (int, float)):
+        raise RlsmokeError(f"{where}gate {spec['name']!r} has bound={spec['bound']!r}, not a number",
+                           rule="thresholds.schema", fix="write the bound as a number")  # fmt: skip
     own = spec.get("provenance")
     if own is None:
         p = entry_provenance
@@ -210,6 +234,15 @@ def thresholds_dirs() -> list[Path]:
             raise RlsmokeError(f"RLSMOKE_THRESHOLDS_DIR={d} is not a folder", rule="thresholds.dir",
                                fix="point it at a folder of thresholds *.json files (`rlsmoke calibrate --write`)")  # fmt: skip
     return [*extra, THRESHOLDS_DIR]
+
+
+def check_thresholds() -> None:
+    """Every thresholds file a run reads, parsed and each of its gates built: a broken file is refused
+    before a run, not after it (`rlsmoke run` calls this before anything loads)."""
+    for directory in thresholds_dirs():
+        for path, entry in read_entries(directory):
+            for spec in entry["gates"]:
+                gate_from_spec(spec, entry.get("provenance", {}), path)
 
 
 def same_key(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
@@ -244,5 +277,5 @@ def lookup_gates(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
                 "point RLSMOKE_THRESHOLDS_DIR at FILE's folder",
         )
     path, entry = best
-    gates = tuple(gate_from_spec(g, entry.get("provenance", {})) for g in entry["gates"])
+    gates = tuple(gate_from_spec(g, entry.get("provenance", {}), path) for g in entry["gates"])
     return Gates(gates, key, str(path))

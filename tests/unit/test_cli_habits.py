@@ -92,3 +92,11 @@ def test_fixes_name_flags_not_python_arguments(tmp_path):
     again = rlsmoke_cli("prepare", GLM5, "--tiny", "--out", str(out), "--no-progress")
     assert again.returncode == 2 and "[checkpoint.exists]" in again.stderr and "--force" in again.stderr
     assert not re.search(r"\w+=(True|False)", again.stderr), again.stderr
+
+
+@pytest.mark.parametrize("num_gpus, head", [("8", None), ("16", "10.1.2.3")])
+def test_plan_no_proxy_names_each_address_once(num_gpus, head):
+    out = rlsmoke_cli("plan", GLM5, "--platform", "nvidia", "--num-gpus", num_gpus, *(["--head-addr", head] if head else []))
+    no_proxy = next(line for line in out.stdout.splitlines() if line.startswith("export no_proxy="))
+    hosts = no_proxy.split("=", 1)[1].split(",")
+    assert len(hosts) == len(set(hosts)) and hosts[0] == "127.0.0.1" and (head is None or head in hosts), no_proxy

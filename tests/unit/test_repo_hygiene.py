@@ -23,9 +23,11 @@ def test_nothing_committed_where_a_venv_goes():
     assert tracked == []
 
 
-@pytest.mark.parametrize("path", ["rlsmoke-runs/glm5-744b-a40b-4layer/run.log", ".venv/bin/python", "artifacts/x"])
+@pytest.mark.parametrize("path", ["rlsmoke-runs/glm5-744b-a40b-4layer/20260101-120000/run.log", ".venv/bin/python",
+                                  ".venv", "artifacts/x"])  # fmt: skip
 def test_what_a_run_writes_is_ignored(path):
-    """`rlsmoke run`'s default --out, a venv, the suite's artifacts: none shows up in `git status`."""
+    """`rlsmoke run`'s default --out, a venv (and tox's `.venv` file), the suite's artifacts: none shows up in
+    `git status`."""
     assert _git("check-ignore", "--no-index", "-q", path).returncode == 0, f"{path} is not ignored"
 
 

@@ -1,23 +1,19 @@
-"""How `rlsmoke run` ends when it cannot finish: bad --out, a corrupt --checkpoint, a SIGTERM.
+"""How `rlsmoke run` ends when it cannot finish: bad --out, a used --out, a corrupt --checkpoint.
 
-Bad input is one `error:` line and exit 2 (the cause also in run.log when there is one); a SIGTERM
-stops the Ray cluster the run started, writes "interrupted" to run.log and exits 143.
+Bad input is one `error:` line and exit 2 (the cause also in run.log when there is one). Interrupts:
+test_run_signals.py; inputs refused before loading: test_bad_inputs.py.
 """
 
-import os
-import signal
+import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from procs import alive, descendants
 
 from rlsmoke.errors import ExitCode
 
 CASE = "glm4.5-355b-a32b-4layer"
-INTERRUPTED = 143  # 128 + SIGTERM, as the README's exit-code table says
 
 
 def rlsmoke_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -55,33 +51,33 @@ def test_a_truncated_shard_is_one_error_line_and_in_run_log(tmp_path):
     assert shard.name in log.splitlines()[-1] and "error:" in log.splitlines()[-1], log
 
 
-def test_sigterm_during_an_async_run_stops_ray_and_says_interrupted(tmp_path):
-    pytest.importorskip("ray")
+def test_an_out_with_an_earlier_run_is_refused_unless_overwrite(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--mode", "async",
-                             "--num-gpus", "2", "--num-rollout", "8", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while "rollout 0:" not in ((out / "run.log").read_text() if (out / "run.log").exists() else ""):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the async run never reached its first rollout"
-            time.sleep(0.2)
-        started = descendants(proc.pid)
-        assert started, "the async run started no Ray processes"
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == INTERRUPTED, (proc.returncode, stderr[-3000:])
-    assert "Traceback" not in stderr and "SIGTERM" in stderr
-    assert stderr.strip().splitlines()[-1].startswith("error: interrupted"), stderr[-3000:]
-    assert (out / "run.log").read_text().splitlines()[-1].split("] ", 1)[1].startswith("interrupted")
-    deadline = time.monotonic() + 30
-    while [p for p in started if alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not [p for p in started if alive(p)], "Ray processes outlived the run"
-    with pytest.raises(ProcessLookupError):
-        os.killpg(proc.pid, 0)
+    out.mkdir()
+    earlier = '{"verdict": "PASS"}\n'
+    (out / "summary.json").write_text(earlier)
+    err = _one_error_line(rlsmoke_run("--out", str(out)))
+    assert "[run.out_used]" in err and "summary.json" in err and "--overwrite" in err, err
+    assert (out / "summary.json").read_text() == earlier and not (out / "run.log").exists()
+
+    (out / "run.log").write_text("an earlier run\n")
+    proc = rlsmoke_run("--out", str(out), "--overwrite")
+    assert proc.returncode == ExitCode.OK, proc.stderr[-3000:]
+    log = (out / "run.log").read_text()
+    assert "an earlier run" not in log and (out / "summary.json").read_text() != earlier
+    # run.log keeps what the terminal showed: the header that names the trainer, the gates, the verdict
+    header = next(line for line in proc.stdout.splitlines() if line.startswith(CASE))
+    assert "trainer=fsdp" in header and header in log, log
+    table = proc.stdout[proc.stdout.index("\ngate ") + 1 : proc.stdout.index("\nverdict: ")].splitlines()
+    assert len(table) > 5 and all(row in log.splitlines() for row in table), log
+    assert log.splitlines()[-1] == "verdict: PASS", log
+
+
+def test_the_default_out_is_a_new_folder_per_run(tmp_path):
+    from rlsmoke.engine.cli import default_out
+
+    first = default_out(CASE, tmp_path)
+    assert first.parent == tmp_path / CASE and re.fullmatch(r"\d{8}-\d{6}", first.name), first
+    first.mkdir(parents=True)
+    second = default_out(CASE, tmp_path)
+    assert second != first and second.parent == first.parent and not second.exists()

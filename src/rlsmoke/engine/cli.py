@@ -2,26 +2,35 @@
 with --records-only the caller gates).
 
 Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing checkpoint and OOM),
-3 the run broke (NaN, a crashed worker), 143 stopped by SIGTERM (130 by Ctrl-C): the workers and the
-Ray cluster the run started are stopped and run.log ends with "interrupted".
+3 the run broke (NaN, a crashed worker, any unexpected exception: its traceback goes to run.log),
+143 stopped by SIGTERM (130 by Ctrl-C): the workers and the Ray cluster the run started are stopped
+and run.log ends with "interrupted".
 """
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import contextlib
+import importlib
+import os
 import signal
 import sys
+import threading
+import time
+import traceback
 from pathlib import Path
 
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, RunConfig, dtype_name, parse_inject
+from rlsmoke.engine.data import prompt_rows
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 from rlsmoke.metrics import seed_records, update_summary
 from rlsmoke.platforms import detect, get_platform
 from rlsmoke.recipe import BatchShape
 from rlsmoke.repeats import SeedVerdicts
 from rlsmoke.runkey import RunKey, default_dtype
-from rlsmoke.thresholds import Verdict, lookup_gates
+from rlsmoke.thresholds import Verdict, check_thresholds, lookup_gates
 from rlsmoke.topology import plan_topology
 
 
@@ -65,6 +74,10 @@ def register(subparsers) -> None:
                    help="samples per prompt, the GRPO group (default on GPUs: seed 004's 8; on CPU: 4)")
     g.add_argument("--max-response-len", type=int, default=None,
                    help="response cap in tokens (default on GPUs: seed 004's 100; on CPU: 16, for speed)")
+    g.add_argument("--rollout-batch", default="auto", choices=("auto", "group", "rank", "length"),
+                   help="generate calls: rank, a rank's groups in one call, left-padded; group, one call per group; "
+                        "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
+                        "model with KDA layers, which left padding would pass through)")
     g.add_argument("--reward", default="target", help="target (dense, for untrained models) | math")
     g.add_argument("--gradient-checkpointing", action="store_true")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
@@ -84,7 +97,11 @@ def register(subparsers) -> None:
                         "--trainer megatron)")
     g.add_argument("--records-only", action="store_true",
                    help="write the metrics and summary, gate nothing: the caller gates (the suite does)")  # fmt: skip
-    g.add_argument("--out", type=Path, default=None, help="artifacts folder (default: ./rlsmoke-runs/CASE)")
+    g.add_argument("--out", type=Path, default=None,
+                   help="artifacts folder; one that holds an earlier run's records is refused unless --overwrite "
+                        "(default: a new ./rlsmoke-runs/CASE/YYYYmmdd-HHMMSS)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the records (run.log, metrics.jsonl, summary.json) of an earlier run in --out")
     p.set_defaults(func=handler)
 
 
@@ -93,7 +110,8 @@ def config_from_args(args):
     platform = get_platform(args.platform or detect().platform)
     tiny = args.tiny if args.tiny is not None else platform.name == "cpu"
     case = case_from_args(args, tiny=tiny)
-    topo = plan_topology(case.spec(), platform.name, case.num_gpus, case.mode, dict(case.overrides),
+    spec = case.spec()  # resolved once here; the config carries its own (RunConfig.spec)
+    topo = plan_topology(spec, platform.name, case.num_gpus, case.mode, dict(case.overrides),
                          gpus_per_node=case.gpus_per_node, target=case.target)  # fmt: skip
     if topo.mode == "async" and (topo.actor_gpus, topo.rollout_gpus) != (1, BUILTIN_ASYNC_GPUS - 1):
         raise RlsmokeError(f"mode=async with {topo.actor_gpus} train + {topo.rollout_gpus} rollout GPUs: the built-in "
@@ -118,47 +136,123 @@ def config_from_args(args):
         train_dtype=dtype_name(args.train_dtype, "--train-dtype"), rollout_temperature=args.rollout_temperature,
         compute_dtype=dtype_name(args.compute_dtype, "--compute-dtype") if args.compute_dtype else None,
         inject=parse_inject(args.inject), num_rollout=args.num_rollout,
-        n_prompts=args.n_prompts or default_shape.n_prompts(topo.mode, topo.num_gpus),
-        n_samples=args.n_samples or default_shape.n_samples,
-        max_response_len=args.max_response_len or default_shape.max_response_len, reward=args.reward,
+        # a flag given as 0 is refused by validate(), never replaced by the default
+        n_prompts=_given(args.n_prompts, default_shape.n_prompts(topo.mode, topo.num_gpus)),
+        n_samples=_given(args.n_samples, default_shape.n_samples),
+        max_response_len=_given(args.max_response_len, default_shape.max_response_len), reward=args.reward,
         compute_path=args.compute_path,
         gradient_checkpointing=args.gradient_checkpointing, offload=args.offload, checkpoint=args.checkpoint,
         launcher=args.launcher_label or ("builtin-megatron" if args.trainer == "megatron" else "builtin"),
-        trainer=args.trainer,
+        trainer=args.trainer, rollout_batch=args.rollout_batch,
         **({"prompt_data": args.prompt_data} if args.prompt_data else {}),
     )  # fmt: skip
     if args.repeat < 1:
         raise RlsmokeError(f"repeat={args.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
     cfg.validate()
+    prompt_rows(cfg.prompt_data, cfg.n_prompts)  # read again by the run: a bad file is refused here, not there
+    if not args.records_only:  # gated here after the run: a broken thresholds file is refused before it
+        check_thresholds()
     if platform.name != "cpu":
         from rlsmoke.memory import check_run_fits, offload_needed
 
         if cfg.offload is None:
-            cfg = cfg.replace(offload=offload_needed(cfg, case.spec()))
-        check_run_fits(cfg, case.spec())  # a run that cannot fit is refused here, not by an OOM after loading
+            cfg = cfg.replace(offload=offload_needed(cfg, spec))
+        check_run_fits(cfg, spec)  # a run that cannot fit is refused here, not by an OOM after loading
     return cfg
 
 
-def writable_out(out: Path) -> Path:
-    """--out as a folder this process can write, made now: a bad one is bad input, not a traceback."""
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+RECORDS = ("run.log", "metrics.jsonl", "summary.json")  # what a run writes into --out
+
+
+def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
+    """A new folder per run, so that no run replaces an earlier one: rlsmoke-runs/CASE/YYYYmmdd-HHMMSS."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = runs / case / stamp, 1
+    while out.exists():
+        n += 1
+        out = runs / case / f"{stamp}-{n}"
+    return out
+
+
+def writable_out(out: Path, *, overwrite: bool = False) -> Path:
+    """--out as a folder this process can write, made now: a bad one is bad input, not a traceback. An
+    earlier run's records there are kept unless --overwrite, which removes them first."""
     if out.exists() and not out.is_dir():
         raise RlsmokeError(f"--out {out} is a file, not a folder", rule="run.out",
-                           fix="pass --out a new or existing folder (default ./rlsmoke-runs/CASE)")  # fmt: skip
+                           fix="pass --out a new or existing folder (default: a new ./rlsmoke-runs/CASE/TIME)")  # fmt: skip
+    earlier = [name for name in RECORDS if (out / name).exists()]
+    if earlier and not overwrite:
+        raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})", rule="run.out_used",
+                           fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
     try:
         out.mkdir(parents=True, exist_ok=True)
+        for name in earlier:
+            (out / name).unlink()
         probe = out / ".rlsmoke-write-probe"
         probe.touch()
         probe.unlink()
     except OSError as exc:
         raise RlsmokeError(f"--out {out} cannot be written ({exc.strerror or exc})", rule="run.out",
-                           fix="pass --out a folder you can write (default ./rlsmoke-runs/CASE)") from None  # fmt: skip
+                           fix="pass --out a folder you can write (default: a new ./rlsmoke-runs/CASE/TIME)") from None  # fmt: skip
     return out
 
 
-def _on_sigterm(signum, frame) -> None:
-    # Once: a second SIGTERM during the cleanup must not cut it short (SIGKILL still ends everything).
+# The import machinery's frames: an interrupt raised inside an import leaves half a module behind, which
+# the importer may swallow (torch imports numpy under a bare try) or trip over later ("cannot load module
+# more than once"). Such an interrupt waits until the import is over.
+_IMPORT_FRAMES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+
+
+def _inside_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename in _IMPORT_FRAMES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_RECEIVED: list[int] = []  # the signal that stopped the run: Ray's wait re-raises it as a bare KeyboardInterrupt
+
+
+def _on_signal(signum, frame) -> None:
+    if _inside_import(frame):
+        threading.Thread(target=_deliver_after_import, args=(signum,), daemon=True).start()
+        return
+    # Once: a second signal during the cleanup must not cut it short (SIGKILL still ends everything).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _RECEIVED.append(signum)
     raise Interrupted(signum)
+
+
+def _deliver_after_import(signum: int) -> None:
+    main = threading.main_thread().ident
+    while _inside_import(sys._current_frames().get(main)):
+        time.sleep(0.02)
+    _thread.interrupt_main(signum)  # the handler again, in the main thread, now outside the import
+
+
+class CommandLog:
+    """What the command itself adds to the run's run.log, after the engine closed it: the interrupt or
+    crash that cut the run short, and the gates. Lines are timed from the process's start."""
+
+    def __init__(self, out: Path, started: float):
+        self.path, self.started = out / "run.log", started
+
+    def __call__(self, text: str, *, block: str = "") -> None:
+        with self.path.open("a") as f:
+            f.write(f"[{time.perf_counter() - self.started:7.2f}s] {text}\n" + (block + "\n" if block else ""))
+
+    def interrupted(self, exc: KeyboardInterrupt) -> None:
+        """Unless the engine said so already: an interrupt before the run began, or after it ended."""
+        name = signal.Signals(exc.signum).name if isinstance(exc, Interrupted) else "SIGINT"
+        last = self.path.read_text().rstrip().splitlines()[-1:] if self.path.exists() else []
+        if not (last and f"] interrupted by {name}" in last[0]):
+            self(f"interrupted by {name}")
 
 
 def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
@@ -192,25 +286,99 @@ def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
     return verdict, seeds
 
 
-def handler(args) -> int:
-    cfg = config_from_args(args)
-    out = writable_out(args.out or Path("rlsmoke-runs") / cfg.case)
-    # Set before Ray starts: the async placement keeps it over Ray's own (which aborts with a stack dump).
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    from rlsmoke.engine.run import execute  # torch and transformers load here, after validation
+def _process_started() -> float:
+    """When this process began, on the perf_counter clock (Linux: from /proc, so the interpreter's start
+    counts as `time` counts it); elsewhere, now."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.perf_counter() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter()
 
+
+def handler(args) -> int:
+    started = _process_started()
+    _RECEIVED.clear()
+    # Before anything starts: the async placement keeps these over Ray's own (which aborts with a stack
+    # dump); once the records and the verdict are written, the caller's come back.
+    before = {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _handle(args, started)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def _handle(args, started: float) -> int:
+    cfg = config_from_args(args)
+    out = writable_out(args.out or default_out(cfg.case), overwrite=args.overwrite)
+    log = CommandLog(out, started)
+    try:
+        return _run_and_gate(cfg, args, out, log, started)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
+        if _RECEIVED and getattr(exc, "signum", None) != _RECEIVED[0]:
+            exc = Interrupted(_RECEIVED[0])
+        log.interrupted(exc)
+        raise exc from None
+    except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
+        if log.path.exists() and exc.one_line() not in log.path.read_text():
+            log(f"error: {exc.one_line()}")
+        raise
+    except Exception as exc:  # a bug: exit 3, never 1 (a gate failed); the traceback goes to run.log
+        log("error: [run.crashed] the run raised an unexpected exception", block=traceback.format_exc().rstrip())
+        cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
+        print(f"error: [run.crashed] {cause}. Traceback in {log.path}", file=sys.stderr)
+        return ExitCode.RUN_FAILED
+
+
+def _load_engine(cfg: RunConfig, log: CommandLog):
+    """The engine, after validation, and what it would import lazily (the case's modeling code, the
+    tokenizers, Ray). Nothing has started yet, so an interrupt meanwhile ends the process at once
+    rather than in the middle of an import (which would leave half a module behind)."""
+
+    def exit_now(signum, frame):
+        log.interrupted(Interrupted(signum))
+        print(f"error: interrupted by {signal.Signals(signum).name}; nothing had started yet", file=sys.stderr,
+              flush=True)  # fmt: skip
+        os._exit(128 + signum)
+
+    handlers = {signum: signal.signal(signum, exit_now) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        from rlsmoke.engine.run import describe_timing, execute  # torch and transformers
+
+        kind = cfg.spec.hf_model_type
+        lazy = ["transformers.models.auto.tokenization_auto", f"transformers.models.{kind}.modeling_{kind}"]
+        for name in lazy + (["ray", "ray.util.placement_group"] if cfg.mode == "async" else []):
+            with contextlib.suppress(ImportError):  # the engine says what is missing, where it needs it
+                importlib.import_module(name)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return describe_timing, execute
+
+
+def _run_and_gate(cfg: RunConfig, args, out: Path, log: CommandLog, started: float) -> int:
+    describe_timing, execute = _load_engine(cfg, log)
     try:
         summary = execute(cfg, out, repeat=args.repeat)
     except RunError as exc:
         print(f"error: [{exc.rule}] {exc}. Artifacts: {out}", file=sys.stderr)
         return ExitCode.RUN_FAILED
-    print(f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} dtype={cfg.dtype_key} "
-          f"seed={cfg.seed} inject={cfg.inject} ({summary['seconds']:.1f} s)")  # fmt: skip
+    header = (f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} trainer={cfg.trainer} "
+              f"dtype={cfg.dtype_key} seed={cfg.seed} inject={cfg.inject} ({summary['seconds']:.1f} s run, "
+              f"{time.perf_counter() - started:.1f} s since the process began)")  # fmt: skip
+    timing = f"timing: {describe_timing(summary['timing'])}"
+    print(header)
+    print(timing)
     if args.records_only:
         print(f"records (not gated): {out}")
+        log(f"{header}; records only, not gated")
         return ExitCode.OK
     verdict, seeds = gate_run(out)
-    print(verdict.table() if len(seeds.seeds) == 1 else seeds.table())
+    table = verdict.table() if len(seeds.seeds) == 1 else seeds.table()
+    print(table)
+    log(f"{header}; gates of {verdict.source}:", block=table)
     if not verdict.passed:
         print(verdict.report(), file=sys.stderr)
     print(f"artifacts: {out}")

@@ -17,21 +17,46 @@ class Prompt:
     ids: tuple[int, ...] = ()
 
 
-def read_prompts(path: Path, n: int, seed: int) -> list[Prompt]:
-    """`n` prompts after a seeded shuffle (Miles' --rollout-shuffle), without tokenizing."""
+def prompt_rows(path: Path, n: int) -> list[dict]:
+    """The rows of a prompt file, each checked: JSON lines, each an object with a string prompt and a
+    label, at least `n` of them. No torch: `rlsmoke run` calls it before anything loads."""
     path = Path(path)
     if not path.is_file():
-        raise RlsmokeError(
-            f"prompt_data={path} is missing", rule="data.exists", fix="pass --prompt-data FILE.jsonl"
-        )
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    bad = [i for i, r in enumerate(rows) if not {"prompt", "label"} <= set(r)]
-    if bad or len(rows) < n:
-        raise RlsmokeError(
-            f"prompt_data={path} has {len(rows)} rows (need {n}, each with prompt and label; bad: {bad[:3]})",
-            rule="data.rows",
-            fix="fix the file or lower --n-prompts",
-        )
+        raise RlsmokeError(f"prompt_data={path} is missing{' (a folder)' if path.is_dir() else ''}",
+                           rule="data.exists", fix="pass --prompt-data FILE.jsonl")  # fmt: skip
+    fix = 'one JSON object per line: {"prompt": "...", "label": "..."}'
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RlsmokeError(f"prompt_data={path} cannot be read as UTF-8 text ({exc})", rule="data.jsonl",
+                           fix=fix) from None  # fmt: skip
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"prompt_data={path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RlsmokeError(f"{where} is not JSON ({exc.msg}): the file must be JSONL", rule="data.jsonl",
+                               fix=fix) from None  # fmt: skip
+        if not isinstance(row, dict):
+            raise RlsmokeError(f"{where} is not an object", rule="data.rows", fix=fix)
+        missing = [k for k in ("prompt", "label") if k not in row]
+        if missing:
+            raise RlsmokeError(f"{where} has no {', '.join(missing)}", rule="data.rows", fix=fix)
+        if not isinstance(row["prompt"], str):
+            raise RlsmokeError(f"{where}'s prompt is not a string", rule="data.rows", fix=fix)
+        rows.append(row)
+    if len(rows) < n:
+        raise RlsmokeError(f"prompt_data={path} has {len(rows)} rows, the run needs {n}", rule="data.rows",
+                           fix="add rows or lower --n-prompts")  # fmt: skip
+    return rows
+
+
+def read_prompts(path: Path, n: int, seed: int) -> list[Prompt]:
+    """`n` prompts after a seeded shuffle (Miles' --rollout-shuffle), without tokenizing."""
+    rows = prompt_rows(path, n)
     random.Random(seed).shuffle(rows)
     return [Prompt(r["prompt"], str(r["label"])) for r in rows[:n]]
 

@@ -23,7 +23,6 @@ from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.errors import RlsmokeError, RunError
-from rlsmoke.models import model_spec
 
 
 def _setup(threads: int | None) -> None:
@@ -53,7 +52,7 @@ def _where() -> dict:
 class TrainWorker:
     def __init__(self, cfg: RunConfig, ckpt: Path, threads: int | None = None):
         _setup(threads)
-        spec = model_spec(cfg.case, tiny=cfg.tiny)
+        spec = cfg.spec
         self.cfg = cfg
         model = load_policy(ckpt, spec, cfg.train_dtype, cfg.device)
         # Megatron's bf16 params: a compute copy loaded as the rollout engine loads its own (rlsmoke.engine.precision)
@@ -96,7 +95,7 @@ class TrainWorker:
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, threads: int | None = None):
         _setup(threads)
-        spec = model_spec(cfg.case, tiny=cfg.tiny)
+        spec = cfg.spec
         self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device)
         self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
@@ -291,9 +290,15 @@ class RayAsync:
 
     def close(self) -> None:
         """The driver leaves, then every process of the cluster ends (actors, raylet, agents, GCS)."""
+        from rlsmoke.engine.ray_cluster import held_signals
+
         try:
             if self.ray.is_initialized():
-                self.ray.shutdown()
+                sigterm = signal.getsignal(signal.SIGTERM)
+                with held_signals():  # Ray's shutdown resets SIGTERM to its default (death): the caller's comes back
+                    self.ray.shutdown()
+                    if sigterm is not None and threading.current_thread() is threading.main_thread():
+                        signal.signal(signal.SIGTERM, sigterm)
         finally:
             if self.cluster is not None:
                 self.cluster.stop()

@@ -245,7 +245,7 @@ def render_env(topo: Topology, paths: Paths, recipe: Recipe) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
-        "no_proxy": f"{LOOPBACK},{head_addr(topo, recipe)}",
+        "no_proxy": ",".join(dict.fromkeys((LOOPBACK, head_addr(topo, recipe)))),  # the head once, on one node
         "MASTER_ADDR": head_addr(topo, recipe),
         "PYTHONPATH": paths.megatron_root,
     }

@@ -1,0 +1,143 @@
+"""The Ray cluster of an async run: started so that it can be ended whole, at any moment.
+
+`ray.init(address="local")` in the run's own process starts the GCS, the raylet and its agents while
+Ray's own SIGTERM handler is installed (a SIGTERM then aborts with a stack dump), and an interrupt in
+the middle of it left the agents running, adopted by init. So a child process in a session of its own
+starts the cluster (the same loopback `ray.init`, its temp folder under one this module removes) and
+waits; the run connects to it as a driver, with SIGINT and SIGTERM held while Ray sets itself up.
+Stopping kills every process of that session by pid: Ray's workers take process groups of their own,
+but none leaves the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from rlsmoke.errors import RunError
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# The cluster's own process. It ends with the run even when the run is killed outright (Linux's
+# parent-death signal), reports the GCS address, then sleeps until it is ended.
+_HEAD = """
+import json, os, signal, sys, time
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+if sys.platform.startswith("linux"):
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(sys.argv[1]):
+        sys.exit(1)
+import ray
+ray.init(**json.loads(sys.argv[2]))
+print(json.dumps({"address": ray.get_runtime_context().gcs_address}), flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+@contextlib.contextmanager
+def held_signals():
+    """SIGINT and SIGTERM wait (in the main thread) until the block ends, then arrive as usual.
+
+    Threads and processes started inside inherit the mask: the cluster's head unblocks its own.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+class LocalCluster:
+    """A one-node Ray cluster on loopback, in its own session; `address` is what `ray.init` connects to."""
+
+    def __init__(self, *, num_cpus: int, num_gpus: int, timeout: float = 120):
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="rlsmoke-ray-"))
+        self.proc: subprocess.Popen | None = None
+        self.address = ""
+        options = {"address": "local", "num_cpus": num_cpus, "num_gpus": num_gpus, "include_dashboard": False,
+                   "_node_ip_address": "127.0.0.1", "_temp_dir": str(self.temp_dir), "log_to_driver": False,
+                   "configure_logging": False}  # fmt: skip
+        log = (self.temp_dir / "head.log").open("w")
+        try:
+            with held_signals():  # an interrupt now would leave a child that no one stops
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", _HEAD, str(os.getpid()), json.dumps(options)],
+                    stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
+                    # the driver's mode (unset means disabled to a driver given an address)
+                    env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")},
+                )  # fmt: skip
+            self.address = self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            log.close()
+
+    def _wait_ready(self, timeout: float) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = ""
+        while not line:  # the head prints one line once its cluster is up, or exits
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = (self.temp_dir / "head.log").read_text(errors="replace").strip().splitlines()[-5:]
+                raise RunError(f"the local Ray cluster did not start: {' | '.join(tail) or 'no output'}",
+                               rule="engine.ray_start")  # fmt: skip
+            if select.select([self.proc.stdout], [], [], 0.2)[0]:
+                line = self.proc.stdout.readline()
+        return json.loads(line)["address"]
+
+    def stop(self) -> None:
+        """End every process of the cluster's session and remove its temp folder; returns once none is left.
+
+        SIGKILL at once: nothing in a smoke run's cluster needs saving, and the head's own SIGTERM handler
+        (Ray's graceful drain) takes seconds.
+        """
+        if self.proc is not None:
+            while signal_session(self.proc.pid, signal.SIGKILL):
+                try:
+                    self.proc.wait(timeout=0.05)  # reaps the head; the others are init's to reap
+                    time.sleep(0.02)
+                except subprocess.TimeoutExpired:
+                    pass
+            self.proc.wait()
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            self.proc = None
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def signal_session(sid: int, sig: int) -> bool:
+    """Sends `sig` to every live process of session `sid`; False when none is left.
+
+    A zombie counts as ended: it only waits to be reaped (by init, which a container may not run).
+    """
+    if not Path("/proc/self/stat").exists():  # no /proc (macOS): the session leader's process group
+        try:
+            os.killpg(sid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    found = False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, _, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
+            if int(session) == sid and state != "Z":
+                found = True
+                os.kill(int(stat.parent.name), sig)
+        except (OSError, ValueError):
+            continue
+    return found

@@ -1,0 +1,109 @@
+"""Bad input to `rlsmoke run` is refused before anything loads: one `error:` line, exit 2, torch not
+imported and the --out folder not even made. A crash is exit 3 with its cause, never exit 1 (a gate).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlsmoke.errors import ExitCode
+
+CASE = "glm5-744b-a40b-4layer"
+# `rlsmoke run` in a fresh interpreter that says, on stdout, which heavy modules it had imported
+# when it returned: a refusal before loading imports none of them.
+CLI = ("import sys; from rlsmoke.cli import main; rc = main(sys.argv[1:]); "
+       "print('loaded:', sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)); sys.exit(rc)")
+
+
+def refused(tmp_path, *argv: str, env: dict | None = None) -> str:
+    """Runs `rlsmoke run CASE --platform cpu ARGV`; returns its one error line after checking how it ended."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", CLI, "run", CASE, "--platform", "cpu", "--out", str(out), *argv],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})  # fmt: skip
+    err = proc.stderr.strip()
+    assert proc.returncode == ExitCode.USAGE, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith("error: ["), err
+    assert "loaded: []" in proc.stdout, proc.stdout  # refused before torch, transformers or Ray loaded
+    assert not out.exists(), "a refused run must write nothing"
+    return err
+
+
+@pytest.mark.parametrize("flag, rule", [("--n-samples", "n_samples=0"), ("--n-prompts", "n_prompts"),
+                                        ("--max-response-len", "max_response_len")])  # fmt: skip
+def test_a_zero_batch_size_is_refused_not_replaced_by_the_default(tmp_path, flag, rule):
+    err = refused(tmp_path, flag, "0")
+    assert "[run.config]" in err and rule in err and flag in err, err
+
+
+def test_prompt_data_that_is_not_jsonl_is_refused(tmp_path):
+    text = tmp_path / "prompts.txt"
+    text.write_text("What is 7 + 5?\nCompute 9 * 8.\n")
+    err = refused(tmp_path, "--prompt-data", str(text))
+    assert "[data.jsonl]" in err and f"{text}:1" in err and "JSON" in err, err
+
+
+@pytest.mark.parametrize("rows, named", [([{"oops": 1}] * 8, ":1 has no prompt, label"),
+                                         ([{"prompt": 7, "label": "1"}] * 8, ":1's prompt is not a string"),
+                                         ([[1, 2]] * 8, ":1 is not an object")])  # fmt: skip
+def test_prompt_rows_without_prompt_and_label_are_refused(tmp_path, rows, named):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    err = refused(tmp_path, "--prompt-data", str(data))
+    assert "[data.rows]" in err and named in err and str(data) in err, err
+
+
+def test_too_few_prompt_rows_are_refused(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 7 + 5?", "label": "12"}) + "\n")
+    err = refused(tmp_path, "--prompt-data", str(data), "--n-prompts", "2")
+    assert "[data.rows]" in err and "has 1 rows" in err and "--n-prompts" in err, err
+
+
+def test_missing_prompt_data_is_refused(tmp_path):
+    err = refused(tmp_path, "--prompt-data", str(tmp_path / "nowhere.jsonl"))
+    assert "[data.exists]" in err, err
+
+
+def test_a_thresholds_folder_with_malformed_json_is_refused(tmp_path):
+    folder = tmp_path / "thresholds"
+    folder.mkdir()
+    (folder / "cluster.json").write_text('{"schema_version": 1, "entries": [')
+    err = refused(tmp_path, env={"RLSMOKE_THRESHOLDS_DIR": str(folder)})
+    assert "[thresholds.json]" in err and str(folder / "cluster.json") in err, err
+
+
+def test_a_thresholds_gate_without_a_bound_is_refused(tmp_path):
+    folder = tmp_path / "thresholds"
+    folder.mkdir()
+    entry = {"key": {"case": CASE}, "gates": [{"name": "kl", "metric": "train/train_rollout_kl", "op": "<="}]}
+    (folder / "cluster.json").write_text(json.dumps({"schema_version": 1, "entries": [entry]}))
+    err = refused(tmp_path, env={"RLSMOKE_THRESHOLDS_DIR": str(folder)})
+    assert "[thresholds.schema]" in err and "bound" in err and "cluster.json" in err, err
+
+
+def test_a_missing_thresholds_dir_is_refused(tmp_path):
+    err = refused(tmp_path, env={"RLSMOKE_THRESHOLDS_DIR": str(tmp_path / "nonexistent")})
+    assert "[thresholds.dir]" in err and "nonexistent" in err, err
+
+
+def test_a_crash_is_exit_3_with_its_cause_never_exit_1(tmp_path, monkeypatch, capsys):
+    """A bug in the engine (planted here: no shipped path should raise it) must not read as a failed gate."""
+    import rlsmoke.engine.run
+    from rlsmoke.cli import main
+
+    def broken_engine(cfg, out, *, repeat=1):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.log").write_text("[   0.01s] config: ...\n")
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(rlsmoke.engine.run, "execute", broken_engine)
+    out = tmp_path / "out"
+    assert main(["run", CASE, "--platform", "cpu", "--out", str(out)]) == ExitCode.RUN_FAILED
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: [run.crashed]"), err
+    assert "ZeroDivisionError: float division by zero" in err and str(out / "run.log") in err, err
+    log = (out / "run.log").read_text()
+    assert "Traceback" in log and log.rstrip().splitlines()[-1].endswith("ZeroDivisionError: float division by zero")

@@ -1,0 +1,98 @@
+"""An async run (Ray actors) interrupted at any moment: SIGTERM exits 143, SIGINT 130, run.log ends with
+"interrupted", and no process of the run outlives it by more than 5 s.
+
+One run per moment: while torch loads (before Ray), while Ray's cluster starts (the raylet's agents
+are coming up; once per signal), while the actors load the model (the run waits on them, as it does
+between rollouts). The processes checked are
+every descendant seen until the signal, and every process of their sessions: the Ray cluster runs in
+a session of its own, so a process it starts late is caught too.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from procs import alive, descendants, stat_fields
+
+CASE = "glm5-744b-a40b-4layer"
+OUTLIVE_S = 5.0
+# the raylet's agents, as they start (python .../agent.py) and once retitled (ray::DashboardAgent)
+AGENT = re.compile(r"^(ray::\w*Agent|\S*python\S* .*(dashboard/agent\.py|runtime_env/agent/main\.py))")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _live_in_sessions(sids: set[int]) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_fields(stat.parent.name)
+        except OSError:
+            continue
+        if int(fields[3]) in sids and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _moment_reached(moment: str, out: Path, seen: dict[int, str]) -> bool:
+    if moment == "torch loading":  # --out is made after validation, just before torch is imported
+        return out.is_dir()
+    if moment == "ray starting":
+        return any(AGENT.match(cmd) for cmd in seen.values())
+    return any(cmd.startswith(("ray::TrainWorker", "ray::RolloutWorker")) for cmd in seen.values())
+
+
+# SIGTERM while the actors load: Ray's wait re-raises it as a bare KeyboardInterrupt, which must not read as SIGINT
+@pytest.mark.parametrize("moment, sig", [("torch loading", signal.SIGINT), ("ray starting", signal.SIGINT),
+                                         ("ray starting", signal.SIGTERM), ("actors loading", signal.SIGTERM)])  # fmt: skip
+def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_path, moment, sig):
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--mode", "async",
+                             "--num-gpus", "2", "--num-rollout", "8", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    seen: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while not _moment_reached(moment, out, seen):
+            seen |= {pid: _cmdline(pid) or seen.get(pid, "") for pid in descendants(proc.pid)}
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"the async run never reached {moment}"
+            time.sleep(0.05)
+        if moment == "torch loading":
+            time.sleep(0.5)
+        seen |= {pid: _cmdline(pid) or seen.get(pid, "") for pid in descendants(proc.pid)}
+        sessions = {proc.pid} | {int(stat_fields(pid)[3]) for pid in seen if alive(pid)}
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    ended = time.monotonic()
+    assert proc.returncode == 128 + sig, (proc.returncode, stderr[-3000:])
+    assert "Traceback" not in stderr and "Fatal Python error" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith(f"error: interrupted by {sig.name}"), stderr[-3000:]
+    last = (out / "run.log").read_text().splitlines()[-1]
+    assert last.split("] ", 1)[1].startswith(f"interrupted by {sig.name}"), last
+    if moment != "torch loading":
+        assert any("raylet" in cmd or "gcs_server" in cmd for cmd in seen.values()), "no Ray process was seen"
+    while time.monotonic() < ended + OUTLIVE_S:
+        left = [pid for pid in seen if alive(pid)] + _live_in_sessions(sessions)
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"outlived the run by {OUTLIVE_S} s: {[_cmdline(pid)[:120] for pid in left]}"
+    # Ray's temp folder (session_*, sockets, logs) went with the cluster
+    temp_dirs = {m.group(1) for cmd in seen.values() for m in [re.search(r"(/\S*/rlsmoke-ray-[^/\s]+)/", cmd)] if m}
+    assert not [d for d in temp_dirs if Path(d).exists()], temp_dirs
