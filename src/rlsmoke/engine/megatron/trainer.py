@@ -38,7 +38,7 @@ from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.train import _checksums, token_logprobs
 from rlsmoke.errors import RlsmokeError, RunError
-from rlsmoke.models import ModelSpec, model_spec
+from rlsmoke.models import ModelSpec
 
 
 class HFStyle(torch.nn.Module):
@@ -290,7 +290,7 @@ class MegatronTrainWorker:
                                rule="engine.megatron", fix="pip install 'rlsmoke[megatron]'")  # fmt: skip
         if threads:
             torch.set_num_threads(threads)
-        self.cfg, self.spec = cfg, model_spec(cfg.case, tiny=cfg.tiny)
+        self.cfg, self.spec = cfg, cfg.spec
         self.par = Parallel()
         self.defect = cfg.inject.kind if cfg.inject.kind.startswith("bridge-") else None
         if not tdist.is_initialized():
