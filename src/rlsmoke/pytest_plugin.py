@@ -23,6 +23,11 @@ MARKERS = (
     "slow: takes more than a few seconds on a CPU host",
 )
 
+# torch's threads per engine process on a host without GPUs, where every case runs at the tiny width
+# (hidden size 256): one thread computes it as fast as two, and two spin-wait for each other whenever
+# anything else holds a core (a tiny run: 1.3 s per seed at 1 thread, 12-25 s at 2, 2 cores under load 3-4).
+TINY_THREADS = 1
+
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
 
@@ -61,11 +66,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    if workers > 1:  # xdist: W workers each running torch on every core oversubscribe the CPU W times
-        from rlsmoke.platforms import share_cores
-
-        share_cores(workers)
     n = config.getoption("num_gpus", None)
     env = os.environ.get("NUM_GPUS")
     if n is None and env:
@@ -76,10 +76,24 @@ def pytest_configure(config: pytest.Config) -> None:
     if n is not None and n < 0:  # 0 means "no GPUs": the CPU cases run, the GPU ones skip with a reason
         raise pytest.UsageError(f"--num-gpus={n} must be >= 0. Adjust --num-gpus or NUM_GPUS")
     config.option.num_gpus = n
+    _hold_threads(config)
     if config.getoption("launcher", "builtin") == "miles" and config.getoption("miles_root"):
         root = Path(config.getoption("miles_root"))
         if not root.is_dir():
             raise pytest.UsageError(f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)")
+
+
+def _hold_threads(config: pytest.Config) -> None:
+    """Torch's threads for this session and the engine processes it launches (a variable the user set is kept)."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    cpu_host = _host(config).platform == "cpu"
+    if workers == 1 and not cpu_host:
+        return
+    from rlsmoke.platforms import share_cores
+
+    if cpu_host:  # the budget share_cores divides (OMP_NUM_THREADS leads the other variables there too)
+        os.environ.setdefault("OMP_NUM_THREADS", str(TINY_THREADS))
+    share_cores(workers)  # xdist: W workers each running torch on every core oversubscribe the CPU W times
 
 
 def _host(config: pytest.Config):

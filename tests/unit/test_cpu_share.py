@@ -8,9 +8,12 @@ import os
 
 import pytest
 
+from rlsmoke.platforms import detect
+
 pytest_plugins = ["pytester"]
 
 CORES = len(os.sched_getaffinity(0))
+HOST = detect()
 THREADS_TEST = """
 import os, torch
 
@@ -27,13 +30,27 @@ def no_thread_vars(monkeypatch):
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_each_xdist_worker_gets_its_share_of_the_cores(pytester, no_thread_vars, workers):
+    """On a GPU host (named, since this one may have none): a CPU host's share is the tiny one below."""
     pytest.importorskip("xdist")
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     pytester.makepyfile(test_threads=THREADS_TEST)
-    result = pytester.runpytest_subprocess("-n", str(workers), "-rP")
+    gpu_platform = HOST.platform if HOST.platform != "cpu" else "nvidia"
+    result = pytester.runpytest_subprocess("-n", str(workers), "-rP", "--platform", gpu_platform, "--num-gpus", "0")
     result.assert_outcomes(passed=1)
     share = max(1, CORES // workers)
     result.stdout.fnmatch_lines([f"*THREADS {share} {share} {share}*"])
+
+
+@pytest.mark.skipif(HOST.platform != "cpu", reason="the tiny thread count is a CPU host's")
+def test_on_a_cpu_host_a_serial_session_runs_the_tiny_thread_count_too(pytester, no_thread_vars):
+    """Two threads on a tiny model spin-wait for each other whenever anything else holds a core."""
+    from rlsmoke.pytest_plugin import TINY_THREADS
+
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.makepyfile(test_threads=THREADS_TEST)
+    result = pytester.runpytest_subprocess("-rP")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*THREADS {TINY_THREADS} {TINY_THREADS} {TINY_THREADS}*"])
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 cores: the user's count must differ from the share")

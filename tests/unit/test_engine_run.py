@@ -112,15 +112,16 @@ def test_ray_async_places_actors_on_separate_bundles_and_stops_its_cluster(tmp_p
     assert not ray.is_initialized()
 
 
-# (case, RunConfig changes): the calibrated configs of fixtures/thresholds/builtin.json
-FAMILIES = [("glm4.5-355b-a32b-4layer", {}), ("glm5.3-flash-4layer", {"n_prompts": 1, "max_response_len": 8})]
+# At the configs fixtures/thresholds/builtin.json was calibrated on (the defaults): Flash at 1 prompt of
+# 8 tokens measured a log-prob slope of -2.4e-06 against the bound 1.7e-06 on one CPU thread.
+FAMILIES = ["glm4.5-355b-a32b-4layer", "glm5.3-flash-4layer"]
 
 
-@pytest.mark.parametrize(("case", "changes"), FAMILIES, ids=[f[0] for f in FAMILIES])
-def test_other_families_run_and_pass_cheaply(case, changes, tmp_path):
+@pytest.mark.parametrize("case", FAMILIES)
+def test_other_families_run_and_pass_cheaply(case, tmp_path):
     from rlsmoke.engine.run import execute
 
-    summary = execute(RunConfig(case=case, tiny=True, **changes), tmp_path)
+    summary = execute(RunConfig(case=case, tiny=True), tmp_path)
     assert "verdict" not in summary  # the engine records; its caller gates
     assert gate_run(tmp_path)[0].passed
 

@@ -1,0 +1,113 @@
+"""Rank processes: what a rank returns reaches its driver whole, a failing rank fails the call, and a
+rank forked from the fork server starts as a spawned one would (the driver's environment and output).
+
+The ranks are real processes under real gloo groups; nothing here needs a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+from rlsmoke.bridge.convert import Parallel
+from rlsmoke.engine.megatron import available
+
+needs_mcore = pytest.mark.skipif(
+    not available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"
+)
+UNPICKLE_DELAY_S = 1.0
+
+
+class ReadSlowly:
+    """Unpickles only after a pause: by then a rank that returned it has exited."""
+
+    def __reduce__(self):
+        return _read_slowly, ()
+
+
+def _read_slowly():
+    time.sleep(UNPICKLE_DELAY_S)
+    return ReadSlowly()
+
+
+def _tensors_then_exit(rank, par):
+    return ReadSlowly(), torch.full((4, 3), float(rank)), {"state": torch.arange(6).view(2, 3) + rank}
+
+
+def _fail_or_wait(rank, par, failing):
+    """Rank `failing` raises; the others wait as in a collective whose peer never comes."""
+    import torch.distributed as dist
+
+    if rank == failing:
+        raise ValueError(f"rank {rank} refuses")
+    if failing >= 0:
+        time.sleep(600)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _die(rank, par):
+    if rank == 1:
+        os._exit(7)
+    return rank
+
+
+@needs_mcore
+def test_tensors_a_rank_returns_outlive_the_rank():
+    """Received after the ranks have exited: torch's shared-memory handles would point at nothing."""
+    from rlsmoke.engine.megatron.dist import run_ranks
+
+    results = run_ranks(_tensors_then_exit, Parallel(tp=2))
+    for rank, (_, filled, state) in enumerate(results):
+        assert torch.equal(filled, torch.full((4, 3), float(rank)))
+        assert torch.equal(state["state"], torch.arange(6).view(2, 3) + rank)
+
+
+@needs_mcore
+def test_a_failing_rank_fails_the_call_and_stops_the_rank_waiting_for_it(monkeypatch):
+    from rlsmoke.engine.megatron import dist
+
+    monkeypatch.setattr(dist, "RANK_GRACE_S", 2.0)  # how long the driver waits for the others once one failed
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as failed:
+        dist.run_ranks(_fail_or_wait, Parallel(tp=2), 1)
+    assert time.monotonic() - start < 60, "the driver waited on a rank stuck in a collective"
+    assert "ValueError: rank 1 refuses" in str(failed.value)
+    assert "rank 0: stopped after another rank failed" in str(failed.value)
+    assert dist.run_ranks(_fail_or_wait, Parallel(tp=2), -1) == [2.0, 2.0]  # the twin: no rank fails
+
+
+@needs_mcore
+def test_a_rank_that_dies_is_named_with_its_exit_code():
+    from rlsmoke.engine.megatron.dist import run_ranks
+
+    with pytest.raises(RuntimeError, match=r"rank 1: died \(exit code 7\)"):
+        run_ranks(_die, Parallel(tp=2))
+
+
+def _report(conn):
+    conn.send((os.environ.get("RLSMOKE_RANK_PROBE"), "torch" in sys.modules))
+    print(f"rank says {os.environ.get('RLSMOKE_RANK_PROBE')}", flush=True)
+    conn.close()
+
+
+def test_a_rank_starts_with_the_driver_s_environment_and_output_and_torch_already_imported(
+        tmp_path, monkeypatch, capfd):  # fmt: skip
+    from rlsmoke.engine.procs import rank_context
+
+    ctx = rank_context()
+    for probe in ("first", "second"):  # the second rank forks from a server started before the change
+        monkeypatch.setenv("RLSMOKE_RANK_PROBE", probe)
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_report, args=(writer,))
+        proc.start()
+        writer.close()
+        env, torch_loaded = reader.recv()
+        proc.join(30)
+        assert (env, torch_loaded, proc.exitcode) == (probe, True, 0)
+        assert f"rank says {probe}" in capfd.readouterr().out
