@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
-from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, RunConfig, dtype_name, parse_inject
+from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, ROLLOUT_BATCHES, RunConfig, dtype_name, parse_inject
 from rlsmoke.engine.data import prompt_rows
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 from rlsmoke.metrics import seed_records, update_summary
@@ -74,7 +74,7 @@ def register(subparsers) -> None:
                    help="samples per prompt, the GRPO group (default on GPUs: seed 004's 8; on CPU: 4)")
     g.add_argument("--max-response-len", type=int, default=None,
                    help="response cap in tokens (default on GPUs: seed 004's 100; on CPU: 16, for speed)")
-    g.add_argument("--rollout-batch", default="auto", choices=("auto", "group", "rank", "length"),
+    g.add_argument("--rollout-batch", default="auto", choices=ROLLOUT_BATCHES,
                    help="generate calls: rank, a rank's groups in one call, left-padded; group, one call per group; "
                         "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
                         "model with KDA layers, which left padding would pass through)")

@@ -21,6 +21,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 REWARDS = ("target", "math")
 COMPUTE_PATHS = ("params", "autocast")
+# The rollout's generate calls (engine.rollout.batch_for): auto; group, one per group; rank, one per rank,
+# the groups left-padded; length, one per prompt length (no padding through KDA's recurrent layers)
+ROLLOUT_BATCHES = ("auto", "group", "rank", "length")
 # name -> whether it takes a value (`rollout-noise=0.01`)
 INJECTIONS = {
     "temperature-mismatch": False,
@@ -189,8 +192,8 @@ class RunConfig:
         if self.compute_path not in COMPUTE_PATHS:
             problems.append(f"compute_path={self.compute_path!r} is unknown ({', '.join(COMPUTE_PATHS)}). "
                             "Adjust --compute-path")  # fmt: skip
-        if self.rollout_batch not in ("auto", "group", "rank", "length"):
-            problems.append(f"rollout_batch={self.rollout_batch!r} is unknown (auto, group, rank, length). "
+        if self.rollout_batch not in ROLLOUT_BATCHES:
+            problems.append(f"rollout_batch={self.rollout_batch!r} is unknown ({', '.join(ROLLOUT_BATCHES)}). "
                             "Adjust --rollout-batch")  # fmt: skip
         if self.reward not in REWARDS:
             problems.append(f"reward={self.reward!r} is unknown ({', '.join(REWARDS)}). Adjust --reward")

@@ -96,9 +96,6 @@ class LogprobRecorder(LogitsProcessor):
         return torch.stack(self.logprobs, dim=1)  # (n, R)
 
 
-# group: one generate call per group; rank: one per rank, the groups left-padded; length: one per prompt
-# length, no padding (for a model whose recurrent layers would carry the padding: KDA's linear attention)
-BATCHES = ("group", "rank", "length")
 # What left padding cannot pass through: the KDA layers' short convolution and recurrent state.
 NO_LEFT_PADDING = ("glm5.3-flash",)
 

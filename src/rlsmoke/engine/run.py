@@ -150,6 +150,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                 if r:
                     workers.restore_initial()
                     timing["restore_s"].append(time.perf_counter() - seed_start)
+                    moved_before = workers.move_seconds()  # the restore's own moves count in restore_s
                 torch.manual_seed(seed)
                 clock = PhaseClock()
                 run_lines = one_run(cfg, workers, prompts_of[seed], tokenizer, seed, log, clock)
@@ -157,7 +158,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
                 moved = workers.move_seconds()  # cumulative: this seed's are the difference
                 timing["seed_phases_s"].append(phase_seconds(clock.seconds, _minus(moved, moved_before)))
                 moved_before = moved
-                timing["phases_s"] = timing["seed_phases_s"][0]
+                timing["phases_s"] = timing["seed_phases_s"][0]  # the first seed pays first-use costs
                 log(f"timing: {describe_timing(timing)}")
                 if repeat > 1:
                     for line in run_lines:
@@ -232,8 +233,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
 
 
 def phase_seconds(called: dict[str, float], moved: dict[str, float]) -> dict[str, float]:
-    """The first seed's seconds by phase, each summed over its rollouts: the engine calls less the
-    offload moves they made, which are their own phase (`offload`)."""
+    """A seed's seconds by phase, each summed over its rollouts: the engine calls less the offload
+    moves they made, which are their own phase (`offload`)."""
     asked_by = {"rollout": "rollout", "forward_only": "train", "train_step": "step", "sync": "sync"}
     out = {phase: max(0.0, s - moved.get(asked_by[phase], 0.0)) for phase, s in called.items()}
     out["offload"] = sum(moved.values())
