@@ -83,10 +83,10 @@ class TrainWorker:
         return [(n, t.cpu()) for n, t in self.rollout_weights(None, TORCH_DTYPES[self.cfg.rollout_dtype])]
 
     def keep_initial(self) -> None:
-        self.trainer.keep_initial(narrow_for(self.cfg))
+        self.initial = reuse.InitialState(self.trainer, reuse.narrow_for(self.cfg))
 
     def restore_initial(self) -> None:
-        self.trainer.restore_initial()
+        self.initial.restore(self.trainer)
 
     def where(self) -> dict:
         return _where()
@@ -162,24 +162,23 @@ class Colocated:
 
     def keep_initial(self) -> None:
         """What a further seed of --repeat starts from (`engine.reuse`)."""
-        self.train.trainer.keep_initial(narrow_for(self.cfg))
-        model = self.rollout.model
-        self.rollout_kept = reuse.DerivedCopy(model, self.train.rollout_weights(model, TORCH_DTYPES[self.cfg.rollout_dtype]))
+        self.initial = reuse.InitialRun(self.train.trainer, self.rollout.model, self._rollout_weights,
+                                        reuse.narrow_for(self.cfg))  # fmt: skip
 
     def restore_initial(self) -> None:
         self.phases.enter("sync")  # the weight sync's residency: main weights and the rollout copy on the device
-        self.train.trainer.restore_initial()
-        model = self.rollout.model
-        self.rollout_kept.restore(model, self.train.rollout_weights(model, TORCH_DTYPES[self.cfg.rollout_dtype]))
+        self.initial.restore()
+
+    def _rollout_weights(self):
+        """The trainer's weights as the rollout copy holds them: what a sync loads."""
+        return self.train.rollout_weights(self.rollout.model, TORCH_DTYPES[self.cfg.rollout_dtype])
 
     def offload_state(self) -> list[dict]:
         return [self.phases.state()]
 
     def sync(self, *, skip: bool) -> dict[str, float]:
         self.phases.enter("sync")
-        dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
-        model = self.rollout.model
-        return sync.load_and_compare(model, self.train.rollout_weights(model, dtype), load=not skip)
+        return sync.load_and_compare(self.rollout.model, self._rollout_weights(), load=not skip)
 
     def close(self) -> None:
         pass
@@ -303,10 +302,6 @@ class RayAsync:
             if self.cluster is not None:
                 self.cluster.stop()
                 self.cluster = None
-
-
-def narrow_for(cfg: RunConfig) -> torch.dtype | None:
-    return reuse.narrow_dtype(TORCH_DTYPES[cfg.rollout_dtype], TORCH_DTYPES[cfg.train_dtype])
 
 
 def train_worker(cfg: RunConfig, ckpt: Path):

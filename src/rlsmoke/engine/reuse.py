@@ -135,6 +135,23 @@ def _compute_from_master(trainer):
     return ((names[id(p)], main.detach().to(p.dtype)) for p, main in trainer._pairs)
 
 
-def narrow_dtype(rollout_dtype: torch.dtype, train_dtype: torch.dtype) -> torch.dtype | None:
+class InitialRun:
+    """A colocated worker's starting point: its trainer's, and its rollout copy's, rebuilt from the main
+    weights the way the weight sync rebuilds it (`rollout_weights()`: name, tensor pairs)."""
+
+    def __init__(self, trainer, rollout_model: torch.nn.Module, rollout_weights, narrow: torch.dtype | None):
+        self.trainer, self.rollout_model, self.rollout_weights = trainer, rollout_model, rollout_weights
+        self.train = InitialState(trainer, narrow)
+        self.rollout = DerivedCopy(rollout_model, rollout_weights())
+
+    def restore(self) -> None:
+        self.train.restore(self.trainer)
+        self.rollout.restore(self.rollout_model, self.rollout_weights())
+
+
+def narrow_for(cfg) -> torch.dtype | None:
     """The dtype a main weight may be kept in: the rollout's when it is narrower than the train dtype."""
-    return rollout_dtype if rollout_dtype.itemsize < train_dtype.itemsize else None
+    from rlsmoke.engine.model import TORCH_DTYPES
+
+    rollout, train = TORCH_DTYPES[cfg.rollout_dtype], TORCH_DTYPES[cfg.train_dtype]
+    return rollout if rollout.itemsize < train.itemsize else None

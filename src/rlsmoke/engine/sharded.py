@@ -142,14 +142,11 @@ class Rank:
         return dict(self.phases.move_seconds)
 
     def keep_initial(self) -> None:
-        narrow = reuse.narrow_dtype(TORCH_DTYPES[self.cfg.rollout_dtype], TORCH_DTYPES[self.cfg.train_dtype])
-        self.trainer.keep_initial(narrow)
-        self.rollout_kept = reuse.DerivedCopy(self.rollout_model, self.full_weights())
+        self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.full_weights, reuse.narrow_for(self.cfg))
 
     def restore_initial(self) -> None:
         self.phases.enter("sync")  # the gather below needs the shards on the device
-        self.trainer.restore_initial()
-        self.rollout_kept.restore(self.rollout_model, self.full_weights())
+        self.initial.restore()
 
     def offload_state(self) -> dict:
         return self.phases.state()

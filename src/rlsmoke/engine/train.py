@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from rlsmoke.engine import grpo, precision, reuse
+from rlsmoke.engine import grpo, precision
 from rlsmoke.engine.rollout import Group
 from rlsmoke.errors import RunError
 
@@ -28,6 +28,38 @@ def token_logprobs(model, group: Group, temperature: float = 1.0) -> tuple[torch
     logp = logp_all.gather(-1, tokens[:, group.prompt_len :, None])[..., 0]  # (n, R)
     entropy = -(logp_all.exp() * logp_all).sum(-1)  # (n, R)
     return logp, entropy
+
+
+# The per-token sums a step reports, each divided by the step's token count (Miles' train/ keys).
+STEP_SUMS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "kl_loss")
+
+
+def group_loss(logp, entropy, mask, old_lp, adv, *, eps_clip: float, eps_clip_high: float,
+               entropy_coef: float) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    """One group's token-summed loss (PPO clip less the entropy bonus; a KL term is the caller's) and its
+    contributions to the step's sums. All tensors (n, R) on the loss's device but adv (n,)."""
+    loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp, adv, mask, eps_clip, eps_clip_high)
+    loss = loss_tok.sum() - entropy_coef * (entropy * mask).sum()
+    sums = {"pg_loss": loss_tok.sum().item(), "pg_clipfrac": clipped.sum().item(), "ppo_kl": ppo_kl.sum().item(),
+            "entropy_loss": (entropy.detach() * mask).sum().item()}  # fmt: skip
+    return loss, sums
+
+
+def require_finite(loss: torch.Tensor, group: Group) -> None:
+    if not torch.isfinite(loss):
+        raise RunError(f"loss is {loss.item()} on group {group.prompt_index}", rule="train.finite_loss")
+
+
+def step_metrics(sums: dict[str, float], total_tokens: float, *, grad_norm: float, lr: float, changed: float,
+                 count: float) -> dict[str, float]:  # fmt: skip
+    """A step's metrics under Miles' keys: per-token means of the sums, the grad norm before clipping,
+    and the fraction of parameters the update changed."""
+    metrics = {f"train/{k}": v / total_tokens for k, v in sums.items()}
+    metrics["train/loss"] = metrics["train/pg_loss"]
+    metrics["train/grad_norm"] = grad_norm
+    metrics["train/lr"] = lr
+    metrics["train/updated_params_frac"] = changed / count
+    return metrics
 
 
 def set_dropout(model, p: float) -> None:
@@ -62,13 +94,6 @@ class Trainer:
         fused = all(p.device.type == "cuda" and not hasattr(p, "device_mesh") for p in params)
         self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
-    def keep_initial(self, narrow: torch.dtype | None) -> None:
-        """Keep the state a seed starts from (`engine.reuse`)."""
-        self._initial = reuse.InitialState(self, narrow)
-
-    def restore_initial(self) -> None:
-        self._initial.restore(self)
-
     @torch.no_grad()
     def forward_only(self, groups: list[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The old log-probs and entropies, eval mode, no graph: what Miles' compute_log_prob does."""
@@ -89,28 +114,24 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         device = next(self.model.parameters()).device
         total_tokens = sum(g.mask.sum() for g in groups).clamp(min=1).item()
-        sums = {"pg_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "entropy_loss": 0.0, "kl_loss": 0.0}
+        sums = dict.fromkeys(STEP_SUMS, 0.0)
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)  # (n, R)
             with self.autocast():
                 logp, entropy = token_logprobs(self.model, g, self.temperature)  # (n, R) each
-            loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp.to(device), adv.to(device), mask,
-                                                         self.eps_clip, self.eps_clip_high)  # fmt: skip
-            loss = loss_tok.sum() - self.entropy_coef * (entropy * mask).sum()
+            loss, group_sums = group_loss(logp, entropy, mask, old_lp.to(device), adv.to(device), eps_clip=self.eps_clip,
+                                          eps_clip_high=self.eps_clip_high, entropy_coef=self.entropy_coef)  # fmt: skip
             if self.kl_coef:
                 with torch.no_grad():
                     ref_lp, _ = token_logprobs(self.ref_model, g, self.temperature)
                 kl = grpo.k3(logp, ref_lp) * mask
                 loss = loss + self.kl_coef * kl.sum()
                 sums["kl_loss"] += kl.sum().item()
-            if not torch.isfinite(loss):
-                raise RunError(f"loss is {loss.item()} on group {g.prompt_index}", rule="train.finite_loss")
+            require_finite(loss, g)
             (loss / total_tokens).backward()
             precision.accumulate_grads(self._pairs)
-            sums["pg_loss"] += loss_tok.sum().item()
-            sums["pg_clipfrac"] += clipped.sum().item()
-            sums["ppo_kl"] += ppo_kl.sum().item()
-            sums["entropy_loss"] += (entropy.detach() * mask).sum().item()
+            for k, v in group_sums.items():
+                sums[k] += v
         params = [p for p in self.master.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(
             params, self.grad_clip
@@ -124,19 +145,15 @@ class Trainer:
             raise RunError(
                 f"grad_norm is {grad_norm}; first non-finite grad in {bad}", rule="train.finite_grads"
             )
-        before = _checksums(self.master)
+        before = checksums(self.master)
         self.optimizer.step()
         precision.refresh(self._pairs)
-        changed = sum(1 for name, s in _checksums(self.master).items() if s != before[name])
+        changed = sum(1 for name, s in checksums(self.master).items() if s != before[name])
         if changed == 0:
             raise RunError("the optimizer step changed no parameter", rule="train.update_applied")
         self.model.eval()
-        metrics = {f"train/{k}": v / total_tokens for k, v in sums.items()}
-        metrics["train/loss"] = metrics["train/pg_loss"]
-        metrics["train/grad_norm"] = grad_norm
-        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["train/updated_params_frac"] = changed / len(before)
-        return metrics
+        return step_metrics(sums, total_tokens, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
+                            changed=changed, count=len(before))  # fmt: skip
 
 
 # Elements summed at a time: a float64 copy of a whole expert tensor would be a transient as large as
@@ -145,7 +162,7 @@ CHECKSUM_CHUNK = 1 << 24
 
 
 @torch.no_grad()
-def _checksums(model) -> dict[str, float]:
+def checksums(model) -> dict[str, float]:
     # A float64 sum sees a 1e-6 update without keeping a second copy of the weights. Under FSDP2 the
     # parameters are DTensor shards: each rank sums its shard, one all-reduce adds them up.
     names, sums, sharded = [], [], False

@@ -33,10 +33,17 @@ from types import SimpleNamespace
 import torch
 
 from rlsmoke.bridge.convert import Parallel, hf_to_megatron, megatron_to_hf, shard, unshard
-from rlsmoke.engine import grpo, reuse
+from rlsmoke.engine import precision
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.model import TORCH_DTYPES
-from rlsmoke.engine.train import _checksums, token_logprobs
+from rlsmoke.engine.train import (
+    STEP_SUMS,
+    checksums,
+    group_loss,
+    require_finite,
+    step_metrics,
+    token_logprobs,
+)
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import ModelSpec
 
@@ -79,10 +86,10 @@ class MainParams(torch.nn.Module):
         self.params = torch.nn.ParameterList([torch.nn.Parameter(t) for t in tensors])
 
 
-def _groups():
+def _dp_group():
     from megatron.core import parallel_state
 
-    return parallel_state.get_data_parallel_group(), parallel_state.get_expert_model_parallel_world_size()
+    return parallel_state.get_data_parallel_group()
 
 
 class MegatronTrainer:
@@ -106,14 +113,6 @@ class MegatronTrainer:
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, betas=betas,
                                            weight_decay=weight_decay, fused=fused or None)  # fmt: skip
 
-    def keep_initial(self, narrow: torch.dtype | None) -> None:
-        """Keep the state a seed starts from (`engine.reuse`): --repeat restores it in place."""
-        self._initial = reuse.InitialState(self, narrow)
-
-    def restore_initial(self) -> None:
-        self.ddp.zero_grad_buffer()
-        self._initial.restore(self)
-
     @torch.no_grad()
     def forward_only(self, groups):
         """The old log-probs and entropies, eval mode, no graph (no autocast: the params are the dtype)."""
@@ -133,7 +132,7 @@ class MegatronTrainer:
 
         from rlsmoke.engine.megatron.model import device_shim
 
-        dp_group, _ = _groups()
+        dp_group = _dp_group()
         self.model.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad(set_to_none=True)
@@ -141,22 +140,17 @@ class MegatronTrainer:
         device = torch.device(self.comm_device)
         [total_tokens] = self._sum([float(sum(g.mask.sum() for g in groups))], dp_group)
         total_tokens = max(total_tokens, 1.0)
-        keys = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "kl_loss")
-        sums = dict.fromkeys(keys, 0.0)
+        sums = dict.fromkeys(STEP_SUMS, 0.0)
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)
             logp, entropy = token_logprobs(self.model, g, self.temperature)
-            loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp.to(device), adv.to(device), mask,
-                                                         self.eps_clip, self.eps_clip_high)  # fmt: skip
-            loss = loss_tok.sum() - self.entropy_coef * (entropy * mask).sum()
-            if not torch.isfinite(loss):
-                raise RunError(f"loss is {loss.item()} on group {g.prompt_index}", rule="train.finite_loss")
+            loss, group_sums = group_loss(logp, entropy, mask, old_lp.to(device), adv.to(device), eps_clip=self.eps_clip,
+                                          eps_clip_high=self.eps_clip_high, entropy_coef=self.entropy_coef)  # fmt: skip
+            require_finite(loss, g)
             with device_shim(self.comm_device):  # SP's backward asks megatron-core's device too
                 (loss / total_tokens).backward()
-            sums["pg_loss"] += loss_tok.sum().item()
-            sums["pg_clipfrac"] += clipped.sum().item()
-            sums["ppo_kl"] += ppo_kl.sum().item()
-            sums["entropy_loss"] += (entropy.detach() * mask).sum().item()
+            for k, v in group_sums.items():
+                sums[k] += v
         with device_shim(self.comm_device):
             finalize_model_grads([self.ddp])  # DP reduction, SP norms across TP
         for i, (p, main) in enumerate(self._pairs):
@@ -171,27 +165,17 @@ class MegatronTrainer:
             for main in self.master.parameters():
                 if main.grad is not None:
                     main.grad.mul_(coef)
-        before = _checksums(self.master)
+        before = checksums(self.master)
         self.optimizer.step()
-        self.refresh()
-        after = _checksums(self.master)
+        precision.refresh(self._pairs)
+        after = checksums(self.master)
         changed, count = self._sum([float(sum(after[n] != before[n] for n in before)), float(len(before))])
         if changed == 0:
             raise RunError("the optimizer step changed no parameter", rule="train.update_applied")
         self.model.eval()
-        totals = self._sum([sums[k] for k in keys], dp_group)
-        metrics = {f"train/{k}": v / total_tokens for k, v in zip(keys, totals, strict=True)}
-        metrics["train/loss"] = metrics["train/pg_loss"]
-        metrics["train/grad_norm"] = grad_norm
-        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["train/updated_params_frac"] = changed / count
-        return metrics
-
-    @torch.no_grad()
-    def refresh(self) -> None:
-        """The compute copy from the updated main parameters, rounded to its dtype."""
-        for p, main in self._pairs:
-            p.copy_(main)
+        totals = dict(zip(STEP_SUMS, self._sum([sums[k] for k in STEP_SUMS], dp_group), strict=True))
+        return step_metrics(totals, total_tokens, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
+                            changed=changed, count=count)  # fmt: skip
 
     @torch.no_grad()
     def _grad_norm(self) -> float:
