@@ -10,7 +10,7 @@ import pytest
 from rlsmoke.engine import megatron
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.placement import Colocated
-from rlsmoke.engine.run import execute
+from rlsmoke.engine.run import execute, phase_seconds
 
 CASE = "glm5-744b-a40b-4layer"
 SHAPE = {"n_prompts": 2, "n_samples": 2, "max_response_len": 6}
@@ -42,6 +42,7 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(layout, tmp_path):
     assert len(timing["per_seed_s"]) == 2 and len(timing["restore_s"]) == 1
     assert {"rollout", "forward_only", "train_step", "sync", "offload"} <= timing["phases_s"].keys()
     assert timing["load_s"] > 0
+    assert (timing["phases_s"]["offload"] > 0) == cfg.offload_active  # the moves are timed where they happen
     assert repeated["parallel"] | {"dp": 0} == {"tp": 1, "ep": 1, "pp": 1, "cp": 1, "dp": 0, "sp": False}
     assert repeated["parallel"]["dp"] == cfg.num_gpus  # the executed layout: data parallel over the ranks
 
@@ -53,3 +54,10 @@ def test_without_the_restore_seed_1_starts_from_trained_weights(tmp_path, monkey
     execute(cfg.replace(seed=1), tmp_path / "fresh")
 
     assert _seed_lines(tmp_path / "repeat", 1) != _seed_lines(tmp_path / "fresh")
+
+
+def test_a_phase_is_its_calls_less_the_offload_moves_they_made():
+    called = {"rollout": 5.0, "forward_only": 2.0, "train_step": 3.0, "sync": 1.0}
+    moved = {"rollout": 1.0, "train": 0.5, "step": 0.25, "sync": 0.125}
+    assert phase_seconds(called, moved) == {"rollout": 4.0, "forward_only": 1.5, "train_step": 2.75, "sync": 0.875,
+                                            "offload": 1.875}  # fmt: skip
