@@ -10,13 +10,13 @@ ms per step, generated tokens/s. Sampling is seeded, so each option's tokens are
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 
 import torch
 
 from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.model import checkpoint_dir, load_policy, load_tokenizer
+from rlsmoke.engine.rollout import keep_grouped_experts
 from rlsmoke.models import model_spec
 from rlsmoke.shipped import FIXTURES
 
@@ -24,13 +24,6 @@ from rlsmoke.shipped import FIXTURES
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def keep_grouped_mm(model):
-    """transformers switches grouped_mm experts to batched_mm for decode on a GPU; this keeps grouped_mm."""
-    if hasattr(model, "_optimize_model_for_decode"):
-        model._optimize_model_for_decode = contextlib.nullcontext
-    return model
 
 
 def per_group(model, prompts, n, tokens, eos, pad):
@@ -85,7 +78,7 @@ def main() -> None:
     for option in args.options.split(","):
         shape, _, kernel = option.partition("+")
         if kernel == "grouped_mm":
-            keep_grouped_mm(model)
+            keep_grouped_experts(model)
         elif decode_switch is not None:
             model._optimize_model_for_decode = decode_switch
         fn = {"per_group": per_group, "one_call": one_call}[shape]
