@@ -30,6 +30,7 @@ TINY_THREADS = 1
 
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
+_WARM = pytest.StashKey["object"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,6 +62,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="mark passing runs as trusted baselines for the history band (default off)")
     g.addoption("--run-timeout", type=float, default=None, metavar="S",
                 help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)")
+    g.addoption("--cold-runs", action="store_true", default=False,
+                help="start each CPU run as a fresh interpreter instead of forking it from the session's warm one "
+                     "(default off: forked)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -109,6 +113,51 @@ def _host(config: pytest.Config):
                         0 if forced == "cpu" else (config.getoption("num_gpus") or 0))  # fmt: skip
         config.stash[_HOST] = host
     return config.stash[_HOST]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the warm run server as soon as a selected test will launch a run: it imports while others run."""
+    config = session.config
+    if config.getoption("cold_runs", False) or _host(config).platform != "cpu":
+        return
+    if any("artifacts" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("skip")
+           for item in session.items):  # fmt: skip
+        _warm_server(config)
+
+
+def _warm_server(config: pytest.Config):
+    """The session's `launch.warm.WarmServer` on a CPU host (an outer session's, when nested); else None.
+
+    GPU runs take minutes, where the interpreter's start-up is noise, and must not inherit a process's
+    CUDA state: they are never forked.
+    """
+    if config.getoption("cold_runs", False) or _host(config).platform != "cpu":
+        return None
+    if _WARM not in config.stash:
+        from rlsmoke.launch.runner import clean_env
+        from rlsmoke.launch.warm import SERVER_VAR, WarmServer
+
+        server = None
+        if os.environ.get(SERVER_VAR):
+            try:
+                server = WarmServer.attach(os.environ[SERVER_VAR])
+            except OSError:  # the outer session's server is gone: start our own
+                server = None
+        if server is None:
+            server = WarmServer.start(clean_env())
+            os.environ[SERVER_VAR] = server.socket_path  # a nested session (pytester) forks from it too
+        config.stash[_WARM] = server
+    return config.stash[_WARM]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = config.stash.get(_WARM, None)
+    if server is not None and server.proc is not None:  # ours, not an outer session's
+        from rlsmoke.launch.warm import SERVER_VAR
+
+        if os.environ.get(SERVER_VAR) == server.socket_path:
+            del os.environ[SERVER_VAR]
+        server.stop()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -225,7 +274,7 @@ def artifacts(request: pytest.FixtureRequest, rlsmoke_host, rlsmoke_ports, gpu_l
         lease=gpu_lease, ports=rlsmoke_ports, timeout=config.getoption("run_timeout"),
         update_golden=config.getoption("update_golden"), history=Path(history) if history else None,
         trusted=config.getoption("history_trusted"), history_shadow=config.getoption("history_shadow"),
-        commit=_commit(config) if history else "unknown",
+        commit=_commit(config) if history else "unknown", warm=_warm_server(config),
         record_property=record_property,
     )  # fmt: skip
 

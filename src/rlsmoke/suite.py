@@ -75,7 +75,7 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
         argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
                             checkpoint=checkpoint, trainer=art.trainer)  # fmt: skip
         result = runner.run(argv, env=runner.clean_env(env), log=art.path / "pytest-run.log", timeout=timeout,
-                            echo=echo)  # fmt: skip
+                            echo=echo, warm=art.warm)  # fmt: skip
         if result.returncode == 2:
             raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
                                fix=f"see {result.log}")  # fmt: skip

@@ -7,12 +7,18 @@ instead from multiprocessing's fork server, which imports those modules once per
 but import, so there is no thread pool, CUDA context or process group for a fork to inherit: ranks
 may still use GPUs. What a spawned rank gets from its driver at start and a fork of the server would
 not, it is handed: the driver's environment and its stdout/stderr as of the rank's start.
+
+CPU ranks of a driver that holds nothing a fork could break (one Python thread, torch on one thread,
+so no OpenMP team, and no CUDA) fork from the driver itself: no server to start, which is most of a
+tiny CPU run's ranks' start (the driver is often itself a fork of `launch.warm`'s server).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+import threading
 from multiprocessing import context as mp_context
 from multiprocessing import reduction
 
@@ -27,9 +33,6 @@ HEAVY_MODULES = (
     "transformers.models.glm5_next.modeling_glm5_next",
     "megatron.core",
     "megatron.core.models.gpt",
-    "rlsmoke.engine.sharded",
-    "rlsmoke.engine.megatron.model",
-    "rlsmoke.engine.megatron.trainer",
 )
 
 
@@ -76,17 +79,41 @@ class RankContext(mp_context.ForkServerContext):
     Process = RankProcess
 
 
-def server_preload() -> list[str]:
-    """What the fork server imports: the heavy modules the driver has imported itself."""
-    return [SERVER_SETUP, *(name for name in HEAVY_MODULES if name in sys.modules)]
+def server_preload(rank_modules: tuple[str, ...] = ()) -> list[str]:
+    """What the fork server imports: the heavy modules and the ranks' own that the driver has imported."""
+    return [SERVER_SETUP, *(name for name in (*HEAVY_MODULES, *rank_modules) if name in sys.modules)]
 
 
-def rank_context() -> RankContext:
+def _import_if_installed(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except ImportError:  # megatron-core is an optional extra
+        pass
+
+
+def fork_is_safe() -> bool:
+    """Nothing in this process that a fork would copy half-way: other threads, an OpenMP team, CUDA."""
+    torch = sys.modules.get("torch")
+    if threading.active_count() != 1:
+        return False
+    return torch is None or (torch.get_num_threads() == 1 and not torch.cuda.is_initialized())
+
+
+def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> mp_context.BaseContext:
     """The multiprocessing context rank processes start from (Process, Pipe, ... as `get_context` gives).
 
-    The preload takes effect when the server starts, at the driver's first rank; a server already
-    running keeps what it imported.
+    `rank_modules`: the caller's modules that its ranks run (megatron-core's are imported only for
+    those under `rlsmoke.engine.megatron`). `cpu_only`: the ranks use no GPU, so they fork from the
+    driver where that is safe, after the driver has imported what they will: once per driver, not
+    once per rank and call. Otherwise the fork server's preload takes effect when it starts, at the
+    driver's first rank; a server already running keeps what it imported.
     """
+    if cpu_only and fork_is_safe():
+        megatron = any(name.startswith("rlsmoke.engine.megatron") for name in rank_modules)
+        for name in (*HEAVY_MODULES, *rank_modules):
+            if megatron or not name.startswith("megatron"):
+                _import_if_installed(name)
+        return mp_context._default_context.get_context("fork")
     ctx = RankContext()
-    ctx.set_forkserver_preload(server_preload())
+    ctx.set_forkserver_preload(server_preload(rank_modules))
     return ctx

@@ -199,7 +199,7 @@ class Sharded:
                 fix=f"use --n-prompts {self.world * max(1, cfg.n_prompts // self.world)}",
             )  # fmt: skip
         port = int(os.environ.get("MASTER_PORT") or free_port())
-        ctx = rank_context()  # forked from a server that imported torch once
+        ctx = rank_context(cpu_only=cfg.device == "cpu", rank_modules=(__name__,))  # no fresh import of torch
         self.conns, self.procs = [], []
         for rank in range(self.world):
             parent, child = ctx.Pipe()

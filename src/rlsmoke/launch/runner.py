@@ -121,10 +121,15 @@ def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
 
 
 class Process:
-    """One launched command in its own session, tee'd to `log`. Use as a context manager."""
+    """One launched command in its own session, tee'd to `log`. Use as a context manager.
+
+    With `warm` (a `launch.warm.WarmServer`), a command the server accepts is forked from it instead
+    of spawned: the same run without the interpreter's start-up.
+    """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
-                 token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S):  # fmt: skip
+                 token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S,
+                 warm=None):  # fmt: skip
         self.grace = grace
         self.argv = tuple(str(a) for a in argv)
         self.token = token or uuid.uuid4().hex
@@ -134,11 +139,14 @@ class Process:
         self._logf.write(f"$ {' '.join(self.argv)}\n")
         self._logf.flush()
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.argv, env={**env, TOKEN_VAR: self.token}, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-            start_new_session=True,
-        )  # fmt: skip
+        env = {**env, TOKEN_VAR: self.token}
+        if warm is not None and warm.accepts(self.argv, env):
+            self.proc = warm.fork(self.argv, env, cwd)
+        else:
+            self.proc = subprocess.Popen(
+                self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, start_new_session=True,
+            )  # fmt: skip
         self._reader = threading.Thread(target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True)
         self._reader.start()
 
@@ -172,9 +180,9 @@ class Process:
 
 
 def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None, cwd=None,
-        token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S) -> Result:  # fmt: skip
+        token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S, warm=None) -> Result:  # fmt: skip
     """Run `argv` to completion (or `timeout` s), tee'd to `log`; leaves no process behind."""
-    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace).wait(timeout)
+    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace, warm=warm).wait(timeout)
 
 
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------

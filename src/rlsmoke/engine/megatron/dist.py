@@ -12,6 +12,9 @@ from rlsmoke.engine.sharded import free_port
 RANK_GRACE_S = 10.0  # how long the other ranks get to finish once one has failed, or to exit once all are done
 
 
+RANK_MODULES = ("rlsmoke.engine.megatron.model", "rlsmoke.engine.megatron.trainer")  # what the ranks' steps run
+
+
 def backend_for(device: str) -> str:
     """NCCL between GPUs, gloo between CPU processes: the one choice every megatron path makes."""
     return "nccl" if device.startswith("cuda") else "gloo"
@@ -72,7 +75,7 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
     from rlsmoke.engine.procs import rank_context
 
     port = free_port()
-    ctx = rank_context()
+    ctx = rank_context(cpu_only=backend == "gloo", rank_modules=RANK_MODULES)
     pending: dict = {}  # the read end of each rank's pipe -> rank
     procs = []
     results: dict[int, object] = {}

@@ -1,0 +1,386 @@
+"""Warm `rlsmoke run` processes: each one forked from a server that imported the engine once.
+
+A fresh `python -m rlsmoke.cli run` on a CPU host spends about 5 s importing torch and transformers
+before a tiny run that itself takes about 2 s. The server (`python -m rlsmoke.launch.warm SOCKET`)
+imports them once; a run is then a fork of it with the caller's argv, environment, working folder and
+output pipe, in a session of its own, and it exits with the status a fresh interpreter would give.
+`launch.runner` ends a forked run's tree as it ends a spawned one's (its session, then its token).
+
+A run is forked only where that gives the same run as a fresh interpreter (`WarmServer.accepts`):
+`-m rlsmoke.cli run` on the CPU platform (no CUDA state to inherit), and the same values as the
+server's for every variable read while modules import (thread counts, torch, transformers and
+Python settings). Any other command is spawned as before. The server exits when its client closes
+the pipe on its stdin, so it never outlives the session that started it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rlsmoke.engine.procs import HEAVY_MODULES
+
+SERVER_VAR = "RLSMOKE_RUN_SERVER"  # the socket of a session's server: nested sessions fork from it too
+MODULE = "rlsmoke.cli"
+# Read at import (or at interpreter start): a run forked from a server started with other values would differ.
+IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "TRANSFORMERS_",
+                        "HF_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "ROCM_", "PYTHON", "LD_", "MALLOC_")  # fmt: skip
+PER_RUN_VARS = frozenset({"PYTHONUNBUFFERED"})  # applied to the fork's stdout and stderr
+PRELOAD = (
+    "rlsmoke.engine.cli",
+    "rlsmoke.engine.run",
+    "rlsmoke.engine.placement",
+    "rlsmoke.engine.sharded",
+    "rlsmoke.engine.megatron.model",  # with megatron-core's modules below, where it is installed
+    "rlsmoke.engine.megatron.trainer",
+    "safetensors.torch",
+    "tokenizers",
+    *HEAVY_MODULES,  # what the ranks import
+)
+READY_TIMEOUT_S = 300.0
+
+
+def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in PER_RUN_VARS}
+
+
+def _platform(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--platform" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--platform="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+class ForkedRun:
+    """A run forked by the server, with the part of `subprocess.Popen` the runner uses."""
+
+    def __init__(self, argv: Sequence[str], conn: socket.socket, stdout_fd: int):
+        self.args = list(argv)
+        self.returncode: int | None = None
+        self._conn = conn
+        self._reply = conn.makefile("r", encoding="utf-8")
+        line = self._reply.readline()
+        if not line.startswith("pid "):
+            conn.close()
+            os.close(stdout_fd)
+            raise OSError(f"the warm run server did not fork the run ({line.strip() or 'no answer'})")
+        self.pid = int(line.split()[1])
+        self.stdout = open(stdout_fd, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115
+
+    def _finish(self) -> None:
+        line = self._reply.readline()
+        if line.startswith("status "):
+            self.returncode = os.waitstatus_to_exitcode(int(line.split()[1]))
+        else:  # the server is gone, and with it the status: wait for the run itself, then call it killed
+            while _alive(self.pid):
+                time.sleep(0.05)
+            self.returncode = -signal.SIGKILL
+        self._reply.close()
+        self._conn.close()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self._finish()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._finish()
+        return self.returncode
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class WarmServer:
+    """The client's handle: start (or attach to) a server, fork runs from it, stop it."""
+
+    def __init__(self, socket_path: str | Path, proc: subprocess.Popen | None, env: Mapping[str, str]):
+        self.socket_path = str(socket_path)
+        self.proc = proc  # None: attached to a server some other process started and stops
+        self.import_env = import_time_env(env)
+        self._ready = proc is None
+
+    @classmethod
+    def start(cls, env: Mapping[str, str] | None = None) -> WarmServer:
+        """Start a server in the background; it imports while the caller goes on (the first fork waits)."""
+        env = dict(os.environ if env is None else env)
+        folder = tempfile.mkdtemp(prefix="rlsmoke-warm-")  # unix socket paths must stay short
+        path = os.path.join(folder, "server.sock")
+        proc = subprocess.Popen([sys.executable, "-m", __name__, path], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=None, start_new_session=True)  # fmt: skip
+        return cls(path, proc, env)
+
+    @classmethod
+    def attach(cls, socket_path: str, env: Mapping[str, str] | None = None) -> WarmServer:
+        """A handle on a running server (a nested session's); its import env is asked from it."""
+        server = cls(socket_path, None, {})
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(socket_path)
+            conn.sendall(b"E")
+            server.import_env = json.loads(conn.makefile("r").readline())
+        return server
+
+    def accepts(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
+        """Would a fork give the run a fresh interpreter would? (see the module's docstring)"""
+        return (len(argv) > 3 and argv[0] == sys.executable and list(argv[1:4]) == ["-m", MODULE, "run"]
+                and _platform(argv) == "cpu" and import_time_env(env) == self.import_env)  # fmt: skip
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        ready, _, _ = select.select([self.proc.stdout], [], [], READY_TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            raise OSError(f"the warm run server did not start (exit code {self.proc.poll()})")
+        self._ready = True
+
+    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | Path | None) -> ForkedRun:
+        """Fork `argv` from the server; its stdout and stderr are the returned run's `stdout` pipe."""
+        self._wait_ready()
+        read_fd, write_fd = os.pipe()
+        conn = socket.socket(socket.AF_UNIX)
+        try:
+            conn.connect(self.socket_path)
+            socket.send_fds(conn, [b"F"], [write_fd])
+            _send(conn, {"argv": list(argv), "env": dict(env), "cwd": str(cwd or os.getcwd())})
+        except OSError:
+            conn.close()
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        return ForkedRun(argv, conn, read_fd)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.stdin.close()  # the server's cue to exit
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc.stdout.close()
+        Path(self.socket_path).unlink(missing_ok=True)
+        os.rmdir(os.path.dirname(self.socket_path))
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    data = json.dumps(message).encode()
+    conn.sendall(struct.pack("!I", len(data)) + data)
+
+
+def _receive(conn: socket.socket) -> dict:
+    head = _read_exactly(conn, 4)
+    return json.loads(_read_exactly(conn, struct.unpack("!I", head)[0]))
+
+
+def _read_exactly(conn: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = conn.recv(n)
+        if not chunk:
+            raise EOFError("the client hung up")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+# --- the server ------------------------------------------------------------------------------------
+
+
+def _preload() -> None:
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional part (megatron-core) that is not installed
+            pass
+
+
+def serve(socket_path: str) -> None:
+    """Accept fork requests until the client closes our stdin; report each run's pid, then its status."""
+    _preload()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(socket_path)
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the loop: the reaping is below
+    runs: dict[int, socket.socket] = {}  # pid -> the connection its status goes to
+    os.write(1, b"ready\n")  # the server's only output; each fork writes to its request's pipe
+    stdin = sys.stdin.buffer.raw
+    while True:
+        try:
+            ready = select.select([listener, wake_r, stdin], [], [])[0]
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        _reap(runs)
+        if stdin in ready and not stdin.read(4096):
+            break
+        if listener in ready:
+            conn, _ = listener.accept()
+            try:
+                pid = _accept(conn, listener, (wake_r, wake_w), runs)
+            except (OSError, EOFError, ValueError) as exc:
+                print(f"rlsmoke warm server: dropped a request: {exc}", file=sys.stderr)
+                conn.close()
+                continue
+            if pid is not None:
+                runs[pid] = conn
+    listener.close()
+    for conn in runs.values():  # the runs go on in their sessions; the runner stops them, not us
+        conn.close()
+
+
+def _reap(runs: dict[int, socket.socket]) -> None:
+    while runs:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = runs.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall(f"status {status}\n".encode())
+            except OSError:  # the client is gone
+                pass
+            conn.close()
+
+
+def _accept(conn: socket.socket, listener, server_fds, runs) -> int | None:
+    kind, fds, _, _ = socket.recv_fds(conn, 1, 1)
+    if kind != b"F" or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        if kind == b"E":  # an attaching client asks what the server imported under
+            conn.sendall((json.dumps(import_time_env(os.environ)) + "\n").encode())
+        conn.close()
+        return None
+    request = _receive(conn)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        for other in runs.values():
+            other.close()
+        _run_child(request, fds[0], conn, server_fds)  # never returns
+    os.close(fds[0])
+    conn.sendall(f"pid {pid}\n".encode())
+    return pid
+
+
+def _run_child(request: dict, out_fd: int, conn: socket.socket, server_fds) -> None:
+    """In the fork: become a fresh `python -m rlsmoke.cli ...` with the request's argv, env and cwd."""
+    code = 1
+    try:
+        os.close(conn.detach())  # the server's copy stays open: the status goes there
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        for fd in server_fds:
+            os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        env = request["env"]
+        unbuffered = env.get("PYTHONUNBUFFERED", "") != ""
+        sys.stdout.reconfigure(line_buffering=False, write_through=unbuffered)
+        sys.stderr.reconfigure(line_buffering=True)
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(request["cwd"])
+        code = _run_module(request["argv"][3:])
+    except BaseException:  # noqa: BLE001 - the fork must never return into the server's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(_shutdown(code))
+
+
+def _run_module(args: list[str]) -> int:
+    """`python -m rlsmoke.cli ARGS`: the exit code an interpreter would give, traceback included."""
+    import runpy
+
+    sys.modules.pop(MODULE, None)  # as in a fresh `-m`: the module runs as __main__, not yet imported
+    sys.argv = ["-m", *args]
+    try:
+        runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # as CPython does: the traceback, then death by SIGINT
+        import traceback
+
+        traceback.print_exc()
+        _shutdown(0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _shutdown(code: int) -> int:
+    """What an interpreter does at exit: join non-daemon threads, run atexit, flush."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    return code & 0xFF
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m rlsmoke.launch.warm SOCKET")
+    serve(sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()
