@@ -31,11 +31,14 @@ from pathlib import Path
 
 from rlsmoke.engine.procs import HEAVY_MODULES
 
+_PARENT_VAR = "RLSMOKE_WARM_PARENT"
 SERVER_VAR = "RLSMOKE_RUN_SERVER"  # the socket of a session's server: nested sessions fork from it too
 MODULE = "rlsmoke.cli"
-# Read at import (or at interpreter start): a run forked from a server started with other values would differ.
-IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "TRANSFORMERS_",
-                        "HF_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "ROCM_", "PYTHON", "LD_", "MALLOC_")  # fmt: skip
+# Read at interpreter start or while modules import (OpenMP and BLAS as they load, torch's and the hub's
+# settings): a fork of a server started under other values would differ. GPU variables are not here:
+# forks are CPU runs, and the server never touches a GPU.
+IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH_", "PYTORCH_", "TRANSFORMERS_",
+                        "HF_", "PYTHON", "LD_", "MALLOC_")  # fmt: skip
 PER_RUN_VARS = frozenset({"PYTHONUNBUFFERED"})  # applied to the fork's stdout and stderr
 PRELOAD = (
     "rlsmoke.engine.cli",
@@ -126,7 +129,8 @@ class WarmServer:
         env = dict(os.environ if env is None else env)
         folder = tempfile.mkdtemp(prefix="rlsmoke-warm-")  # unix socket paths must stay short
         path = os.path.join(folder, "server.sock")
-        proc = subprocess.Popen([sys.executable, "-m", __name__, path], env=env, stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", __name__, path], env={**env, _PARENT_VAR: str(os.getpid())},
+                                stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=None, start_new_session=True)  # fmt: skip
         return cls(path, proc, env)
 
@@ -210,11 +214,15 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
 
 
 def _preload() -> None:
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # an optional part (megatron-core) that is not installed
-            pass
+    import warnings
+
+    with warnings.catch_warnings():  # megatron-core's notes on missing extras: a fork that imports it says them
+        warnings.simplefilter("ignore")
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # an optional part (megatron-core) that is not installed
+                pass
 
 
 def serve(socket_path: str) -> None:
@@ -284,13 +292,18 @@ def _accept(conn: socket.socket, listener, server_fds, runs) -> int | None:
     request = _receive(conn)
     sys.stdout.flush()
     sys.stderr.flush()
+    in_session_r, in_session_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(in_session_r)
         listener.close()
         for other in runs.values():
             other.close()
-        _run_child(request, fds[0], conn, server_fds)  # never returns
+        _run_child(request, fds[0], conn, (*server_fds, in_session_w))  # never returns
     os.close(fds[0])
+    os.close(in_session_w)
+    os.read(in_session_r, 1)  # EOF once the fork leads its own session: the runner may stop it by group
+    os.close(in_session_r)
     conn.sendall(f"pid {pid}\n".encode())
     return pid
 
@@ -376,9 +389,22 @@ def _shutdown(code: int) -> int:
     return code & 0xFF
 
 
+def _end_with_parent() -> None:
+    """SIGTERM when the process that started us ends, even while we import (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the closed stdin still ends us once imported
+        return
+    if os.getppid() != int(os.environ.get(_PARENT_VAR, os.getppid())):  # it ended before the prctl
+        os._exit(0)
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m rlsmoke.launch.warm SOCKET")
+    _end_with_parent()
     serve(sys.argv[1])
 
 

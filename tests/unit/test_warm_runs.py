@@ -1,0 +1,149 @@
+"""Warm runs (`rlsmoke.launch.warm`): a CPU run forked from the server is the run a fresh interpreter gives.
+
+The same metrics bit for bit, the same exit codes, its own session and token, stopped by the runner
+like any other tree; the server never outlives its client. CPU ranks fork from their driver only
+where nothing in it can break (`rlsmoke.engine.procs.fork_is_safe`).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from procs import alive, stat_fields
+
+from rlsmoke.errors import ExitCode
+from rlsmoke.launch import runner
+from rlsmoke.launch.warm import ForkedRun, WarmServer
+
+CASE = "glm5-744b-a40b-4layer"
+
+
+def _argv(out, *args):
+    return [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--tiny", "--records-only",
+            "--out", str(out), *args]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server():
+    warm = WarmServer.start(runner.clean_env())
+    yield warm
+    warm.stop()
+
+
+def _forked(server, tmp_path, *args, name="run") -> tuple[runner.Process, bool]:
+    proc = runner.Process(_argv(tmp_path / name, *args), env=runner.clean_env(), log=tmp_path / f"{name}.log",
+                          warm=server)  # fmt: skip
+    return proc, isinstance(proc.proc, ForkedRun)
+
+
+def test_a_forked_run_writes_what_a_fresh_interpreter_writes_and_another_seed_does_not(server, tmp_path):
+    """Against a run in this process, which test_engine_run pins to a fresh interpreter's bits."""
+    from rlsmoke.engine.config import RunConfig
+    from rlsmoke.engine.run import execute
+
+    proc, forked = _forked(server, tmp_path, name="warm")
+    other, _ = _forked(server, tmp_path, "--seed", "1", name="seed1")
+    execute(RunConfig(case=CASE, tiny=True), tmp_path / "here")
+    assert forked and (proc.wait(300).returncode, other.wait(300).returncode) == (0, 0)
+    metrics = (tmp_path / "here" / "metrics.jsonl").read_text()
+    assert (tmp_path / "warm" / "metrics.jsonl").read_text() == metrics
+    assert (tmp_path / "seed1" / "metrics.jsonl").read_text() != metrics  # the comparison can see a change
+
+
+def test_a_forked_run_with_two_ranks_writes_what_one_rank_writes(server, tmp_path):
+    one, _ = _forked(server, tmp_path, "--n-prompts", "2", name="one")
+    two, forked = _forked(server, tmp_path, "--n-prompts", "2", "--num-gpus", "2", name="two")
+    assert forked and (one.wait(300).returncode, two.wait(300).returncode) == (0, 0)
+    ranks = json.loads((tmp_path / "two" / "summary.json").read_text())["placement"]["ranks"]
+    assert len({r["pid"] for r in ranks}) == 2
+    for a, b in zip((tmp_path / "one" / "metrics.jsonl").read_text().splitlines(),
+                    (tmp_path / "two" / "metrics.jsonl").read_text().splitlines(), strict=True):  # fmt: skip
+        x, y = json.loads(a), json.loads(b)
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], float):
+                assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_usage_error_in_a_fork_is_exit_2_with_one_error_line(server, tmp_path):
+    proc, forked = _forked(server, tmp_path, "--n-samples", "0")
+    result = proc.wait(60)
+    errors = [line for line in result.log.read_text().splitlines() if line.startswith("error:")]
+    assert forked and result.returncode == ExitCode.USAGE and len(errors) == 1, result.log.read_text()
+    assert "Traceback" not in result.log.read_text()
+
+
+def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(server, tmp_path):
+    proc, forked = _forked(server, tmp_path, "--repeat", "50")
+    pid = proc.proc.pid
+    fields = stat_fields(pid)
+    assert forked and int(fields[1]) == server.proc.pid and int(fields[3]) == pid  # parent, session
+    run_log = tmp_path / "run" / "run.log"
+    deadline = time.monotonic() + 120
+    while "step 0:" not in (run_log.read_text() if run_log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.1)  # the run is under way
+    os.kill(pid, signal.SIGTERM)
+    result = proc.wait(60)
+    assert result.returncode == 128 + signal.SIGTERM, result.log.read_text()
+    assert "interrupted" in run_log.read_text().rstrip().splitlines()[-1]
+    assert not alive(pid)  # reaped by the server, not left a zombie
+
+
+@pytest.mark.parametrize("change, accepted", [
+    ({}, True),
+    ({"argv": ["--platform", "nvidia"]}, False),  # a GPU run must never inherit a process's CUDA state
+    ({"env": {"OMP_NUM_THREADS": "7"}}, False),  # read when torch loads: the server loaded it at another value
+    ({"env": {"PYTHONHASHSEED": "3"}}, False),
+    ({"env": {"RLSMOKE_THRESHOLDS_DIR": "/elsewhere", "MASTER_PORT": "1234"}}, True),  # read at run time
+    ({"command": "-c"}, False),
+    ({"command": "verify"}, False),
+])  # fmt: skip
+def test_the_server_forks_only_a_cpu_run_under_the_variables_it_imported_with(server, change, accepted):
+    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *change.get("argv", [])]
+    if change.get("command") == "-c":
+        argv[1:3] = ["-c", "import rlsmoke.cli"]
+    elif change.get("command"):
+        argv[3] = change["command"]
+    if "--platform" in change.get("argv", []):
+        del argv[5:7]
+    env = {**runner.clean_env(), **change.get("env", {})}
+    assert server.accepts(argv, env) is accepted
+
+
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
+    """The client dies without a word, importing or serving: the server exits within seconds."""
+    script = ("import sys, os; from rlsmoke.launch.warm import WarmServer; s = WarmServer.start(); "
+              "print(s.proc.pid, flush=True); os._exit(0)")  # fmt: skip
+    client = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    pid = int(client.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid)
+
+
+def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
+    import torch
+
+    from rlsmoke.engine.procs import fork_is_safe, rank_context
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "fork"
+    assert rank_context(cpu_only=False).get_start_method() == "forkserver"  # ranks on GPUs
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # an OpenMP team a fork would copy half-way
+    assert not fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "forkserver"
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not fork_is_safe()  # a thread that may hold a lock the fork would copy held
+    finally:
+        stop.set()
+        other.join()
+    assert fork_is_safe()
