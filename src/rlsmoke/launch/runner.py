@@ -140,9 +140,12 @@ class Process:
         self._logf.flush()
         self.started = time.monotonic()
         env = {**env, TOKEN_VAR: self.token}
-        if warm is not None and warm.accepts(self.argv, env):
+        cold = warm.refusal(self.argv, env) if warm is not None else "no warm server"
+        if cold is None:
             self.proc = warm.fork(self.argv, env, cwd)
         else:
+            if warm is not None and self.argv[1:3] == ("-m", "rlsmoke.cli"):  # a run that could have been warm
+                self._logf.write(f"rlsmoke: started cold: {cold}\n")
             self.proc = subprocess.Popen(
                 self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, start_new_session=True,

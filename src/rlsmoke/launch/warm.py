@@ -38,8 +38,15 @@ MODULE = "rlsmoke.cli"
 # settings): a fork of a server started under other values would differ. GPU variables are not here:
 # forks are CPU runs, and the server never touches a GPU.
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH_", "PYTORCH_", "TRANSFORMERS_",
-                        "HF_", "PYTHON", "LD_", "MALLOC_")  # fmt: skip
-PER_RUN_VARS = frozenset({"PYTHONUNBUFFERED"})  # applied to the fork's stdout and stderr
+                        "HF_", "LD_", "MALLOC_")  # fmt: skip
+# The interpreter's own, read as it starts (PYTHONUNBUFFERED is applied to each fork's output instead;
+# PYTHONBREAKPOINT is read at each breakpoint() call, and Ray's driver sets it).
+INTERPRETER_VARS = frozenset({
+    "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONOPTIMIZE", "PYTHONSAFEPATH",
+    "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC", "PYTHONDEVMODE",
+    "PYTHONFAULTHANDLER", "PYTHONTRACEMALLOC", "PYTHONINTMAXSTRDIGITS", "PYTHONPLATLIBDIR", "PYTHONVERBOSE",
+    "PYTHONDEBUG", "PYTHONCOERCECLOCALE", "PYTHONLEGACYWINDOWSSTDIO",
+})  # fmt: skip
 PRELOAD = (
     "rlsmoke.engine.cli",
     "rlsmoke.engine.run",
@@ -55,7 +62,7 @@ READY_TIMEOUT_S = 300.0
 
 
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in PER_RUN_VARS}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) or k in INTERPRETER_VARS}
 
 
 def _platform(argv: Sequence[str]) -> str | None:
@@ -144,10 +151,20 @@ class WarmServer:
             server.import_env = json.loads(conn.makefile("r").readline())
         return server
 
+    def refusal(self, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+        """Why a fork would not give the run a fresh interpreter gives; None when it would."""
+        if not (len(argv) > 3 and argv[0] == sys.executable and list(argv[1:4]) == ["-m", MODULE, "run"]):
+            return f"not `{sys.executable} -m {MODULE} run`"
+        if _platform(argv) != "cpu":
+            return "not a --platform cpu run"
+        theirs = import_time_env(env)
+        differ = sorted(k for k in theirs.keys() | self.import_env.keys() if theirs.get(k) != self.import_env.get(k))
+        if differ:
+            return f"{', '.join(differ)} differ from the values the warm server imported under"
+        return None
+
     def accepts(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
-        """Would a fork give the run a fresh interpreter would? (see the module's docstring)"""
-        return (len(argv) > 3 and argv[0] == sys.executable and list(argv[1:4]) == ["-m", MODULE, "run"]
-                and _platform(argv) == "cpu" and import_time_env(env) == self.import_env)  # fmt: skip
+        return self.refusal(argv, env) is None
 
     def _wait_ready(self) -> None:
         if self._ready:
