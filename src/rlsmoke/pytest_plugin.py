@@ -120,7 +120,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     if config.getoption("cold_runs", False) or _host(config).platform != "cpu":
         return
-    if any("artifacts" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("skip")
+    users = {"artifacts", "rlsmoke_run_server"}
+    if any(users & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("skip")
            for item in session.items):  # fmt: skip
         _warm_server(config)
 
@@ -225,6 +226,16 @@ def rlsmoke_ports(pytestconfig: pytest.Config):
     ports = lease_ports(start=_worker_index())
     yield ports
     ports.release()
+
+
+@pytest.fixture(scope="session")
+def rlsmoke_run_server(pytestconfig: pytest.Config):
+    """The session's warm run server (`rlsmoke.launch.warm.WarmServer`) on a CPU host, else None.
+
+    `run_case` forks from it; a test that starts `rlsmoke run` itself may too, with its `run`
+    (`subprocess.run` with captured output, forked where that gives the same run).
+    """
+    return _warm_server(pytestconfig)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ Bad input is one `error:` line and exit 2 (the cause also in run.log when there 
 test_run_signals.py; inputs refused before loading: test_bad_inputs.py.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -16,9 +17,17 @@ from rlsmoke.errors import ExitCode
 CASE = "glm4.5-355b-a32b-4layer"
 
 
-def rlsmoke_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *args],
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+@pytest.fixture
+def rlsmoke_run(rlsmoke_run_server):
+    """`rlsmoke run CASE --platform cpu ARGS`, forked from the session's warm interpreter on a CPU host."""
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *args]
+        if rlsmoke_run_server is None:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return rlsmoke_run_server.run(argv, env=os.environ, timeout=timeout)
+
+    return run
 
 
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -29,12 +38,12 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("out", ["/proc/forbidden/run", "/etc/passwd"])
-def test_an_unwritable_out_is_one_error_line(out):
+def test_an_unwritable_out_is_one_error_line(rlsmoke_run, out):
     err = _one_error_line(rlsmoke_run("--out", out))
     assert "[run.out]" in err and out in err and "--out" in err
 
 
-def test_a_truncated_shard_is_one_error_line_and_in_run_log(tmp_path):
+def test_a_truncated_shard_is_one_error_line_and_in_run_log(rlsmoke_run, tmp_path):
     from rlsmoke.checkpoints import prepare
 
     ckpt = tmp_path / "ckpt"
@@ -51,7 +60,7 @@ def test_a_truncated_shard_is_one_error_line_and_in_run_log(tmp_path):
     assert shard.name in log.splitlines()[-1] and "error:" in log.splitlines()[-1], log
 
 
-def test_an_out_with_an_earlier_run_is_refused_unless_overwrite(tmp_path):
+def test_an_out_with_an_earlier_run_is_refused_unless_overwrite(rlsmoke_run, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     earlier = '{"verdict": "PASS"}\n'

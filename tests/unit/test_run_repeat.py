@@ -33,7 +33,7 @@ def measured(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def failing_seed_0(measured, tmp_path_factory):
+def failing_seed_0(measured, tmp_path_factory, rlsmoke_run_server):
     """The shipped entry with one upper bound halfway between seed 0's value and seed 1's lower one."""
     tmp_path = tmp_path_factory.mktemp("seed-0-fails")
     _, summary = measured
@@ -48,8 +48,11 @@ def failing_seed_0(measured, tmp_path_factory):
     (tmp_path / "thresholds" / "one-bound-between-seeds.json").write_text(json.dumps(doc))
     out = tmp_path / "run"
     env = os.environ | {"RLSMOKE_THRESHOLDS_DIR": str(tmp_path / "thresholds")}
-    proc = subprocess.run([sys.executable, "-m", "rlsmoke.cli", *_argv(out)], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    argv = [sys.executable, "-m", "rlsmoke.cli", *_argv(out)]
+    if rlsmoke_run_server is None:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    else:  # forked from the session's warm interpreter: the thresholds folder is read at run time
+        proc = rlsmoke_run_server.run(argv, env=env, timeout=300)
     return proc.returncode, gate, first, last, json.loads((out / "summary.json").read_text()), proc
 
 

@@ -77,7 +77,7 @@ def _platform(argv: Sequence[str]) -> str | None:
 class ForkedRun:
     """A run forked by the server, with the part of `subprocess.Popen` the runner uses."""
 
-    def __init__(self, argv: Sequence[str], conn: socket.socket, stdout_fd: int):
+    def __init__(self, argv: Sequence[str], conn: socket.socket, stdout_fd: int | None):
         self.args = list(argv)
         self.returncode: int | None = None
         self._conn = conn
@@ -85,10 +85,11 @@ class ForkedRun:
         line = self._reply.readline()
         if not line.startswith("pid "):
             conn.close()
-            os.close(stdout_fd)
+            if stdout_fd is not None:
+                os.close(stdout_fd)
             raise OSError(f"the warm run server did not fork the run ({line.strip() or 'no answer'})")
         self.pid = int(line.split()[1])
-        self.stdout = open(stdout_fd, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115
+        self.stdout = None if stdout_fd is None else open(stdout_fd, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115
 
     def _finish(self) -> None:
         line = self._reply.readline()
@@ -175,22 +176,44 @@ class WarmServer:
             raise OSError(f"the warm run server did not start (exit code {self.proc.poll()})")
         self._ready = True
 
-    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | Path | None) -> ForkedRun:
-        """Fork `argv` from the server; its stdout and stderr are the returned run's `stdout` pipe."""
+    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | Path | None,
+             outputs: tuple[int, int] | None = None) -> ForkedRun:  # fmt: skip
+        """Fork `argv` from the server. Its stdout and stderr go to `outputs` (two fds), else to one
+        pipe, the returned run's `stdout`."""
         self._wait_ready()
-        read_fd, write_fd = os.pipe()
+        read_fd, write_fd = os.pipe() if outputs is None else (None, None)
         conn = socket.socket(socket.AF_UNIX)
         try:
             conn.connect(self.socket_path)
-            socket.send_fds(conn, [b"F"], [write_fd])
+            socket.send_fds(conn, [b"F"], [write_fd, write_fd] if outputs is None else list(outputs))
             _send(conn, {"argv": list(argv), "env": dict(env), "cwd": str(cwd or os.getcwd())})
         except OSError:
             conn.close()
-            os.close(read_fd)
+            if read_fd is not None:
+                os.close(read_fd)
             raise
         finally:
-            os.close(write_fd)
+            if write_fd is not None:
+                os.close(write_fd)
         return ForkedRun(argv, conn, read_fd)
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str], timeout: float | None = None,
+            cwd: str | Path | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+        """`subprocess.run(argv, capture_output=True, text=True)`, forked where `accepts` says it may be."""
+        if not self.accepts(argv, env):
+            return subprocess.run(argv, env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            run = self.fork(argv, env, cwd, outputs=(out.fileno(), err.fileno()))
+            try:
+                run.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+                raise
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(list(argv), run.returncode, out.read().decode(errors="replace"),
+                                               err.read().decode(errors="replace"))  # fmt: skip
 
     def stop(self) -> None:
         if self.proc is None:
@@ -298,8 +321,8 @@ def _reap(runs: dict[int, socket.socket]) -> None:
 
 
 def _accept(conn: socket.socket, listener, server_fds, runs) -> int | None:
-    kind, fds, _, _ = socket.recv_fds(conn, 1, 1)
-    if kind != b"F" or len(fds) != 1:
+    kind, fds, _, _ = socket.recv_fds(conn, 1, 2)
+    if kind != b"F" or len(fds) != 2:
         for fd in fds:
             os.close(fd)
         if kind == b"E":  # an attaching client asks what the server imported under
@@ -316,8 +339,9 @@ def _accept(conn: socket.socket, listener, server_fds, runs) -> int | None:
         listener.close()
         for other in runs.values():
             other.close()
-        _run_child(request, fds[0], conn, (*server_fds, in_session_w))  # never returns
-    os.close(fds[0])
+        _run_child(request, fds, conn, (*server_fds, in_session_w))  # never returns
+    for fd in fds:
+        os.close(fd)
     os.close(in_session_w)
     os.read(in_session_r, 1)  # EOF once the fork leads its own session: the runner may stop it by group
     os.close(in_session_r)
@@ -325,7 +349,7 @@ def _accept(conn: socket.socket, listener, server_fds, runs) -> int | None:
     return pid
 
 
-def _run_child(request: dict, out_fd: int, conn: socket.socket, server_fds) -> None:
+def _run_child(request: dict, outputs: list[int], conn: socket.socket, server_fds) -> None:
     """In the fork: become a fresh `python -m rlsmoke.cli ...` with the request's argv, env and cwd."""
     code = 1
     try:
@@ -340,9 +364,10 @@ def _run_child(request: dict, out_fd: int, conn: socket.socket, server_fds) -> N
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        os.close(out_fd)
+        os.dup2(outputs[0], 1)
+        os.dup2(outputs[1], 2)
+        for fd in outputs:
+            os.close(fd)
         env = request["env"]
         unbuffered = env.get("PYTHONUNBUFFERED", "") != ""
         sys.stdout.reconfigure(line_buffering=False, write_through=unbuffered)
