@@ -52,15 +52,46 @@ def _moment_reached(moment: str, out: Path, seen: dict[int, str]) -> bool:
     return any(cmd.startswith(("ray::TrainWorker", "ray::RolloutWorker")) for cmd in seen.values())
 
 
+class Forked:
+    """The part of `subprocess.Popen` this test uses, for a run forked from the warm server."""
+
+    def __init__(self, server, argv, folder: Path):
+        self._out, self._err = (open(folder / name, "w+") for name in ("stdout", "stderr"))  # noqa: SIM115
+        self._run = server.fork(argv, os.environ, None, outputs=(self._out.fileno(), self._err.fileno()))
+        self.pid = self._run.pid
+
+    @property
+    def returncode(self):
+        return self._run.returncode
+
+    def poll(self):
+        return self._run.poll()
+
+    def wait(self, timeout=None):
+        return self._run.wait(timeout)
+
+    def send_signal(self, sig):
+        os.kill(self.pid, sig)
+
+    def communicate(self, timeout=None):
+        self._run.wait(timeout)
+        for f in (self._out, self._err):
+            f.close()
+        return tuple(Path(f.name).read_text() for f in (self._out, self._err))
+
+
 # SIGTERM while the actors load: Ray's wait re-raises it as a bare KeyboardInterrupt, which must not read as SIGINT
 @pytest.mark.parametrize("moment, sig", [("torch loading", signal.SIGINT), ("ray starting", signal.SIGINT),
                                          ("ray starting", signal.SIGTERM), ("actors loading", signal.SIGTERM)])  # fmt: skip
-def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_path, moment, sig):
+def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_path, moment, sig, rlsmoke_run_server):
     pytest.importorskip("ray")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--mode", "async",
-                             "--num-gpus", "2", "--num-rollout", "8", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--mode", "async", "--num-gpus", "2",
+            "--num-rollout", "8", "--out", str(out)]  # fmt: skip
+    if moment == "torch loading" or rlsmoke_run_server is None:  # the import's moment needs a fresh interpreter
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    else:  # later moments: the same run from the CLI's first line, forked from the session's warm interpreter
+        proc = Forked(rlsmoke_run_server, argv, tmp_path)
     seen: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 240
