@@ -149,3 +149,13 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
     finally:
         stop.set()
         other.join()
+
+
+def test_a_progress_bar_leaves_no_thread_behind(capsys):
+    """tqdm's monitor thread would outlive the bar, and any thread turns the rank forks of a process off."""
+    from rlsmoke.checkpoints.progress import ProgressBar
+
+    before = threading.active_count()
+    with ProgressBar(10, "bytes", enabled=True) as bar:
+        bar(10)
+    assert threading.active_count() == before

@@ -11,7 +11,10 @@ class ProgressBar:
         if enabled:
             from tqdm import tqdm
 
-            self.tqdm = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
+            class Bar(tqdm):
+                monitor_interval = 0  # no monitor thread: it would outlive the bar and turn rank forks off
+
+            self.tqdm = Bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
 
     def __enter__(self):
         return self if self.tqdm else None
