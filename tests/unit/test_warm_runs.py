@@ -133,7 +133,7 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
 
     from rlsmoke.engine.procs import fork_is_safe, rank_context
 
-    monkeypatch.setattr(threading, "active_count", lambda: 1)  # this session's own threads aside
+    monkeypatch.setattr(threading, "enumerate", lambda: [threading.main_thread()])  # this session's own aside
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "fork"
     assert rank_context(cpu_only=False).get_start_method() == "forkserver"  # ranks on GPUs
@@ -159,3 +159,38 @@ def test_a_progress_bar_leaves_no_thread_behind(capsys):
     with ProgressBar(10, "bytes", enabled=True) as bar:
         bar(10)
     assert threading.active_count() == before
+
+
+def test_a_progress_monitor_left_by_someone_else_s_bar_does_not_turn_rank_forks_off(monkeypatch):
+    """transformers' loading bars are tqdm's own: their monitor thread is stopped before a fork."""
+    import torch
+    from tqdm import tqdm
+
+    from rlsmoke.engine.procs import fork_is_safe
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(tqdm, "monitor_interval", 10)
+    for _ in tqdm(range(2), disable=False, file=open(os.devnull, "w")):  # noqa: SIM115
+        pass
+    assert any(t.name == "tqdm_monitor" for t in threading.enumerate())
+    fork_is_safe()
+    assert not any(t.name == "tqdm_monitor" for t in threading.enumerate())
+
+
+def test_multiprocessing_s_fd_sharer_does_not_turn_rank_forks_off(monkeypatch):
+    """Tensors sent over a pipe start it; multiprocessing resets it in a fork's child itself."""
+    import multiprocessing
+    from multiprocessing import resource_sharer
+
+    import torch
+
+    from rlsmoke.engine.procs import fork_is_safe
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    reader, writer = multiprocessing.get_context("fork").Pipe(duplex=False)
+    writer.send(torch.ones(3))  # torch's reduction shares the storage's fd through the sharer
+    reader.recv()
+    sharer = resource_sharer._resource_sharer._thread
+    assert sharer is not None and sharer.is_alive()
+    others = set(threading.enumerate()) - {threading.main_thread(), sharer}
+    assert fork_is_safe() == (not others)

@@ -91,10 +91,31 @@ def _import_if_installed(name: str) -> None:
         pass
 
 
+def _stop_progress_monitors() -> None:
+    """tqdm's monitor threads, which a bar (transformers' loading bar too) leaves running; the next bar
+    starts its own again."""
+    tqdm_std = sys.modules.get("tqdm.std")
+    if tqdm_std is None:
+        return
+    for thread in threading.enumerate():
+        if isinstance(thread, tqdm_std.TMonitor):
+            thread.exit()
+
+
+def _fork_aware_threads() -> set:
+    """Threads whose owner resets their state in a fork's child: multiprocessing's fd sharer (started
+    when tensors go over a pipe) is reset by multiprocessing's own after-fork hook."""
+    sharer = sys.modules.get("multiprocessing.resource_sharer")
+    thread = getattr(getattr(sharer, "_resource_sharer", None), "_thread", None)
+    return {thread} if thread is not None else set()
+
+
 def fork_is_safe() -> bool:
     """Nothing in this process that a fork would copy half-way: other threads, an OpenMP team, CUDA."""
     torch = sys.modules.get("torch")
-    if threading.active_count() != 1:
+    _stop_progress_monitors()
+    others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
+    if others:
         return False
     return torch is None or (torch.get_num_threads() == 1 and not torch.cuda.is_initialized())
 
