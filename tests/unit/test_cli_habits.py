@@ -17,21 +17,29 @@ ROOT = Path(__file__).resolve().parents[2]
 GLM5 = "glm5-744b-a40b-4layer"
 
 
-def rlsmoke_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlsmoke.cli", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+@pytest.fixture
+def rlsmoke_cli(rlsmoke_run_server):
+    """`rlsmoke ARGS`: forked from the session's warm interpreter where that gives the same run, else spawned."""
+
+    def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        argv, full_env = [sys.executable, "-m", "rlsmoke.cli", *args], {**os.environ, **(env or {})}
+        if rlsmoke_run_server is None:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=full_env)
+        return rlsmoke_run_server.run(argv, env=full_env, timeout=120)
+
+    return cli
 
 
 def _flat(help_text: str) -> str:
     return re.sub(r"\s+", " ", help_text)
 
 
-def test_version():
+def test_version(rlsmoke_cli):
     out = rlsmoke_cli("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"rlsmoke {rlsmoke.__version__}"
 
 
-def test_run_help_states_every_default():
+def test_run_help_states_every_default(rlsmoke_cli):
     text = _flat(rlsmoke_cli("run", "--help").stdout)
     assert re.search(r"--platform PLATFORM nvidia \| rocm \| cpu \(default: detected", text), text
     assert "colocate on NVIDIA and CPU, async on ROCm" in text
@@ -41,12 +49,12 @@ def test_run_help_states_every_default():
     assert re.search(r"--prompt-data PROMPT_DATA [^-]*\(default [^)]*math\.jsonl", text), text
 
 
-def test_plan_help_states_the_format_default():
+def test_plan_help_states_the_format_default(rlsmoke_cli):
     text = _flat(rlsmoke_cli("plan", "--help").stdout)
     assert re.search(r"--format \{shell,json\} [^-]*\(default shell\)", text), text
 
 
-def test_run_detects_the_platform(tmp_path):
+def test_run_detects_the_platform(rlsmoke_cli, tmp_path):
     """No --platform: the host's GPUs decide. A fake nvidia-smi with 8 H200s makes it an NVIDIA run."""
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\n" + "echo 'NVIDIA H200'\n" * 8)
@@ -56,7 +64,7 @@ def test_run_detects_the_platform(tmp_path):
     assert out.returncode == 2 and "platform=nvidia, but this host has 8 NVIDIA H200" in out.stderr, out.stderr
 
 
-def test_cases_describe_each_case():
+def test_cases_describe_each_case(rlsmoke_cli):
     from rlsmoke.models import MODEL_NAMES, model_spec
 
     lines = rlsmoke_cli("cases").stdout.splitlines()
@@ -68,7 +76,7 @@ def test_cases_describe_each_case():
 
 
 @pytest.mark.parametrize("verb", ["prepare", "run"])
-def test_prepare_and_run_spell_the_case_and_tiny_alike(verb):
+def test_prepare_and_run_spell_the_case_and_tiny_alike(rlsmoke_cli, verb):
     out = rlsmoke_cli(verb, "--help")
     text = _flat(out.stdout)
     assert re.search(r"usage: rlsmoke " + verb + r" .*\bCASE$", text.split(" positional arguments:")[0]), text
@@ -86,7 +94,7 @@ def test_readme_names_every_verb():
     assert [v for v in verbs if f"rlsmoke {v}" not in readme] == []
 
 
-def test_fixes_name_flags_not_python_arguments(tmp_path):
+def test_fixes_name_flags_not_python_arguments(rlsmoke_cli, tmp_path):
     out = tmp_path / "ck"
     assert rlsmoke_cli("prepare", GLM5, "--tiny", "--out", str(out), "--no-progress").returncode == 0
     again = rlsmoke_cli("prepare", GLM5, "--tiny", "--out", str(out), "--no-progress")
@@ -95,7 +103,7 @@ def test_fixes_name_flags_not_python_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("num_gpus, head", [("8", None), ("16", "10.1.2.3")])
-def test_plan_no_proxy_names_each_address_once(num_gpus, head):
+def test_plan_no_proxy_names_each_address_once(rlsmoke_cli, num_gpus, head):
     out = rlsmoke_cli("plan", GLM5, "--platform", "nvidia", "--num-gpus", num_gpus, *(["--head-addr", head] if head else []))
     no_proxy = next(line for line in out.stdout.splitlines() if line.startswith("export no_proxy="))
     hosts = no_proxy.split("=", 1)[1].split(",")

@@ -102,7 +102,8 @@ def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(
     ({"env": {"RLSMOKE_THRESHOLDS_DIR": "/elsewhere", "MASTER_PORT": "1234"}}, True),  # read at run time
     ({"env": {"PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "PYTHONUNBUFFERED": "1"}}, True),  # Ray's driver sets it
     ({"command": "-c"}, False),
-    ({"command": "verify"}, False),
+    ({"command": "verify"}, True),  # the checkpoint tools never touch a GPU
+    ({"command": "plan"}, False),
 ])  # fmt: skip
 def test_the_server_forks_only_a_cpu_run_under_the_variables_it_imported_with(server, change, accepted):
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *change.get("argv", [])]

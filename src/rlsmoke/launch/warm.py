@@ -7,7 +7,8 @@ output pipe, in a session of its own, and it exits with the status a fresh inter
 `launch.runner` ends a forked run's tree as it ends a spawned one's (its session, then its token).
 
 A run is forked only where that gives the same run as a fresh interpreter (`WarmServer.accepts`):
-`-m rlsmoke.cli run` on the CPU platform (no CUDA state to inherit), and the same values as the
+`-m rlsmoke.cli run` on the CPU platform (no CUDA state to inherit) or `prepare` / `verify` (the
+checkpoint tools, which never touch a GPU), and the same values as the
 server's for every variable read while modules import (thread counts, torch, transformers and
 Python settings). Any other command is spawned as before. The server exits when its client closes
 the pipe on its stdin, so it never outlives the session that started it.
@@ -34,6 +35,7 @@ from rlsmoke.engine.procs import HEAVY_MODULES
 _PARENT_VAR = "RLSMOKE_WARM_PARENT"
 SERVER_VAR = "RLSMOKE_RUN_SERVER"  # the socket of a session's server: nested sessions fork from it too
 MODULE = "rlsmoke.cli"
+CPU_COMMANDS = ("run", "prepare", "verify")  # `run` only with --platform cpu; the checkpoint tools never use a GPU
 # Read at interpreter start or while modules import (OpenMP and BLAS as they load, torch's and the hub's
 # settings): a fork of a server started under other values would differ. GPU variables are not here:
 # forks are CPU runs, and the server never touches a GPU.
@@ -154,9 +156,10 @@ class WarmServer:
 
     def refusal(self, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
         """Why a fork would not give the run a fresh interpreter gives; None when it would."""
-        if not (len(argv) > 3 and argv[0] == sys.executable and list(argv[1:4]) == ["-m", MODULE, "run"]):
-            return f"not `{sys.executable} -m {MODULE} run`"
-        if _platform(argv) != "cpu":
+        if not (len(argv) > 3 and argv[0] == sys.executable and list(argv[1:3]) == ["-m", MODULE]
+                and argv[3] in CPU_COMMANDS):  # fmt: skip
+            return f"not `{sys.executable} -m {MODULE}` {' | '.join(CPU_COMMANDS)}"
+        if argv[3] == "run" and _platform(argv) != "cpu":
             return "not a --platform cpu run"
         theirs = import_time_env(env)
         differ = sorted(k for k in theirs.keys() | self.import_env.keys() if theirs.get(k) != self.import_env.get(k))
