@@ -135,13 +135,18 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
     from rlsmoke.engine.procs import fork_is_safe, rank_context
 
     monkeypatch.setattr(threading, "enumerate", lambda: [threading.main_thread()])  # this session's own aside
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)  # another test's megatron group too
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "fork"
     assert rank_context(cpu_only=False).get_start_method() == "forkserver"  # ranks on GPUs
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # a group the ranks would inherit
+    assert not fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "forkserver"
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # an OpenMP team a fork would copy half-way
     assert not fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "forkserver"
     monkeypatch.undo()
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
@@ -188,6 +193,7 @@ def test_multiprocessing_s_fd_sharer_does_not_turn_rank_forks_off(monkeypatch):
     from rlsmoke.engine.procs import fork_is_safe
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     reader, writer = multiprocessing.get_context("fork").Pipe(duplex=False)
     writer.send(torch.ones(3))  # torch's reduction shares the storage's fd through the sharer
     reader.recv()

@@ -111,13 +111,17 @@ def _fork_aware_threads() -> set:
 
 
 def fork_is_safe() -> bool:
-    """Nothing in this process that a fork would copy half-way: other threads, an OpenMP team, CUDA."""
+    """Nothing in this process that a fork would copy half-way: other threads, an OpenMP team, CUDA,
+    a process group (a colocated megatron run keeps its own for the process's later runs)."""
     torch = sys.modules.get("torch")
     _stop_progress_monitors()
     others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
     if others:
         return False
-    return torch is None or (torch.get_num_threads() == 1 and not torch.cuda.is_initialized())
+    if torch is None:
+        return True
+    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.get_num_threads() == 1 and not torch.cuda.is_initialized() and not grouped
 
 
 def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> mp_context.BaseContext:
