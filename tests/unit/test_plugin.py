@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from rlsmoke.engine import megatron
-from rlsmoke.platforms import Host
+from rlsmoke.platforms import Host, detect
 from rlsmoke.selection import Decision, Requirement, decide, requirement
 
 pytest_plugins = ["pytester"]
@@ -288,6 +288,16 @@ def test_artifacts_fixture_gives_a_fresh_folder(isolated, tmp_path):
         result = isolated.runpytest("-s", "--artifacts-dir", str(out))
         result.assert_outcomes(passed=1)
     assert (out / "test_a.py_test_a" / "x.txt").is_file()
+
+
+@pytest.mark.skipif(detect().platform != "cpu", reason="runs fork from a warm interpreter on CPU hosts only")
+def test_cpu_runs_fork_from_the_session_s_warm_server_unless_cold_runs(isolated):
+    isolated.makepyfile(test_a="""
+        def test_a(artifacts, rlsmoke_run_server):
+            print("WARM", type(artifacts.warm).__name__, artifacts.warm is rlsmoke_run_server)
+    """)
+    isolated.runpytest("-s").stdout.fnmatch_lines(["*WARM WarmServer True*"])
+    isolated.runpytest("-s", "--cold-runs").stdout.fnmatch_lines(["*WARM NoneType True*"])
 
 
 def test_plugin_import_is_light():

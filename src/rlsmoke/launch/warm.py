@@ -221,7 +221,9 @@ class WarmServer:
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.stdin.close()  # the server's cue to exit
+        self.proc.stdin.close()  # the server's cue to exit, read once it has imported
+        if not self._ready:  # still importing: nothing forked yet, so nothing to wait for
+            self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
