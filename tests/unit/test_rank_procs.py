@@ -111,3 +111,33 @@ def test_a_rank_starts_with_the_driver_s_environment_and_output_and_torch_alread
         proc.join(30)
         assert (env, torch_loaded, proc.exitcode) == (probe, True, 0)
         assert f"rank says {probe}" in capfd.readouterr().out
+
+
+def test_a_rendezvous_port_is_free_and_below_the_kernel_s_ephemeral_range(monkeypatch):
+    """No outgoing socket (gloo's, another xdist worker's) can take it between the pick and the bind."""
+    import socket
+    from pathlib import Path
+
+    from rlsmoke.engine import sharded
+
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert sharded.RENDEZVOUS_PORTS.stop <= ephemeral_low
+    held = []
+    for port in sharded.RENDEZVOUS_PORTS:  # three free ports in a row; two of them then taken
+        socks = [socket.socket() for _ in range(3)]
+        try:
+            for i, s in enumerate(socks):
+                s.bind(("127.0.0.1", port + i))
+        except OSError:
+            for s in socks:
+                s.close()
+            continue
+        held, first = socks, port
+        break
+    held[2].close()
+    try:
+        monkeypatch.setattr(sharded, "RENDEZVOUS_PORTS", range(first, first + 3))
+        assert {sharded.free_port() for _ in range(5)} == {first + 2}
+    finally:
+        for s in held[:2]:
+            s.close()

@@ -5,6 +5,7 @@ like any other tree; the server never outlives its client. CPU ranks fork from t
 where nothing in it can break (`rlsmoke.engine.procs.fork_is_safe`).
 """
 
+import importlib.util
 import json
 import os
 import signal
@@ -201,3 +202,21 @@ def test_multiprocessing_s_fd_sharer_does_not_turn_rank_forks_off(monkeypatch):
     assert sharer is not None and sharer.is_alive()
     others = set(threading.enumerate()) - {threading.main_thread(), sharer}
     assert fork_is_safe() == (not others)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+def test_a_process_that_once_held_megatron_s_groups_forks_no_rank():
+    """gloo's threads outlive the groups; ranks forked after `dist.close()` died of SIGSEGV before this rule."""
+    code = """if True:
+        import torch.distributed
+        from rlsmoke.engine.megatron import dist
+        from rlsmoke.engine.megatron.dist import Parallel
+        from rlsmoke.engine.procs import fork_is_safe
+        before = fork_is_safe()
+        dist.init(0, Parallel(), dist.free_port())
+        dist.close()
+        print(before, torch.distributed.is_initialized(), fork_is_safe())
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.stdout.split() == ["True", "False", "False"], out.stdout + out.stderr

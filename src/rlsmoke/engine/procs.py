@@ -21,6 +21,7 @@ import sys
 import threading
 from multiprocessing import context as mp_context
 from multiprocessing import reduction
+from pathlib import Path
 
 SERVER_SETUP = "rlsmoke.engine.rank_server"  # first in the server: keeps torch's CUDA probe off the driver
 HEAVY_MODULES = (
@@ -110,13 +111,29 @@ def _fork_aware_threads() -> set:
     return {thread} if thread is not None else set()
 
 
+# Threads torch names itself for its process groups (gloo's loops, the TCPStore, NCCL's watchdog): they
+# outlive the group's destruction, and a fork's child crashes on their state (SIGSEGV, measured).
+DISTRIBUTED_THREADS = ("pt_", "gloo", "nccl", "NCCL")
+
+
+def _native_thread_names() -> list[str]:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:  # ended while we looked
+            continue
+    return names
+
+
 def fork_is_safe() -> bool:
-    """Nothing in this process that a fork would copy half-way: other threads, an OpenMP team, CUDA,
-    a process group (a colocated megatron run keeps its own for the process's later runs)."""
+    """Nothing in this process that a fork would copy half-way: other Python threads, an OpenMP team,
+    CUDA, a process group or the threads one leaves behind (a colocated megatron run keeps its group
+    for the process's later runs)."""
     torch = sys.modules.get("torch")
     _stop_progress_monitors()
     others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
-    if others:
+    if others or any(name.startswith(DISTRIBUTED_THREADS) for name in _native_thread_names()):
         return False
     if torch is None:
         return True

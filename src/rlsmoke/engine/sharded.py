@@ -12,6 +12,7 @@ Ray and runs the same with gloo on CPU (CI) and NCCL on GPUs.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import traceback
 from pathlib import Path
@@ -181,7 +182,21 @@ def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int
         conn.close()
 
 
+# Rendezvous ports when no MASTER_PORT is given: below the port leases (21000+) and Ray's defaults'
+# worker ports end there, and below the kernel's ephemeral range, so no outgoing socket (gloo's own
+# connections, another xdist worker's) can take the port between our pick and rank 0's bind.
+RENDEZVOUS_PORTS = range(20000, 21000)
+
+
 def free_port() -> int:
+    """A port nothing listens on now, picked at random from RENDEZVOUS_PORTS (the kernel's pick if all are taken)."""
+    for port in random.SystemRandom().sample(RENDEZVOUS_PORTS, min(64, len(RENDEZVOUS_PORTS))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
