@@ -146,6 +146,7 @@ def _warm_server(config: pytest.Config):
                 server = None
         if server is None:
             server = WarmServer.start(clean_env())
+            server.outer_var = os.environ.get(SERVER_VAR)  # put back at the end
             os.environ[SERVER_VAR] = server.socket_path  # a nested session (pytester) forks from it too
         config.stash[_WARM] = server
     return config.stash[_WARM]
@@ -157,7 +158,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         from rlsmoke.launch.warm import SERVER_VAR
 
         if os.environ.get(SERVER_VAR) == server.socket_path:
-            del os.environ[SERVER_VAR]
+            if server.outer_var:
+                os.environ[SERVER_VAR] = server.outer_var
+            else:
+                del os.environ[SERVER_VAR]
         server.stop()
 
 

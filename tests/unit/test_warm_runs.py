@@ -133,9 +133,11 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
 def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
     import torch
 
+    from rlsmoke.engine import procs
     from rlsmoke.engine.procs import fork_is_safe, rank_context
 
     monkeypatch.setattr(threading, "enumerate", lambda: [threading.main_thread()])  # this session's own aside
+    monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])  # another test's gloo threads too
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)  # another test's megatron group too
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "fork"
@@ -148,6 +150,7 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
@@ -191,10 +194,12 @@ def test_multiprocessing_s_fd_sharer_does_not_turn_rank_forks_off(monkeypatch):
 
     import torch
 
+    from rlsmoke.engine import procs
     from rlsmoke.engine.procs import fork_is_safe
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])  # another test's gloo threads aside
     reader, writer = multiprocessing.get_context("fork").Pipe(duplex=False)
     writer.send(torch.ones(3))  # torch's reduction shares the storage's fd through the sharer
     reader.recv()

@@ -131,6 +131,7 @@ class WarmServer:
         self.socket_path = str(socket_path)
         self.proc = proc  # None: attached to a server some other process started and stops
         self.import_env = import_time_env(env)
+        self.outer_var: str | None = None  # the plugin keeps an outer session's server address here
         self._ready = proc is None
 
     @classmethod
@@ -148,6 +149,11 @@ class WarmServer:
     def attach(cls, socket_path: str, env: Mapping[str, str] | None = None) -> WarmServer:
         """A handle on a running server (a nested session's); its import env is asked from it."""
         server = cls(socket_path, None, {})
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not os.path.exists(socket_path) and os.path.isdir(os.path.dirname(socket_path)):
+            if time.monotonic() > deadline:  # its folder lives as long as the server: it is still importing
+                break
+            time.sleep(0.1)
         with socket.socket(socket.AF_UNIX) as conn:
             conn.connect(socket_path)
             conn.sendall(b"E")
