@@ -8,10 +8,12 @@ output pipe, in a session of its own, and it exits with the status a fresh inter
 
 A run is forked only where that gives the same run as a fresh interpreter (`WarmServer.accepts`):
 `-m rlsmoke.cli run` on the CPU platform (no CUDA state to inherit) or `prepare` / `verify` (the
-checkpoint tools, which never touch a GPU), and the same values as the
-server's for every variable read while modules import (thread counts, torch, transformers and
-Python settings). Any other command is spawned as before. The server exits when its client closes
-the pipe on its stdin, so it never outlives the session that started it.
+checkpoint tools, which never touch a GPU), under the server's values of every variable read while
+modules import (thread counts, torch's, the hub's, Python's own). Any other command is spawned as
+before. The server ends when the process that started it does (its stdin closes; on Linux also
+PR_SET_PDEATHSIG, which reaches it while it still imports), so it never outlives its session.
+One difference stays: every fork shares the server's string-hash seed, where fresh interpreters each
+draw one; nothing in a run depends on it.
 """
 
 from __future__ import annotations
