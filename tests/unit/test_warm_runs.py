@@ -121,13 +121,14 @@ def test_the_server_forks_only_a_cpu_run_under_the_variables_it_imported_with(se
 def test_the_server_ends_with_the_process_that_started_it(tmp_path):
     """The client dies without a word, importing or serving: the server exits within seconds."""
     script = ("import sys, os; from rlsmoke.launch.warm import WarmServer; s = WarmServer.start(); "
-              "print(s.proc.pid, flush=True); os._exit(0)")  # fmt: skip
+              "print(s.proc.pid, s.socket_path, flush=True); os._exit(0)")  # fmt: skip
     client = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    pid = int(client.stdout.split()[0])
+    pid, socket_path = client.stdout.split()
     deadline = time.monotonic() + 10
-    while alive(pid) and time.monotonic() < deadline:
+    while (alive(pid) or os.path.exists(os.path.dirname(socket_path))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(pid)
+    assert not os.path.exists(os.path.dirname(socket_path)), "the server left its socket folder behind"
 
 
 def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):

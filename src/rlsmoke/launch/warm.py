@@ -22,6 +22,7 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -238,8 +239,7 @@ class WarmServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc.stdout.close()
-        Path(self.socket_path).unlink(missing_ok=True)
-        os.rmdir(os.path.dirname(self.socket_path))
+        shutil.rmtree(os.path.dirname(self.socket_path), ignore_errors=True)
 
 
 def _send(conn: socket.socket, message: dict) -> None:
@@ -453,14 +453,18 @@ def _end_with_parent() -> None:
     except (OSError, AttributeError):  # not Linux: the closed stdin still ends us once imported
         return
     if os.getppid() != int(os.environ.get(_PARENT_VAR, os.getppid())):  # it ended before the prctl
-        os._exit(0)
+        sys.exit(0)
 
 
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m rlsmoke.launch.warm SOCKET")
-    _end_with_parent()
-    serve(sys.argv[1])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the folder below goes with us, even mid-import
+    try:
+        _end_with_parent()
+        serve(sys.argv[1])
+    finally:  # the socket and its folder (the client removes them too when it stops us)
+        shutil.rmtree(os.path.dirname(sys.argv[1]), ignore_errors=True)
 
 
 if __name__ == "__main__":
