@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import rlsmoke
+from rlsmoke.launch.warm import run_captured
 
 ROOT = Path(__file__).resolve().parents[2]
 GLM5 = "glm5-744b-a40b-4layer"
@@ -22,10 +23,8 @@ def rlsmoke_cli(rlsmoke_run_server):
     """`rlsmoke ARGS`: forked from the session's warm interpreter where that gives the same run, else spawned."""
 
     def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        argv, full_env = [sys.executable, "-m", "rlsmoke.cli", *args], {**os.environ, **(env or {})}
-        if rlsmoke_run_server is None:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=full_env)
-        return rlsmoke_run_server.run(argv, env=full_env, timeout=120)
+        return run_captured([sys.executable, "-m", "rlsmoke.cli", *args], env={**os.environ, **(env or {})},
+                            timeout=120, server=rlsmoke_run_server)  # fmt: skip
 
     return cli
 

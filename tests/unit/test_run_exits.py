@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlsmoke.errors import ExitCode
+from rlsmoke.launch.warm import run_captured
 
 CASE = "glm4.5-355b-a32b-4layer"
 
@@ -23,9 +24,7 @@ def rlsmoke_run(rlsmoke_run_server):
 
     def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *args]
-        if rlsmoke_run_server is None:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        return rlsmoke_run_server.run(argv, env=os.environ, timeout=timeout)
+        return run_captured(argv, env=os.environ, timeout=timeout, server=rlsmoke_run_server)
 
     return run
 

@@ -7,7 +7,6 @@ bound between them, so that only seed 0 exceeds it: the seed a last-seed-wins me
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from rlsmoke import metrics, thresholds
 from rlsmoke.cli import main
 from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.launch.warm import run_captured
 
 CASE = "glm5-744b-a40b-4layer"
 KEY = {"case": CASE, "platform": "cpu", "device": "CPU", "launcher": "builtin", "dtype": "float32/float32",
@@ -49,10 +49,8 @@ def failing_seed_0(measured, tmp_path_factory, rlsmoke_run_server):
     out = tmp_path / "run"
     env = os.environ | {"RLSMOKE_THRESHOLDS_DIR": str(tmp_path / "thresholds")}
     argv = [sys.executable, "-m", "rlsmoke.cli", *_argv(out)]
-    if rlsmoke_run_server is None:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    else:  # forked from the session's warm interpreter: the thresholds folder is read at run time
-        proc = rlsmoke_run_server.run(argv, env=env, timeout=300)
+    # forked from the session's warm interpreter: the thresholds folder is read at run time
+    proc = run_captured(argv, env=env, timeout=300, server=rlsmoke_run_server)
     return proc.returncode, gate, first, last, json.loads((out / "summary.json").read_text()), proc
 
 

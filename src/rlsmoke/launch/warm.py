@@ -242,6 +242,14 @@ class WarmServer:
         shutil.rmtree(os.path.dirname(self.socket_path), ignore_errors=True)
 
 
+def run_captured(argv: Sequence[str], *, env: Mapping[str, str], timeout: float | None = None,
+                 server: WarmServer | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """`subprocess.run(argv, capture_output=True, text=True)`, forked from `server` where it accepts."""
+    if server is None:
+        return subprocess.run(list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout)
+    return server.run(argv, env=env, timeout=timeout)
+
+
 def _send(conn: socket.socket, message: dict) -> None:
     data = json.dumps(message).encode()
     conn.sendall(struct.pack("!I", len(data)) + data)
