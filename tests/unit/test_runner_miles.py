@@ -71,6 +71,9 @@ def test_miles_launch_on_real_ray_leaves_nothing(tmp_path, monkeypatch):
     verdict = gates_for(case, art).check(record)  # Miles' gates (fixtures/thresholds/miles.json)
     assert {r.gate.name for r in verdict.results} >= {"logprob_mean_diff", "ppo_kl_step0", "pg_clipfrac_step0"}
     assert (art.path / "ray-head.log").is_file()
+    # Ray's own logs are kept only when something failed: here the head ran until its stop
+    # (the job's end must not sweep up the cluster's processes: they carry the head's token, not the job's).
+    assert not (art.path / "ray-logs").exists()
     assert _processes_in(miles) == [], "Ray processes outlived the run"
 
 

@@ -27,6 +27,7 @@ from typing import TextIO
 TOKEN_VAR = "RLSMOKE_RUN_TOKEN"
 PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
               "FTP_PROXY", "ALL_PROXY")  # fmt: skip
+HEAD_GRACE_S = 0.5
 TERM_GRACE_S = 10.0  # SIGTERM -> SIGKILL: Ray's `start --block` needs a few seconds to stop its daemons
 
 
@@ -254,7 +255,10 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
     env plus `env`, like upstream's `--runtime-env-json`.
     """
     started = time.monotonic()
-    token = uuid.uuid4().hex  # one token for the head and the job: one sweep finds both
+    # The head's token marks every process of the cluster, the job's driver included (Ray hands the head's
+    # env down), so stopping the head finds them all. `ray job submit` gets its own: its end must not
+    # sweep up (and SIGKILL) the cluster that its head is about to stop.
+    token = uuid.uuid4().hex
     # Newer Ray turns on token auth by default; this cluster listens on loopback only and its own
     # dashboard probe and `ray job submit` carry no token.
     full_env = clean_env({**launch.env, **env, "RAY_AUTH_MODE": "disabled"})
@@ -262,16 +266,19 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
     head = Process(ray_start_argv(launch.ray_start(), ports, temp_dir), env=full_env, cwd=miles_root,
                    log=artifacts / "ray-head.log", token=token)  # fmt: skip
+    result = None
     try:
         wait_dashboard(ports.dashboard, head, timeout=min(120.0, timeout))
         runtime_env = json.dumps({"env_vars": {**launch.env, **env}})
         left = max(1.0, timeout - (time.monotonic() - started))
         submit = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
-        result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left, token=token,
-                     echo=echo)  # fmt: skip
+        result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left, echo=echo)
     finally:
-        head.stop(grace=3.0)  # Ray drains for up to 30 s on SIGTERM; the cluster is ours and disposable
-        if not head.log.exists() or head.proc.returncode not in (0, -signal.SIGTERM):
+        head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
+        # SIGKILL half a second after SIGTERM: Ray's drain outlasted 30 s here, and the cluster is ours
+        # and disposable. The logs say what went wrong, so they are kept when something did.
+        head.stop(grace=HEAD_GRACE_S)
+        if head_died or result is None or not result.ok:
             _keep_ray_logs(temp_dir, artifacts)
         shutil.rmtree(temp_dir, ignore_errors=True)
     return result
