@@ -55,17 +55,27 @@ def _config(**changes):
                      n_prompts=1, n_samples=4, max_response_len=8, **changes)  # fmt: skip
 
 
-def test_the_megatron_trainer_steps_at_the_gpu_dtypes_without_autocast(tmp_path):
+# Each runs in a rank of its own (world size 1, as the colocated trainer): the pytest process then
+# holds no process group, whose threads would keep every later rank from forking.
+
+
+def _step_under_cuda_sum(rank, par, out):
     from rlsmoke.engine.run import execute
+
+    mode = CudaAutocastSum()
+    with mode:
+        summary = execute(_config(), out)  # the old trainer raised here, in topk_routing_with_score_function
+    return mode.under_autocast, summary["dtype"]
+
+
+def test_the_megatron_trainer_steps_at_the_gpu_dtypes_without_autocast(tmp_path):
+    from rlsmoke.engine.megatron.dist import Parallel, run_ranks
     from rlsmoke.runkey import RunKey
     from rlsmoke.thresholds import lookup_gates
 
-    cfg = _config()
-    mode = CudaAutocastSum()
-    with mode:
-        summary = execute(cfg, tmp_path)  # the old trainer raised here, in topk_routing_with_score_function
-    assert mode.under_autocast == 0
-    assert summary["dtype"] == {"rollout": "bfloat16", "train": "float32", "compute": "bfloat16"}
+    [(under_autocast, dtype)] = run_ranks(_step_under_cuda_sum, Parallel(), tmp_path)
+    assert under_autocast == 0
+    assert dtype == {"rollout": "bfloat16", "train": "float32", "compute": "bfloat16"}
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     step0, step1 = (s["metrics"] for s in steps if s["kind"] == "step")
     assert step0["sync/mismatched_params"] == 0
@@ -76,19 +86,32 @@ def test_the_megatron_trainer_steps_at_the_gpu_dtypes_without_autocast(tmp_path)
         assert 0 < step["train/train_rollout_logprob_abs_diff"] < bound
 
 
-def test_the_gptmodel_is_built_in_bf16_with_an_fp32_router_over_fp32_main_params():
+def _built_dtypes(rank, par):
     from rlsmoke.checkpoints import prepare
     from rlsmoke.engine.megatron.trainer import MegatronTrainWorker
 
-    cfg = _config()
-    trainer = MegatronTrainWorker(cfg, prepare(CASE_NAME, tiny=True)).trainer
+    trainer = MegatronTrainWorker(_config(), prepare(CASE_NAME, tiny=True)).trainer
     gpt = trainer.gpt
-    assert gpt.config.bf16 and gpt.config.params_dtype == torch.bfloat16
-    assert gpt.config.moe_router_dtype == "fp32"
-    assert {p.dtype for p in gpt.parameters()} == {torch.bfloat16}
-    biases = {n: b for n, b in gpt.named_buffers() if n.endswith("router.expert_bias")}
-    assert biases and all(b.dtype == torch.float32 for b in biases.values())
-    assert {p.dtype for p in trainer.master.parameters()} == {torch.float32}
-    # the main params are the unrounded checkpoint values; the compute copy is them in bf16
-    differ = sum(not torch.equal(p.float(), m) for p, m in trainer._pairs)
-    assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in trainer._pairs) and differ > 0
+    return {
+        "bf16": gpt.config.bf16,
+        "params_dtype": gpt.config.params_dtype,
+        "router_dtype": gpt.config.moe_router_dtype,
+        "param_dtypes": {p.dtype for p in gpt.parameters()},
+        "expert_bias_dtypes": [b.dtype for n, b in gpt.named_buffers() if n.endswith("router.expert_bias")],
+        "main_dtypes": {p.dtype for p in trainer.master.parameters()},
+        # the main params are the unrounded checkpoint values; the compute copy is them in bf16
+        "compute_is_main_in_bf16": all(torch.equal(p, m.to(torch.bfloat16)) for p, m in trainer._pairs),
+        "main_differs_from_compute": sum(not torch.equal(p.float(), m) for p, m in trainer._pairs),
+    }
+
+
+def test_the_gptmodel_is_built_in_bf16_with_an_fp32_router_over_fp32_main_params():
+    from rlsmoke.engine.megatron.dist import Parallel, run_ranks
+
+    [built] = run_ranks(_built_dtypes, Parallel())
+    assert built["bf16"] and built["params_dtype"] == torch.bfloat16
+    assert built["router_dtype"] == "fp32"
+    assert built["param_dtypes"] == {torch.bfloat16}
+    assert built["expert_bias_dtypes"] and set(built["expert_bias_dtypes"]) == {torch.float32}
+    assert built["main_dtypes"] == {torch.float32}
+    assert built["compute_is_main_in_bf16"] and built["main_differs_from_compute"] > 0

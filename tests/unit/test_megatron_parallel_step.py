@@ -4,7 +4,7 @@ bridge fault twins at TP=2 and EP=2.
 
 A case: tiny GLM-5 (MLA, DSA indexer, 16 routed experts in layer 3), one group of 4 samples scored by
 the HF rollout copy in fp32.
-A run: world size 1 in this process (the colocated trainer `rlsmoke run --trainer megatron` runs), then
+A run: world size 1 in one rank (the colocated trainer `rlsmoke run --trainer megatron` runs), then
 one pair of gloo ranks that trains at each layout in turn, re-forming megatron-core's groups between
 them, and builds the model through each defective bridge. Each rank holds an HF rollout copy and compares
 on its own; the ranks return numbers only.
@@ -145,27 +145,33 @@ def _rank(rank, par, reference_path, reference_grad_norm):
     return out
 
 
-def test_tp2_sp_and_ep2_steps_match_world_size_1_and_the_bridge_twins_fail(tmp_path):
+def _world1(rank, par, reference_path):
+    """The colocated trainer's step (world size 1): its grad norm and log-prob gaps; the old log-probs and
+    the HF weights after the step go to `reference_path` for the ranks."""
     from safetensors.torch import save_file
 
     from rlsmoke.checkpoints import prepare
-    from rlsmoke.engine.megatron.dist import run_ranks
     from rlsmoke.engine.megatron.trainer import MegatronTrainWorker
+
+    world1 = MegatronTrainWorker(_config(), prepare(CASE_NAME, tiny=True))
+    group = _group(_hf_copy())
+    old, metrics = _train(world1.trainer, group)
+    save_file({"old_logprobs": old.contiguous(), **world1.hf_weights(torch.float32)}, reference_path)
+    return metrics["train/grad_norm"], _gaps(old, group)
+
+
+def test_tp2_sp_and_ep2_steps_match_world_size_1_and_the_bridge_twins_fail(tmp_path):
+    from rlsmoke.engine.megatron.dist import run_ranks
     from rlsmoke.runkey import RunKey
     from rlsmoke.thresholds import lookup_gates
 
     cfg = _config()
-    world1 = MegatronTrainWorker(cfg, prepare(CASE_NAME, tiny=True))
-    group = _group(_hf_copy())
-    old, metrics = _train(world1.trainer, group)
-    reference = {"old_logprobs": old, **world1.hf_weights(torch.float32)}
-    save_file({k: v.contiguous() for k, v in reference.items()}, tmp_path / "world1.safetensors")
-
-    ranks = run_ranks(_rank, Parallel(tp=2, sp=True), str(tmp_path / "world1.safetensors"),
-                      metrics["train/grad_norm"])  # fmt: skip
+    reference = str(tmp_path / "world1.safetensors")
+    # world size 1 in a process of its own too: a process that held a group forks no rank afterwards
+    [(grad_norm, world1_gaps)] = run_ranks(_world1, Parallel(), reference)
+    ranks = run_ranks(_rank, Parallel(tp=2, sp=True), reference, grad_norm)
 
     bounds = {g.name: g.bound for g in lookup_gates(RunKey(CASE_NAME))}  # the CPU gates of this case
-    world1_gaps = _gaps(old, group)
     assert all(world1_gaps[k] < bounds[k] for k in world1_gaps), world1_gaps
     for rank, out in enumerate(ranks):
         for name, (_, defects) in LAYOUTS.items():

@@ -21,6 +21,21 @@ LAYOUTS = {
 }
 
 
+def _execute_in_a_rank(rank, par, cfg, out, repeat):
+    return execute(cfg, out, repeat=repeat)
+
+
+def _execute(cfg, out, repeat=1):
+    """The run in this process; megatron's in a rank of its own (world size 1, as it colocates), whose
+    process group ends with it."""
+    if cfg.trainer != "megatron":
+        return execute(cfg, out, repeat=repeat)
+    from rlsmoke.engine.megatron.dist import Parallel, run_ranks
+
+    [summary] = run_ranks(_execute_in_a_rank, Parallel(), cfg, out, repeat)
+    return summary
+
+
 def _seed_lines(out, repeat: int | None = None) -> list[dict]:
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     if repeat is None:
@@ -33,8 +48,8 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(layout, tmp_path):
     if layout == "megatron" and not megatron.available():
         pytest.skip("megatron-core is not installed")
     cfg = RunConfig(case=CASE, tiny=True, **SHAPE, **LAYOUTS[layout])
-    repeated = execute(cfg, tmp_path / "repeat", repeat=2)
-    execute(cfg.replace(seed=1), tmp_path / "fresh")
+    repeated = _execute(cfg, tmp_path / "repeat", repeat=2)
+    _execute(cfg.replace(seed=1), tmp_path / "fresh")
 
     assert _seed_lines(tmp_path / "repeat", 1) == _seed_lines(tmp_path / "fresh")
     assert _seed_lines(tmp_path / "repeat", 0) != _seed_lines(tmp_path / "fresh")  # the seeds do differ

@@ -138,8 +138,8 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
     from rlsmoke.engine.procs import fork_is_safe, rank_context
 
     monkeypatch.setattr(threading, "enumerate", lambda: [threading.main_thread()])  # this session's own aside
-    monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])  # another test's gloo threads too
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)  # another test's megatron group too
+    monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])  # the rule alone, row by row
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "fork"
     assert rank_context(cpu_only=False).get_start_method() == "forkserver"  # ranks on GPUs
@@ -200,7 +200,7 @@ def test_multiprocessing_s_fd_sharer_does_not_turn_rank_forks_off(monkeypatch):
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])  # another test's gloo threads aside
+    monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])
     reader, writer = multiprocessing.get_context("fork").Pipe(duplex=False)
     writer.send(torch.ones(3))  # torch's reduction shares the storage's fd through the sharer
     reader.recv()
@@ -210,19 +210,35 @@ def test_multiprocessing_s_fd_sharer_does_not_turn_rank_forks_off(monkeypatch):
     assert fork_is_safe() == (not others)
 
 
+def _hold_megatron_s_groups_then_close_them(conn):
+    import torch.distributed
+
+    from rlsmoke.engine.megatron import dist
+    from rlsmoke.engine.megatron.dist import Parallel
+    from rlsmoke.engine.procs import fork_is_safe
+
+    before = fork_is_safe()
+    dist.init(0, Parallel(), dist.free_port())
+    dist.close()
+    conn.send((before, torch.distributed.is_initialized(), fork_is_safe()))
+
+
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
 def test_a_process_that_once_held_megatron_s_groups_forks_no_rank():
     """gloo's threads outlive the groups; ranks forked after `dist.close()` died of SIGSEGV before this rule."""
-    code = """if True:
-        import torch.distributed
-        from rlsmoke.engine.megatron import dist
-        from rlsmoke.engine.megatron.dist import Parallel
-        from rlsmoke.engine.procs import fork_is_safe
-        before = fork_is_safe()
-        dist.init(0, Parallel(), dist.free_port())
-        dist.close()
-        print(before, torch.distributed.is_initialized(), fork_is_safe())
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert out.stdout.split() == ["True", "False", "False"], out.stdout + out.stderr
+    from rlsmoke.engine.megatron.dist import RANK_MODULES
+    from rlsmoke.engine.procs import rank_context
+
+    ctx = rank_context(cpu_only=True, rank_modules=RANK_MODULES)  # a process of its own: the groups end with it
+    reader, writer = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_hold_megatron_s_groups_then_close_them, args=(writer,))
+    child.start()
+    writer.close()
+    try:
+        assert reader.poll(120), f"the child sent nothing (exit code {child.exitcode})"
+        assert reader.recv() == (True, False, False)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join()

@@ -127,6 +127,15 @@ def _native_thread_names() -> list[str]:
     return names
 
 
+def distributed_leftovers() -> list[str]:
+    """What process groups left in this process: a live group, and torch's threads that outlive it."""
+    torch = sys.modules.get("torch")
+    left = sorted({name for name in _native_thread_names() if name.startswith(DISTRIBUTED_THREADS)})
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        left.insert(0, "an initialized process group")
+    return left
+
+
 def fork_is_safe() -> bool:
     """Nothing in this process that a fork would copy half-way: other Python threads, an OpenMP team,
     CUDA, a process group or the threads one leaves behind (a colocated megatron run keeps its group
@@ -134,12 +143,11 @@ def fork_is_safe() -> bool:
     torch = sys.modules.get("torch")
     _stop_progress_monitors()
     others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
-    if others or any(name.startswith(DISTRIBUTED_THREADS) for name in _native_thread_names()):
+    if others or distributed_leftovers():
         return False
     if torch is None:
         return True
-    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return torch.get_num_threads() == 1 and not torch.cuda.is_initialized() and not grouped
+    return torch.get_num_threads() == 1 and not torch.cuda.is_initialized()
 
 
 def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> mp_context.BaseContext:
