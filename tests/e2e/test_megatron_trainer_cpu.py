@@ -1,10 +1,10 @@
 """A GRPO step through megatron-core on CPU: tiny GLM-5 and GLM-4.5, then the bridge fault twins.
 
 The megatron trainer (`rlsmoke run CASE --trainer megatron`) loads megatron-core's GPTModel through
-the bridge, trains one step and syncs back into the HF rollout engine through the bridge. In fp32 on
-CPU it must meet the gates calibrated for the HF trainer on the same seeds (same math, same bits
-to ~1e-6), so those are its gates here. Each bridge defect round-trips exactly (the weight sync
-still passes) and must fail the log-prob gate.
+the bridge, trains one step and syncs back into the HF rollout engine through the bridge. Its gates
+are its own key's (launcher builtin-megatron, calibrated by `rlsmoke run CASE --platform cpu --trainer
+megatron --repeat 10`). Each bridge defect round-trips exactly (the weight sync still passes) and must
+fail the log-prob gate.
 Skipped without megatron-core (pip install 'rlsmoke[megatron]').
 """
 

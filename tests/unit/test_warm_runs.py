@@ -215,12 +215,13 @@ def _hold_megatron_s_groups_then_close_them(conn):
 
     from rlsmoke.engine.megatron import dist
     from rlsmoke.engine.megatron.dist import Parallel
-    from rlsmoke.engine.procs import fork_is_safe
+    from rlsmoke.engine.procs import distributed_leftovers, fork_is_safe
 
-    before = fork_is_safe()
+    before = fork_is_safe(), distributed_leftovers()
     dist.init(0, Parallel(), dist.free_port())
+    during = distributed_leftovers()
     dist.close()
-    conn.send((before, torch.distributed.is_initialized(), fork_is_safe()))
+    conn.send((before, during, torch.distributed.is_initialized(), fork_is_safe(), distributed_leftovers()))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
@@ -236,7 +237,11 @@ def test_a_process_that_once_held_megatron_s_groups_forks_no_rank():
     writer.close()
     try:
         assert reader.poll(120), f"the child sent nothing (exit code {child.exitcode})"
-        assert reader.recv() == (True, False, False)
+        before, during, grouped, safe, after = reader.recv()
+        assert before == (True, []) and not grouped and not safe
+        assert during[0] == "an initialized process group" and any(t.startswith("gloo") for t in during), during
+        # what tests/conftest.py names when a test leaves it in the pytest process: the threads outlive the group
+        assert after and all(t.startswith(("pt_", "gloo")) for t in after), after
     finally:
         child.join(10)
         if child.is_alive():
