@@ -217,6 +217,7 @@ def _hold_megatron_s_groups_then_close_them(conn):
     from rlsmoke.engine.megatron.dist import Parallel
     from rlsmoke.engine.procs import distributed_leftovers, fork_is_safe
 
+    torch.set_num_threads(1)  # as a rank runs: the thread count is another row of the rule
     before = fork_is_safe(), distributed_leftovers()
     dist.init(0, Parallel(), dist.free_port())
     during = distributed_leftovers()

@@ -27,8 +27,8 @@ from typing import TextIO
 TOKEN_VAR = "RLSMOKE_RUN_TOKEN"
 PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
               "FTP_PROXY", "ALL_PROXY")  # fmt: skip
-HEAD_GRACE_S = 0.5
-TERM_GRACE_S = 10.0  # SIGTERM -> SIGKILL: Ray's `start --block` needs a few seconds to stop its daemons
+TERM_GRACE_S = 10.0  # SIGTERM -> SIGKILL of a launched command's tree
+HEAD_GRACE_S = 0.5  # a Ray head's: its drain outlasted 30 s, and the cluster is ours and disposable
 
 
 @dataclass(frozen=True)
@@ -255,17 +255,16 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
     env plus `env`, like upstream's `--runtime-env-json`.
     """
     started = time.monotonic()
-    # The head's token marks every process of the cluster, the job's driver included (Ray hands the head's
-    # env down), so stopping the head finds them all. `ray job submit` gets its own: its end must not
-    # sweep up (and SIGKILL) the cluster that its head is about to stop.
-    token = uuid.uuid4().hex
     # Newer Ray turns on token auth by default; this cluster listens on loopback only and its own
     # dashboard probe and `ray job submit` carry no token.
     full_env = clean_env({**launch.env, **env, "RAY_AUTH_MODE": "disabled"})
     # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
+    # Each Process has its own token. The head's marks every process of the cluster, the job's driver
+    # included (Ray hands the head's env down), so the head's stop finds them all; the job's stop must
+    # not sweep up (and SIGKILL) the cluster before the head is stopped.
     head = Process(ray_start_argv(launch.ray_start(), ports, temp_dir), env=full_env, cwd=miles_root,
-                   log=artifacts / "ray-head.log", token=token)  # fmt: skip
+                   log=artifacts / "ray-head.log")  # fmt: skip
     result = None
     try:
         wait_dashboard(ports.dashboard, head, timeout=min(120.0, timeout))
@@ -275,9 +274,7 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
         result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left, echo=echo)
     finally:
         head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
-        # SIGKILL half a second after SIGTERM: Ray's drain outlasted 30 s here, and the cluster is ours
-        # and disposable. The logs say what went wrong, so they are kept when something did.
-        head.stop(grace=HEAD_GRACE_S)
+        head.stop(grace=HEAD_GRACE_S)  # Ray's logs say what went wrong: kept when something did
         if head_died or result is None or not result.ok:
             _keep_ray_logs(temp_dir, artifacts)
         shutil.rmtree(temp_dir, ignore_errors=True)
