@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from procs import alive, stat_fields
@@ -102,6 +103,7 @@ def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(
     ({"env": {"PYTHONHASHSEED": "3"}}, False),
     ({"env": {"RLSMOKE_THRESHOLDS_DIR": "/elsewhere", "MASTER_PORT": "1234"}}, True),  # read at run time
     ({"env": {"PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "PYTHONUNBUFFERED": "1"}}, True),  # Ray's driver sets it
+    ({"env": {"PYTHONPATH": "/elsewhere"}}, True),  # settled in the fork: see the search-path tests below
     ({"command": "-c"}, False),
     ({"command": "verify"}, True),  # the checkpoint tools never touch a GPU
     ({"command": "plan"}, False),
@@ -116,6 +118,60 @@ def test_the_server_forks_only_a_cpu_run_under_the_variables_it_imported_with(se
         del argv[5:7]
     env = {**runner.clean_env(), **change.get("env", {})}
     assert server.accepts(argv, env) is accepted
+
+
+def _prepare(server, tmp_path, pythonpath: Path) -> tuple[runner.Result, bool]:
+    argv = [sys.executable, "-m", "rlsmoke.cli", "prepare", CASE, "--tiny"]  # the cached checkpoint: quick
+    proc = runner.Process(argv, env={**runner.clean_env(), "PYTHONPATH": str(pythonpath)},
+                          log=tmp_path / f"{pythonpath.name}.log", warm=server)  # fmt: skip
+    return proc.wait(120), isinstance(proc.proc, ForkedRun)
+
+
+def test_a_fork_under_another_pythonpath_stays_warm_unless_the_path_would_change_an_import(server, tmp_path):
+    """A fresh interpreter searches PYTHONPATH first: a folder that holds a module the server imported
+    (here a torch that fails), or a sitecustomize, makes the fork exec a fresh interpreter, which then
+    does what a fresh one does."""
+    for name, module, code in [("plain", "unrelated_probe", "raise SystemExit('never imported')"),
+                               ("shadow", "torch", "raise ImportError('the torch of a PYTHONPATH folder')"),
+                               ("hook", "sitecustomize", "print('sitecustomize ran', flush=True)")]:  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{module}.py").write_text(code + "\n")
+
+    plain, forked = _prepare(server, tmp_path, tmp_path / "plain")
+    assert forked and plain.returncode == 0 and "started cold" not in plain.log.read_text(), plain.log.read_text()
+
+    shadow, forked = _prepare(server, tmp_path, tmp_path / "shadow")
+    log = shadow.log.read_text()
+    assert forked and f"started cold: {tmp_path / 'shadow'} (cwd or PYTHONPATH) holds torch, which" in log, log
+    assert shadow.returncode != 0 and "the torch of a PYTHONPATH folder" in log  # as a fresh interpreter fails
+
+    hook, _ = _prepare(server, tmp_path, tmp_path / "hook")
+    log = hook.log.read_text()
+    assert hook.returncode == 0 and "holds sitecustomize" in log and "sitecustomize ran" in log, log
+
+
+def _search_path_after(conn, pythonpath):
+    from rlsmoke.launch import warm
+
+    sys.path[0] = os.getcwd()  # as in a server started by `python -m` here
+    why = warm._fresh_search_path("", pythonpath)
+    conn.send((why, sys.path[:3]))
+
+
+def test_a_fork_searches_the_cwd_then_the_pythonpath_then_the_rest_as_python_m_does(tmp_path):
+    import multiprocessing
+
+    rest = sys.path[1:3]
+    ctx = multiprocessing.get_context("fork")  # the rebuild changes sys.path: in a child of its own
+    reader, writer = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_search_path_after, args=(writer, f"{tmp_path}{os.pathsep}{tmp_path / 'b'}"))
+    child.start()
+    writer.close()
+    try:
+        assert reader.recv() == ("", [os.getcwd(), str(tmp_path), str(tmp_path / "b")])
+    finally:
+        child.join(30)
+    assert sys.path[1:3] == rest  # this process's own is untouched
 
 
 def test_the_server_ends_with_the_process_that_started_it(tmp_path):

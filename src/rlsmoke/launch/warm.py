@@ -9,8 +9,11 @@ output pipe, in a session of its own, and it exits with the status a fresh inter
 A run is forked only where that gives the same run as a fresh interpreter (`WarmServer.accepts`):
 `-m rlsmoke.cli run` on the CPU platform (no CUDA state to inherit) or `prepare` / `verify` (the
 checkpoint tools, which never touch a GPU), under the server's values of every variable read while
-modules import (thread counts, torch's, the hub's, Python's own). Any other command is spawned as
-before. The server ends when the process that started it does (its stdin closes; on Linux also
+modules import (thread counts, torch's, the hub's, Python's own). PYTHONPATH may differ: the fork
+searches its cwd, then that PYTHONPATH, then the rest, as `python -m` does, unless a folder it adds
+holds a module the server imported (or a sitecustomize) or a folder it drops is one the server
+imported from; then it execs a fresh interpreter in place and says so. Any other command is spawned
+as before. The server ends when the process that started it does (its stdin closes; on Linux also
 PR_SET_PDEATHSIG, which reaches it while it still imports), so it never outlives its session.
 One difference stays: every fork shares the server's string-hash seed, where fresh interpreters each
 draw one; nothing in a run depends on it.
@@ -64,6 +67,10 @@ PRELOAD = (
     *HEAVY_MODULES,  # what the ranks import
 )
 READY_TIMEOUT_S = 300.0
+# Compared in the fork instead: it rebuilds sys.path as a fresh interpreter would, or execs one where
+# the new path would find another copy of a module the server imported (`_fresh_search_path`).
+FORK_SETTLED_VARS = frozenset({"PYTHONPATH"})
+SITE_HOOKS = frozenset({"sitecustomize", "usercustomize"})
 
 
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -171,7 +178,8 @@ class WarmServer:
         if argv[3] == "run" and _platform(argv) != "cpu":
             return "not a --platform cpu run"
         theirs = import_time_env(env)
-        differ = sorted(k for k in theirs.keys() | self.import_env.keys() if theirs.get(k) != self.import_env.get(k))
+        differ = sorted(k for k in theirs.keys() | self.import_env.keys()
+                        if theirs.get(k) != self.import_env.get(k) and k not in FORK_SETTLED_VARS)  # fmt: skip
         if differ:
             return f"{', '.join(differ)} differ from the values the warm server imported under"
         return None
@@ -393,9 +401,14 @@ def _run_child(request: dict, outputs: list[int], conn: socket.socket, server_fd
         unbuffered = env.get("PYTHONUNBUFFERED", "") != ""
         sys.stdout.reconfigure(line_buffering=False, write_through=unbuffered)
         sys.stderr.reconfigure(line_buffering=True)
+        server_path = os.environ.get("PYTHONPATH", "")
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
+        cold = _fresh_search_path(server_path, env.get("PYTHONPATH", ""))
+        if cold:  # this interpreter cannot be the run's: become a fresh one, same pid, session and output
+            print(f"rlsmoke: started cold: {cold}", file=sys.stderr, flush=True)
+            os.execve(request["argv"][0], request["argv"], env)
         code = _run_module(request["argv"][3:])
     except BaseException:  # noqa: BLE001 - the fork must never return into the server's loop
         import traceback
@@ -403,6 +416,58 @@ def _run_child(request: dict, outputs: list[int], conn: socket.socket, server_fd
         traceback.print_exc()
     finally:
         os._exit(_shutdown(code))
+
+
+def _path_entries(pythonpath: str) -> list[str]:
+    return [os.path.abspath(p) for p in pythonpath.split(os.pathsep) if p]
+
+
+def _provides(folder: str, names: set[str]) -> set[str]:
+    """The top-level modules among `names` that `folder` holds (a package, a module or an extension)."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return set()
+    found = set()
+    for entry in entries:
+        name = entry.split(".", 1)[0]
+        if name in names and (entry == name or entry.endswith((".py", ".pyc", ".so", ".pyd"))):
+            found.add(name)
+    return found
+
+
+def _fresh_search_path(server_pythonpath: str, run_pythonpath: str) -> str:
+    """Make sys.path what `python -m` gives in the run's cwd under its PYTHONPATH; "" when done, else why not.
+
+    A fresh interpreter searches the cwd, then PYTHONPATH, then the rest. What the server imported
+    stays imported, so the fork is that interpreter only if no folder it adds holds a module the
+    server imported, and no folder it drops is one the server imported from.
+    """
+    if sys.flags.safe_path:  # PYTHONSAFEPATH / -P: no cwd entry (the server has the same flag)
+        return "PYTHONSAFEPATH set: the search path is not rebuilt" if server_pythonpath != run_pythonpath else ""
+    ours = [os.path.abspath(sys.path[0]), *_path_entries(server_pythonpath)]
+    theirs = [os.getcwd(), *_path_entries(run_pythonpath)]
+    if ours == theirs:
+        return ""
+    if [os.path.abspath(p) for p in sys.path[: len(ours)]] != ours:
+        return "the warm server's sys.path no longer starts with its cwd and PYTHONPATH"
+    imported = {name.split(".", 1)[0] for name in sys.modules}
+    for folder in theirs:
+        # a fresh interpreter would run a sitecustomize it finds there as it starts
+        shadowed = _provides(folder, imported | SITE_HOOKS) if folder not in ours else set()
+        if shadowed:
+            return (f"{folder} (cwd or PYTHONPATH) holds {', '.join(sorted(shadowed))}, which a fresh interpreter "
+                    "would import from there")  # fmt: skip
+    for folder in ours:
+        if folder in theirs:
+            continue
+        used = sorted(n for n in _provides(folder, imported)
+                      if (getattr(sys.modules.get(n), "__file__", None) or "").startswith(os.path.join(folder, n)))  # fmt: skip
+        if used:
+            return f"the warm server imported {used[0]} from {folder}, which this run's search path lacks"
+    rest = sys.path[len(ours):]
+    sys.path[:] = [*theirs, *(p for p in rest if p not in theirs)]
+    return ""
 
 
 def _run_module(args: list[str]) -> int:
