@@ -1,4 +1,5 @@
-"""What the process tests read from /proc: a process's state, whether it lives, its descendants."""
+"""What the process tests read from /proc (a process's state, whether it lives, its descendants), and a
+call in a child process of its own."""
 
 from __future__ import annotations
 
@@ -32,3 +33,20 @@ def descendants(root: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def in_a_child(ctx, fn, *args, timeout: float = 120):
+    """`fn(conn, *args)` in a process started from `ctx` (a multiprocessing context); what it sends on
+    `conn`. For what must not happen in the pytest process: a process group, a changed sys.path."""
+    reader, writer = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=fn, args=(writer, *args))
+    child.start()
+    writer.close()  # the child's copy is its own: EOF here means it is gone
+    try:
+        assert reader.poll(timeout), f"the child sent nothing within {timeout} s (exit code {child.exitcode})"
+        return reader.recv()
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join()

@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import alive, stat_fields
+from procs import alive, in_a_child, stat_fields
 
 from rlsmoke.errors import ExitCode
 from rlsmoke.launch import runner
 from rlsmoke.launch.warm import ForkedRun, WarmServer
+
+pytest_plugins = ["pytester"]
 
 CASE = "glm5-744b-a40b-4layer"
 
@@ -162,15 +164,9 @@ def test_a_fork_searches_the_cwd_then_the_pythonpath_then_the_rest_as_python_m_d
     import multiprocessing
 
     rest = sys.path[1:3]
-    ctx = multiprocessing.get_context("fork")  # the rebuild changes sys.path: in a child of its own
-    reader, writer = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_search_path_after, args=(writer, f"{tmp_path}{os.pathsep}{tmp_path / 'b'}"))
-    child.start()
-    writer.close()
-    try:
-        assert reader.recv() == ("", [os.getcwd(), str(tmp_path), str(tmp_path / "b")])
-    finally:
-        child.join(30)
+    pythonpath = f"{tmp_path}{os.pathsep}{tmp_path / 'b'}"  # the rebuild changes sys.path: in a child of its own
+    reply = in_a_child(multiprocessing.get_context("fork"), _search_path_after, pythonpath, timeout=30)
+    assert reply == ("", [os.getcwd(), str(tmp_path), str(tmp_path / "b")])
     assert sys.path[1:3] == rest  # this process's own is untouched
 
 
@@ -266,6 +262,30 @@ def test_multiprocessing_s_fd_sharer_does_not_turn_rank_forks_off(monkeypatch):
     assert fork_is_safe() == (not others)
 
 
+LEAVES_A_GROUP = """
+import torch.distributed as dist
+
+from rlsmoke.engine.sharded import free_port
+
+def test_leaves_a_group():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+def test_after_it():
+    pass
+"""
+
+
+def test_the_suite_fails_the_test_that_leaves_a_process_group_and_not_the_next(pytester):
+    """The twin of tests/conftest.py's check: a group left in the pytest process is an error of its test.
+    (torch is imported only in the inner session: pytester drops the modules a test imports.)"""
+    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
+    pytester.makepyfile(test_group=LEAVES_A_GROUP)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaves_a_group*",
+                                 "*this test left an initialized process group, * in the pytest process*"])  # fmt: skip
+
+
 def _hold_megatron_s_groups_then_close_them(conn):
     import torch.distributed
 
@@ -288,19 +308,8 @@ def test_a_process_that_once_held_megatron_s_groups_forks_no_rank():
     from rlsmoke.engine.procs import rank_context
 
     ctx = rank_context(cpu_only=True, rank_modules=RANK_MODULES)  # a process of its own: the groups end with it
-    reader, writer = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_hold_megatron_s_groups_then_close_them, args=(writer,))
-    child.start()
-    writer.close()
-    try:
-        assert reader.poll(120), f"the child sent nothing (exit code {child.exitcode})"
-        before, during, grouped, safe, after = reader.recv()
-        assert before == (True, []) and not grouped and not safe
-        assert during[0] == "an initialized process group" and any(t.startswith("gloo") for t in during), during
-        # what tests/conftest.py names when a test leaves it in the pytest process: the threads outlive the group
-        assert after and all(t.startswith(("pt_", "gloo")) for t in after), after
-    finally:
-        child.join(10)
-        if child.is_alive():
-            child.kill()
-            child.join()
+    before, during, grouped, safe, after = in_a_child(ctx, _hold_megatron_s_groups_then_close_them)
+    assert before == (True, []) and not grouped and not safe
+    assert during[0] == "an initialized process group" and any(t.startswith("gloo") for t in during), during
+    # what tests/conftest.py names when a test leaves it in the pytest process: the threads outlive the group
+    assert after and all(t.startswith(("pt_", "gloo")) for t in after), after
