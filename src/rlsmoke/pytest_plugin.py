@@ -31,6 +31,7 @@ TINY_THREADS = 1
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
 _WARM = pytest.StashKey["object"]()
+_AHEAD = pytest.StashKey["object"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,6 +63,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="mark passing runs as trusted baselines for the history band (default off)")
     g.addoption("--run-timeout", type=float, default=None, metavar="S",
                 help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)")
+    g.addoption("--run-ahead", type=int, default=None, metavar="N",
+                help="case runs started ahead of their tests at once, on spare cores; 0 turns it off (default: one "
+                     "less than the cores, at most 3, on a CPU host in a serial session; 0 under xdist)")
     g.addoption("--cold-runs", action="store_true", default=False,
                 help="start each CPU run as a fresh interpreter instead of forking it from the session's warm one "
                      "(default off: forked)")
@@ -116,7 +120,8 @@ def _host(config: pytest.Config):
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the warm run server as soon as a selected test will launch a run: it imports while others run."""
+    """Start the warm run server as soon as a selected test will launch a run: it imports while others
+    run. Set up the runs that may go ahead of their tests (`rlsmoke.run_ahead`)."""
     config = session.config
     if config.getoption("cold_runs", False) or _host(config).platform != "cpu":
         return
@@ -124,6 +129,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if any(users & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("skip")
            for item in session.items):  # fmt: skip
         _warm_server(config)
+    slots = _run_ahead_slots(config)
+    if slots > 0:
+        from rlsmoke.run_ahead import RunAhead
+
+        config.stash[_AHEAD] = RunAhead(session.items, slots, lambda item: _item_artifacts(config, item.nodeid),
+                                        _will_skip, num_gpus=config.getoption("num_gpus"))  # fmt: skip
+
+
+def _run_ahead_slots(config: pytest.Config) -> int:
+    chosen = config.getoption("run_ahead", None)
+    if chosen is not None:
+        return max(chosen, 0)
+    if hasattr(config, "workerinput"):  # xdist: the controller decides the order, and the cores are shared out
+        return 0
+    from rlsmoke.platforms import cpu_cores, thread_budget
+
+    return min(cpu_cores() // thread_budget() - 1, 3)  # a run takes its threads' cores; the test in front, one
+
+
+def _will_skip(item: pytest.Item) -> bool:
+    from _pytest.skipping import evaluate_skip_marks
+
+    try:
+        return evaluate_skip_marks(item) is not None
+    except Exception:  # a condition that fails to evaluate errors in the test's own report
+        return True
 
 
 def _warm_server(config: pytest.Config):
@@ -153,6 +184,9 @@ def _warm_server(config: pytest.Config):
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    ports = config.stash.get(_PORTS, None)
+    if ports is not None:
+        ports.release()
     server = config.stash.get(_WARM, None)
     if server is not None and server.proc is not None:  # ours, not an outer session's
         from rlsmoke.launch.warm import SERVER_VAR
@@ -225,11 +259,16 @@ def rlsmoke_host(pytestconfig: pytest.Config):
 @pytest.fixture(scope="session")
 def rlsmoke_ports(pytestconfig: pytest.Config):
     """This worker's block of ports (Ray GCS, dashboard, MASTER_PORT, ...): no other worker or session has it."""
-    from rlsmoke.launch.lease import lease_ports
+    return _ports(pytestconfig)
 
-    ports = lease_ports(start=_worker_index())
-    yield ports
-    ports.release()
+
+def _ports(config: pytest.Config):
+    """Leased on first need (a test, or a run going ahead of its test); released as the session ends."""
+    if _PORTS not in config.stash:
+        from rlsmoke.launch.lease import lease_ports
+
+        config.stash[_PORTS] = lease_ports(start=_worker_index())
+    return config.stash[_PORTS]
 
 
 @pytest.fixture(scope="session")
@@ -273,25 +312,61 @@ def _commit(config: pytest.Config) -> str:
 @pytest.fixture
 def artifacts(request: pytest.FixtureRequest, rlsmoke_host, rlsmoke_ports, gpu_lease, record_property):
     """The test's artifacts folder (emptied first) with the session's launcher, leases and history."""
-    from rlsmoke.artifacts import Artifacts
-
     config = request.config
-    folder = _artifacts_root(config) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid).strip("_")
-    shutil.rmtree(folder, ignore_errors=True)  # a stale summary.json from an earlier run must not be read
-    folder.mkdir(parents=True)
+    ahead = config.stash.get(_AHEAD, None)
+    fresh = ahead is None or not ahead.owns(request.node.nodeid)  # else its run started in it already
+    return _item_artifacts(config, request.node.nodeid, lease=gpu_lease, record_property=record_property, fresh=fresh)
+
+
+def _item_artifacts(config: pytest.Config, nodeid: str, *, lease=None, record_property=None, fresh: bool = False):
+    from rlsmoke.artifacts import Artifacts
+    from rlsmoke.launch.lease import GpuLease
+
+    folder = _artifacts_root(config) / re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)  # a stale summary.json from an earlier run must not be read
+    folder.mkdir(parents=True, exist_ok=True)
     history = config.getoption("history")
     miles_root = config.getoption("miles_root")
     model_dir = config.getoption("model_dir")
     return Artifacts(
-        path=folder, launcher=config.getoption("launcher"), trainer=config.getoption("trainer"), host=rlsmoke_host,
+        path=folder, launcher=config.getoption("launcher"), trainer=config.getoption("trainer"), host=_host(config),
         num_gpus=config.getoption("num_gpus"),
         miles_root=Path(miles_root) if miles_root else None, model_dir=Path(model_dir) if model_dir else None,
-        lease=gpu_lease, ports=rlsmoke_ports, timeout=config.getoption("run_timeout"),
+        lease=lease if lease is not None else GpuLease("cpu", ()), ports=_ports(config),
+        timeout=config.getoption("run_timeout"),
         update_golden=config.getoption("update_golden"), history=Path(history) if history else None,
         trusted=config.getoption("history_trusted"), history_shadow=config.getoption("history_shadow"),
         commit=_commit(config) if history else "unknown", warm=_warm_server(config),
-        record_property=record_property,
+        **({"record_property": record_property} if record_property is not None else {}),
     )  # fmt: skip
+
+
+@pytest.fixture
+def case_record(request: pytest.FixtureRequest, artifacts):
+    """The record of the test's declared run (`rlsmoke.suite.CaseRun`): its `case_record` parameter
+    (`indirect=True`), else its module's CASE. The run is the one `run_case` would launch; on a CPU host
+    with a spare core it may have started ahead, while earlier tests ran (`rlsmoke.run_ahead`)."""
+    from rlsmoke.run_ahead import declared_run
+
+    spec = declared_run(request.node)
+    if spec is None:
+        raise pytest.UsageError(f"{request.node.nodeid} uses case_record without a run: parametrize it with "
+                                "rlsmoke.suite.CaseRun values (indirect=True) or give its module a CASE")  # fmt: skip
+    ahead = request.config.stash.get(_AHEAD, None)
+    claimed = ahead.claim(request.node, spec, artifacts) if ahead is not None else None
+    if claimed is None:
+        return spec.start(artifacts).record()
+    pending, ran_with = claimed
+    ahead.advance(request.node)  # the claimed run is the one in front now: its slot takes the next
+    return pending.record(ran_with)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    ahead = item.config.stash.get(_AHEAD, None)
+    if ahead is not None:
+        ahead.advance(item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -305,7 +380,17 @@ def pytest_runtest_call(item: pytest.Item):
         pytest.skip(str(exc))
 
 
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    ahead = config.stash.get(_AHEAD, None)
+    if ahead is not None and ahead.claimed:
+        terminalreporter.write_line(f"rlsmoke: {ahead.claimed} case runs started ahead of their tests on a spare core "
+                                    "(--run-ahead 0 turns that off)")  # fmt: skip
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    ahead = session.config.stash.get(_AHEAD, None)
+    if ahead is not None:
+        ahead.stop()
     if hasattr(session.config, "workerinput"):  # xdist worker: the controller writes the summary once
         return
     root = _artifacts_root(session.config)

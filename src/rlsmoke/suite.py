@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,17 +24,47 @@ from rlsmoke.launch.miles import Paths
 from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
-__all__ = ["Artifacts", "CaseGates", "CaseRecord", "GateFailure", "HistoryBandWarning", "builtin_argv", "gates_for",
-           "run_case"]  # fmt: skip
+__all__ = ["Artifacts", "CaseGates", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
+           "PendingCase", "builtin_argv", "gates_for", "plan_launch", "run_case", "start_case"]  # fmt: skip
 
 DEFAULT_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
 
 
 @dataclass(frozen=True)
 class CaseRecord(metrics.Record):
-    """A suite run's record with the Artifacts (folder and session choices) it ran with, for `check`."""
+    """A suite run's record with the Artifacts (folder and session choices) it ran with, for `check`,
+    and the case it ran (NUM_GPUS as the session gave it)."""
 
     ran_with: Artifacts | None = field(default=None, repr=False, compare=False)
+    case: object = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """One run of a case as a test declares it, for the plugin's `case_record` fixture:
+    `@pytest.mark.parametrize("case_record", [CaseRun(CASE, inject="stale-weights")], indirect=True)`.
+
+    Declared runs are data the plugin can see before the test runs: on a CPU host with a core to
+    spare it starts them ahead (`rlsmoke.run_ahead`). `trainer` None: the session's --trainer.
+    """
+
+    case: object  # rlsmoke.cases.Case
+    inject: str | None = None
+    seed: int = 0
+    rollout_temperature: float | None = None
+    trainer: str | None = None
+
+    def artifacts(self, art: Artifacts) -> Artifacts:
+        return art if self.trainer is None else dataclasses.replace(art, trainer=self.trainer)
+
+    def start(self, art: Artifacts) -> PendingCase:
+        return start_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
+                          rollout_temperature=self.rollout_temperature)  # fmt: skip
+
+    def plan(self, art: Artifacts) -> CaseLaunch:
+        """What `start` would launch now, without verifying the checkpoint again."""
+        return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
+                           rollout_temperature=self.rollout_temperature, verify=False)  # fmt: skip
 
 
 def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
@@ -44,6 +75,43 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
     `RlsmokeError` for bad input (incl. a corrupt checkpoint, before anything launches) and
     `RunError` when the run broke or timed out; a finished run whose gates fail still returns.
     """
+    return start_case(case, artifacts, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
+                      timeout=timeout, echo=echo).record()  # fmt: skip
+
+
+def start_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
+               rollout_temperature: float | None = None, timeout: float | None = None, echo=None) -> PendingCase:  # fmt: skip
+    """`run_case` up to the launch: the built-in engine's run goes on in the background until
+    `.record()` (a Miles run has finished when this returns). Raises what `run_case` raises before a launch."""
+    launch = plan_launch(case, artifacts, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
+                         timeout=timeout)  # fmt: skip
+    case, art = launch.case, launch.art
+    if launch.launcher == "miles":
+        paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"))
+        plan = case.plan(paths=paths)
+        _write_meta(art, case, "miles")
+        result = runner.run_miles(plan.launch, miles_root=art.miles_root, ports=art.ports, env=launch.env,
+                                  artifacts=art.path, timeout=launch.timeout, echo=echo)  # fmt: skip
+        return PendingCase(launch, result=result)
+    process = runner.Process(launch.argv, env=launch.env, log=art.path / "pytest-run.log", echo=echo, warm=art.warm)
+    return PendingCase(launch, process=process)
+
+
+@dataclass(frozen=True)
+class CaseLaunch:
+    """What `start_case` launches for a case: the built-in engine's argv and environment, or a Miles run."""
+
+    case: object  # the effective rlsmoke.cases.Case
+    art: Artifacts
+    launcher: str
+    timeout: float
+    env: dict
+    argv: tuple[str, ...] = ()  # the built-in engine's; Miles renders its own from the plan
+
+
+def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
+                rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True) -> CaseLaunch:  # fmt: skip
+    """What `start_case` would launch now (after the checks that come before any launch)."""
     art = artifacts if isinstance(artifacts, Artifacts) else Artifacts(Path(artifacts))
     if inject:  # a fault twin is meant to fail: it must never reach the history baseline
         art = dataclasses.replace(art, history=None)
@@ -52,7 +120,7 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
     short = memory_shortfall(case, art.host) or trainer_refusal(art.trainer, case, inject)
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
-    checkpoint = _verified_checkpoint(case, art)
+    checkpoint = _verified_checkpoint(case, art) if verify else _checkpoint_folder(case, art)
     timeout = timeout or art.timeout or DEFAULT_TIMEOUT_S.get(case.platform, 3600.0)
     env = {**(art.lease.env() if art.lease else {})}
     if art.ports is not None:
@@ -65,31 +133,48 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
         if inject or rollout_temperature is not None:
             raise RlsmokeError(f"inject={inject!r} needs the built-in engine", rule="launcher.inject",
                                fix="run fault twins with --launcher builtin")  # fmt: skip
-        paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"))
-        plan = case.plan(paths=paths)
-        _write_meta(art, case, "miles")
-        result = runner.run_miles(plan.launch, miles_root=art.miles_root, ports=art.ports, env=env,
-                                  artifacts=art.path, timeout=timeout, echo=echo)  # fmt: skip
-        broke = not result.ok
-    else:
-        argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
-                            checkpoint=checkpoint, trainer=art.trainer)  # fmt: skip
-        result = runner.run(argv, env=runner.clean_env(env), log=art.path / "pytest-run.log", timeout=timeout,
-                            echo=echo, warm=art.warm)  # fmt: skip
-        if result.returncode == 2:
-            raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
-                               fix=f"see {result.log}")  # fmt: skip
-        broke = result.returncode != 0  # the run only records: `check` gates it
-    if broke:
-        what = f"timed out after {timeout:.0f} s" if result.timed_out else f"exited with {result.returncode}"
-        raise RunError(f"{case.name} on {case.platform} ({launcher}) {what}; artifacts: {art.path}\n"
-                       f"{_tail(result.log, 20)}", rule="run.broke")  # fmt: skip
-    loaded = metrics.load_record(art.path)
-    record = CaseRecord(loaded.entries, loaded.source, loaded.artifacts, loaded.meta, ran_with=art)
-    for key in record.keys():
-        art.record_property(key, record.value(key, "last"))
-    art.record_property("artifacts", str(art.path))
-    return record
+        return CaseLaunch(case, art, launcher, timeout, env)
+    argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
+                        checkpoint=checkpoint, trainer=art.trainer)  # fmt: skip
+    return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env), tuple(argv))
+
+
+@dataclass
+class PendingCase:
+    """A started case run: `record()` waits for it (up to its timeout, counted from its start)."""
+
+    launch: CaseLaunch
+    process: runner.Process | None = None
+    result: runner.Result | None = None
+
+    def done(self) -> bool:
+        return self.result is not None or self.process.proc.poll() is not None
+
+    def stop(self) -> None:
+        if self.process is not None and self.result is None:
+            self.process.stop()
+
+    def record(self, ran_with: Artifacts | None = None) -> CaseRecord:
+        """The run's record, kept with `ran_with` (default: the Artifacts it started with)."""
+        launch = self.launch
+        art = ran_with or launch.art
+        if self.result is None:
+            elapsed = time.monotonic() - self.process.started
+            self.result = self.process.wait(max(launch.timeout - elapsed, 0.0))
+            if self.result.returncode == 2:
+                raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(self.result.log, 3)}", rule="run.usage",
+                                   fix=f"see {self.result.log}")  # fmt: skip
+        result = self.result
+        if not result.ok:  # the run only records: `check` gates it
+            what = f"timed out after {launch.timeout:.0f} s" if result.timed_out else f"exited with {result.returncode}"
+            raise RunError(f"{launch.case.name} on {launch.case.platform} ({launch.launcher}) {what}; artifacts: "
+                           f"{launch.art.path}\n{_tail(result.log, 20)}", rule="run.broke")  # fmt: skip
+        loaded = metrics.load_record(launch.art.path)
+        record = CaseRecord(loaded.entries, loaded.source, loaded.artifacts, loaded.meta, ran_with=art, case=launch.case)
+        for key in record.keys():
+            art.record_property(key, record.value(key, "last"))
+        art.record_property("artifacts", str(launch.art.path))
+        return record
 
 
 def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=None, checkpoint=None,
@@ -109,6 +194,14 @@ def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=No
     if checkpoint is not None:
         argv += ["--checkpoint", str(checkpoint)]
     return argv
+
+
+def _checkpoint_folder(case, art: Artifacts) -> Path | None:
+    """`<model_dir>/<case>` when it exists."""
+    if art.model_dir is None:
+        return None
+    folder = Path(art.model_dir) / case.name
+    return folder if folder.exists() else None
 
 
 def _verified_checkpoint(case, art: Artifacts) -> Path | None:

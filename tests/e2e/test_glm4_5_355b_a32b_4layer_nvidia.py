@@ -3,7 +3,7 @@
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.suite import gates_for, run_case
+from rlsmoke.suite import gates_for
 
 NUM_GPUS = 8  # --num-gpus or env NUM_GPUS replaces it; every parallel size derives from it
 CASE = Case("glm4.5-355b-a32b-4layer", platform="nvidia", num_gpus=NUM_GPUS)
@@ -11,5 +11,5 @@ CASE = Case("glm4.5-355b-a32b-4layer", platform="nvidia", num_gpus=NUM_GPUS)
 
 @pytest.mark.nvidia
 @pytest.mark.gpus(NUM_GPUS)
-def test_one_step(artifacts):
-    gates_for(CASE).check(run_case(CASE, artifacts))
+def test_one_step(case_record):
+    gates_for(CASE).check(case_record)

@@ -3,12 +3,12 @@
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.suite import gates_for, run_case
+from rlsmoke.suite import gates_for
 
 CASE = Case("glm5.3-flash-4layer", platform="cpu", tiny=True)
 
 
 @pytest.mark.cpu
 @pytest.mark.slow
-def test_one_step(artifacts):
-    gates_for(CASE).check(run_case(CASE, artifacts))
+def test_one_step(case_record):
+    gates_for(CASE).check(case_record)

@@ -17,7 +17,6 @@ import json
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from rlsmoke.engine import megatron
 
@@ -27,25 +26,36 @@ pytestmark = [
 ]
 
 CASE_NAME = "glm5-744b-a40b-4layer"
-SUMS = {torch.sum, torch.Tensor.sum}
 
 
-class CudaAutocastSum(TorchFunctionMode):
+class CudaAutocastSum:
     """CUDA autocast runs `sum` in fp32; CPU autocast does not. While CPU autocast is on, give `sum`
-    CUDA's result dtype, and count the calls made under autocast."""
+    CUDA's result dtype, and count the calls made under autocast. Only `sum` is wrapped: a mode that
+    sees every torch call would cost seconds here."""
 
     def __init__(self):
-        super().__init__()
         self.under_autocast = 0
+        self._originals = {}
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in SUMS and torch.is_autocast_enabled("cpu"):
-            self.under_autocast += 1
-            x = args[0]
-            if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) and "dtype" not in kwargs:
-                return func(x.float(), *args[1:], **kwargs)
-        return func(*args, **kwargs)
+    def _wrap(self, func):
+        def cuda_sum(x, *args, **kwargs):
+            if torch.is_autocast_enabled("cpu"):
+                self.under_autocast += 1
+                if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) and "dtype" not in kwargs:
+                    return func(x.float(), *args, **kwargs)
+            return func(x, *args, **kwargs)
+
+        return cuda_sum
+
+    def __enter__(self):
+        for owner in (torch, torch.Tensor):
+            self._originals[owner] = owner.sum
+            owner.sum = self._wrap(owner.sum)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, func in self._originals.items():
+            owner.sum = func
 
 
 def _config(**changes):
@@ -84,6 +94,18 @@ def test_the_megatron_trainer_steps_at_the_gpu_dtypes_without_autocast(tmp_path)
     bound = {g.name: g.bound for g in lookup_gates(h200)}["logprob_abs_diff"]
     for step in (step0, step1):  # before the update, and after the sync
         assert 0 < step["train/train_rollout_logprob_abs_diff"] < bound
+
+
+def test_the_cuda_sum_policy_counts_and_upcasts_sums_under_cpu_autocast_only():
+    """The twin of the step's instrument: under autocast a bf16 sum is counted and comes out fp32."""
+    x = torch.ones(3, dtype=torch.bfloat16)
+    before = (torch.sum, torch.Tensor.sum)
+    with CudaAutocastSum() as policy:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under = (x.sum().dtype, torch.sum(x, dim=0).dtype)
+        outside = x.sum().dtype
+    assert policy.under_autocast == 2 and under == (torch.float32, torch.float32)
+    assert outside == torch.bfloat16 and (torch.sum, torch.Tensor.sum) == before  # put back as it was
 
 
 def _built_dtypes(rank, par):

@@ -122,10 +122,11 @@ def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
 
 
 class Process:
-    """One launched command in its own session, tee'd to `log`. Use as a context manager.
+    """One launched command in its own session, logged to `log`. Use as a context manager.
 
     With `warm` (a `launch.warm.WarmServer`), a command the server accepts is forked from it instead
-    of spawned: the same run without the interpreter's start-up.
+    of spawned: the same run without the interpreter's start-up. Without `echo` the command writes
+    to the log itself: no reader thread here, so a process that waits on runs stays one that may fork.
     """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
@@ -133,6 +134,7 @@ class Process:
                  warm=None):  # fmt: skip
         self.grace = grace
         self.argv = tuple(str(a) for a in argv)
+        self.env = dict(env)
         self.token = token or uuid.uuid4().hex
         self.log = Path(log)
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -142,17 +144,21 @@ class Process:
         self.started = time.monotonic()
         env = {**env, TOKEN_VAR: self.token}
         cold = warm.refusal(self.argv, env) if warm is not None else "no warm server"
+        if cold is not None and warm is not None and self.argv[1:3] == ("-m", "rlsmoke.cli"):  # could have been warm
+            self._logf.write(f"rlsmoke: started cold: {cold}\n")
+            self._logf.flush()
+        out = self._logf.fileno()  # opened for appending: the command's lines and ours interleave whole
         if cold is None:
-            self.proc = warm.fork(self.argv, env, cwd)
+            self.proc = warm.fork(self.argv, env, cwd, outputs=None if echo else (out, out))
         else:
-            if warm is not None and self.argv[1:3] == ("-m", "rlsmoke.cli"):  # a run that could have been warm
-                self._logf.write(f"rlsmoke: started cold: {cold}\n")
             self.proc = subprocess.Popen(
-                self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if echo else out,
                 stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, start_new_session=True,
             )  # fmt: skip
-        self._reader = threading.Thread(target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True)
-        self._reader.start()
+        self._reader = None
+        if echo is not None:
+            self._reader = threading.Thread(target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True)
+            self._reader.start()
 
     def wait(self, timeout: float | None) -> Result:
         timed_out = False
@@ -171,7 +177,8 @@ class Process:
         grace = self.grace if grace is None else grace
         if self.proc.poll() is None or tree_pids(self.token, self.proc.pid):
             stop_tree(self.proc, self.token, grace)
-        self._reader.join(timeout=grace)
+        if self._reader is not None:
+            self._reader.join(timeout=grace)
         if not self._logf.closed:
             self._logf.flush()
             self._logf.close()
