@@ -355,10 +355,9 @@ def case_record(request: pytest.FixtureRequest, artifacts):
                                 "rlsmoke.suite.CaseRun values (indirect=True) or give its module a CASE")  # fmt: skip
     ahead = request.config.stash.get(_AHEAD, None)
     claimed = ahead.claim(request.node, spec, artifacts) if ahead is not None else None
-    if claimed is None:
-        return spec.start(artifacts).record()
-    pending, ran_with = claimed
-    ahead.advance(request.node)  # the claimed run is the one in front now: its slot takes the next
+    pending, ran_with = claimed if claimed is not None else (spec.start(artifacts), None)
+    if ahead is not None:
+        ahead.advance(request.node)  # this run is the one in front: the slots take the next ones
     return pending.record(ran_with)
 
 
@@ -366,7 +365,7 @@ def case_record(request: pytest.FixtureRequest, artifacts):
 def pytest_runtest_setup(item: pytest.Item) -> None:
     ahead = item.config.stash.get(_AHEAD, None)
     if ahead is not None:
-        ahead.advance(item)
+        ahead.between_tests(item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -383,7 +382,7 @@ def pytest_runtest_call(item: pytest.Item):
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     ahead = config.stash.get(_AHEAD, None)
     if ahead is not None and ahead.claimed:
-        terminalreporter.write_line(f"rlsmoke: {ahead.claimed} case runs started ahead of their tests on a spare core "
+        terminalreporter.write_line(f"rlsmoke: case runs started ahead of their tests and claimed: {ahead.claimed} "
                                     "(--run-ahead 0 turns that off)")  # fmt: skip
 
 

@@ -14,6 +14,7 @@ share the cores out already (`platforms.share_cores`).
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Sequence
 
@@ -50,6 +51,7 @@ class RunAhead:
         self._index = {item.nodeid: i for i, item in enumerate(self.items)}
         self._next = 0  # items before this one were looked at already
         self.started: dict[str, tuple[CaseRun, PendingCase]] = {}  # nodeid -> its run, until claimed
+        self._environ = dict(os.environ)
         self.claimed = 0
 
     def goes_ahead(self, item) -> CaseRun | None:
@@ -65,6 +67,12 @@ class RunAhead:
     def owns(self, nodeid: str) -> bool:
         """Whether the item's folder holds a run started ahead (its `artifacts` must not empty it)."""
         return nodeid in self.started
+
+    def between_tests(self, item) -> None:
+        """Called as `item`'s setup begins: the environment no test has changed yet, which runs
+        started later, inside a test, start from."""
+        self._environ = dict(os.environ)
+        self.advance(item)
 
     def advance(self, current) -> None:
         """Start runs of the items after `current` while a slot is free."""
@@ -87,7 +95,7 @@ class RunAhead:
             self._next += 1
             shutil.rmtree(art.path, ignore_errors=True)  # as the fixture would: no stale summary is read
             try:
-                self.started[item.nodeid] = (spec, spec.start(art))
+                self.started[item.nodeid] = (spec, spec.start(art, self._environ))
             except Exception:  # a refusal, a corrupt checkpoint: the test meets it again, in its own report
                 shutil.rmtree(art.path, ignore_errors=True)
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,9 +58,9 @@ class CaseRun:
     def artifacts(self, art: Artifacts) -> Artifacts:
         return art if self.trainer is None else dataclasses.replace(art, trainer=self.trainer)
 
-    def start(self, art: Artifacts) -> PendingCase:
+    def start(self, art: Artifacts, environ: Mapping[str, str] | None = None) -> PendingCase:
         return start_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                          rollout_temperature=self.rollout_temperature)  # fmt: skip
+                          rollout_temperature=self.rollout_temperature, environ=environ)  # fmt: skip
 
     def plan(self, art: Artifacts) -> CaseLaunch:
         """What `start` would launch now, without verifying the checkpoint again."""
@@ -80,11 +81,13 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
 
 
 def start_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-               rollout_temperature: float | None = None, timeout: float | None = None, echo=None) -> PendingCase:  # fmt: skip
+               rollout_temperature: float | None = None, timeout: float | None = None, echo=None,
+               environ: Mapping[str, str] | None = None) -> PendingCase:  # fmt: skip
     """`run_case` up to the launch: the built-in engine's run goes on in the background until
-    `.record()` (a Miles run has finished when this returns). Raises what `run_case` raises before a launch."""
+    `.record()` (a Miles run has finished when this returns). Raises what `run_case` raises before a launch.
+    `environ`: what the run's environment starts from (default os.environ)."""
     launch = plan_launch(case, artifacts, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
-                         timeout=timeout)  # fmt: skip
+                         timeout=timeout, environ=environ)  # fmt: skip
     case, art = launch.case, launch.art
     if launch.launcher == "miles":
         paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"))
@@ -110,7 +113,8 @@ class CaseLaunch:
 
 
 def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-                rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True) -> CaseLaunch:  # fmt: skip
+                rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True,
+                environ: Mapping[str, str] | None = None) -> CaseLaunch:  # fmt: skip
     """What `start_case` would launch now (after the checks that come before any launch)."""
     art = artifacts if isinstance(artifacts, Artifacts) else Artifacts(Path(artifacts))
     if inject:  # a fault twin is meant to fail: it must never reach the history baseline
@@ -136,7 +140,7 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
         return CaseLaunch(case, art, launcher, timeout, env)
     argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
                         checkpoint=checkpoint, trainer=art.trainer)  # fmt: skip
-    return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env), tuple(argv))
+    return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env, base=environ), tuple(argv))
 
 
 @dataclass

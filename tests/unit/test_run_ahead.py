@@ -1,0 +1,92 @@
+"""Runs that go ahead of their tests (`rlsmoke.run_ahead`), through pytester.
+
+A case: tiny GLM-5 on CPU, declared by three tests in an inner session that may run one ahead.
+A run: the session; the second test changes its environment after its run went ahead.
+Gates: the third test's run went ahead and was claimed; the second's was stopped and launched again,
+and says so in its log; a test that will be skipped never starts a run.
+"""
+
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+DECLARED = """
+import pytest
+from rlsmoke.cases import Case
+from rlsmoke.suite import CaseRun, gates_for
+
+CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
+
+
+def test_in_front(case_record):
+    gates_for(CASE).check(case_record)
+
+
+@pytest.fixture
+def another_environment(monkeypatch):
+    monkeypatch.setenv("RLSMOKE_RUN_AHEAD_PROBE", "set by the test")
+
+
+def test_changes_its_environment(another_environment, case_record, artifacts):
+    log = (artifacts / "pytest-run.log").read_text()
+    assert "the run started ahead had another environment (RLSMOKE_RUN_AHEAD_PROBE)" in log
+    gates_for(CASE).check(case_record)
+
+
+@pytest.mark.parametrize("case_record", [CaseRun(CASE, seed=1)], indirect=True)
+def test_goes_ahead(case_record, artifacts):
+    assert case_record.meta["seed"] == 1
+    assert "started ahead" not in (artifacts / "pytest-run.log").read_text()
+    gates_for(CASE).check(case_record)
+"""
+
+
+@pytest.fixture
+def inner(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("RLSMOKE_LEASE_DIR", str(tmp_path / "leases"))
+    monkeypatch.delenv("NUM_GPUS", raising=False)
+    pytester.makeini("[pytest]\naddopts = --strict-markers -ra\n")
+    return pytester
+
+
+@pytest.mark.slow
+def test_a_run_goes_ahead_and_is_claimed_only_if_the_test_would_launch_the_same(inner):
+    inner.makepyfile(test_declared=DECLARED)
+    result = inner.runpytest("--run-ahead", "1", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["rlsmoke: case runs started ahead of their tests and claimed: 1 *"])
+
+
+def test_a_test_that_will_be_skipped_starts_no_run(inner):
+    inner.makepyfile(test_skipped=textwrap.dedent("""
+        import pytest
+        from rlsmoke.cases import Case
+
+        CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
+
+
+        def test_in_front():
+            pass
+
+
+        @pytest.mark.skip(reason="not today")
+        def test_skipped(case_record):
+            pass
+
+
+        @pytest.mark.skipif("True", reason="not here")
+        def test_skipped_if(case_record):
+            pass
+    """))
+    result = inner.runpytest("--run-ahead", "1", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=2)
+    assert not list((inner.path / "artifacts").glob("*skipped*"))
+
+
+def test_case_record_without_a_run_is_a_usage_error_naming_the_fix(inner):
+    inner.makepyfile(test_nothing="def test_x(case_record):\n    pass\n")
+    result = inner.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*uses case_record without a run: parametrize it with rlsmoke.suite.CaseRun*"])
