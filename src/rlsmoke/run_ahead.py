@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from rlsmoke.selection import effective_case
 from rlsmoke.suite import CaseRun, PendingCase
 
-MAX_WAITING = 4  # finished runs whose test has not come yet: more would only hold results longer
+MAX_WAITING = 16  # finished runs whose test has not come yet (a bound on work an early end would waste)
 PHASE_VARS = frozenset({"PYTEST_CURRENT_TEST"})  # pytest sets it anew in each phase of every test
 
 
