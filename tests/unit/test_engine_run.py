@@ -8,13 +8,16 @@ tests/e2e/test_fault_twins_cpu.py; this module covers the gates those faults can
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from rlsmoke.cases import Case
 from rlsmoke.cli import main
 from rlsmoke.engine.cli import gate_run
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.errors import ExitCode
+from rlsmoke.suite import CaseRun
 
 CASE = "glm5-744b-a40b-4layer"
 EVERY_METRIC = [
@@ -117,13 +120,12 @@ def test_ray_async_places_actors_on_separate_bundles_and_stops_its_cluster(tmp_p
 FAMILIES = ["glm4.5-355b-a32b-4layer", "glm5.3-flash-4layer"]
 
 
-@pytest.mark.parametrize("case", FAMILIES)
-def test_other_families_run_and_pass_cheaply(case, tmp_path):
-    from rlsmoke.engine.run import execute
-
-    summary = execute(RunConfig(case=case, tiny=True), tmp_path)
-    assert "verdict" not in summary  # the engine records; its caller gates
-    assert gate_run(tmp_path)[0].passed
+@pytest.mark.parametrize("case_record", [CaseRun(Case(name, platform="cpu", tiny=True)) for name in FAMILIES],
+                         indirect=True, ids=FAMILIES)  # fmt: skip
+def test_other_families_run_and_pass_cheaply(case_record):
+    out = Path(case_record.artifacts)
+    assert "verdict" not in json.loads((out / "summary.json").read_text())  # the engine records; its caller gates
+    assert gate_run(out)[0].passed
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -33,7 +33,11 @@ def _argv(out, *args):
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(rlsmoke_run_server):
+    """The session's server where it started one (it has imported by now), else this module's own."""
+    if rlsmoke_run_server is not None and rlsmoke_run_server.proc is not None:
+        yield rlsmoke_run_server
+        return
     warm = WarmServer.start(runner.clean_env())
     yield warm
     warm.stop()
