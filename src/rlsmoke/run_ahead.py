@@ -14,12 +14,18 @@ share the cores out already (`platforms.share_cores`).
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Sequence
 
 from rlsmoke.selection import effective_case
-from rlsmoke.suite import CaseRun, PendingCase
+from rlsmoke.launch.runner import Result
+from rlsmoke.suite import CaseLaunch, CaseRun, PendingCase
 
 MAX_WAITING = 16  # finished runs whose test has not come yet (a bound on work an early end would waste)
 PHASE_VARS = frozenset({"PYTEST_CURRENT_TEST"})  # pytest sets it anew in each phase of every test
@@ -38,8 +44,57 @@ def declared_run(item) -> CaseRun | None:
     return spec if isinstance(spec, CaseRun) else None
 
 
+class Lane:
+    """The pytest side of a `launch.lane` process: submit runs, wait for one, cancel one."""
+
+    def __init__(self, warm, slots: int):
+        self.proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.launch.lane", warm.socket_path if warm else "",
+                                      str(slots)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        self.finished: dict[str, dict] = {}
+        self._unread = b""  # read from the lane, not yet a whole line
+
+    def _send(self, request: dict) -> None:
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def submit(self, run_id: str, launch) -> None:
+        launch.art.path.mkdir(parents=True, exist_ok=True)
+        self._send({"start": run_id, "argv": list(launch.argv), "env": launch.env, "cwd": os.getcwd(),
+                    "log": str(launch.art.path / "pytest-run.log")})  # fmt: skip
+
+    def wait(self, run_id: str, timeout: float) -> dict | None:
+        """The run's {"returncode", "seconds"}; None when it is still running after `timeout`."""
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()  # read raw: select() cannot see what a buffered reader holds
+        while run_id not in self.finished:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the run-ahead lane exited with {self.proc.wait()}")
+            *lines, self._unread = (self._unread + chunk).split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                self.finished[message["done"]] = message
+        return self.finished.pop(run_id)
+
+    def cancel(self, run_id: str) -> None:
+        self._send({"cancel": run_id})
+        self.wait(run_id, 60)
+
+    def close(self) -> None:
+        self.proc.stdin.close()  # the lane stops what still runs, then exits
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
 class RunAhead:
-    """Starts the declared runs of later tests, `slots` at a time, and hands each to its test."""
+    """Hands the declared runs of later tests to a lane (`slots` at a time) and each to its test."""
 
     def __init__(self, items: Sequence, slots: int, artifacts_for: Callable, will_skip: Callable[[object], bool],
                  num_gpus: int | None = None):  # fmt: skip
@@ -50,8 +105,9 @@ class RunAhead:
         self._num_gpus = num_gpus
         self._index = {item.nodeid: i for i, item in enumerate(self.items)}
         self._next = 0  # items before this one were looked at already
-        self.started: dict[str, tuple[CaseRun, PendingCase]] = {}  # nodeid -> its run, until claimed
+        self.submitted: dict[str, tuple[CaseRun, CaseLaunch, float]] = {}  # nodeid -> its run, until claimed
         self._environ = dict(os.environ)
+        self._lane: Lane | None = None
         self.claimed = 0
 
     def goes_ahead(self, item) -> CaseRun | None:
@@ -66,64 +122,74 @@ class RunAhead:
 
     def owns(self, nodeid: str) -> bool:
         """Whether the item's folder holds a run started ahead (its `artifacts` must not empty it)."""
-        return nodeid in self.started
+        return nodeid in self.submitted
 
     def between_tests(self, item) -> None:
         """Called as `item`'s setup begins: the environment no test has changed yet, which runs
-        started later, inside a test, start from."""
+        submitted later, inside a test, start from."""
         self._environ = dict(os.environ)
         self.advance(item)
 
     def advance(self, current) -> None:
-        """Start runs of the items after `current` while a slot is free."""
+        """Submit the runs of the items after `current`, up to MAX_WAITING beyond the lane's slots."""
         position = self._index.get(current.nodeid)
         if position is None or self.slots <= 0:
             return
         self._next = max(self._next, position + 1)
-        while self._next < len(self.items):
-            running = sum(not pending.done() for _, pending in self.started.values())
-            if running >= self.slots or len(self.started) >= MAX_WAITING + self.slots:
-                return
+        while self._next < len(self.items) and len(self.submitted) < MAX_WAITING + self.slots:
             item = self.items[self._next]
+            self._next += 1
             spec = self.goes_ahead(item)
             if spec is None:
-                self._next += 1
                 continue
             art = self._artifacts_for(item)
-            if art.warm is not None and not art.warm.ready():  # it still imports: the test in front must not wait
-                return
-            self._next += 1
             shutil.rmtree(art.path, ignore_errors=True)  # as the fixture would: no stale summary is read
             try:
-                self.started[item.nodeid] = (spec, spec.start(art, self._environ))
+                launch = spec.plan(art, environ=self._environ, verify=True)
             except Exception:  # a refusal, a corrupt checkpoint: the test meets it again, in its own report
                 shutil.rmtree(art.path, ignore_errors=True)
+                continue
+            if self._lane is None:
+                self._lane = Lane(art.warm, self.slots)
+            self._lane.submit(item.nodeid, launch)
+            self.submitted[item.nodeid] = (spec, launch, time.monotonic())
 
     def claim(self, item, spec: CaseRun, art) -> tuple[PendingCase, object] | None:
-        """The item's run if one went ahead and is the one `spec` would launch now under `art`, with
-        the Artifacts its record is to be kept with."""
-        entry = self.started.pop(item.nodeid, None)
+        """The item's run if one went ahead and is the one `spec` would launch now under `art`, waited
+        for, with the Artifacts its record is to be kept with."""
+        entry = self.submitted.pop(item.nodeid, None)
         if entry is None:
             return None
-        started_spec, pending = entry
+        submitted_spec, launch, submitted_at = entry
         planned = spec.plan(art)
-        changed = difference(planned, pending.launch) if started_spec == spec else "the declared run"
+        changed = difference(planned, launch) if submitted_spec == spec else "the declared run"
         if changed:
-            pending.stop()
+            self._lane.cancel(item.nodeid)
             shutil.rmtree(art.path, ignore_errors=True)
             art.path.mkdir(parents=True)
             (art.path / "pytest-run.log").write_text(f"rlsmoke: the run started ahead had another {changed}; "
                                                      "stopped it and launched this one\n")  # fmt: skip
             return None
         self.claimed += 1
-        return pending, planned.art
+        self.advance(item)  # this run is the one in front now: the lane takes the next ones
+        waited = self._lane.wait(item.nodeid, max(launch.timeout - (time.monotonic() - submitted_at), 0.0))
+        log = launch.art.path / "pytest-run.log"
+        if waited is None:
+            self._lane.cancel(item.nodeid)
+            with log.open("a") as f:
+                f.write(f"rlsmoke: timed out after {launch.timeout:.0f} s; killing the process group\n")
+            result = Result(launch.argv, None, True, time.monotonic() - submitted_at, log)
+        else:
+            result = Result(launch.argv, waited["returncode"], False, waited["seconds"], log)
+        return PendingCase(launch, result=result), planned.art
 
     def stop(self) -> None:
         """Stop the runs no test claimed (the session ended early) and remove their folders."""
-        for _, pending in self.started.values():
-            pending.stop()
-            shutil.rmtree(pending.launch.art.path, ignore_errors=True)
-        self.started.clear()
+        if self._lane is not None:
+            self._lane.close()
+        for _, launch, _ in self.submitted.values():
+            shutil.rmtree(launch.art.path, ignore_errors=True)
+        self.submitted.clear()
 
 
 def difference(planned, launched) -> str:

@@ -62,10 +62,10 @@ class CaseRun:
         return start_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
                           rollout_temperature=self.rollout_temperature, environ=environ)  # fmt: skip
 
-    def plan(self, art: Artifacts) -> CaseLaunch:
-        """What `start` would launch now, without verifying the checkpoint again."""
+    def plan(self, art: Artifacts, environ: Mapping[str, str] | None = None, verify: bool = False) -> CaseLaunch:
+        """What `start` would launch now (the checkpoint verified only with `verify`)."""
         return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                           rollout_temperature=self.rollout_temperature, verify=False)  # fmt: skip
+                           rollout_temperature=self.rollout_temperature, verify=verify, environ=environ)  # fmt: skip
 
 
 def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
@@ -165,10 +165,10 @@ class PendingCase:
         if self.result is None:
             elapsed = time.monotonic() - self.process.started
             self.result = self.process.wait(max(launch.timeout - elapsed, 0.0))
-            if self.result.returncode == 2:
-                raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(self.result.log, 3)}", rule="run.usage",
-                                   fix=f"see {self.result.log}")  # fmt: skip
         result = self.result
+        if launch.launcher == "builtin" and result.returncode == 2:
+            raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
+                               fix=f"see {result.log}")  # fmt: skip
         if not result.ok:  # the run only records: `check` gates it
             what = f"timed out after {launch.timeout:.0f} s" if result.timed_out else f"exited with {result.returncode}"
             raise RunError(f"{launch.case.name} on {launch.case.platform} ({launch.launcher}) {what}; artifacts: "
