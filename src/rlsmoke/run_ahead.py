@@ -2,9 +2,9 @@
 
 A serial session on a CPU host runs one tiny case at a time, on one core, while the others wait. A
 test that takes its run from the `case_record` fixture declares the run as data (a `CaseRun`
-parameter, or its module's CASE), so the plugin can start it before the test's turn: while one test
-runs, the next declared runs start on the spare cores, each in the folder the test's own `artifacts`
-will be. When its turn comes, the test claims its run only if it would launch the very same one now
+parameter, or its module's CASE), so the plugin can start it before the test's turn: a lane process
+(`launch.lane`) runs the next declared runs on the spare cores, one after another, each in the
+folder the test's own `artifacts` will be. When its turn comes, the test claims its run only if it would launch the very same one now
 (argv and environment); otherwise the early run is stopped and the test launches its own.
 
 Only one-process CPU runs of the built-in engine go ahead (more ranks would take the core the
@@ -22,12 +22,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from rlsmoke.selection import effective_case
 from rlsmoke.launch.runner import Result
+from rlsmoke.selection import effective_case
 from rlsmoke.suite import CaseLaunch, CaseRun, PendingCase
 
-MAX_WAITING = 16  # finished runs whose test has not come yet (a bound on work an early end would waste)
+MAX_WAITING = 16  # runs handed to the lane beyond its slots, not yet claimed: what an early end would waste
 PHASE_VARS = frozenset({"PYTEST_CURRENT_TEST"})  # pytest sets it anew in each phase of every test
 
 
@@ -57,18 +58,17 @@ class Lane:
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
         self.proc.stdin.flush()
 
-    def submit(self, run_id: str, launch) -> None:
-        launch.art.path.mkdir(parents=True, exist_ok=True)
-        self._send({"start": run_id, "argv": list(launch.argv), "env": launch.env, "cwd": os.getcwd(),
-                    "log": str(launch.art.path / "pytest-run.log")})  # fmt: skip
+    def submit(self, run_id: str, argv, env: dict, log: Path, timeout: float) -> None:
+        self._send({"start": run_id, "argv": list(argv), "env": env, "cwd": os.getcwd(), "log": str(log),
+                    "timeout": timeout})  # fmt: skip
 
-    def wait(self, run_id: str, timeout: float) -> dict | None:
-        """The run's {"returncode", "seconds"}; None when it is still running after `timeout`."""
-        deadline = time.monotonic() + timeout
+    def wait(self, run_id: str, timeout: float | None = None) -> dict | None:
+        """The run's {"returncode", "seconds", "timed_out"}; None when the lane has not said after `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         fd = self.proc.stdout.fileno()  # read raw: select() cannot see what a buffered reader holds
         while run_id not in self.finished:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not select.select([fd], [], [], left)[0]:
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -105,7 +105,7 @@ class RunAhead:
         self._num_gpus = num_gpus
         self._index = {item.nodeid: i for i, item in enumerate(self.items)}
         self._next = 0  # items before this one were looked at already
-        self.submitted: dict[str, tuple[CaseRun, CaseLaunch, float]] = {}  # nodeid -> its run, until claimed
+        self.submitted: dict[str, tuple[CaseRun, CaseLaunch]] = {}  # nodeid -> its run, until claimed
         self._environ = dict(os.environ)
         self._lane: Lane | None = None
         self.claimed = 0
@@ -151,8 +151,8 @@ class RunAhead:
                 continue
             if self._lane is None:
                 self._lane = Lane(art.warm, self.slots)
-            self._lane.submit(item.nodeid, launch)
-            self.submitted[item.nodeid] = (spec, launch, time.monotonic())
+            self._lane.submit(item.nodeid, launch.argv, launch.env, launch.art.path / "pytest-run.log", launch.timeout)
+            self.submitted[item.nodeid] = (spec, launch)
 
     def claim(self, item, spec: CaseRun, art) -> tuple[PendingCase, object] | None:
         """The item's run if one went ahead and is the one `spec` would launch now under `art`, waited
@@ -160,7 +160,7 @@ class RunAhead:
         entry = self.submitted.pop(item.nodeid, None)
         if entry is None:
             return None
-        submitted_spec, launch, submitted_at = entry
+        submitted_spec, launch = entry
         planned = spec.plan(art)
         changed = difference(planned, launch) if submitted_spec == spec else "the declared run"
         if changed:
@@ -172,22 +172,16 @@ class RunAhead:
             return None
         self.claimed += 1
         self.advance(item)  # this run is the one in front now: the lane takes the next ones
-        waited = self._lane.wait(item.nodeid, max(launch.timeout - (time.monotonic() - submitted_at), 0.0))
-        log = launch.art.path / "pytest-run.log"
-        if waited is None:
-            self._lane.cancel(item.nodeid)
-            with log.open("a") as f:
-                f.write(f"rlsmoke: timed out after {launch.timeout:.0f} s; killing the process group\n")
-            result = Result(launch.argv, None, True, time.monotonic() - submitted_at, log)
-        else:
-            result = Result(launch.argv, waited["returncode"], False, waited["seconds"], log)
+        waited = self._lane.wait(item.nodeid)  # the lane kills a run at its timeout
+        result = Result(launch.argv, waited["returncode"], waited["timed_out"], waited["seconds"],
+                        launch.art.path / "pytest-run.log")  # fmt: skip
         return PendingCase(launch, result=result), planned.art
 
     def stop(self) -> None:
         """Stop the runs no test claimed (the session ended early) and remove their folders."""
         if self._lane is not None:
             self._lane.close()
-        for _, launch, _ in self.submitted.values():
+        for _, launch in self.submitted.values():
             shutil.rmtree(launch.art.path, ignore_errors=True)
         self.submitted.clear()
 

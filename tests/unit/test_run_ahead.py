@@ -6,9 +6,14 @@ Gates: the third test's run went ahead and was claimed; the second's was stopped
 and says so in its log; a test that will be skipped never starts a run.
 """
 
+import json
+import sys
 import textwrap
 
 import pytest
+
+from rlsmoke.launch.runner import clean_env
+from rlsmoke.run_ahead import Lane
 
 pytest_plugins = ["pytester"]
 
@@ -90,3 +95,22 @@ def test_case_record_without_a_run_is_a_usage_error_naming_the_fix(inner):
     result = inner.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*uses case_record without a run: parametrize it with rlsmoke.suite.CaseRun*"])
+
+
+def test_the_lane_runs_in_order_and_kills_a_run_at_its_timeout(tmp_path):
+    """Slots of 1: the second run starts only once the first has ended, here at its 1 s timeout."""
+    lane = Lane(None, 1)  # no warm server: each run starts as a fresh interpreter
+    try:
+        sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+        stamp = [sys.executable, "-c", "import json, time; print(json.dumps(time.time()))"]
+        lane.submit("slow", sleeper, clean_env(), tmp_path / "slow.log", timeout=1.0)
+        lane.submit("quick", stamp, clean_env(), tmp_path / "quick.log", timeout=60.0)
+        slow, quick = lane.wait("slow", 30), lane.wait("quick", 30)
+    finally:
+        lane.close()
+    assert slow["timed_out"] and slow["returncode"] is None and 1.0 <= slow["seconds"] < 15
+    assert "rlsmoke: timed out after 1 s" in (tmp_path / "slow.log").read_text()
+    assert not quick["timed_out"] and quick["returncode"] == 0
+    assert lane.proc.returncode == 0
+    started = json.loads((tmp_path / "quick.log").read_text().splitlines()[-1])
+    assert started >= (tmp_path / "slow.log").stat().st_mtime - 0.5  # after the first one ended

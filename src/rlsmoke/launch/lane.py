@@ -5,8 +5,9 @@ finished run's slot takes the next one at once, even while the pytest process is
 test. The lane imports no torch: its runs fork from the session's warm server (`launch.warm`) or
 start cold, through `launch.runner`, which ends each run's whole tree.
 
-Protocol, one JSON object per line. In: {"start": id, "argv", "env", "cwd", "log"} and
-{"cancel": id}. Out: {"done": id, "returncode", "seconds"} (returncode null: cancelled). The lane
+Protocol, one JSON object per line. In: {"start": id, "argv", "env", "cwd", "log", "timeout"} and
+{"cancel": id}. Out: {"done": id, "returncode", "seconds", "timed_out"} (returncode null: cancelled,
+or killed at its timeout, which counts from the run's start). The lane
 ends, stopping what still runs, when its input closes (the plugin's session ended, or died).
 """
 
@@ -36,10 +37,11 @@ def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
         except OSError:  # gone: every run starts cold
             warm = None
     queued: deque[dict] = deque()
-    running: dict[str, runner.Process] = {}
+    running: dict[str, tuple[runner.Process, float]] = {}  # id -> the run, its timeout
 
-    def done(run_id: str, returncode, seconds: float) -> None:
-        stdout.write(json.dumps({"done": run_id, "returncode": returncode, "seconds": seconds}) + "\n")
+    def done(run_id: str, returncode, seconds: float, timed_out: bool = False) -> None:
+        message = {"done": run_id, "returncode": returncode, "seconds": seconds, "timed_out": timed_out}
+        stdout.write(json.dumps(message) + "\n")
         stdout.flush()
 
     fd = stdin.fileno()
@@ -57,21 +59,23 @@ def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
                 if "start" in request:
                     queued.append(request)
                 elif request.get("cancel") in running:
-                    running.pop(request["cancel"]).stop()
+                    running.pop(request["cancel"])[0].stop()
                     done(request["cancel"], None, 0.0)
                 elif any(r["start"] == request.get("cancel") for r in queued):
                     queued.remove(next(r for r in queued if r["start"] == request["cancel"]))
                     done(request["cancel"], None, 0.0)
-        for run_id, process in list(running.items()):
-            if process.proc.poll() is not None:
+        for run_id, (process, timeout) in list(running.items()):
+            late = time.monotonic() - process.started > timeout
+            if late or process.proc.poll() is not None:
                 result = process.wait(0)
                 del running[run_id]
-                done(run_id, result.returncode, result.seconds)
+                done(run_id, result.returncode, result.seconds, result.timed_out)
         while queued and len(running) < slots:
             request = queued.popleft()
-            running[request["start"]] = runner.Process(request["argv"], env=request["env"], cwd=request["cwd"],
-                                                       log=request["log"], warm=warm)  # fmt: skip
-    for process in running.values():
+            process = runner.Process(request["argv"], env=request["env"], cwd=request["cwd"], log=request["log"],
+                                     warm=warm)  # fmt: skip
+            running[request["start"]] = (process, request["timeout"])
+    for process, _ in running.values():
         process.stop()
 
 

@@ -168,7 +168,8 @@ class Process:
             timed_out = True
         rc = None if timed_out else self.proc.returncode
         if timed_out:
-            self._logf.write(f"rlsmoke: timed out after {timeout:.0f} s; killing the process group\n")
+            self._logf.write(f"rlsmoke: timed out after {time.monotonic() - self.started:.0f} s; "
+                             "killing the process group\n")
         self.stop()
         return Result(self.argv, rc, timed_out, time.monotonic() - self.started, self.log)
 
