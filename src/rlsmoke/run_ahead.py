@@ -79,6 +79,10 @@ class Lane:
                 self.finished[message["done"]] = message
         return self.finished.pop(run_id)
 
+    def claim(self, run_id: str) -> None:
+        """Its test waits for it: the lane starts it now if it has not yet."""
+        self._send({"claim": run_id})
+
     def cancel(self, run_id: str) -> None:
         self._send({"cancel": run_id})
         self.wait(run_id, 60)
@@ -172,6 +176,7 @@ class RunAhead:
             return None
         self.claimed += 1
         self.advance(item)  # this run is the one in front now: the lane takes the next ones
+        self._lane.claim(item.nodeid)
         waited = self._lane.wait(item.nodeid)  # the lane kills a run at its timeout
         result = Result(launch.argv, waited["returncode"], waited["timed_out"], waited["seconds"],
                         launch.art.path / "pytest-run.log")  # fmt: skip

@@ -114,3 +114,22 @@ def test_the_lane_runs_in_order_and_kills_a_run_at_its_timeout(tmp_path):
     assert lane.proc.returncode == 0
     started = json.loads((tmp_path / "quick.log").read_text().splitlines()[-1])
     assert started >= (tmp_path / "slow.log").stat().st_mtime - 0.5  # after the first one ended
+
+
+def test_the_lane_waits_for_an_idle_core_unless_the_run_is_claimed(tmp_path):
+    """Every core busy (a spinning process per core): a submitted run waits; claimed, it starts."""
+    import os
+    import subprocess
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    lane = Lane(None, 1)
+    try:
+        lane.submit("run", [sys.executable, "-c", "pass"], clean_env(), tmp_path / "run.log", timeout=60.0)
+        assert lane.wait("run", 2.0) is None and not (tmp_path / "run.log").exists()
+        lane.claim("run")
+        assert lane.wait("run", 30)["returncode"] == 0
+    finally:
+        lane.close()
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

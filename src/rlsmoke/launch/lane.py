@@ -1,12 +1,16 @@
-"""A lane: a small process that runs the commands it is given, `slots` at a time, one after another.
+"""A lane: a small process that runs the commands it is given, `slots` at a time, one after another,
+on cores that are idle.
 
 The pytest plugin hands it the runs that go ahead of their tests (`rlsmoke.run_ahead`), so that a
 finished run's slot takes the next one at once, even while the pytest process is busy inside a long
-test. The lane imports no torch: its runs fork from the session's warm server (`launch.warm`) or
-start cold, through `launch.runner`, which ends each run's whole tree.
+test. A run starts only while about a core has been idle for the last half second (/proc/stat): a run
+that went ahead into a test that already keeps every core busy (xdist workers importing torch) would
+only slow that test down by as much as it gains. A claimed run (its test waits for it) starts at once.
+The lane imports no torch: its runs fork from the session's warm server (`launch.warm`) or start
+cold, through `launch.runner`, which ends each run's whole tree.
 
-Protocol, one JSON object per line. In: {"start": id, "argv", "env", "cwd", "log", "timeout"} and
-{"cancel": id}. Out: {"done": id, "returncode", "seconds", "timed_out"} (returncode null: cancelled,
+Protocol, one JSON object per line. In: {"start": id, "argv", "env", "cwd", "log", "timeout"},
+{"claim": id} and {"cancel": id}. Out: {"done": id, "returncode", "seconds", "timed_out"} (returncode null: cancelled,
 or killed at its timeout, which counts from the run's start). The lane
 ends, stopping what still runs, when its input closes (the plugin's session ended, or died).
 """
@@ -23,6 +27,41 @@ from collections import deque
 from rlsmoke.launch import runner
 
 POLL_S = 0.05
+IDLE_WINDOW_S = 0.5
+IDLE_CORES = 0.75  # what a tiny run needs: one thread's core
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(idle, total) jiffies of the host's cores since boot; None where /proc/stat is not there."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + fields[4], sum(fields)  # idle + iowait; user .. steal
+
+
+class IdleCores:
+    """Idle cores over the last IDLE_WINDOW_S, from /proc/stat samples taken as the lane polls."""
+
+    def __init__(self):
+        self.cores = os.cpu_count() or 1
+        self.samples: deque[tuple[float, int, int]] = deque()
+
+    def sample(self) -> None:
+        jiffies = _cpu_jiffies()
+        if jiffies is not None:
+            self.samples.append((time.monotonic(), *jiffies))
+        while len(self.samples) > 2 and self.samples[1][0] <= time.monotonic() - IDLE_WINDOW_S:
+            self.samples.popleft()
+
+    def idle(self) -> float:
+        if not self.samples:
+            return float(self.cores)  # nothing to read: assume the spare cores are there
+        (t0, idle0, total0), (t1, idle1, total1) = self.samples[0], self.samples[-1]
+        if t1 - t0 < IDLE_WINDOW_S or total1 == total0:
+            return 0.0  # not a whole window yet: wait for one
+        return self.cores * (idle1 - idle0) / (total1 - total0)
 
 
 def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
@@ -38,6 +77,15 @@ def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
             warm = None
     queued: deque[dict] = deque()
     running: dict[str, tuple[runner.Process, float]] = {}  # id -> the run, its timeout
+    idle = IdleCores()
+    last_start = 0.0
+
+    def start(request: dict) -> None:
+        nonlocal last_start
+        process = runner.Process(request["argv"], env=request["env"], cwd=request["cwd"], log=request["log"],
+                                 warm=warm)  # fmt: skip
+        running[request["start"]] = (process, request["timeout"])
+        last_start = time.monotonic()
 
     def done(run_id: str, returncode, seconds: float, timed_out: bool = False) -> None:
         message = {"done": run_id, "returncode": returncode, "seconds": seconds, "timed_out": timed_out}
@@ -58,6 +106,10 @@ def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
                 request = json.loads(line)
                 if "start" in request:
                     queued.append(request)
+                elif any(r["start"] == request.get("claim") for r in queued):  # its test waits: now
+                    claimed = next(r for r in queued if r["start"] == request["claim"])
+                    queued.remove(claimed)
+                    start(claimed)
                 elif request.get("cancel") in running:
                     running.pop(request["cancel"])[0].stop()
                     done(request["cancel"], None, 0.0)
@@ -70,11 +122,10 @@ def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
                 result = process.wait(0)
                 del running[run_id]
                 done(run_id, result.returncode, result.seconds, result.timed_out)
-        while queued and len(running) < slots:
-            request = queued.popleft()
-            process = runner.Process(request["argv"], env=request["env"], cwd=request["cwd"], log=request["log"],
-                                     warm=warm)  # fmt: skip
-            running[request["start"]] = (process, request["timeout"])
+        idle.sample()
+        settled = time.monotonic() - last_start >= IDLE_WINDOW_S  # the last start's load shows by now
+        if queued and len(running) < slots and settled and idle.idle() >= IDLE_CORES:
+            start(queued.popleft())
     for process, _ in running.values():
         process.stop()
 
