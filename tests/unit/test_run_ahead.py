@@ -125,7 +125,7 @@ def test_the_lane_waits_for_an_idle_core_unless_the_run_is_claimed(tmp_path):
     lane = Lane(None, 1)
     try:
         lane.submit("run", [sys.executable, "-c", "pass"], clean_env(), tmp_path / "run.log", timeout=60.0)
-        assert lane.wait("run", 2.0) is None and not (tmp_path / "run.log").exists()
+        assert lane.wait("run", 1.5) is None and not (tmp_path / "run.log").exists()
         lane.claim("run")
         assert lane.wait("run", 30)["returncode"] == 0
     finally:
