@@ -151,10 +151,8 @@ class PendingCase:
     process: runner.Process | None = None
     result: runner.Result | None = None
 
-    def done(self) -> bool:
-        return self.result is not None or self.process.proc.poll() is not None
-
     def stop(self) -> None:
+        """Abandon the run: its whole tree ends."""
         if self.process is not None and self.result is None:
             self.process.stop()
 

@@ -134,7 +134,6 @@ class Process:
                  warm=None):  # fmt: skip
         self.grace = grace
         self.argv = tuple(str(a) for a in argv)
-        self.env = dict(env)
         self.token = token or uuid.uuid4().hex
         self.log = Path(log)
         self.log.parent.mkdir(parents=True, exist_ok=True)

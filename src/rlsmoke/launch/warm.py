@@ -187,12 +187,6 @@ class WarmServer:
     def accepts(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
         return self.refusal(argv, env) is None
 
-    def ready(self) -> bool:
-        """Whether the server has imported (a fork now would not wait); never blocks."""
-        if not self._ready and select.select([self.proc.stdout], [], [], 0)[0]:
-            self._wait_ready()
-        return self._ready
-
     def _wait_ready(self) -> None:
         if self._ready:
             return
