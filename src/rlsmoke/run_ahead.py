@@ -4,8 +4,9 @@ A serial session on a CPU host runs one tiny case at a time, on one core, while 
 test that takes its run from the `case_record` fixture declares the run as data (a `CaseRun`
 parameter, or its module's CASE), so the plugin can start it before the test's turn: a lane process
 (`launch.lane`) runs the next declared runs on the spare cores, one after another, each in the
-folder the test's own `artifacts` will be. When its turn comes, the test claims its run only if it would launch the very same one now
-(argv and environment); otherwise the early run is stopped and the test launches its own.
+folder the test's own `artifacts` will be. When its turn comes, the test claims its run only if it
+would launch the very same one now (argv and environment); otherwise the early run is stopped and
+the test launches its own.
 
 Only one-process CPU runs of the built-in engine go ahead (more ranks would take the core the
 foreground test needs), never a test that will be skipped, and never under xdist, whose workers
