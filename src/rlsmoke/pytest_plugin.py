@@ -123,12 +123,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the warm run server as soon as a selected test will launch a run: it imports while others
     run. Set up the runs that may go ahead of their tests (`rlsmoke.run_ahead`)."""
     config = session.config
-    if config.getoption("cold_runs", False) or _host(config).platform != "cpu":
+    if _host(config).platform != "cpu":
         return
     users = {"artifacts", "rlsmoke_run_server"}
     if any(users & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("skip")
            for item in session.items):  # fmt: skip
-        _warm_server(config)
+        _warm_server(config)  # none with --cold-runs: then the runs that go ahead start cold too
     slots = _run_ahead_slots(config)
     if slots > 0:
         from rlsmoke.run_ahead import RunAhead
@@ -310,7 +310,7 @@ def _commit(config: pytest.Config) -> str:
 
 
 @pytest.fixture
-def artifacts(request: pytest.FixtureRequest, rlsmoke_host, rlsmoke_ports, gpu_lease, record_property):
+def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
     """The test's artifacts folder (emptied first) with the session's launcher, leases and history."""
     config = request.config
     ahead = config.stash.get(_AHEAD, None)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rlsmoke.launch.lane import JsonLines
 from rlsmoke.launch.runner import Result
 from rlsmoke.selection import effective_case
 from rlsmoke.suite import CaseLaunch, CaseRun, PendingCase
@@ -53,7 +53,7 @@ class Lane:
         self.proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.launch.lane", warm.socket_path if warm else "",
                                       str(slots)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
         self.finished: dict[str, dict] = {}
-        self._unread = b""  # read from the lane, not yet a whole line
+        self._replies = JsonLines(self.proc.stdout.fileno())
 
     def _send(self, request: dict) -> None:
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
@@ -66,18 +66,14 @@ class Lane:
     def wait(self, run_id: str, timeout: float | None = None) -> dict | None:
         """The run's {"returncode", "seconds", "timed_out"}; None when the lane has not said after `timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()  # read raw: select() cannot see what a buffered reader holds
         while run_id not in self.finished:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            if not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
+            received = self._replies.read(left)
+            if received is None:
                 raise RuntimeError(f"the run-ahead lane exited with {self.proc.wait()}")
-            *lines, self._unread = (self._unread + chunk).split(b"\n")
-            for line in lines:
-                message = json.loads(line)
-                self.finished[message["done"]] = message
+            if not received and left is not None and time.monotonic() >= deadline:
+                return None
+            self.finished.update((message["done"], message) for message in received)
         return self.finished.pop(run_id)
 
     def claim(self, run_id: str) -> None:

@@ -58,9 +58,9 @@ class CaseRun:
     def artifacts(self, art: Artifacts) -> Artifacts:
         return art if self.trainer is None else dataclasses.replace(art, trainer=self.trainer)
 
-    def start(self, art: Artifacts, environ: Mapping[str, str] | None = None) -> PendingCase:
+    def start(self, art: Artifacts) -> PendingCase:
         return start_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                          rollout_temperature=self.rollout_temperature, environ=environ)  # fmt: skip
+                          rollout_temperature=self.rollout_temperature)  # fmt: skip
 
     def plan(self, art: Artifacts, environ: Mapping[str, str] | None = None, verify: bool = False) -> CaseLaunch:
         """What `start` would launch now (the checkpoint verified only with `verify`)."""
@@ -81,13 +81,11 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
 
 
 def start_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-               rollout_temperature: float | None = None, timeout: float | None = None, echo=None,
-               environ: Mapping[str, str] | None = None) -> PendingCase:  # fmt: skip
+               rollout_temperature: float | None = None, timeout: float | None = None, echo=None) -> PendingCase:  # fmt: skip
     """`run_case` up to the launch: the built-in engine's run goes on in the background until
-    `.record()` (a Miles run has finished when this returns). Raises what `run_case` raises before a launch.
-    `environ`: what the run's environment starts from (default os.environ)."""
+    `.record()` (a Miles run has finished when this returns). Raises what `run_case` raises before a launch."""
     launch = plan_launch(case, artifacts, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
-                         timeout=timeout, environ=environ)  # fmt: skip
+                         timeout=timeout)  # fmt: skip
     case, art = launch.case, launch.art
     if launch.launcher == "miles":
         paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"))
@@ -115,7 +113,8 @@ class CaseLaunch:
 def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
                 rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True,
                 environ: Mapping[str, str] | None = None) -> CaseLaunch:  # fmt: skip
-    """What `start_case` would launch now (after the checks that come before any launch)."""
+    """What `start_case` would launch now (after the checks that come before any launch). `environ`: what
+    the run's environment starts from (default os.environ)."""
     art = artifacts if isinstance(artifacts, Artifacts) else Artifacts(Path(artifacts))
     if inject:  # a fault twin is meant to fail: it must never reach the history baseline
         art = dataclasses.replace(art, history=None)
@@ -124,7 +123,7 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
     short = memory_shortfall(case, art.host) or trainer_refusal(art.trainer, case, inject)
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
-    checkpoint = _verified_checkpoint(case, art) if verify else _checkpoint_folder(case, art)
+    checkpoint = _model_dir_checkpoint(case, art, verify=verify)
     timeout = timeout or art.timeout or DEFAULT_TIMEOUT_S.get(case.platform, 3600.0)
     env = {**(art.lease.env() if art.lease else {})}
     if art.ports is not None:
@@ -150,11 +149,6 @@ class PendingCase:
     launch: CaseLaunch
     process: runner.Process | None = None
     result: runner.Result | None = None
-
-    def stop(self) -> None:
-        """Abandon the run: its whole tree ends."""
-        if self.process is not None and self.result is None:
-            self.process.stop()
 
     def record(self, ran_with: Artifacts | None = None) -> CaseRecord:
         """The run's record, kept with `ran_with` (default: the Artifacts it started with)."""
@@ -198,16 +192,8 @@ def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=No
     return argv
 
 
-def _checkpoint_folder(case, art: Artifacts) -> Path | None:
-    """`<model_dir>/<case>` when it exists."""
-    if art.model_dir is None:
-        return None
-    folder = Path(art.model_dir) / case.name
-    return folder if folder.exists() else None
-
-
-def _verified_checkpoint(case, art: Artifacts) -> Path | None:
-    """`<model_dir>/<case>` when it exists, verified now: a corrupt checkpoint fails before any launch."""
+def _model_dir_checkpoint(case, art: Artifacts, *, verify: bool) -> Path | None:
+    """`<model_dir>/<case>` when it exists, verified with `verify`: a corrupt checkpoint fails before any launch."""
     if art.model_dir is None:
         return None
     folder = Path(art.model_dir) / case.name
@@ -216,9 +202,10 @@ def _verified_checkpoint(case, art: Artifacts) -> Path | None:
             raise RlsmokeError(f"model_dir={art.model_dir} has no {case.name}/", rule="checkpoint.missing",
                                fix=f"prepare it with `rlsmoke prepare {case.name}` or fix --model-dir")  # fmt: skip
         return None  # the built-in engine prepares and caches its own
-    from rlsmoke.checkpoints import verify  # torch (checkpoints.shards): only when a model dir is given
+    if verify:  # torch (checkpoints.shards): imported only when a model dir is given
+        from rlsmoke.checkpoints import verify as verify_checkpoint
 
-    verify(folder)
+        verify_checkpoint(folder)
     return folder
 
 

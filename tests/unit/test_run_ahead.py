@@ -1,9 +1,10 @@
-"""Runs that go ahead of their tests (`rlsmoke.run_ahead`), through pytester.
+"""Runs that go ahead of their tests (`rlsmoke.run_ahead`), through pytester, and the lane that runs them.
 
 A case: tiny GLM-5 on CPU, declared by three tests in an inner session that may run one ahead.
 A run: the session; the second test changes its environment after its run went ahead.
 Gates: the third test's run went ahead and was claimed; the second's was stopped and launched again,
-and says so in its log; a test that will be skipped never starts a run.
+and says so in its log; a test that will be skipped never starts a run. The lane keeps its order,
+kills a run at its timeout, and starts a run early only on an idle core.
 """
 
 import json
@@ -65,15 +66,19 @@ def test_a_run_goes_ahead_and_is_claimed_only_if_the_test_would_launch_the_same(
 
 
 def test_a_test_that_will_be_skipped_starts_no_run(inner):
+    """What the first test sees handed to the lane: the declared run, not the two that will skip."""
     inner.makepyfile(test_skipped=textwrap.dedent("""
         import pytest
         from rlsmoke.cases import Case
+        from rlsmoke.errors import RlsmokeError
+        from rlsmoke.pytest_plugin import _AHEAD
+        from rlsmoke.suite import CaseRun
 
         CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 
 
-        def test_in_front():
-            pass
+        def test_in_front(request):
+            print("SUBMITTED", sorted(request.config.stash[_AHEAD].submitted))
 
 
         @pytest.mark.skip(reason="not today")
@@ -84,10 +89,16 @@ def test_a_test_that_will_be_skipped_starts_no_run(inner):
         @pytest.mark.skipif("True", reason="not here")
         def test_skipped_if(case_record):
             pass
+
+
+        @pytest.mark.xfail(raises=RlsmokeError, strict=True, reason="the CLI refuses the fault, at once")
+        @pytest.mark.parametrize("case_record", [CaseRun(CASE, inject="no-such-fault")], indirect=True)
+        def test_declared(case_record):
+            pass
     """))
-    result = inner.runpytest("--run-ahead", "1", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, skipped=2)
-    assert not list((inner.path / "artifacts").glob("*skipped*"))
+    result = inner.runpytest("--run-ahead", "1", "-p", "no:cacheprovider", "-s")
+    result.assert_outcomes(passed=1, skipped=2, xfailed=1)
+    assert "SUBMITTED ['test_skipped.py::test_declared[case_record0]']\n" in result.stdout.str()
 
 
 def test_case_record_without_a_run_is_a_usage_error_naming_the_fix(inner):

@@ -64,9 +64,25 @@ class IdleCores:
         return self.cores * (idle1 - idle0) / (total1 - total0)
 
 
-def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
-    stdin = stdin or sys.stdin
-    stdout = stdout or sys.stdout
+class JsonLines:
+    """JSON objects, one a line, read raw from a pipe: select() cannot see what a buffered reader holds."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._unread = b""  # read, not yet a whole line
+
+    def read(self, timeout: float | None) -> list[dict] | None:
+        """What came within `timeout` ([] when nothing did); None once the pipe is closed."""
+        if not select.select([self.fd], [], [], timeout)[0]:
+            return []
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            return None
+        *lines, self._unread = (self._unread + chunk).split(b"\n")
+        return [json.loads(line) for line in lines]
+
+
+def serve(socket_path: str | None, slots: int) -> None:
     warm = None
     if socket_path:
         from rlsmoke.launch.warm import WarmServer
@@ -75,6 +91,7 @@ def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
             warm = WarmServer.attach(socket_path)  # waits while the server still imports
         except OSError:  # gone: every run starts cold
             warm = None
+    requests = JsonLines(sys.stdin.fileno())
     queued: deque[dict] = deque()
     running: dict[str, tuple[runner.Process, float]] = {}  # id -> the run, its timeout
     idle = IdleCores()
@@ -87,35 +104,31 @@ def serve(socket_path: str | None, slots: int, stdin=None, stdout=None) -> None:
         running[request["start"]] = (process, request["timeout"])
         last_start = time.monotonic()
 
+    def take(run_id: str) -> dict | None:
+        for request in queued:
+            if request["start"] == run_id:
+                queued.remove(request)
+                return request
+        return None
+
     def done(run_id: str, returncode, seconds: float, timed_out: bool = False) -> None:
         message = {"done": run_id, "returncode": returncode, "seconds": seconds, "timed_out": timed_out}
-        stdout.write(json.dumps(message) + "\n")
-        stdout.flush()
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
 
-    fd = stdin.fileno()
-    buffer = b""
-    while True:
-        readable, _, _ = select.select([fd], [], [], POLL_S)
-        if readable:
-            chunk = os.read(fd, 65536)
-            if not chunk:  # the session is over
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                request = json.loads(line)
-                if "start" in request:
-                    queued.append(request)
-                elif any(r["start"] == request.get("claim") for r in queued):  # its test waits: now
-                    claimed = next(r for r in queued if r["start"] == request["claim"])
-                    queued.remove(claimed)
-                    start(claimed)
-                elif request.get("cancel") in running:
-                    running.pop(request["cancel"])[0].stop()
-                    done(request["cancel"], None, 0.0)
-                elif any(r["start"] == request.get("cancel") for r in queued):
-                    queued.remove(next(r for r in queued if r["start"] == request["cancel"]))
-                    done(request["cancel"], None, 0.0)
+    while (received := requests.read(POLL_S)) is not None:  # None: the session is over
+        for request in received:
+            if "start" in request:
+                queued.append(request)
+            elif "claim" in request and (claimed := take(request["claim"])) is not None:
+                start(claimed)  # its test waits for it: now
+            elif "cancel" in request:
+                run_id = request["cancel"]
+                if run_id in running:
+                    running.pop(run_id)[0].stop()
+                    done(run_id, None, 0.0)
+                elif take(run_id) is not None:
+                    done(run_id, None, 0.0)
         for run_id, (process, timeout) in list(running.items()):
             late = time.monotonic() - process.started > timeout
             if late or process.proc.poll() is not None:
