@@ -5,12 +5,13 @@ test that takes its run from the `case_record` fixture declares the run as data 
 parameter, or its module's CASE), so the plugin can start it before the test's turn: a lane process
 (`launch.lane`) runs the next declared runs on the spare cores, one after another, each in the
 folder the test's own `artifacts` will be. When its turn comes, the test claims its run only if it
-would launch the very same one now (argv and environment); otherwise the early run is stopped and
-the test launches its own.
+would launch the very same one now (argv and environment, as submitted: the lane then gives each run
+a rendezvous port of its own); otherwise the early run is stopped and the test launches its own.
 
-Only one-process CPU runs of the built-in engine go ahead (more ranks would take the core the
-foreground test needs), never a test that will be skipped, and never under xdist, whose workers
-share the cores out already (`platforms.share_cores`).
+Only CPU runs of the built-in engine go ahead, of one rank or several; not async ones (Ray's
+processes rewrite their environment, where the runner looks for what a run left behind), never a test that
+will be skipped, and never under xdist, whose workers share the cores out already
+(`platforms.share_cores`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rlsmoke.launch.runner import Result
 from rlsmoke.selection import effective_case
 from rlsmoke.suite import CaseLaunch, CaseRun, PendingCase
 
+PORT_BLOCK_START = 100  # where the lane's port leases are looked for: away from xdist workers' (0..)
 MAX_WAITING = 16  # runs handed to the lane beyond its slots, not yet claimed: what an early end would waste
 PHASE_VARS = frozenset({"PYTEST_CURRENT_TEST"})  # pytest sets it anew in each phase of every test
 
@@ -49,9 +51,10 @@ def declared_run(item) -> CaseRun | None:
 class Lane:
     """The pytest side of a `launch.lane` process: submit runs, wait for one, cancel one."""
 
-    def __init__(self, warm, slots: int):
+    def __init__(self, warm, slots: int, ports: Sequence[int] = ()):
         self.proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.launch.lane", warm.socket_path if warm else "",
-                                      str(slots)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+                                      str(slots), ",".join(map(str, ports))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
         self.finished: dict[str, dict] = {}
         self._replies = JsonLines(self.proc.stdout.fileno())
 
@@ -109,17 +112,26 @@ class RunAhead:
         self.submitted: dict[str, tuple[CaseRun, CaseLaunch]] = {}  # nodeid -> its run, until claimed
         self._environ = dict(os.environ)
         self._lane: Lane | None = None
+        self._port_leases: list = []
         self.claimed = 0
 
     def goes_ahead(self, item) -> CaseRun | None:
-        """The item's declared run when it may start early: one CPU process of the built-in engine."""
+        """The item's declared run when it may start early: a CPU run of the built-in engine, not async."""
         spec = declared_run(item)
         if spec is None or self._will_skip(item):
             return None
         case = effective_case(spec.case, self._num_gpus)
-        if case.platform != "cpu" or case.num_gpus != 1 or case.mode == "async":
+        if case.platform != "cpu" or case.mode == "async":
             return None
         return spec
+
+    def _start_lane(self, warm) -> Lane:
+        """The lane, with a leased port block for each run it may hold at once: its slots and a claim."""
+        from rlsmoke.launch.lease import lease_ports
+
+        while len(self._port_leases) < self.slots + 1:
+            self._port_leases.append(lease_ports(start=PORT_BLOCK_START + len(self._port_leases)))
+        return Lane(warm, self.slots, [lease.master for lease in self._port_leases])
 
     def owns(self, nodeid: str) -> bool:
         """Whether the item's folder holds a run started ahead (its `artifacts` must not empty it)."""
@@ -151,7 +163,7 @@ class RunAhead:
                 shutil.rmtree(art.path, ignore_errors=True)
                 continue
             if self._lane is None:
-                self._lane = Lane(art.warm, self.slots)
+                self._lane = self._start_lane(art.warm)
             self._lane.submit(item.nodeid, launch.argv, launch.env, launch.art.path / "pytest-run.log", launch.timeout)
             self.submitted[item.nodeid] = (spec, launch)
 
@@ -183,6 +195,9 @@ class RunAhead:
         """Stop the runs no test claimed (the session ended early) and remove their folders."""
         if self._lane is not None:
             self._lane.close()
+        for lease in self._port_leases:
+            lease.release()
+        self._port_leases.clear()
         for _, launch in self.submitted.values():
             shutil.rmtree(launch.art.path, ignore_errors=True)
         self.submitted.clear()
@@ -193,4 +208,5 @@ def difference(planned, launched) -> str:
     if planned.argv != launched.argv:
         return "argv"
     names = {k for k in planned.env.keys() | launched.env.keys() if planned.env.get(k) != launched.env.get(k)}
-    return f"environment ({', '.join(sorted(names - PHASE_VARS))})" if names - PHASE_VARS else ""
+    names -= PHASE_VARS
+    return f"environment ({', '.join(sorted(names))})" if names else ""

@@ -144,3 +144,24 @@ def test_the_lane_waits_for_an_idle_core_unless_the_run_is_claimed(tmp_path):
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+
+
+@pytest.mark.parametrize("lane_ports", [[29001, 29002], []], ids=["leased", "none"])
+def test_runs_that_overlap_in_the_lane_rendezvous_on_ports_of_their_own(tmp_path, lane_ports):
+    """Two claimed runs overlap: each is given its own MASTER_PORT from the lane's ports, never the
+    session's. The twin, a lane with no ports, hands both the session's, where their ranks would meet."""
+    lane = Lane(None, 2, lane_ports)
+    env = {**clean_env(), "MASTER_PORT": "21009"}
+    show = [sys.executable, "-c", "import os, time; print(os.environ['MASTER_PORT'], flush=True); time.sleep(1)"]
+    try:
+        for run in ("a", "b"):
+            lane.submit(run, show, env, tmp_path / f"{run}.log", timeout=60.0)
+            lane.claim(run)
+        assert [lane.wait(run, 30)["returncode"] for run in ("a", "b")] == [0, 0]
+    finally:
+        lane.close()
+    seen = [(tmp_path / f"{run}.log").read_text().split()[-1] for run in ("a", "b")]
+    if lane_ports:
+        assert sorted(seen) == ["29001", "29002"]
+    else:
+        assert seen == ["21009", "21009"]

@@ -9,6 +9,9 @@ only slow that test down by as much as it gains. A claimed run (its test waits f
 The lane imports no torch: its runs fork from the session's warm server (`launch.warm`) or start
 cold, through `launch.runner`, which ends each run's whole tree.
 
+Runs that rendezvous (several ranks) may overlap here, and with the test in front: each run the lane
+starts is given a MASTER_PORT of its own, from the ports it was handed, in place of the session's.
+
 Protocol, one JSON object per line. In: {"start": id, "argv", "env", "cwd", "log", "timeout"},
 {"claim": id} and {"cancel": id}. Out: {"done": id, "returncode", "seconds", "timed_out"} (returncode null: cancelled,
 or killed at its timeout, which counts from the run's start). The lane
@@ -82,7 +85,7 @@ class JsonLines:
         return [json.loads(line) for line in lines]
 
 
-def serve(socket_path: str | None, slots: int) -> None:
+def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
     warm = None
     if socket_path:
         from rlsmoke.launch.warm import WarmServer
@@ -94,13 +97,19 @@ def serve(socket_path: str | None, slots: int) -> None:
     requests = JsonLines(sys.stdin.fileno())
     queued: deque[dict] = deque()
     running: dict[str, tuple[runner.Process, float]] = {}  # id -> the run, its timeout
+    port_of: dict[str, int] = {}  # id -> the MASTER_PORT it was given
     idle = IdleCores()
     last_start = 0.0
 
     def start(request: dict) -> None:
         nonlocal last_start
-        process = runner.Process(request["argv"], env=request["env"], cwd=request["cwd"], log=request["log"],
-                                 warm=warm)  # fmt: skip
+        env = request["env"]
+        if "MASTER_PORT" in env:
+            port = next((p for p in ports if p not in port_of.values()), None)  # one per slot, one for a claim
+            if port is not None:
+                port_of[request["start"]] = port
+                env = {**env, "MASTER_PORT": str(port)}
+        process = runner.Process(request["argv"], env=env, cwd=request["cwd"], log=request["log"], warm=warm)
         running[request["start"]] = (process, request["timeout"])
         last_start = time.monotonic()
 
@@ -112,6 +121,7 @@ def serve(socket_path: str | None, slots: int) -> None:
         return None
 
     def done(run_id: str, returncode, seconds: float, timed_out: bool = False) -> None:
+        port_of.pop(run_id, None)
         message = {"done": run_id, "returncode": returncode, "seconds": seconds, "timed_out": timed_out}
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
@@ -144,4 +154,4 @@ def serve(socket_path: str | None, slots: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1] or None, int(sys.argv[2]))
+    serve(sys.argv[1] or None, int(sys.argv[2]), [int(p) for p in sys.argv[3].split(",") if p])
