@@ -47,6 +47,7 @@ class CaseRun:
 
     Declared runs are data the plugin can see before the test runs: on a CPU host with a core to
     spare it starts them ahead (`rlsmoke.run_ahead`). `trainer` None: the session's --trainer.
+    `flags`: more `rlsmoke run` flags for the built-in engine (`("--offload", "--num-rollout", "3")`).
     """
 
     case: object  # rlsmoke.cases.Case
@@ -54,18 +55,20 @@ class CaseRun:
     seed: int = 0
     rollout_temperature: float | None = None
     trainer: str | None = None
+    flags: tuple[str, ...] = ()
 
     def artifacts(self, art: Artifacts) -> Artifacts:
         return art if self.trainer is None else dataclasses.replace(art, trainer=self.trainer)
 
     def start(self, art: Artifacts) -> PendingCase:
         return start_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                          rollout_temperature=self.rollout_temperature)  # fmt: skip
+                          rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
     def plan(self, art: Artifacts, environ: Mapping[str, str] | None = None, verify: bool = False) -> CaseLaunch:
         """What `start` would launch now (the checkpoint verified only with `verify`)."""
         return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                           rollout_temperature=self.rollout_temperature, verify=verify, environ=environ)  # fmt: skip
+                           rollout_temperature=self.rollout_temperature, verify=verify, environ=environ,
+                           flags=self.flags)  # fmt: skip
 
 
 def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
@@ -81,11 +84,12 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
 
 
 def start_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-               rollout_temperature: float | None = None, timeout: float | None = None, echo=None) -> PendingCase:  # fmt: skip
+               rollout_temperature: float | None = None, timeout: float | None = None, echo=None,
+               flags: tuple[str, ...] = ()) -> PendingCase:  # fmt: skip
     """`run_case` up to the launch: the built-in engine's run goes on in the background until
     `.record()` (a Miles run has finished when this returns). Raises what `run_case` raises before a launch."""
     launch = plan_launch(case, artifacts, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
-                         timeout=timeout)  # fmt: skip
+                         timeout=timeout, flags=flags)  # fmt: skip
     case, art = launch.case, launch.art
     if launch.launcher == "miles":
         paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"))
@@ -112,7 +116,7 @@ class CaseLaunch:
 
 def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
                 rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True,
-                environ: Mapping[str, str] | None = None) -> CaseLaunch:  # fmt: skip
+                environ: Mapping[str, str] | None = None, flags: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
     """What `start_case` would launch now (after the checks that come before any launch). `environ`: what
     the run's environment starts from (default os.environ)."""
     art = artifacts if isinstance(artifacts, Artifacts) else Artifacts(Path(artifacts))
@@ -136,9 +140,12 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
         if inject or rollout_temperature is not None:
             raise RlsmokeError(f"inject={inject!r} needs the built-in engine", rule="launcher.inject",
                                fix="run fault twins with --launcher builtin")  # fmt: skip
+        if flags:
+            raise RlsmokeError(f"flags={' '.join(flags)} are `rlsmoke run`'s, for the built-in engine",
+                               rule="launcher.flags", fix="run this test with --launcher builtin")  # fmt: skip
         return CaseLaunch(case, art, launcher, timeout, env)
     argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
-                        checkpoint=checkpoint, trainer=art.trainer)  # fmt: skip
+                        checkpoint=checkpoint, trainer=art.trainer) + list(flags)  # fmt: skip
     return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env, base=environ), tuple(argv))
 
 

@@ -7,12 +7,15 @@ freed or pinned pages: that is the GPU run's `peak_gib_per_rank_by_phase` in sum
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from rlsmoke.cases import Case
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
+from rlsmoke.suite import CaseRun, gates_for
 
 CASE = "glm5-744b-a40b-4layer"
 
@@ -87,21 +90,23 @@ def test_offload_defaults_on_for_gpu_colocate_only():
     assert RunConfig(case=CASE, tiny=True, offload=True).offload_active
 
 
+def _n_ranks(world: int, rollouts: int) -> CaseRun:
+    odd = (("train.cp", 1),) if world % 2 else ()  # the Miles plan's context parallel 2 needs even GPUs
+    return CaseRun(Case(CASE, platform="cpu", num_gpus=world, tiny=True, overrides=odd),
+                   flags=("--offload", "--num-rollout", str(rollouts)))  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("world", "rollouts"), [(3, 3), (4, 2)])
-def test_n_ranks_under_gloo_pass_their_gates_with_offload(world, rollouts, tmp_path):
+@pytest.mark.parametrize("case_record", [_n_ranks(3, 3), _n_ranks(4, 2)], indirect=True,
+                         ids=["3-ranks-3-rollouts", "4-ranks-2-rollouts"])  # fmt: skip
+def test_n_ranks_under_gloo_pass_their_gates_with_offload(case_record):
     """The N-rank paths (uneven FSDP2 shards at 3, four ranks) on CPU, offload on; gated as CI gates.
     Three rollouts take a second step on AdamW moments brought back from the host."""
-    from rlsmoke.cli import main
-
-    odd = ["--set", "train.cp=1"] if world % 2 else []  # the Miles plan's context parallel 2 needs even GPUs
-    rc = main(["run", CASE, "--platform", "cpu", "--num-gpus", str(world), *odd, "--offload", "--num-rollout",
-               str(rollouts), "--out", str(tmp_path)])  # fmt: skip
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert rc == 0, summary.get("gates")
-    from rlsmoke.metrics import load_record
-
-    assert summary["verdict"] == "PASS" and load_record(tmp_path).value("sync/ranks", "last") == world
+    world = case_record.case.num_gpus
+    gates_for(case_record.case).check(case_record)
+    assert case_record.value("sync/ranks", "last") == world
+    assert len(case_record.entries["rollout"]) == (3 if world == 3 else 2)  # the --num-rollout it was given
+    summary = json.loads((Path(case_record.artifacts) / "summary.json").read_text())
     assert summary["memory"]["offload"] and summary["memory"]["world"] == world
     assert summary["memory"]["peak_gib_per_rank"] == [None] * world  # CPU: nothing to measure
     assert summary["memory"]["estimate_gib_per_gpu"]["peak"] > 0
