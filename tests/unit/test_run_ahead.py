@@ -165,3 +165,31 @@ def test_runs_that_overlap_in_the_lane_rendezvous_on_ports_of_their_own(tmp_path
         assert sorted(seen) == ["29001", "29002"]
     else:
         assert seen == ["21009", "21009"]
+
+
+def test_the_lane_reads_what_it_is_sent_while_the_warm_server_still_imports(tmp_path):
+    """The session hands the lane its first runs at once, more than a pipe holds; the lane must not
+    stop reading them while it waits for the warm server (seconds of imports), or the session's first
+    test waits as long. Here the server never comes: its folder is there, its socket never is."""
+    import signal
+    from types import SimpleNamespace
+
+    (tmp_path / "server").mkdir()
+    importing = SimpleNamespace(socket_path=str(tmp_path / "server" / "socket"))
+    lane = Lane(importing, 1)
+
+    def blocked(*_):
+        raise AssertionError("writing to the lane blocked while it attached to the warm server")
+
+    before = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(20)
+    try:
+        env = {**clean_env(), "PADDING": "x" * 16384}  # 16 runs of 16 KiB: four pipe buffers' worth
+        for i in range(16):
+            lane.submit(f"run-{i}", [sys.executable, "-c", "pass"], env, tmp_path / f"{i}.log", timeout=60.0)
+        lane.cancel("run-15")  # answered from the queue, though no run can start yet
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+        lane.close()
+    assert not list(tmp_path.glob("*.log")), "a run started before the warm server was there"

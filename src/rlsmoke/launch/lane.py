@@ -24,6 +24,7 @@ import json
 import os
 import select
 import sys
+import threading
 import time
 from collections import deque
 
@@ -85,17 +86,34 @@ class JsonLines:
         return [json.loads(line) for line in lines]
 
 
-def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
-    warm = None
-    if socket_path:
+class WarmAttach:
+    """The session's warm server, attached in a thread: attaching waits while the server still imports
+    (seconds), and meanwhile the lane must go on reading its input, or the session blocks writing to it."""
+
+    def __init__(self, socket_path: str | None):
+        self.server = None
+        self.ready = threading.Event()
+        if socket_path:
+            threading.Thread(target=self._attach, args=(socket_path,), daemon=True).start()
+        else:
+            self.ready.set()
+
+    def _attach(self, socket_path: str) -> None:
         from rlsmoke.launch.warm import WarmServer
 
         try:
-            warm = WarmServer.attach(socket_path)  # waits while the server still imports
+            self.server = WarmServer.attach(socket_path)
         except OSError:  # gone: every run starts cold
-            warm = None
+            self.server = None
+        finally:
+            self.ready.set()
+
+
+def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
+    warm = WarmAttach(socket_path)
     requests = JsonLines(sys.stdin.fileno())
     queued: deque[dict] = deque()
+    claimed: deque[dict] = deque()  # their tests wait: they start as soon as the warm server is there
     running: dict[str, tuple[runner.Process, float]] = {}  # id -> the run, its timeout
     port_of: dict[str, int] = {}  # id -> the MASTER_PORT it was given
     idle = IdleCores()
@@ -109,15 +127,17 @@ def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
             if port is not None:
                 port_of[request["start"]] = port
                 env = {**env, "MASTER_PORT": str(port)}
-        process = runner.Process(request["argv"], env=env, cwd=request["cwd"], log=request["log"], warm=warm)
+        process = runner.Process(request["argv"], env=env, cwd=request["cwd"], log=request["log"],
+                                 warm=warm.server)  # fmt: skip
         running[request["start"]] = (process, request["timeout"])
         last_start = time.monotonic()
 
     def take(run_id: str) -> dict | None:
-        for request in queued:
-            if request["start"] == run_id:
-                queued.remove(request)
-                return request
+        for waiting in (queued, claimed):
+            for request in waiting:
+                if request["start"] == run_id:
+                    waiting.remove(request)
+                    return request
         return None
 
     def done(run_id: str, returncode, seconds: float, timed_out: bool = False) -> None:
@@ -130,8 +150,8 @@ def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
         for request in received:
             if "start" in request:
                 queued.append(request)
-            elif "claim" in request and (claimed := take(request["claim"])) is not None:
-                start(claimed)  # its test waits for it: now
+            elif "claim" in request and (waiting := take(request["claim"])) is not None:
+                claimed.append(waiting)
             elif "cancel" in request:
                 run_id = request["cancel"]
                 if run_id in running:
@@ -146,6 +166,10 @@ def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
                 del running[run_id]
                 done(run_id, result.returncode, result.seconds, result.timed_out)
         idle.sample()
+        if not warm.ready.is_set():
+            continue
+        while claimed:
+            start(claimed.popleft())  # its test waits for it: now
         settled = time.monotonic() - last_start >= IDLE_WINDOW_S  # the last start's load shows by now
         if queued and len(running) < slots and settled and idle.idle() >= IDLE_CORES:
             start(queued.popleft())
