@@ -56,10 +56,25 @@ def phase_walk(cfg):
     return (step, second), seen
 
 
+def _walk_in_a_child(conn, cfg):
+    conn.send(phase_walk(cfg))
+    conn.close()
+
+
 @pytest.mark.parametrize("world", [1, 2], ids=["one-device", "fsdp2-gloo-2"])
 def test_phases_move_the_state_and_the_step_is_unchanged(world):
+    from rlsmoke.engine.procs import rank_context
+
     cfg = RunConfig(case=CASE, tiny=True, num_gpus=world, n_prompts=2, offload=True)
+    ctx = rank_context(cpu_only=True)  # the walk without offload, in a process of its own meanwhile
+    reader, writer = ctx.Pipe(duplex=False)
+    without = ctx.Process(target=_walk_in_a_child, args=(writer, cfg.replace(offload=False)))
+    without.start()
+    writer.close()
     step, seen = phase_walk(cfg)
+    assert reader.poll(300), f"the walk without offload sent nothing (exit code {without.exitcode})"
+    plain_step, plain = reader.recv()
+    without.join(30)
     for rank in seen["rollout 1"]:
         assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == ("host", "host", "device")
         assert rank["offload"] and rank["optimizer_pinned"] == [False]  # CPU: no pinned pages without CUDA
@@ -75,7 +90,6 @@ def test_phases_move_the_state_and_the_step_is_unchanged(world):
     assert [r["optimizer_state"] for r in after_sync] == ["host"] * world
     assert [r["rollout_copy"] for r in after_sync] == ["device"] * world
 
-    plain_step, plain = phase_walk(cfg.replace(offload=False))
     assert plain_step == step, "offload changed the steps' numbers"
     assert {r["optimizer_state"] for r in plain["rollout 1"]} == {"device"}
     # without the offload too, a rollout and the sync hold no grads: the step that follows zeroes them
