@@ -126,11 +126,11 @@ def test_the_server_forks_only_a_cpu_run_under_the_variables_it_imported_with(se
     assert server.accepts(argv, env) is accepted
 
 
-def _prepare(server, tmp_path, pythonpath: Path) -> tuple[runner.Result, bool]:
+def _prepare(server, tmp_path, pythonpath: Path) -> tuple[runner.Process, bool]:
     argv = [sys.executable, "-m", "rlsmoke.cli", "prepare", CASE, "--tiny"]  # the cached checkpoint: quick
     proc = runner.Process(argv, env={**runner.clean_env(), "PYTHONPATH": str(pythonpath)},
                           log=tmp_path / f"{pythonpath.name}.log", warm=server)  # fmt: skip
-    return proc.wait(120), isinstance(proc.proc, ForkedRun)
+    return proc, isinstance(proc.proc, ForkedRun)
 
 
 def test_a_fork_under_another_pythonpath_stays_warm_unless_the_path_would_change_an_import(server, tmp_path):
@@ -143,15 +143,14 @@ def test_a_fork_under_another_pythonpath_stays_warm_unless_the_path_would_change
         (tmp_path / name).mkdir()
         (tmp_path / name / f"{module}.py").write_text(code + "\n")
 
-    plain, forked = _prepare(server, tmp_path, tmp_path / "plain")
+    started = {name: _prepare(server, tmp_path, tmp_path / name) for name in ("plain", "shadow", "hook")}  # at once
+    (plain, forked), (shadow, shadow_forked), (hook, _) = ((p.wait(120), f) for p, f in started.values())
     assert forked and plain.returncode == 0 and "started cold" not in plain.log.read_text(), plain.log.read_text()
 
-    shadow, forked = _prepare(server, tmp_path, tmp_path / "shadow")
     log = shadow.log.read_text()
-    assert forked and f"started cold: {tmp_path / 'shadow'} (cwd or PYTHONPATH) holds torch, which" in log, log
+    assert shadow_forked and f"started cold: {tmp_path / 'shadow'} (cwd or PYTHONPATH) holds torch, which" in log, log
     assert shadow.returncode != 0 and "the torch of a PYTHONPATH folder" in log  # as a fresh interpreter fails
 
-    hook, _ = _prepare(server, tmp_path, tmp_path / "hook")
     log = hook.log.read_text()
     assert hook.returncode == 0 and "holds sitecustomize" in log and "sitecustomize ran" in log, log
 
