@@ -11,6 +11,14 @@ from rlsmoke.launch.lease import PORT_BLOCK, PORT_NAMES, GpuLease, lease_gpus, l
 POOL = tuple(str(i) for i in range(8))
 
 
+def _processes():
+    """Forked where nothing in this process makes that unsafe (each process opens its own lock files):
+    a spawned one imports this module and the library again, a second or more each on a small host."""
+    from rlsmoke.engine.procs import fork_is_safe
+
+    return mp.get_context("fork" if fork_is_safe() else "spawn")
+
+
 def _hold(args):
     folder, n, hold = args
     lease = lease_gpus("rocm", POOL, n, timeout=60, poll=0.01, folder=folder)
@@ -24,7 +32,7 @@ def _hold(args):
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_concurrent_leases_are_disjoint(tmp_path, n):
     """Eight processes each want n of 8 GPUs: whoever holds at the same time holds different GPUs."""
-    with mp.get_context("spawn").Pool(8) as pool:
+    with _processes().Pool(8) as pool:
         rows = pool.map(_hold, [(tmp_path, n, 0.2)] * 8)
     assert all(len(ids) == n for _, _, ids in rows)
     for i, (s1, e1, a) in enumerate(rows):
@@ -71,7 +79,7 @@ def _ports(folder, base, reported, release):
 
 def test_concurrent_port_leases_never_collide(tmp_path):
     base = 41000  # away from the default range so a live suite on this host does not interfere
-    ctx = mp.get_context("spawn")
+    ctx = _processes()
     reported, release = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_ports, args=(tmp_path, base, reported, release)) for _ in range(6)]
     for p in procs:  # all start at block 0: the locks must spread them
