@@ -193,3 +193,27 @@ def test_the_lane_reads_what_it_is_sent_while_the_warm_server_still_imports(tmp_
         signal.signal(signal.SIGALRM, before)
         lane.close()
     assert not list(tmp_path.glob("*.log")), "a run started before the warm server was there"
+
+
+def test_the_lane_s_runs_yield_the_cpu_to_the_test_in_front(tmp_path):
+    """A lane run, and a process it starts, run at the lane's nice value; a run the test launches
+    itself (the runner, as `run_case` does) at this process's own."""
+    import os
+
+    from rlsmoke.launch import runner
+    from rlsmoke.launch.lane import LANE_NICE
+
+    show = [sys.executable, "-c", "import os, subprocess, sys; print(os.getpriority(os.PRIO_PROCESS, 0), "
+            "subprocess.check_output([sys.executable, '-c', 'import os; print(os.getpriority(os.PRIO_PROCESS, 0))'], "
+            "text=True).strip())"]  # fmt: skip
+    lane = Lane(None, 1)
+    try:
+        lane.submit("run", show, clean_env(), tmp_path / "lane.log", timeout=60.0)
+        lane.claim("run")
+        assert lane.wait("run", 30)["returncode"] == 0
+    finally:
+        lane.close()
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert (tmp_path / "lane.log").read_text().split()[-2:] == [str(own + LANE_NICE)] * 2
+    direct = runner.Process(show, env=clean_env(), log=tmp_path / "direct.log").wait(30)
+    assert direct.log.read_text().split()[-2:] == [str(own)] * 2

@@ -3,11 +3,10 @@ on cores that are idle.
 
 The pytest plugin hands it the runs that go ahead of their tests (`rlsmoke.run_ahead`), so that a
 finished run's slot takes the next one at once, even while the pytest process is busy inside a long
-test. A run starts only while about a core has been idle for the last half second (/proc/stat): a run
-that went ahead into a test that already keeps every core busy (xdist workers importing torch) would
-only slow that test down by as much as it gains. A claimed run (its test waits for it) starts at once.
-The lane imports no torch: its runs fork from the session's warm server (`launch.warm`) or start
-cold, through `launch.runner`, which ends each run's whole tree.
+test. A run starts only while about a core has been idle for the last half second (/proc/stat), and
+runs at nice LANE_NICE: the test in front keeps the cores it takes up again. A claimed run (its test
+waits for it) starts at once. The lane imports no torch: its runs fork from the session's warm server
+(`launch.warm`) or start cold, through `launch.runner`, which ends each run's whole tree.
 
 Runs that rendezvous (several ranks) may overlap here, and with the test in front: each run the lane
 starts is given a MASTER_PORT of its own, from the ports it was handed, in place of the session's.
@@ -31,6 +30,9 @@ from collections import deque
 from rlsmoke.launch import runner
 
 POLL_S = 0.05
+# The lane's runs yield the CPU to the test in front: 10 nicer than the session, the kernel gives them
+# about a tenth of a contended core and all of an idle one. A claimed run keeps it (its test waits).
+LANE_NICE = 10
 IDLE_WINDOW_S = 0.5
 IDLE_CORES = 0.75  # what a tiny run needs: one thread's core
 
@@ -129,6 +131,10 @@ def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
                 env = {**env, "MASTER_PORT": str(port)}
         process = runner.Process(request["argv"], env=env, cwd=request["cwd"], log=request["log"],
                                  warm=warm.server)  # fmt: skip
+        try:  # the run leads a session and group of its own: its ranks, forked later, inherit the value
+            os.setpriority(os.PRIO_PGRP, process.proc.pid, min(os.getpriority(os.PRIO_PROCESS, 0) + LANE_NICE, 19))
+        except OSError:  # ended already
+            pass
         running[request["start"]] = (process, request["timeout"])
         last_start = time.monotonic()
 
