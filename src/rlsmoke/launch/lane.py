@@ -5,7 +5,7 @@ The pytest plugin hands it the runs that go ahead of their tests (`rlsmoke.run_a
 finished run's slot takes the next one at once, even while the pytest process is busy inside a long
 test. A run starts only while about a core has been idle for the last half second (/proc/stat), and
 runs at nice LANE_NICE: the test in front keeps the cores it takes up again. A claimed run (its test
-waits for it) starts at once. The lane imports no torch: its runs fork from the session's warm server
+waits for it) starts at once, at the session's priority. The lane imports no torch: its runs fork from the session's warm server
 (`launch.warm`) or start cold, through `launch.runner`, which ends each run's whole tree.
 
 Runs that rendezvous (several ranks) may overlap here, and with the test in front: each run the lane
@@ -31,7 +31,8 @@ from rlsmoke.launch import runner
 
 POLL_S = 0.05
 # The lane's runs yield the CPU to the test in front: 10 nicer than the session, the kernel gives them
-# about a tenth of a contended core and all of an idle one. A claimed run keeps it (its test waits).
+# about a tenth of a contended core and all of an idle one. A claimed run is the test in front: it
+# takes the session's value back (where the user may raise a priority again).
 LANE_NICE = 10
 IDLE_WINDOW_S = 0.5
 IDLE_CORES = 0.75  # what a tiny run needs: one thread's core
@@ -121,7 +122,16 @@ def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
     idle = IdleCores()
     last_start = 0.0
 
-    def start(request: dict) -> None:
+    session_nice = os.getpriority(os.PRIO_PROCESS, 0)
+
+    def renice(process: runner.Process, value: int) -> None:
+        """The run leads a session and group of its own: its ranks, forked later, take its value."""
+        try:
+            os.setpriority(os.PRIO_PGRP, process.proc.pid, value)
+        except OSError:  # ended already; or, back to the session's, not allowed to a user without the right
+            pass
+
+    def start(request: dict, nice: int) -> None:
         nonlocal last_start
         env = request["env"]
         if "MASTER_PORT" in env:
@@ -131,10 +141,8 @@ def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
                 env = {**env, "MASTER_PORT": str(port)}
         process = runner.Process(request["argv"], env=env, cwd=request["cwd"], log=request["log"],
                                  warm=warm.server)  # fmt: skip
-        try:  # the run leads a session and group of its own: its ranks, forked later, inherit the value
-            os.setpriority(os.PRIO_PGRP, process.proc.pid, min(os.getpriority(os.PRIO_PROCESS, 0) + LANE_NICE, 19))
-        except OSError:  # ended already
-            pass
+        if nice != session_nice:
+            renice(process, nice)
         running[request["start"]] = (process, request["timeout"])
         last_start = time.monotonic()
 
@@ -156,6 +164,8 @@ def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
         for request in received:
             if "start" in request:
                 queued.append(request)
+            elif "claim" in request and request["claim"] in running:
+                renice(running[request["claim"]][0], session_nice)  # its test waits for it now
             elif "claim" in request and (waiting := take(request["claim"])) is not None:
                 claimed.append(waiting)
             elif "cancel" in request:
@@ -175,10 +185,10 @@ def serve(socket_path: str | None, slots: int, ports: list[int]) -> None:
         if not warm.ready.is_set():
             continue
         while claimed:
-            start(claimed.popleft())  # its test waits for it: now
+            start(claimed.popleft(), session_nice)  # its test waits for it: now, at the session's priority
         settled = time.monotonic() - last_start >= IDLE_WINDOW_S  # the last start's load shows by now
         if queued and len(running) < slots and settled and idle.idle() >= IDLE_CORES:
-            start(queued.popleft())
+            start(queued.popleft(), min(session_nice + LANE_NICE, 19))
     for process, _ in running.values():
         process.stop()
 
