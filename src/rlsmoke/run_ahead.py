@@ -9,8 +9,8 @@ would launch the very same one now (argv and environment, as submitted: the lane
 a rendezvous port of its own); otherwise the early run is stopped and the test launches its own.
 
 Only CPU runs of the built-in engine go ahead, of one rank or several; not async ones (Ray's
-processes rewrite their environment, where the runner looks for what a run left behind), never a test that
-will be skipped, and never under xdist, whose workers share the cores out already
+processes rewrite their environment, where the runner looks for what a run left behind); never a
+test that will be skipped, and never under xdist, whose workers share the cores out already
 (`platforms.share_cores`).
 """
 
@@ -208,5 +208,4 @@ def difference(planned, launched) -> str:
     if planned.argv != launched.argv:
         return "argv"
     names = {k for k in planned.env.keys() | launched.env.keys() if planned.env.get(k) != launched.env.get(k)}
-    names -= PHASE_VARS
-    return f"environment ({', '.join(sorted(names))})" if names else ""
+    return f"environment ({', '.join(sorted(names - PHASE_VARS))})" if names - PHASE_VARS else ""

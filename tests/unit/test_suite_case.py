@@ -1,5 +1,7 @@
 """Which case a GPU pair runs: the session's NUM_GPUS, and the one-GPU variant where full width won't fit."""
 
+import pytest
+
 from rlsmoke.cases import Case
 from rlsmoke.platforms import Host
 from rlsmoke.selection import effective_case, memory_shortfall
@@ -49,3 +51,20 @@ def test_the_decision_carries_the_shortfall_so_the_plugin_skips_at_collection():
 def test_two_gpus_run_all_256_experts():
     two = effective_case(GLM5, 2)
     assert (two.name, two.num_gpus, two.spec().num_experts) == ("glm5-744b-a40b-4layer", 2, 256)
+
+
+def test_a_declared_run_s_flags_go_to_rlsmoke_run_and_a_miles_launch_refuses_them(tmp_path):
+    from rlsmoke.errors import RlsmokeError
+    from rlsmoke.launch.lease import GpuLease
+    from rlsmoke.suite import Artifacts, CaseRun
+
+    flags = ("--offload", "--num-rollout", "3")
+    cpu = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
+    launch = CaseRun(cpu, flags=flags).plan(Artifacts(tmp_path / "cpu"))
+    assert launch.argv[-3:] == flags and launch.argv[3] == "run"
+    miles = Artifacts(tmp_path / "miles", launcher="miles", host=Host("nvidia", "H200", 8), miles_root=tmp_path,
+                      lease=GpuLease("nvidia", tuple("01234567")))  # fmt: skip
+    with pytest.raises(RlsmokeError) as refused:
+        CaseRun(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8), flags=flags).plan(miles)
+    assert refused.value.rule == "launcher.flags"
+    assert CaseRun(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)).plan(miles).launcher == "miles"

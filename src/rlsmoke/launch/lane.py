@@ -4,9 +4,10 @@ on cores that are idle.
 The pytest plugin hands it the runs that go ahead of their tests (`rlsmoke.run_ahead`), so that a
 finished run's slot takes the next one at once, even while the pytest process is busy inside a long
 test. A run starts only while about a core has been idle for the last half second (/proc/stat), and
-runs at nice LANE_NICE: the test in front keeps the cores it takes up again. A claimed run (its test
-waits for it) starts at once, at the session's priority. The lane imports no torch: its runs fork from the session's warm server
-(`launch.warm`) or start cold, through `launch.runner`, which ends each run's whole tree.
+runs LANE_NICE nicer than the session: the test in front keeps the cores it takes up again. A claimed
+run (its test waits for it) starts at once, at the session's priority. The lane imports no torch: its
+runs fork from the session's warm server (`launch.warm`) or start cold, through `launch.runner`,
+which ends each run's whole tree.
 
 Runs that rendezvous (several ranks) may overlap here, and with the test in front: each run the lane
 starts is given a MASTER_PORT of its own, from the ports it was handed, in place of the session's.
