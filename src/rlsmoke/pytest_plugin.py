@@ -356,8 +356,6 @@ def case_record(request: pytest.FixtureRequest, artifacts):
     ahead = request.config.stash.get(_AHEAD, None)
     claimed = ahead.claim(request.node, spec, artifacts) if ahead is not None else None
     pending, ran_with = claimed if claimed is not None else (spec.start(artifacts), None)
-    if ahead is not None:
-        ahead.advance(request.node)  # this run is the one in front: the slots take the next ones
     return pending.record(ran_with)
 
 

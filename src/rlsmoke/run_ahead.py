@@ -3,7 +3,7 @@
 A serial session on a CPU host runs one tiny case at a time, on one core, while the others wait. A
 test that takes its run from the `case_record` fixture declares the run as data (a `CaseRun`
 parameter, or its module's CASE), so the plugin can start it before the test's turn: a lane process
-(`launch.lane`) runs the next declared runs on the spare cores, one after another, each in the
+(`launch.lane`) runs the next declared runs on the idle cores, a few at a time, each in the
 folder the test's own `artifacts` will be. When its turn comes, the test claims its run only if it
 would launch the very same one now (argv and environment, as submitted: the lane then gives each run
 a rendezvous port of its own); otherwise the early run is stopped and the test launches its own.
@@ -173,6 +173,7 @@ class RunAhead:
         entry = self.submitted.pop(item.nodeid, None)
         if entry is None:
             return None
+        self.advance(item)  # this run is the one in front now: the lane takes the next ones
         submitted_spec, launch = entry
         planned = spec.plan(art)
         changed = difference(planned, launch) if submitted_spec == spec else "the declared run"
@@ -184,7 +185,6 @@ class RunAhead:
                                                      "stopped it and launched this one\n")  # fmt: skip
             return None
         self.claimed += 1
-        self.advance(item)  # this run is the one in front now: the lane takes the next ones
         self._lane.claim(item.nodeid)
         waited = self._lane.wait(item.nodeid)  # the lane kills a run at its timeout
         result = Result(launch.argv, waited["returncode"], waited["timed_out"], waited["seconds"],

@@ -35,18 +35,29 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+class InAChild:
+    """`fn(conn, *args)` started in a process from `ctx` (a multiprocessing context); `reply()` is what
+    it sends on `conn`. Meanwhile this process goes on (a second walk beside it, on the idle core)."""
+
+    def __init__(self, ctx, fn, *args):
+        self._reader, writer = ctx.Pipe(duplex=False)
+        self._child = ctx.Process(target=fn, args=(writer, *args))
+        self._child.start()
+        writer.close()  # the child's copy is its own: EOF here means it is gone
+
+    def reply(self, timeout: float = 120):
+        try:
+            assert self._reader.poll(timeout), (f"the child sent nothing within {timeout} s "
+                                                f"(exit code {self._child.exitcode})")  # fmt: skip
+            return self._reader.recv()
+        finally:
+            self._child.join(10)
+            if self._child.is_alive():
+                self._child.kill()
+                self._child.join()
+
+
 def in_a_child(ctx, fn, *args, timeout: float = 120):
-    """`fn(conn, *args)` in a process started from `ctx` (a multiprocessing context); what it sends on
-    `conn`. For what must not happen in the pytest process: a process group, a changed sys.path."""
-    reader, writer = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=fn, args=(writer, *args))
-    child.start()
-    writer.close()  # the child's copy is its own: EOF here means it is gone
-    try:
-        assert reader.poll(timeout), f"the child sent nothing within {timeout} s (exit code {child.exitcode})"
-        return reader.recv()
-    finally:
-        child.join(10)
-        if child.is_alive():
-            child.kill()
-            child.join()
+    """`fn(conn, *args)` in a process of its own, waited for. For what must not happen in the pytest
+    process: a process group, a changed sys.path."""
+    return InAChild(ctx, fn, *args).reply(timeout)

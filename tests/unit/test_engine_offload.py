@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import InAChild
 
 from rlsmoke.cases import Case
 from rlsmoke.engine.config import RunConfig
@@ -66,15 +67,9 @@ def test_phases_move_the_state_and_the_step_is_unchanged(world):
     from rlsmoke.engine.procs import rank_context
 
     cfg = RunConfig(case=CASE, tiny=True, num_gpus=world, n_prompts=2, offload=True)
-    ctx = rank_context(cpu_only=True)  # the walk without offload, in a process of its own meanwhile
-    reader, writer = ctx.Pipe(duplex=False)
-    without = ctx.Process(target=_walk_in_a_child, args=(writer, cfg.replace(offload=False)))
-    without.start()
-    writer.close()
+    without = InAChild(rank_context(cpu_only=True), _walk_in_a_child, cfg.replace(offload=False))  # meanwhile
     step, seen = phase_walk(cfg)
-    assert reader.poll(300), f"the walk without offload sent nothing (exit code {without.exitcode})"
-    plain_step, plain = reader.recv()
-    without.join(30)
+    plain_step, plain = without.reply(300)
     for rank in seen["rollout 1"]:
         assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == ("host", "host", "device")
         assert rank["offload"] and rank["optimizer_pinned"] == [False]  # CPU: no pinned pages without CUDA

@@ -4,15 +4,16 @@ GPUs take). The twin skips the restore and sees seed 1 start from seed 0's train
 """
 
 import json
-import sys
 
 import pytest
 
+from rlsmoke.cases import Case
 from rlsmoke.engine import megatron
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute, phase_seconds
 from rlsmoke.launch import runner
+from rlsmoke.suite import builtin_argv
 
 CASE = "glm5-744b-a40b-4layer"
 SHAPE = {"n_prompts": 2, "n_samples": 2, "max_response_len": 6}
@@ -21,7 +22,6 @@ LAYOUTS = {
     "megatron": {"trainer": "megatron", "launcher": "builtin-megatron"},
     "fsdp2-2-ranks-offload": {"num_gpus": 2, "offload": True},
 }
-LAYOUT_FLAGS = {"fsdp": [], "megatron": ["--trainer", "megatron"], "fsdp2-2-ranks-offload": ["--num-gpus", "2", "--offload"]}
 
 
 def _execute_in_a_rank(rank, par, cfg, out, repeat):
@@ -46,12 +46,13 @@ def _seed_lines(out, repeat: int | None = None) -> list[dict]:
     return [{k: v for k, v in line.items() if k != "repeat"} for line in lines if line["repeat"] == repeat]
 
 
-def _fresh_run(out, layout, seed, server) -> runner.Process:
-    """`rlsmoke run --seed K` of the same shape, as a user starts it (forked from the session's warm
-    interpreter where there is one): it runs while this process runs the repeat."""
-    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--tiny", "--records-only",
-            "--seed", str(seed), "--n-prompts", str(SHAPE["n_prompts"]), "--n-samples", str(SHAPE["n_samples"]),
-            "--max-response-len", str(SHAPE["max_response_len"]), *LAYOUT_FLAGS[layout], "--out", str(out)]  # fmt: skip
+def _fresh_run(cfg: RunConfig, out, server) -> runner.Process:
+    """`rlsmoke run` of `cfg`, as a user starts it (forked from the session's warm interpreter where
+    there is one): it runs while this process runs the repeat."""
+    case = Case(CASE, platform="cpu", num_gpus=cfg.num_gpus, tiny=True)
+    argv = builtin_argv(case, out, seed=cfg.seed, trainer=cfg.trainer) + [
+        "--n-prompts", str(cfg.n_prompts), "--n-samples", str(cfg.n_samples),
+        "--max-response-len", str(cfg.max_response_len), *(["--offload"] if cfg.offload else [])]  # fmt: skip
     return runner.Process(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", warm=server)
 
 
@@ -60,7 +61,7 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(layout, tmp_path, rlsmoke_run_
     if layout == "megatron" and not megatron.available():
         pytest.skip("megatron-core is not installed")
     cfg = RunConfig(case=CASE, tiny=True, **SHAPE, **LAYOUTS[layout])
-    fresh = _fresh_run(tmp_path / "fresh", layout, 1, rlsmoke_run_server)
+    fresh = _fresh_run(cfg.replace(seed=1), tmp_path / "fresh", rlsmoke_run_server)
     repeated = _execute(cfg, tmp_path / "repeat", repeat=2)
     result = fresh.wait(300)
     assert result.ok, result.log.read_text()[-3000:]
@@ -78,8 +79,9 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(layout, tmp_path, rlsmoke_run_
 
 def test_without_the_restore_seed_1_starts_from_trained_weights(tmp_path, monkeypatch, rlsmoke_run_server):
     monkeypatch.setattr(Colocated, "restore_initial", lambda self: None)  # in this process only: the repeat
-    fresh = _fresh_run(tmp_path / "fresh", "fsdp", 1, rlsmoke_run_server)
-    execute(RunConfig(case=CASE, tiny=True, **SHAPE), tmp_path / "repeat", repeat=2)
+    cfg = RunConfig(case=CASE, tiny=True, **SHAPE)
+    fresh = _fresh_run(cfg.replace(seed=1), tmp_path / "fresh", rlsmoke_run_server)
+    execute(cfg, tmp_path / "repeat", repeat=2)
     assert fresh.wait(300).ok
 
     assert _seed_lines(tmp_path / "repeat", 1) != _seed_lines(tmp_path / "fresh")
