@@ -169,8 +169,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         finally:
             workers.close()
             del workers
-            gc.collect()
-            if torch.cuda.is_available():
+            if torch.cuda.is_available():  # the device's memory back for the process's next run
+                gc.collect()
                 torch.cuda.empty_cache()
     except torch.OutOfMemoryError:
         oom = RlsmokeError(
