@@ -238,6 +238,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                           num_gpus=config.getoption("num_gpus"), trainer=config.getoption("trainer"))  # fmt: skip
         if not decision.run:
             item.add_marker(pytest.mark.skip(reason=decision.reason))
+    if _host(config).platform == "cpu" and _run_ahead_slots(config) > 0:
+        from rlsmoke.run_ahead import declared_runs_last
+
+        items[:] = declared_runs_last(items, _will_skip)  # their runs then go ahead on the idle cores
 
 
 def _artifacts_root(config: pytest.Config) -> Path:

@@ -8,10 +8,14 @@ folder the test's own `artifacts` will be. When its turn comes, the test claims 
 would launch the very same one now (argv and environment, as submitted: the lane then gives each run
 a rendezvous port of its own); otherwise the early run is stopped and the test launches its own.
 
-Only CPU runs of the built-in engine go ahead, of one rank or several; not async ones (Ray's
-processes rewrite their environment, where the runner looks for what a run left behind); never a
-test that will be skipped, and never under xdist, whose workers share the cores out already
-(`platforms.share_cores`).
+Only CPU runs of the built-in engine go ahead: of one rank or several, colocated or async (an async
+run's Ray cluster lives in a session the run itself ends, on SIGTERM too, which is how the lane
+stops a run); never a test that will be skipped, and never under xdist, whose workers share the
+cores out already (`platforms.share_cores`).
+
+In a session with a lane, the modules whose tests declare runs go after the others (in their own
+order): their runs then fill the cores the others leave idle, instead of running beside the busy
+tests in front of them.
 """
 
 from __future__ import annotations
@@ -46,6 +50,19 @@ def declared_run(item) -> CaseRun | None:
         case = getattr(getattr(item, "module", None), "CASE", None)
         spec = CaseRun(case) if case is not None else None
     return spec if isinstance(spec, CaseRun) else None
+
+
+def declared_runs_last(items: Sequence, will_skip: Callable[[object], bool]) -> list:
+    """`items` with the modules that declare a run (one that will not skip) moved behind the others.
+
+    Each module's tests stay together and in order, so its module fixtures are set up once.
+    """
+    def module(item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    declaring = {module(item) for item in items if declared_run(item) is not None and not will_skip(item)}
+    return [item for item in items if module(item) not in declaring] + [
+        item for item in items if module(item) in declaring]
 
 
 class Lane:
@@ -116,12 +133,12 @@ class RunAhead:
         self.claimed = 0
 
     def goes_ahead(self, item) -> CaseRun | None:
-        """The item's declared run when it may start early: a CPU run of the built-in engine, not async."""
+        """The item's declared run when it may start early: a CPU run of the built-in engine."""
         spec = declared_run(item)
         if spec is None or self._will_skip(item):
             return None
         case = effective_case(spec.case, self._num_gpus)
-        if case.platform != "cpu" or case.mode == "async":
+        if case.platform != "cpu":
             return None
         return spec
 

@@ -5,17 +5,18 @@ The --inject twins (temperature-mismatch, stale-weights, rollout-noise, train-dr
 tests/e2e/test_fault_twins_cpu.py; this module covers the gates those faults cannot reach.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
 from rlsmoke.engine.cli import gate_run
-from rlsmoke.engine.config import RunConfig
 from rlsmoke.errors import ExitCode
 from rlsmoke.suite import CaseRun
 
@@ -29,11 +30,8 @@ EVERY_METRIC = [
 CLI = "import sys; from rlsmoke.cli import main; rc = main(sys.argv[1:]); print('ray' in sys.modules); sys.exit(rc)"
 
 
-def _execute(out, **changes):
-    """A run, then `rlsmoke run`'s gates: (summary.json, the verdict)."""
-    from rlsmoke.engine.run import execute
-
-    execute(RunConfig(case=CASE, tiny=True).replace(**changes), out)
+def _gated(out: Path) -> tuple[dict, object]:
+    """`rlsmoke run`'s gates on a run folder: (summary.json, the verdict)."""
     verdict, _ = gate_run(out)
     return json.loads((out / "summary.json").read_text()), verdict
 
@@ -87,15 +85,18 @@ def test_run_log_parses_like_a_miles_log_into_the_same_record(main_job):
     assert load_record(out / "run.log").entries == load_record(out).entries
 
 
-def test_same_seed_gives_identical_metrics(main_job, tmp_path):
+@pytest.mark.parametrize("case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True))], indirect=True, ids=[CASE])
+def test_same_seed_gives_identical_metrics(main_job, case_record):
+    """Another process (forked from the session's warm interpreter where there is one), the same seed."""
     _, out = main_job
-    _execute(tmp_path)
-    assert (tmp_path / "metrics.jsonl").read_text() == (out / "metrics.jsonl").read_text()
+    assert (Path(case_record.artifacts) / "metrics.jsonl").read_text() == (out / "metrics.jsonl").read_text()
 
 
-def test_math_reward_on_an_untrained_model_fails_grad_norm_and_reward_range(tmp_path):
+@pytest.mark.parametrize("case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True), flags=("--reward", "math"))],
+                         indirect=True, ids=["math-reward"])  # fmt: skip
+def test_math_reward_on_an_untrained_model_fails_grad_norm_and_reward_range(case_record):
     """The twin of the grad_norm and reward gates: no reward variance, no gradient."""
-    summary, _ = _execute(tmp_path, reward="math")
+    summary, _ = _gated(Path(case_record.artifacts))
     failed = {g["name"] for g in summary["gates"] if not g["passed"]}
     assert failed == {"grad_norm", "reward_min", "reward_max"} or failed == {"grad_norm", "reward_min"}, (
         failed
@@ -103,16 +104,21 @@ def test_math_reward_on_an_untrained_model_fails_grad_norm_and_reward_range(tmp_
     assert summary["metrics"]["train/grad_norm@min"] == 0.0
 
 
-def test_ray_async_places_actors_on_separate_bundles_and_stops_its_cluster(tmp_path):
-    ray = pytest.importorskip("ray")
-    summary, verdict = _execute(tmp_path, mode="async", num_gpus=2)
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray (pip install -e .[dev])")
+@pytest.mark.parametrize("case_record", [CaseRun(Case(CASE, platform="cpu", num_gpus=2, mode="async", tiny=True))],
+                         indirect=True, ids=["async-2"])  # fmt: skip
+def test_ray_async_places_actors_on_separate_bundles_and_stops_its_cluster(case_record):
+    summary, verdict = _gated(Path(case_record.artifacts))
     where = summary["placement"]
     assert where["train"]["pid"] != where["rollout"]["pid"]
     assert where["train"]["gpu_ids"] != where["rollout"]["gpu_ids"]  # bundle 0 trains, bundle 1 rolls out
     assert where["train"]["placement_group"] == where["rollout"]["placement_group"]
     assert summary["verdict"] == "PASS", verdict.report()
     assert summary["metrics"]["sync/mismatched_params"] == 0  # checked in the rollout actor, param by param
-    assert not ray.is_initialized()
+    # the run ended its cluster: the head, the actors and Ray's temp folder are gone
+    assert not [role for role, pid in [("head", where["cluster"]["head_pid"]), ("train", where["train"]["pid"]),
+                                       ("rollout", where["rollout"]["pid"])] if alive(pid)]  # fmt: skip
+    assert not Path(where["cluster"]["temp_dir"]).exists()
 
 
 # At the configs fixtures/thresholds/builtin.json was calibrated on (the defaults): Flash at 1 prompt of

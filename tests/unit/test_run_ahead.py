@@ -102,6 +102,25 @@ def test_a_test_that_will_be_skipped_starts_no_run(inner):
     assert "SUBMITTED ['test_skipped.py::test_declared[case_record0]']\n" in result.stdout.str()
 
 
+@pytest.mark.parametrize(("run_ahead", "order"), [
+    ("2", ["test_a_first.py::test_a", "test_c_waits.py::test_c", "test_d_skips.py::test_d",
+           "test_b_declares.py::test_b1", "test_b_declares.py::test_b2"]),
+    ("0", ["test_a_first.py::test_a", "test_b_declares.py::test_b1", "test_b_declares.py::test_b2",
+           "test_c_waits.py::test_c", "test_d_skips.py::test_d"]),
+], ids=["ahead", "off"])  # fmt: skip
+def test_modules_that_declare_runs_go_last_and_keep_their_order(inner, run_ahead, order):
+    """Their runs then fill the cores the others leave idle. A module whose declared run will skip
+    stays; `--run-ahead 0` keeps pytest's order."""
+    case = 'from rlsmoke.cases import Case\nCASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)\n'
+    inner.makepyfile(test_a_first="def test_a():\n    pass\n",
+                     test_b_declares=case + "def test_b1(case_record):\n    pass\ndef test_b2():\n    pass\n",
+                     test_c_waits="def test_c():\n    pass\n",
+                     test_d_skips="import pytest\n" + case + "@pytest.mark.skip(reason='not today')\n"
+                                  "def test_d(case_record):\n    pass\n")  # fmt: skip
+    result = inner.runpytest("--run-ahead", run_ahead, "-p", "no:cacheprovider", "--co", "-q")
+    assert [line for line in result.stdout.lines if "::" in line] == order
+
+
 def test_case_record_without_a_run_is_a_usage_error_naming_the_fix(inner):
     inner.makepyfile(test_nothing="def test_x(case_record):\n    pass\n")
     result = inner.runpytest("-p", "no:cacheprovider")

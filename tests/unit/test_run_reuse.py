@@ -4,6 +4,7 @@ GPUs take). The twin skips the restore and sees seed 1 start from seed 0's train
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,30 +14,19 @@ from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute, phase_seconds
 from rlsmoke.launch import runner
-from rlsmoke.suite import builtin_argv
+from rlsmoke.suite import CaseRun, builtin_argv
 
 CASE = "glm5-744b-a40b-4layer"
 SHAPE = {"n_prompts": 2, "n_samples": 2, "max_response_len": 6}
-LAYOUTS = {
-    "fsdp": {},
-    "megatron": {"trainer": "megatron", "launcher": "builtin-megatron"},
-    "fsdp2-2-ranks-offload": {"num_gpus": 2, "offload": True},
-}
-
-
-def _execute_in_a_rank(rank, par, cfg, out, repeat):
-    return execute(cfg, out, repeat=repeat)
-
-
-def _execute(cfg, out, repeat=1):
-    """The run in this process; megatron's in a rank of its own (world size 1, as it colocates), whose
-    process group ends with it."""
-    if cfg.trainer != "megatron":
-        return execute(cfg, out, repeat=repeat)
-    from rlsmoke.engine.megatron.dist import Parallel, run_ranks
-
-    [summary] = run_ranks(_execute_in_a_rank, Parallel(), cfg, out, repeat)
-    return summary
+SHAPE_FLAGS = ("--n-prompts", "2", "--n-samples", "2", "--max-response-len", "6")
+ONE, TWO = Case(CASE, platform="cpu", tiny=True), Case(CASE, platform="cpu", num_gpus=2, tiny=True)
+# Each layout's fresh `rlsmoke run --seed 1`, declared: it may run ahead of its test.
+FRESH_SEED_1 = [
+    pytest.param(CaseRun(ONE, seed=1, flags=SHAPE_FLAGS), id="fsdp"),
+    pytest.param(CaseRun(ONE, seed=1, trainer="megatron", flags=SHAPE_FLAGS), id="megatron",
+                 marks=pytest.mark.skipif(not megatron.available(), reason="megatron-core is not installed")),
+    pytest.param(CaseRun(TWO, seed=1, flags=(*SHAPE_FLAGS, "--offload")), id="fsdp2-2-ranks-offload"),
+]  # fmt: skip
 
 
 def _seed_lines(out, repeat: int | None = None) -> list[dict]:
@@ -46,42 +36,36 @@ def _seed_lines(out, repeat: int | None = None) -> list[dict]:
     return [{k: v for k, v in line.items() if k != "repeat"} for line in lines if line["repeat"] == repeat]
 
 
-def _fresh_run(cfg: RunConfig, out, server) -> runner.Process:
-    """`rlsmoke run` of `cfg`, as a user starts it (forked from the session's warm interpreter where
-    there is one): it runs while this process runs the repeat."""
-    case = Case(CASE, platform="cpu", num_gpus=cfg.num_gpus, tiny=True)
-    argv = builtin_argv(case, out, seed=cfg.seed, trainer=cfg.trainer) + [
-        "--n-prompts", str(cfg.n_prompts), "--n-samples", str(cfg.n_samples),
-        "--max-response-len", str(cfg.max_response_len), *(["--offload"] if cfg.offload else [])]  # fmt: skip
+def _run(spec: CaseRun, out: Path, server, *, seed: int, more=()) -> runner.Process:
+    """`rlsmoke run` of the declared run at another seed, as a user starts it (forked from the session's
+    warm interpreter where there is one)."""
+    argv = builtin_argv(spec.case, out, seed=seed, trainer=spec.trainer or "fsdp") + [*spec.flags, *more]
     return runner.Process(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", warm=server)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(layout, tmp_path, rlsmoke_run_server):
-    if layout == "megatron" and not megatron.available():
-        pytest.skip("megatron-core is not installed")
-    cfg = RunConfig(case=CASE, tiny=True, **SHAPE, **LAYOUTS[layout])
-    fresh = _fresh_run(cfg.replace(seed=1), tmp_path / "fresh", rlsmoke_run_server)
-    repeated = _execute(cfg, tmp_path / "repeat", repeat=2)
-    result = fresh.wait(300)
+@pytest.mark.parametrize("case_record", FRESH_SEED_1, indirect=True)
+def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path, rlsmoke_run_server):
+    spec = request.node.callspec.params["case_record"]
+    repeat, fresh = tmp_path / "repeat", Path(case_record.artifacts)
+    result = _run(spec, repeat, rlsmoke_run_server, seed=0, more=("--repeat", "2")).wait(300)
     assert result.ok, result.log.read_text()[-3000:]
 
-    assert _seed_lines(tmp_path / "repeat", 1) == _seed_lines(tmp_path / "fresh")
-    assert _seed_lines(tmp_path / "repeat", 0) != _seed_lines(tmp_path / "fresh")  # the seeds do differ
-    timing = repeated["timing"]
+    assert _seed_lines(repeat, 1) == _seed_lines(fresh)
+    assert _seed_lines(repeat, 0) != _seed_lines(fresh)  # the seeds do differ
+    summary = json.loads((repeat / "summary.json").read_text())
+    timing = summary["timing"]
     assert len(timing["per_seed_s"]) == 2 and len(timing["restore_s"]) == 1
     assert {"rollout", "forward_only", "train_step", "sync", "offload"} <= timing["phases_s"].keys()
     assert timing["load_s"] > 0
-    assert (timing["phases_s"]["offload"] > 0) == cfg.offload_active  # the moves are timed where they happen
-    assert repeated["parallel"] | {"dp": 0} == {"tp": 1, "ep": 1, "pp": 1, "cp": 1, "dp": 0, "sp": False}
-    assert repeated["parallel"]["dp"] == cfg.num_gpus  # the executed layout: data parallel over the ranks
+    assert (timing["phases_s"]["offload"] > 0) == ("--offload" in spec.flags)  # the moves are timed where they happen
+    assert summary["parallel"] | {"dp": 0} == {"tp": 1, "ep": 1, "pp": 1, "cp": 1, "dp": 0, "sp": False}
+    assert summary["parallel"]["dp"] == spec.case.num_gpus  # the executed layout: data parallel over the ranks
 
 
 def test_without_the_restore_seed_1_starts_from_trained_weights(tmp_path, monkeypatch, rlsmoke_run_server):
     monkeypatch.setattr(Colocated, "restore_initial", lambda self: None)  # in this process only: the repeat
-    cfg = RunConfig(case=CASE, tiny=True, **SHAPE)
-    fresh = _fresh_run(cfg.replace(seed=1), tmp_path / "fresh", rlsmoke_run_server)
-    execute(cfg, tmp_path / "repeat", repeat=2)
+    fresh = _run(CaseRun(ONE, flags=SHAPE_FLAGS), tmp_path / "fresh", rlsmoke_run_server, seed=1)
+    execute(RunConfig(case=CASE, tiny=True, **SHAPE), tmp_path / "repeat", repeat=2)
     assert fresh.wait(300).ok
 
     assert _seed_lines(tmp_path / "repeat", 1) != _seed_lines(tmp_path / "fresh")

@@ -237,6 +237,8 @@ class RayAsync:
             self.where = {
                 "train": self._get(self.train.where.remote()),
                 "rollout": self._get(self.rollout.where.remote()),
+                # the cluster's own process and temp folder: close() ends the one and removes the other
+                "cluster": {"head_pid": self.cluster.proc.pid, "temp_dir": str(self.cluster.temp_dir)},
             }
         except BaseException:
             self.close()
