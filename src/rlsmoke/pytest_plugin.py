@@ -64,8 +64,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--run-timeout", type=float, default=None, metavar="S",
                 help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)")
     g.addoption("--run-ahead", type=int, default=None, metavar="N",
-                help="case runs started ahead of their tests at once, each only while a core is idle; 0 turns it off "
-                     "(default: the cores, at most 4, on a CPU host in a serial session; 0 under xdist)")
+                help="case runs started ahead of their tests at once, each only while a core is idle, the modules "
+                     "that declare runs moved last; 0 turns it off (default: the cores, at most 4, on a CPU host in "
+                     "a serial session; 0 under xdist)")
     g.addoption("--cold-runs", action="store_true", default=False,
                 help="start each CPU run as a fresh interpreter instead of forking it from the session's warm one "
                      "(default off: forked)")

@@ -35,7 +35,9 @@ from rlsmoke.selection import effective_case
 from rlsmoke.suite import CaseLaunch, CaseRun, PendingCase
 
 PORT_BLOCK_START = 100  # where the lane's port leases are looked for: away from xdist workers' (0..)
-MAX_WAITING = 16  # runs handed to the lane beyond its slots, not yet claimed: what an early end would waste
+# Runs handed to the lane beyond its slots and not yet claimed, finished ones too: what an early end
+# would waste (idle cores' time). Fewer leave the lane with nothing to run while long tests wait.
+MAX_WAITING = 48
 PHASE_VARS = frozenset({"PYTEST_CURRENT_TEST"})  # pytest sets it anew in each phase of every test
 
 
