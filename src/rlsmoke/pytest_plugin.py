@@ -120,16 +120,32 @@ def _host(config: pytest.Config):
     return config.stash[_HOST]
 
 
+_RUN_FIXTURES = frozenset({"artifacts", "rlsmoke_run_server"})
+
+
+def _may_launch(item: pytest.Item) -> bool:
+    return bool(_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))) and not item.get_closest_marker("skip")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The warm run server starts at the first collected test that may launch a run: it imports while
+    the rest of the suite is collected."""
+    config = item.config
+    if _WARM not in config.stash and not config.option.collectonly and _may_launch(item) \
+            and _host(config).platform == "cpu":  # fmt: skip
+        _warm_server(config)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the warm run server as soon as a selected test will launch a run: it imports while others
-    run. Set up the runs that may go ahead of their tests (`rlsmoke.run_ahead`)."""
+    """Keep the warm run server only if a selected test will launch a run (it imports while others run).
+    Set up the runs that may go ahead of their tests (`rlsmoke.run_ahead`)."""
     config = session.config
     if _host(config).platform != "cpu":
         return
-    users = {"artifacts", "rlsmoke_run_server"}
-    if any(users & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("skip")
-           for item in session.items):  # fmt: skip
+    if any(_may_launch(item) for item in session.items):
         _warm_server(config)  # none with --cold-runs: then the runs that go ahead start cold too
+    elif _WARM in config.stash:  # started during collection for a test that was then deselected or skipped
+        _stop_warm_server(config)
     slots = _run_ahead_slots(config)
     if slots > 0:
         from rlsmoke.run_ahead import RunAhead
@@ -188,6 +204,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     ports = config.stash.get(_PORTS, None)
     if ports is not None:
         ports.release()
+    _stop_warm_server(config)
+
+
+def _stop_warm_server(config: pytest.Config) -> None:
     server = config.stash.get(_WARM, None)
     if server is not None and server.proc is not None:  # ours, not an outer session's
         from rlsmoke.launch.warm import SERVER_VAR
@@ -198,6 +218,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             else:
                 del os.environ[SERVER_VAR]
         server.stop()
+    config.stash[_WARM] = None
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -300,6 +300,28 @@ def test_cpu_runs_fork_from_the_session_s_warm_server_unless_cold_runs(isolated)
     isolated.runpytest("-s", "--cold-runs").stdout.fnmatch_lines(["*WARM NoneType True*"])
 
 
+@pytest.mark.skipif(detect().platform != "cpu", reason="runs fork from a warm interpreter on CPU hosts only")
+@pytest.mark.parametrize(("args", "kept"), [((), "WarmServer"), (("-k", "test_plain"), "NoneType")],
+                         ids=["selected", "deselected"])  # fmt: skip
+def test_the_warm_server_starts_while_collecting_and_stays_only_for_a_selected_run(isolated, monkeypatch, args, kept):
+    monkeypatch.delenv("RLSMOKE_RUN_SERVER", raising=False)  # this session's own, not the outer one's
+    isolated.makeconftest("""
+        import pytest
+        from rlsmoke.pytest_plugin import _WARM
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_itemcollected(item):
+            print("COLLECTED", item.name, type(item.config.stash.get(_WARM, None)).__name__)
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_collection_finish(session):
+            print("KEPT", type(session.config.stash.get(_WARM, None)).__name__)
+    """)
+    isolated.makepyfile(test_a="def test_launches(artifacts):\n    pass\n\ndef test_plain():\n    pass\n")
+    result = isolated.runpytest("-s", "--run-ahead", "0", *args)
+    result.stdout.fnmatch_lines(["COLLECTED test_launches WarmServer", f"KEPT {kept}"])
+
+
 def test_plugin_import_is_light():
     """The plugin loads in every pytest session: it must not pull in torch, ray or matplotlib."""
     import subprocess
