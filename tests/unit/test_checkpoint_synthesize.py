@@ -70,3 +70,24 @@ def test_lm_head_rows_beyond_the_tokenizer_are_zero(tmp_path):
     folder = synthesize(spec, tmp_path / "v", tiny=True)
     w = transformers.AutoModelForCausalLM.from_pretrained(folder).lm_head.weight
     assert w[4096:].abs().max() == 0 and w[:4096].abs().max() > 0
+
+
+def test_an_expected_layout_is_built_once_per_config_and_never_answers_for_another(tmp_path, monkeypatch):
+    """Every verify of every run asks for it: the answer is kept in the cache folder, keyed by the config."""
+    from rlsmoke.checkpoints import synthesis
+    from rlsmoke.models.hf import hf_config
+
+    monkeypatch.setenv("RLSMOKE_CACHE", str(tmp_path))
+    built = []
+    build = synthesis._built_layout
+    monkeypatch.setattr(synthesis, "_built_layout", lambda *args: built.append(args[0]) or build(*args))
+    cfg = hf_config(model_spec("glm5-744b-a40b-4layer", tiny=True))
+    first = synthesis.expected_layout(cfg)
+    assert synthesis.expected_layout(cfg) == first and len(built) == 1
+    (memo,) = (tmp_path / "layouts").glob("*.json")
+
+    other = hf_config(model_spec("glm5-744b-a40b-4layer", tiny=True))
+    other.vocab_size *= 2
+    assert synthesis.expected_layout(other) != first and len(built) == 2  # its own entry, not the first's
+    memo.write_text('{"model.embed_tokens.weight": ')  # a damaged entry is built again, never trusted
+    assert synthesis.expected_layout(cfg) == first and len(built) == 3

@@ -17,9 +17,11 @@ lm_head beyond the fixture tokenizer's vocab are zero, so the sampler rarely lea
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,9 +76,45 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return TORCH_DTYPES[dtype]
 
 
+# Bump when expected_layout answers differently for the same config, dtype and transformers version.
+LAYOUT_VERSION = 1
+
+
 def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
-    """Names, dtypes and shapes `from_pretrained` expects for `cfg`, in the hub's on-disk form."""
+    """Names, dtypes and shapes `from_pretrained` expects for `cfg`, in the hub's on-disk form.
+
+    Building the model on the meta device and reverting transformers' weight conversions takes about
+    0.3 s (a thousand regular expressions compiled), paid by every verify of every run: the answer is
+    kept in the cache folder, one file per config, dtype and transformers version.
+    """
     import transformers
+
+    memo = _layout_memo(cfg, dtype, transformers.__version__)
+    try:
+        tensors = json.loads(memo.read_text())
+        return Layout({name: (dtype_name, tuple(shape)) for name, (dtype_name, shape) in tensors.items()})
+    except (OSError, ValueError, TypeError, AttributeError):  # none yet, or unreadable: computed again
+        pass
+    layout = _built_layout(cfg, dtype, transformers)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(layout.tensors))
+        os.replace(tmp, memo)  # whole or not at all: a concurrent reader never sees half
+    except OSError:  # a read-only cache: the next verify computes it again
+        pass
+    return layout
+
+
+def _layout_memo(cfg, dtype: torch.dtype, transformers_version: str) -> Path:
+    from rlsmoke.checkpoints.cache import cache_root
+
+    key = json.dumps({"config": cfg.to_dict(), "dtype": str(dtype), "transformers": transformers_version,
+                      "version": LAYOUT_VERSION}, sort_keys=True, default=str)  # fmt: skip
+    return cache_root().parent / "layouts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def _built_layout(cfg, dtype: torch.dtype, transformers) -> Layout:
     from transformers.core_model_loading import revert_weight_conversion
 
     arch = cfg.architectures[0]
@@ -87,8 +125,8 @@ def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
             rule="checkpoint.config",
             fix="use a native dialect (patch --dialect glm_moe_dsa) or a supported model",
         )
-    with torch.device("meta"):
-        model = cls._from_config(cfg, dtype=dtype)
+    with torch.device("meta"):  # on a copy: building sets fields on the config (its key would change)
+        model = cls._from_config(copy.deepcopy(cfg), dtype=dtype)
     state = revert_weight_conversion(model, model.state_dict())
     return Layout({k: (DTYPE_NAMES[v.dtype], tuple(v.shape)) for k, v in state.items()})
 

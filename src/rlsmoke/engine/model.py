@@ -17,7 +17,7 @@ def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None =
     if given is None:
         from rlsmoke.checkpoints import prepare
 
-        given = Path(prepare(case, tiny=tiny, seed=seed))
+        return Path(prepare(case, tiny=tiny, seed=seed))  # verified as it is built, and on every cache hit
     given = Path(given)
     if not (given / "config.json").is_file():
         raise CheckpointError(
