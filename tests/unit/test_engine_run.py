@@ -7,7 +7,7 @@ tests/e2e/test_fault_twins_cpu.py; this module covers the gates those faults can
 
 import importlib.util
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from rlsmoke.cases import Case
 from rlsmoke.cli import main
 from rlsmoke.engine.cli import gate_run
 from rlsmoke.errors import ExitCode
+from rlsmoke.launch.warm import run_captured
 from rlsmoke.suite import CaseRun
 
 CASE = "glm5-744b-a40b-4layer"
@@ -26,8 +27,9 @@ EVERY_METRIC = [
     "train/ppo_kl", "train/pg_loss", "train/pg_clipfrac", "train/grad_norm", "rollout/raw_reward",
     "rollout/log_probs", "rollout/rollout_log_probs", "rollout/entropy", "sync/mismatched_params",
 ]  # fmt: skip
-# Runs the real entry point, then says whether the single-process mode imported Ray.
-CLI = "import sys; from rlsmoke.cli import main; rc = main(sys.argv[1:]); print('ray' in sys.modules); sys.exit(rc)"
+# A `ray` first on the main job's search path: it notes that it was imported, then fails as a missing
+# Ray would. The single-process mode must run where Ray is not installed.
+NO_RAY = "import pathlib\npathlib.Path(__file__).with_name('imported').touch()\nraise ImportError('no ray here')\n"
 
 
 def _gated(out: Path) -> tuple[dict, object]:
@@ -36,23 +38,41 @@ def _gated(out: Path) -> tuple[dict, object]:
     return json.loads((out / "summary.json").read_text()), verdict
 
 
+def _without_ray(out: Path, shadow: Path, server, *flags: str) -> tuple[object, bool]:
+    """`rlsmoke run CASE --platform cpu FLAGS` as a user types it (forked from the session's warm
+    interpreter where there is one), with NO_RAY first on its path: (the process, whether it imported Ray)."""
+    (shadow / "ray").mkdir()
+    (shadow / "ray" / "__init__.py").write_text(NO_RAY)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))}
+    proc = run_captured([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out),
+                         *flags], env=env, timeout=300, server=server)  # fmt: skip
+    return proc, (shadow / "ray" / "imported").exists()
+
+
 @pytest.fixture(scope="module")
-def main_job(tmp_path_factory):
+def main_job(tmp_path_factory, rlsmoke_run_server):
+    """The README's main job: (its process, its folder, whether it imported Ray)."""
     out = tmp_path_factory.mktemp("main-job")
-    proc = subprocess.run([sys.executable, "-c", CLI, "run", CASE, "--platform", "cpu", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    return proc, out
+    proc, ray_imported = _without_ray(out, tmp_path_factory.mktemp("no-ray"), rlsmoke_run_server)
+    return proc, out, ray_imported
 
 
 def test_main_job_passes_and_prints_the_table(main_job):
-    proc, out = main_job
+    proc, out, ray_imported = main_job
     assert proc.returncode == ExitCode.OK, proc.stdout + proc.stderr
     assert "verdict: PASS" in proc.stdout and f"artifacts: {out}" in proc.stdout
-    assert proc.stdout.splitlines()[-1] == "False", "the single-process mode imported ray"
+    assert not ray_imported, "the single-process mode imported ray"
+
+
+def test_the_ray_check_sees_a_run_that_imports_ray(tmp_path, rlsmoke_run_server):
+    """The main job's Ray check, tripped: an async run imports Ray, and is told it is missing."""
+    proc, ray_imported = _without_ray(tmp_path / "out", tmp_path, rlsmoke_run_server, "--mode", "async",
+                                      "--num-gpus", "2")  # fmt: skip
+    assert ray_imported and proc.returncode == ExitCode.USAGE and "[engine.ray]" in proc.stderr, proc.stderr
 
 
 def test_main_job_writes_the_contract(main_job):
-    _, out = main_job
+    _, out, _ = main_job
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(x["kind"], x["index"]) for x in lines] == [
         ("rollout", 0),
@@ -81,14 +101,14 @@ def test_main_job_writes_the_contract(main_job):
 def test_run_log_parses_like_a_miles_log_into_the_same_record(main_job):
     from rlsmoke.metrics import load_record
 
-    _, out = main_job
+    _, out, _ = main_job
     assert load_record(out / "run.log").entries == load_record(out).entries
 
 
 @pytest.mark.parametrize("case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True))], indirect=True, ids=[CASE])
 def test_same_seed_gives_identical_metrics(main_job, case_record):
     """Another process (forked from the session's warm interpreter where there is one), the same seed."""
-    _, out = main_job
+    _, out, _ = main_job
     assert (Path(case_record.artifacts) / "metrics.jsonl").read_text() == (out / "metrics.jsonl").read_text()
 
 
