@@ -7,19 +7,18 @@ cached folder is verified on every hit and rebuilt if it does not pass.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from pathlib import Path
 
+from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.errors import CheckpointError
 
 FORMAT_VERSION = 2  # bump when synthesis changes a byte, so stale caches are not reused
 
 
 def cache_root(cache_dir: Path | str | None = None) -> Path:
-    root = cache_dir or os.environ.get("RLSMOKE_CACHE") or Path.home() / ".cache" / "rlsmoke"
-    return Path(root) / "checkpoints"
+    return cache_home(cache_dir) / "checkpoints"
 
 
 def cache_key(case: str, *, tiny: bool, seed: int, dialect: str | None, fp8: bool) -> str:

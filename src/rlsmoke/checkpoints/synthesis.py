@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.checkpoints.progress import ProgressBar
 from rlsmoke.checkpoints.shards import (
     DEFAULT_MAX_SHARD_BYTES,
@@ -107,11 +108,9 @@ def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
 
 
 def _layout_memo(cfg, dtype: torch.dtype, transformers_version: str) -> Path:
-    from rlsmoke.checkpoints.cache import cache_root
-
     key = json.dumps({"config": cfg.to_dict(), "dtype": str(dtype), "transformers": transformers_version,
                       "version": LAYOUT_VERSION}, sort_keys=True, default=str)  # fmt: skip
-    return cache_root().parent / "layouts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    return cache_home() / "layouts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
 def _built_layout(cfg, dtype: torch.dtype, transformers) -> Layout:
