@@ -90,6 +90,27 @@ def test_a_rank_that_dies_is_named_with_its_exit_code():
         run_ranks(_die, Parallel(tp=2))
 
 
+def _frozen_objects(rank, par):
+    import gc
+
+    return gc.get_freeze_count()
+
+
+@needs_mcore
+def test_forked_ranks_find_the_driver_s_objects_frozen_and_the_driver_keeps_its_collector():
+    """A rank's collections skip what it inherited from the driver (and so never copy those pages)."""
+    import gc
+
+    from rlsmoke.engine.megatron.dist import run_ranks
+    from rlsmoke.engine.procs import fork_is_safe
+
+    if not fork_is_safe():  # under xdist: ranks start from the fork server, whose heap is its own
+        pytest.skip("ranks start from the fork server in this process")
+    frozen = run_ranks(_frozen_objects, Parallel(tp=2))
+    assert min(frozen) > 100_000, frozen  # torch's and transformers' modules, at least
+    assert gc.get_freeze_count() == 0  # the driver's collector has its objects back
+
+
 def _report(conn):
     conn.send((os.environ.get("RLSMOKE_RANK_PROBE"), "torch" in sys.modules))
     print(f"rank says {os.environ.get('RLSMOKE_RANK_PROBE')}", flush=True)

@@ -24,7 +24,7 @@ from rlsmoke.engine import reuse, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
-from rlsmoke.engine.procs import rank_context
+from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.errors import RlsmokeError, RunError
@@ -216,13 +216,14 @@ class Sharded:
         port = int(os.environ.get("MASTER_PORT") or free_port())
         ctx = rank_context(cpu_only=cfg.device == "cpu", rank_modules=(__name__,))  # no fresh import of torch
         self.conns, self.procs = [], []
-        for rank in range(self.world):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, cfg, ckpt, eos_id, pad_id, rank, self.world, port),
-                               daemon=True)  # fmt: skip
-            proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
+        with frozen_for_forks():
+            for rank in range(self.world):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(child, cfg, ckpt, eos_id, pad_id, rank, self.world, port),
+                                   daemon=True)  # fmt: skip
+                proc.start()
+                self.conns.append(parent)
+                self.procs.append(proc)
         try:
             self.where = {"ranks": self._gather()}
         except BaseException:  # an interrupt too: the ranks are ours to stop

@@ -72,7 +72,7 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
     """
     from multiprocessing.connection import wait
 
-    from rlsmoke.engine.procs import rank_context
+    from rlsmoke.engine.procs import frozen_for_forks, rank_context
 
     port = free_port()
     ctx = rank_context(cpu_only=backend == "gloo", rank_modules=RANK_MODULES)
@@ -81,13 +81,14 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
     results: dict[int, object] = {}
     errors: list[str] = []
     try:
-        for rank in range(par.world_size):
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_rank_main, args=(fn, rank, par, port, backend, writer, args), daemon=True)
-            proc.start()
-            writer.close()  # the rank's copy is its own: EOF here means the rank is gone
-            pending[reader] = rank
-            procs.append(proc)
+        with frozen_for_forks():
+            for rank in range(par.world_size):
+                reader, writer = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_rank_main, args=(fn, rank, par, port, backend, writer, args), daemon=True)
+                proc.start()
+                writer.close()  # the rank's copy is its own: EOF here means the rank is gone
+                pending[reader] = rank
+                procs.append(proc)
         while pending:
             ready = wait(list(pending), timeout=RANK_GRACE_S if errors else None)
             if not ready:  # the others wait in a collective for a rank that failed
