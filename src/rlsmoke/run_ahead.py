@@ -70,9 +70,12 @@ def declared_runs_last(items: Sequence, will_skip: Callable[[object], bool]) -> 
 class Lane:
     """The pytest side of a `launch.lane` process: submit runs, wait for one, cancel one."""
 
-    def __init__(self, warm, slots: int, ports: Sequence[int] = ()):
+    def __init__(self, warm, slots: int, ports: Sequence[int] = (), idle_cores: float | None = None):
+        """`idle_cores`: how much of the host must be idle for an unclaimed run to start (0: at once;
+        default the lane's IDLE_CORES)."""
         self.proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.launch.lane", warm.socket_path if warm else "",
-                                      str(slots), ",".join(map(str, ports))],
+                                      str(slots), ",".join(map(str, ports)),
+                                      *([] if idle_cores is None else [str(idle_cores)])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
         self.finished: dict[str, dict] = {}
         self._replies = JsonLines(self.proc.stdout.fileno())

@@ -129,8 +129,9 @@ def test_case_record_without_a_run_is_a_usage_error_naming_the_fix(inner):
 
 
 def test_the_lane_runs_in_order_and_kills_a_run_at_its_timeout(tmp_path):
-    """Slots of 1: the second run starts only once the first has ended, here at its 1 s timeout."""
-    lane = Lane(None, 1)  # no warm server: each run starts as a fresh interpreter
+    """Slots of 1: the second run starts only once the first has ended, here at its 1 s timeout. The
+    lane starts them without waiting for an idle core (the host's load is another test's subject)."""
+    lane = Lane(None, 1, idle_cores=0)  # no warm server: each run starts as a fresh interpreter
     try:
         sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
         stamp = [sys.executable, "-c", "import json, time; print(json.dumps(time.time()))"]
@@ -241,7 +242,7 @@ def test_the_lane_s_runs_yield_the_cpu_to_the_test_in_front_until_it_waits_for_t
         print("after", nice(), flush=True)
     """)]  # fmt: skip
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    lane = Lane(None, 1)
+    lane = Lane(None, 1, idle_cores=0)  # started without waiting for an idle core: its priority is the subject
     try:
         lane.submit("run", show, clean_env(), tmp_path / "lane.log", timeout=120.0)
         deadline = time.monotonic() + 120
