@@ -14,10 +14,13 @@ pytest_plugins = ["pytester"]
 
 CORES = len(os.sched_getaffinity(0))
 HOST = detect()
+# torch is imported in the test, not at collection: every xdist worker collects, one runs it.
 THREADS_TEST = """
-import os, torch
+import os
 
 def test_threads():
+    import torch
+
     print("THREADS", os.environ.get("OMP_NUM_THREADS"), os.environ.get("MKL_NUM_THREADS"), torch.get_num_threads())
 """
 
