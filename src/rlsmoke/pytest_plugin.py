@@ -263,7 +263,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if _host(config).platform == "cpu" and _run_ahead_slots(config) > 0:
         from rlsmoke.run_ahead import declared_runs_last
 
-        items[:] = declared_runs_last(items, _will_skip)  # their runs then go ahead on the idle cores
+        items[:] = declared_runs_last(items, _will_skip, config.getoption("num_gpus"))  # their runs fill idle cores
 
 
 def _artifacts_root(config: pytest.Config) -> Path:

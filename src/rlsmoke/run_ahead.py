@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rlsmoke.launch.lane import JsonLines
+from rlsmoke.launch.lane import IDLE_CORES, JsonLines
 from rlsmoke.launch.runner import Result
 from rlsmoke.selection import effective_case
 from rlsmoke.suite import CaseLaunch, CaseRun, PendingCase
@@ -54,15 +54,24 @@ def declared_run(item) -> CaseRun | None:
     return spec if isinstance(spec, CaseRun) else None
 
 
-def declared_runs_last(items: Sequence, will_skip: Callable[[object], bool]) -> list:
-    """`items` with the modules that declare a run (one that will not skip) moved behind the others.
+def early_run(item, will_skip: Callable[[object], bool], num_gpus: int | None = None) -> CaseRun | None:
+    """The item's declared run when it may start early: a CPU run of the built-in engine, in a test
+    that will not be skipped."""
+    spec = declared_run(item)
+    if spec is None or will_skip(item) or effective_case(spec.case, num_gpus).platform != "cpu":
+        return None
+    return spec
+
+
+def declared_runs_last(items: Sequence, will_skip: Callable[[object], bool], num_gpus: int | None = None) -> list:
+    """`items` with the modules that declare a run that may start early moved behind the others.
 
     Each module's tests stay together and in order, so its module fixtures are set up once.
     """
     def module(item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    declaring = {module(item) for item in items if declared_run(item) is not None and not will_skip(item)}
+    declaring = {module(item) for item in items if early_run(item, will_skip, num_gpus) is not None}
     return [item for item in items if module(item) not in declaring] + [
         item for item in items if module(item) in declaring]
 
@@ -70,12 +79,10 @@ def declared_runs_last(items: Sequence, will_skip: Callable[[object], bool]) -> 
 class Lane:
     """The pytest side of a `launch.lane` process: submit runs, wait for one, cancel one."""
 
-    def __init__(self, warm, slots: int, ports: Sequence[int] = (), idle_cores: float | None = None):
-        """`idle_cores`: how much of the host must be idle for an unclaimed run to start (0: at once;
-        default the lane's IDLE_CORES)."""
+    def __init__(self, warm, slots: int, ports: Sequence[int] = (), idle_cores: float = IDLE_CORES):
+        """`idle_cores`: how much of the host must be idle for an unclaimed run to start (0: at once)."""
         self.proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.launch.lane", warm.socket_path if warm else "",
-                                      str(slots), ",".join(map(str, ports)),
-                                      *([] if idle_cores is None else [str(idle_cores)])],
+                                      str(slots), ",".join(map(str, ports)), str(idle_cores)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
         self.finished: dict[str, dict] = {}
         self._replies = JsonLines(self.proc.stdout.fileno())
@@ -137,16 +144,6 @@ class RunAhead:
         self._port_leases: list = []
         self.claimed = 0
 
-    def goes_ahead(self, item) -> CaseRun | None:
-        """The item's declared run when it may start early: a CPU run of the built-in engine."""
-        spec = declared_run(item)
-        if spec is None or self._will_skip(item):
-            return None
-        case = effective_case(spec.case, self._num_gpus)
-        if case.platform != "cpu":
-            return None
-        return spec
-
     def _start_lane(self, warm) -> Lane:
         """The lane, with a leased port block for each run it may hold at once: its slots and a claim."""
         from rlsmoke.launch.lease import lease_ports
@@ -174,7 +171,7 @@ class RunAhead:
         while self._next < len(self.items) and len(self.submitted) < MAX_WAITING + self.slots:
             item = self.items[self._next]
             self._next += 1
-            spec = self.goes_ahead(item)
+            spec = early_run(item, self._will_skip, self._num_gpus)
             if spec is None:
                 continue
             art = self._artifacts_for(item)

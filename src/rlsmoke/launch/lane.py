@@ -113,7 +113,7 @@ class WarmAttach:
             self.ready.set()
 
 
-def serve(socket_path: str | None, slots: int, ports: list[int], idle_cores: float = IDLE_CORES) -> None:
+def serve(socket_path: str | None, slots: int, ports: list[int], idle_cores: float) -> None:
     """`idle_cores`: how much of the host must have been idle for an unclaimed run to start."""
     warm = WarmAttach(socket_path)
     requests = JsonLines(sys.stdin.fileno())
@@ -189,12 +189,11 @@ def serve(socket_path: str | None, slots: int, ports: list[int], idle_cores: flo
         while claimed:
             start(claimed.popleft(), session_nice)  # its test waits for it: now, at the session's priority
         settled = time.monotonic() - last_start >= IDLE_WINDOW_S  # the last start's load shows by now
-        if queued and len(running) < slots and settled and (idle_cores <= 0 or idle.idle() >= idle_cores):
+        if queued and len(running) < slots and settled and idle.idle() >= idle_cores:
             start(queued.popleft(), min(session_nice + LANE_NICE, 19))
     for process, _ in running.values():
         process.stop()
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1] or None, int(sys.argv[2]), [int(p) for p in sys.argv[3].split(",") if p],
-          *([float(sys.argv[4])] if len(sys.argv) > 4 else []))
+    serve(sys.argv[1] or None, int(sys.argv[2]), [int(p) for p in sys.argv[3].split(",") if p], float(sys.argv[4]))
