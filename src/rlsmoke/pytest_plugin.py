@@ -127,20 +127,25 @@ def _may_launch(item: pytest.Item) -> bool:
     return bool(_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))) and not item.get_closest_marker("skip")
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """The warm run server starts at the first collected test that may launch a run: it imports while
-    the rest of the suite is collected."""
-    config = item.config
-    if _WARM not in config.stash and not config.option.collectonly and _may_launch(item) \
-            and _host(config).platform == "cpu":  # fmt: skip
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The warm run server starts with the session on a CPU host: it imports (8 s) on the core that
+    collection (single-threaded, 4-5 s) leaves idle. It is stopped at the end of collection if no
+    selected test launches a run. Not in an xdist controller: its workers run the tests."""
+    config = session.config
+    if not _listing(config) and not config.pluginmanager.has_plugin("dsession") and _host(config).platform == "cpu":
         _warm_server(config)
+
+
+def _listing(config: pytest.Config) -> bool:
+    """--collect-only, --fixtures: the session runs no test."""
+    return bool(config.option.collectonly or config.getoption("showfixtures", False))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Keep the warm run server only if a selected test will launch a run (it imports while others run).
     Set up the runs that may go ahead of their tests (`rlsmoke.run_ahead`)."""
     config = session.config
-    if _host(config).platform != "cpu":
+    if _host(config).platform != "cpu" or _listing(config):
         return
     if any(_may_launch(item) for item in session.items):
         _warm_server(config)  # none with --cold-runs: then the runs that go ahead start cold too

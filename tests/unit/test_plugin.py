@@ -303,7 +303,7 @@ def test_cpu_runs_fork_from_the_session_s_warm_server_unless_cold_runs(isolated)
 @pytest.mark.skipif(detect().platform != "cpu", reason="runs fork from a warm interpreter on CPU hosts only")
 @pytest.mark.parametrize(("args", "kept"), [((), "WarmServer"), (("-k", "test_plain"), "NoneType")],
                          ids=["selected", "deselected"])  # fmt: skip
-def test_the_warm_server_starts_while_collecting_and_stays_only_for_a_selected_run(isolated, monkeypatch, args, kept):
+def test_the_warm_server_starts_with_the_session_and_stays_only_for_a_selected_run(isolated, monkeypatch, args, kept):
     monkeypatch.delenv("RLSMOKE_RUN_SERVER", raising=False)  # this session's own, not the outer one's
     isolated.makeconftest("""
         import pytest
@@ -317,9 +317,11 @@ def test_the_warm_server_starts_while_collecting_and_stays_only_for_a_selected_r
         def pytest_collection_finish(session):
             print("KEPT", type(session.config.stash.get(_WARM, None)).__name__)
     """)
-    isolated.makepyfile(test_a="def test_launches(artifacts):\n    pass\n\ndef test_plain():\n    pass\n")
+    isolated.makepyfile(test_a="def test_plain():\n    pass\n\ndef test_launches(artifacts):\n    pass\n")
     result = isolated.runpytest("-s", "--run-ahead", "0", *args)
-    result.stdout.fnmatch_lines(["COLLECTED test_launches WarmServer", f"KEPT {kept}"])
+    # importing already as the first test is collected, one that launches nothing
+    result.stdout.fnmatch_lines(["COLLECTED test_plain WarmServer", f"KEPT {kept}"])
+    assert "WarmServer" not in isolated.runpytest("-s", "--co", *args).stdout.str()  # a listing starts none
 
 
 def test_plugin_import_is_light():

@@ -167,6 +167,27 @@ def test_the_lane_waits_for_an_idle_core_unless_the_run_is_claimed(tmp_path):
             spinner.wait()
 
 
+def test_a_run_that_ends_hands_its_core_to_the_next_without_waiting_for_an_idle_one(tmp_path):
+    """Every core busy, as above: the claimed run's end frees the core it ran on, and the next run
+    starts there unclaimed. The twin is the test above: with no run of the lane ending, it waits."""
+    import os
+    import subprocess
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    lane = Lane(None, 1)
+    try:
+        for run in ("first", "next"):
+            lane.submit(run, [sys.executable, "-c", "pass"], clean_env(), tmp_path / f"{run}.log", timeout=60.0)
+        lane.claim("first")
+        assert lane.wait("first", 30)["returncode"] == 0
+        assert lane.wait("next", 15)["returncode"] == 0
+    finally:
+        lane.close()
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 @pytest.mark.parametrize("lane_ports", [[29001, 29002], []], ids=["leased", "none"])
 def test_runs_that_overlap_in_the_lane_rendezvous_on_ports_of_their_own(tmp_path, lane_ports):
     """Two claimed runs overlap: each is given its own MASTER_PORT from the lane's ports, never the

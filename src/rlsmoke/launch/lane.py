@@ -3,11 +3,11 @@ on cores that are idle.
 
 The pytest plugin hands it the runs that go ahead of their tests (`rlsmoke.run_ahead`), so that a
 finished run's slot takes the next one at once, even while the pytest process is busy inside a long
-test. A run starts only while about a core has been idle for the last half second (/proc/stat), and
-runs LANE_NICE nicer than the session: the test in front keeps the cores it takes up again. A claimed
-run (its test waits for it) starts at once, at the session's priority. The lane imports no torch: its
-runs fork from the session's warm server (`launch.warm`) or start cold, through `launch.runner`,
-which ends each run's whole tree.
+test. A run starts only while about a core has been idle for the last half second (/proc/stat), or
+at once on the core a run of the lane just left, and runs LANE_NICE nicer than the session: the test
+in front keeps the cores it takes up again. A claimed run (its test waits for it) starts at once, at
+the session's priority. The lane imports no torch: its runs fork from the session's warm server
+(`launch.warm`) or start cold, through `launch.runner`, which ends each run's whole tree.
 
 Runs that rendezvous (several ranks) may overlap here, and with the test in front: each run the lane
 starts is given a MASTER_PORT of its own, from the ports it was handed, in place of the session's.
@@ -177,17 +177,23 @@ def serve(socket_path: str | None, slots: int, ports: list[int], idle_cores: flo
                     done(run_id, None, 0.0)
                 elif take(run_id) is not None:
                     done(run_id, None, 0.0)
+        freed = 0  # cores our own runs held until now: the next runs may take them without a wait
         for run_id, (process, timeout) in list(running.items()):
             late = time.monotonic() - process.started > timeout
             if late or process.proc.poll() is not None:
                 result = process.wait(0)
                 del running[run_id]
                 done(run_id, result.returncode, result.seconds, result.timed_out)
+                freed += 1
         idle.sample()
         if not warm.ready.is_set():
             continue
         while claimed:
             start(claimed.popleft(), session_nice)  # its test waits for it: now, at the session's priority
+            freed -= 1
+        while queued and len(running) < slots and freed > 0 and freed >= idle_cores:
+            start(queued.popleft(), min(session_nice + LANE_NICE, 19))
+            freed -= 1
         settled = time.monotonic() - last_start >= IDLE_WINDOW_S  # the last start's load shows by now
         if queued and len(running) < slots and settled and idle.idle() >= idle_cores:
             start(queued.popleft(), min(session_nice + LANE_NICE, 19))
