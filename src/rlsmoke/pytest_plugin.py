@@ -7,9 +7,12 @@ at module level: this module loads in every pytest session of every user of the 
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,8 @@ MARKERS = (
     "cpu: runs on any host with the built-in engine at the tiny width",
     "gpus(n): the GPU count the test needs; --num-gpus or NUM_GPUS replaces it",
     "slow: takes more than a few seconds on a CPU host",
+    "background: mostly waits on processes it starts; in a serial session on a CPU host a second pytest "
+    "session runs it on an idle core and its reports show last (--run-ahead 0: in this session, in order)",
 )
 
 # torch's threads per engine process on a host without GPUs, where every case runs at the tiny width
@@ -32,6 +37,7 @@ _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
 _WARM = pytest.StashKey["object"]()
 _AHEAD = pytest.StashKey["object"]()
+_BACKGROUND = pytest.StashKey["list"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -67,6 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="case runs started ahead of their tests at once, each only while a core is idle, the modules "
                      "that declare runs moved last; 0 turns it off (default: the cores, at most 4, on a CPU host in "
                      "a serial session; 0 under xdist)")
+    g.addoption("--reports-to", default=None, help=argparse.SUPPRESS)  # a background session's reports (JSON lines)
     g.addoption("--cold-runs", action="store_true", default=False,
                 help="start each CPU run as a fresh interpreter instead of forking it from the session's warm one "
                      "(default off: forked)")
@@ -75,6 +82,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    if config.getoption("reports_to", None):
+        config.pluginmanager.register(_ReportWriter(config, config.getoption("reports_to")), "rlsmoke-reports-to")
     n = config.getoption("num_gpus", None)
     env = os.environ.get("NUM_GPUS")
     if n is None and env:
@@ -155,8 +164,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if slots > 0:
         from rlsmoke.run_ahead import RunAhead
 
+        background = config.stash.get(_BACKGROUND, None)
         config.stash[_AHEAD] = RunAhead(session.items, slots, lambda item: _item_artifacts(config, item.nodeid),
-                                        _will_skip, num_gpus=config.getoption("num_gpus"))  # fmt: skip
+                                        _will_skip, num_gpus=config.getoption("num_gpus"), warm=_warm_server(config),
+                                        background=_background_session(config, background) if background else None)
+        config.stash[_AHEAD].start_background()
 
 
 def _run_ahead_slots(config: pytest.Config) -> int:
@@ -266,9 +278,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not decision.run:
             item.add_marker(pytest.mark.skip(reason=decision.reason))
     if _host(config).platform == "cpu" and _run_ahead_slots(config) > 0:
-        from rlsmoke.run_ahead import declared_runs_last
+        from rlsmoke.run_ahead import background_last, declared_runs_last
 
         items[:] = declared_runs_last(items, _will_skip, config.getoption("num_gpus"))  # their runs fill idle cores
+        background = [item.nodeid for item in items if item.get_closest_marker("background") and not _will_skip(item)]
+        if background and len(background) < len(items) and _may_run_beside(config):
+            config.stash[_BACKGROUND] = background
+            items[:] = background_last(items, set(background))
+
+
+def _may_run_beside(config: pytest.Config) -> bool:
+    """Whether a second session may run tests beside this one: not where its output would be missed (-s)
+    or a debugger waits (--pdb, --trace)."""
+    option = config.option
+    return not (option.capture == "no" or option.usepdb or getattr(option, "trace", False)
+                or config.getoption("reports_to"))  # fmt: skip
+
+
+def _background_session(config: pytest.Config, nodeids: list[str]):
+    """The second session, with this one's options that change what a test does or how it reports."""
+    from rlsmoke.run_ahead import BackgroundSession
+
+    option = config.option
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--run-ahead", "0",
+            "--rootdir", str(config.rootpath), "--artifacts-dir", str(_artifacts_root(config)),
+            "--launcher", config.getoption("launcher"), "--trainer", config.getoption("trainer"),
+            f"--tb={option.tbstyle}"]  # fmt: skip
+    if config.inipath:
+        argv += ["-c", str(config.inipath)]
+    verbosity = option.verbose
+    argv += ["-v"] * verbosity if verbosity > 0 else ["-q"] * -verbosity
+    if option.showlocals:
+        argv.append("-l")
+    if option.basetemp:  # its own folder in there: a session empties its basetemp as it starts
+        argv.append(f"--basetemp={Path(option.basetemp).resolve() / 'background-session'}")
+    for name, flag in (("num_gpus", "--num-gpus"), ("platform", "--platform"), ("miles_root", "--miles-root"),
+                       ("model_dir", "--model-dir"), ("run_timeout", "--run-timeout"), ("history", "--history")):
+        if config.getoption(name) is not None:
+            argv += [flag, str(config.getoption(name))]
+    for name, flag in (("cold_runs", "--cold-runs"), ("update_golden", "--update-golden"),
+                       ("history_shadow", "--history-shadow"), ("history_trusted", "--history-trusted")):
+        if config.getoption(name):
+            argv.append(flag)
+    return BackgroundSession(nodeids, argv, dict(os.environ), str(config.rootpath),
+                             _artifacts_root(config) / "background-session.log")  # fmt: skip
 
 
 def _artifacts_root(config: pytest.Config) -> Path:
@@ -391,6 +444,53 @@ def case_record(request: pytest.FixtureRequest, artifacts):
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
+    """A background test: its reports from the second session, shown as if it ran here."""
+    ahead = item.config.stash.get(_AHEAD, None)
+    if ahead is None or not ahead.replays(item.nodeid):
+        return None
+    hook = item.ihook
+    hook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    serialized = ahead.background_reports(item.nodeid)
+    if serialized is None:
+        reports = [pytest.TestReport(item.nodeid, item.location, {}, "failed",
+                                     ahead.background.missing(item.nodeid), "call")]  # fmt: skip
+    else:
+        reports = [item.config.hook.pytest_report_from_serializable(config=item.config, data=_tuples(data))
+                   for data in serialized]  # fmt: skip
+    for report in reports:
+        hook.pytest_runtest_logreport(report=report)
+    hook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def _tuples(data: dict) -> dict:
+    """What JSON turned from tuples into lists, back: a skip's (path, line, reason), the location."""
+    for key in ("longrepr", "location"):
+        if isinstance(data.get(key), list):
+            data[key] = tuple(data[key])
+    return data
+
+
+class _ReportWriter:
+    """In a background session (--reports-to): each report as a JSON line, for the session that shows it."""
+
+    def __init__(self, config: pytest.Config, path: str):
+        self.config, self.path = config, path
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self._write({"nodeid": report.nodeid, "report": data})
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self._write({"finished": nodeid})
+
+    def _write(self, message: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(message) + "\n")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     ahead = item.config.stash.get(_AHEAD, None)
     if ahead is not None:
@@ -413,14 +513,17 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if ahead is not None and ahead.claimed:
         terminalreporter.write_line(f"rlsmoke: case runs started ahead of their tests and claimed: {ahead.claimed} "
                                     "(--run-ahead 0 turns that off)")  # fmt: skip
+    if ahead is not None and ahead.background is not None and ahead.background.submitted:
+        terminalreporter.write_line(f"rlsmoke: background tests run by a second session beside this one: "
+                                    f"{len(ahead.background.nodeids)}; its output: {ahead.background.log}")  # fmt: skip
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     ahead = session.config.stash.get(_AHEAD, None)
     if ahead is not None:
         ahead.stop()
-    if hasattr(session.config, "workerinput"):  # xdist worker: the controller writes the summary once
-        return
+    if hasattr(session.config, "workerinput") or session.config.getoption("reports_to"):
+        return  # an xdist worker, a background session: the session that shows the reports writes it once
     root = _artifacts_root(session.config)
     if root.is_dir():
         from rlsmoke.report import write_session_summary

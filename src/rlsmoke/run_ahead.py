@@ -16,6 +16,11 @@ cores out already (`platforms.share_cores`).
 In a session with a lane, the modules whose tests declare runs go after the others (in their own
 order): their runs then fill the cores the others leave idle, instead of running beside the busy
 tests in front of them.
+
+Tests marked `background` (modules that mostly wait on the processes they start: Ray, a fork server,
+pip) go further: a second pytest session runs them in the lane, on a core the others leave idle, and
+this session shows their reports at their turn, last (`BackgroundSession`). Under xdist, with -s,
+--pdb or --basetemp, they run here like any other test.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -63,6 +69,12 @@ def early_run(item, will_skip: Callable[[object], bool], num_gpus: int | None = 
     return spec
 
 
+def background_last(items: Sequence, background: set[str]) -> list:
+    """`items` with the background ones (by node id) moved behind the others, in their order."""
+    return [item for item in items if item.nodeid not in background] + [
+        item for item in items if item.nodeid in background]
+
+
 def declared_runs_last(items: Sequence, will_skip: Callable[[object], bool], num_gpus: int | None = None) -> list:
     """`items` with the modules that declare a run that may start early moved behind the others.
 
@@ -91,9 +103,11 @@ class Lane:
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
         self.proc.stdin.flush()
 
-    def submit(self, run_id: str, argv, env: dict, log: Path, timeout: float) -> None:
-        self._send({"start": run_id, "argv": list(argv), "env": env, "cwd": os.getcwd(), "log": str(log),
-                    "timeout": timeout})  # fmt: skip
+    def submit(self, run_id: str, argv, env: dict, log: Path, timeout: float, *, cwd: str | None = None,
+               yields: bool = True) -> None:  # fmt: skip
+        """`yields`: the run starts nicer than the session; else at its priority (both wait for an idle core)."""
+        self._send({"start": run_id, "argv": list(argv), "env": env, "cwd": cwd or os.getcwd(), "log": str(log),
+                    "timeout": timeout, "yields": yields})  # fmt: skip
 
     def wait(self, run_id: str, timeout: float | None = None) -> dict | None:
         """The run's {"returncode", "seconds", "timed_out"}; None when the lane has not said after `timeout`."""
@@ -126,11 +140,70 @@ class Lane:
         self.proc.stdout.close()
 
 
+class BackgroundSession:
+    """The background tests, run by a second pytest session (`argv`) that writes each report to
+    `reports` as a JSON line (the plugin's --reports-to); this session shows them at their turn."""
+
+    RUN_ID = "background-session"
+    TIMEOUT_S = 3600.0  # the lane's limit on the whole session; each test keeps its own
+
+    def __init__(self, nodeids: Sequence[str], argv: Sequence[str], env: dict, cwd: str, log: Path):
+        self.nodeids = list(nodeids)
+        self.folder = Path(tempfile.mkdtemp(prefix="rlsmoke-background-"))
+        self.reports = self.folder / "reports.jsonl"
+        self.argv = [*argv, "--reports-to", str(self.reports), *self.nodeids]
+        self.env, self.cwd, self.log = env, cwd, log
+        self.submitted = False
+        self.done: dict | None = None  # the lane's word on the session, once it ended
+        self._read = 0  # bytes of `reports` taken in
+        self._reports: dict[str, list[dict]] = {}
+        self._finished: set[str] = set()
+
+    def __contains__(self, nodeid: str) -> bool:
+        return nodeid in self.nodeids
+
+    def _take_in(self) -> None:
+        try:
+            with open(self.reports, "rb") as f:
+                f.seek(self._read)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for its end
+        self._read += len(whole)
+        for line in whole.splitlines():
+            message = json.loads(line)
+            if "finished" in message:
+                self._finished.add(message["finished"])
+            else:
+                self._reports.setdefault(message["nodeid"], []).append(message["report"])
+
+    def reports_of(self, nodeid: str, lane: Lane) -> list[dict] | None:
+        """The test's serialized reports once it finished there; None if the session ended without them."""
+        while True:
+            self._take_in()
+            if nodeid in self._finished:
+                return self._reports.pop(nodeid, [])
+            if self.done is not None:
+                return None
+            self.done = lane.wait(self.RUN_ID, 0.1)
+
+    def missing(self, nodeid: str) -> str:
+        code = self.done.get("returncode") if self.done else None
+        how = "was stopped at its timeout" if self.done and self.done.get("timed_out") else f"exited with {code}"
+        return (f"rlsmoke: the background pytest session {how} before {nodeid} reported; its output: {self.log}. "
+                "--run-ahead 0 runs the test in this session")  # fmt: skip
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class RunAhead:
-    """Hands the declared runs of later tests to a lane (`slots` at a time) and each to its test."""
+    """Hands the declared runs of later tests to a lane (`slots` at a time) and each to its test; and
+    the background tests, if any, to a second session there."""
 
     def __init__(self, items: Sequence, slots: int, artifacts_for: Callable, will_skip: Callable[[object], bool],
-                 num_gpus: int | None = None):  # fmt: skip
+                 num_gpus: int | None = None, warm=None, background: BackgroundSession | None = None):  # fmt: skip
         self.items = list(items)
         self.slots = slots
         self._artifacts_for = artifacts_for  # item -> the Artifacts its `artifacts` fixture will give
@@ -143,6 +216,9 @@ class RunAhead:
         self._lane: Lane | None = None
         self._port_leases: list = []
         self.claimed = 0
+        self._warm = warm
+        self.background = background
+        self._background_claimed = False
 
     def _start_lane(self, warm) -> Lane:
         """The lane, with a leased port block for each run it may hold at once: its slots and a claim."""
@@ -162,6 +238,30 @@ class RunAhead:
         self._environ = dict(os.environ)
         self.advance(item)
 
+    def _lane_for_runs(self) -> Lane:
+        if self._lane is None:
+            self._lane = self._start_lane(self._warm)
+        return self._lane
+
+    def start_background(self) -> None:
+        """Hand the background session to the lane, ahead of every run: its tests are the longest."""
+        bg = self.background
+        if bg is not None and not bg.submitted:
+            bg.submitted = True
+            self._lane_for_runs().submit(bg.RUN_ID, bg.argv, bg.env, bg.log, bg.TIMEOUT_S, cwd=bg.cwd, yields=False)
+
+    def replays(self, nodeid: str) -> bool:
+        return self.background is not None and nodeid in self.background
+
+    def background_reports(self, nodeid: str) -> list[dict] | None:
+        """The background test's serialized reports, waited for (the session is claimed: it starts now if
+        it has not yet); None when the session ended without them."""
+        self.start_background()
+        if not self._background_claimed:
+            self._background_claimed = True
+            self._lane.claim(self.background.RUN_ID)
+        return self.background.reports_of(nodeid, self._lane)
+
     def advance(self, current) -> None:
         """Submit the runs of the items after `current`, up to MAX_WAITING beyond the lane's slots."""
         position = self._index.get(current.nodeid)
@@ -172,7 +272,7 @@ class RunAhead:
             item = self.items[self._next]
             self._next += 1
             spec = early_run(item, self._will_skip, self._num_gpus)
-            if spec is None:
+            if spec is None or self.replays(item.nodeid):  # a background test's run is the other session's
                 continue
             art = self._artifacts_for(item)
             shutil.rmtree(art.path, ignore_errors=True)  # as the fixture would: no stale summary is read
@@ -181,9 +281,7 @@ class RunAhead:
             except Exception:  # a refusal, a corrupt checkpoint: the test meets it again, in its own report
                 shutil.rmtree(art.path, ignore_errors=True)
                 continue
-            if self._lane is None:
-                self._lane = self._start_lane(art.warm)
-            self._lane.submit(item.nodeid, launch.argv, launch.env, launch.art.path / "pytest-run.log", launch.timeout)
+            self._lane_for_runs().submit(item.nodeid, launch.argv, launch.env, launch.art.path / "pytest-run.log", launch.timeout)
             self.submitted[item.nodeid] = (spec, launch)
 
     def claim(self, item, spec: CaseRun, art) -> tuple[PendingCase, object] | None:
@@ -220,6 +318,8 @@ class RunAhead:
         for _, launch in self.submitted.values():
             shutil.rmtree(launch.art.path, ignore_errors=True)
         self.submitted.clear()
+        if self.background is not None:
+            self.background.close()
 
 
 def difference(planned, launched) -> str:

@@ -8,6 +8,7 @@ kills a run at its timeout, and starts a run early only on an idle core.
 """
 
 import json
+import re
 import sys
 import textwrap
 import time
@@ -288,3 +289,69 @@ def test_the_lane_s_runs_yield_the_cpu_to_the_test_in_front_until_it_waits_for_t
 
 def _lines(path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+BACKGROUND = """
+import os
+import pytest
+
+pytestmark = pytest.mark.background
+
+
+def test_passes(record_property):
+    record_property("pid", os.getpid())
+
+
+def test_fails():
+    assert 1 == 2, "said in the background"
+
+
+def test_skips():
+    pytest.skip("skipped there")
+"""
+
+
+@pytest.mark.parametrize("args", [(), ("--run-ahead", "0"), ("-s",)], ids=["beside", "off", "no-capture"])
+def test_background_tests_run_in_a_second_session_and_report_last_as_if_here(inner, tmp_path, args):
+    """The twins: --run-ahead 0, and -s (whose output a second session would hide), run them here."""
+    import os
+    import xml.etree.ElementTree as ET
+
+    inner.makepyfile(test_b_wait=BACKGROUND, test_a_front="def test_front():\n    pass\n",
+                     test_c_after="def test_after():\n    pass\n")  # fmt: skip
+    inner.makeini("[pytest]\naddopts = --strict-markers -ra\njunit_family = xunit1\n")
+    junit = tmp_path / "junit.xml"
+    result = inner.runpytest("-v", f"--junitxml={junit}", *args)
+    result.assert_outcomes(passed=3, failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*said in the background*"])
+    order = [m.group(1) for line in result.stdout.lines if (m := re.search(r"::(test_\w+) (PASSED|FAILED|SKIPPED)", line))]
+    cases = {case.get("name"): case for case in ET.parse(junit).getroot().iter("testcase")}
+    assert cases["test_fails"].find("failure") is not None
+    pid = int(cases["test_passes"].find("properties/property[@name='pid']").get("value"))
+    beside = not args
+    assert (pid != os.getpid()) == beside
+    assert (inner.path / "artifacts" / "background-session.log").exists() == beside
+    if beside:  # the background module's tests show after the others, in their order
+        assert order == ["test_front", "test_after", "test_passes", "test_fails", "test_skips"], order
+
+
+def test_a_background_session_that_dies_fails_the_tests_it_did_not_report(inner):
+    inner.makepyfile(test_b_wait="""
+        import os
+        import pytest
+
+        pytestmark = pytest.mark.background
+
+        def test_reported():
+            pass
+
+        def test_ends_the_session():
+            os._exit(3)
+
+        def test_never_ran():
+            pass
+    """, test_a_front="def test_front():\n    pass\n")  # fmt: skip
+    result = inner.runpytest_subprocess()  # should the test run here after all, it ends only that session
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*the background pytest session exited with 3 before *test_ends_the_session "
+                                 "reported; its output: *background-session.log*"])  # fmt: skip

@@ -12,7 +12,8 @@ the session's priority. The lane imports no torch: its runs fork from the sessio
 Runs that rendezvous (several ranks) may overlap here, and with the test in front: each run the lane
 starts is given a MASTER_PORT of its own, from the ports it was handed, in place of the session's.
 
-Protocol, one JSON object per line. In: {"start": id, "argv", "env", "cwd", "log", "timeout"},
+Protocol, one JSON object per line. In: {"start": id, "argv", "env", "cwd", "log", "timeout", "yields"}
+("yields": false, an unclaimed run starts at the session's priority; it still waits for an idle core),
 {"claim": id} and {"cancel": id}. Out: {"done": id, "returncode", "seconds", "timed_out"} (returncode null: cancelled,
 or killed at its timeout, which counts from the run's start). The lane
 ends, stopping what still runs, when its input closes (the plugin's session ended, or died).
@@ -133,6 +134,10 @@ def serve(socket_path: str | None, slots: int, ports: list[int], idle_cores: flo
         except OSError:  # ended already; or, back to the session's, not allowed to a user without the right
             pass
 
+    def start_unclaimed(request: dict) -> None:
+        """An unclaimed run yields to the session's processes, unless it asked not to."""
+        start(request, min(session_nice + LANE_NICE, 19) if request.get("yields", True) else session_nice)
+
     def start(request: dict, nice: int) -> None:
         nonlocal last_start
         env = request["env"]
@@ -192,11 +197,11 @@ def serve(socket_path: str | None, slots: int, ports: list[int], idle_cores: flo
             start(claimed.popleft(), session_nice)  # its test waits for it: now, at the session's priority
             freed -= 1
         while queued and len(running) < slots and freed > 0 and freed >= idle_cores:
-            start(queued.popleft(), min(session_nice + LANE_NICE, 19))
+            start_unclaimed(queued.popleft())
             freed -= 1
         settled = time.monotonic() - last_start >= IDLE_WINDOW_S  # the last start's load shows by now
         if queued and len(running) < slots and settled and idle.idle() >= idle_cores:
-            start(queued.popleft(), min(session_nice + LANE_NICE, 19))
+            start_unclaimed(queued.popleft())
     for process, _ in running.values():
         process.stop()
 
