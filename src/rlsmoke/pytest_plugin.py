@@ -138,10 +138,14 @@ def _may_launch(item: pytest.Item) -> bool:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """The warm run server starts with the session on a CPU host: it imports (8 s) on the core that
-    collection (single-threaded, 4-5 s) leaves idle. It is stopped at the end of collection if no
-    selected test launches a run. Not in an xdist controller: its workers run the tests."""
+    collection (single-threaded, 4-5 s) leaves idle, and is stopped at the end of collection if no
+    selected test launches a run. An xdist controller starts the one its workers share: they start
+    after this hook, with its address in their environment. A session that has one in its environment
+    (a worker, a nested session) attaches to it when its tests are collected."""
+    from rlsmoke.launch.warm import SERVER_VAR
+
     config = session.config
-    if not _listing(config) and not config.pluginmanager.has_plugin("dsession") and _host(config).platform == "cpu":
+    if not _listing(config) and not os.environ.get(SERVER_VAR) and _host(config).platform == "cpu":
         _warm_server(config)
 
 

@@ -111,7 +111,7 @@ def isolated(pytester, monkeypatch, tmp_path):
 def test_markers_are_registered(isolated):
     result = isolated.runpytest("--markers")
     for name in ("@pytest.mark.nvidia", "@pytest.mark.rocm", "@pytest.mark.cpu", "@pytest.mark.gpus(n)",
-                 "@pytest.mark.slow"):  # fmt: skip
+                 "@pytest.mark.slow", "@pytest.mark.background"):  # fmt: skip
         result.stdout.fnmatch_lines([f"{name}:*"])
 
 
@@ -322,6 +322,25 @@ def test_the_warm_server_starts_with_the_session_and_stays_only_for_a_selected_r
     # importing already as the first test is collected, one that launches nothing
     result.stdout.fnmatch_lines(["COLLECTED test_plain WarmServer", f"KEPT {kept}"])
     assert "WarmServer" not in isolated.runpytest("-s", "--co", *args).stdout.str()  # a listing starts none
+
+
+@pytest.mark.skipif(detect().platform != "cpu", reason="runs fork from a warm interpreter on CPU hosts only")
+def test_xdist_workers_fork_from_the_one_warm_server_their_controller_started(isolated, monkeypatch, tmp_path):
+    """One import for the whole session instead of one per worker; the controller stops it at the end."""
+    monkeypatch.delenv("RLSMOKE_RUN_SERVER", raising=False)
+    log = tmp_path / "servers.log"
+    isolated.makepyfile(test_a=f"""
+        import os
+
+        def test_server(rlsmoke_run_server):
+            with open({str(log)!r}, "a") as f:
+                f.write(f"{{os.environ['PYTEST_XDIST_WORKER']}} {{rlsmoke_run_server.socket_path}}\\n")
+    """)
+    isolated.runpytest_subprocess("-n", "2", "--dist", "each", "-p", "xdist").assert_outcomes(passed=2)
+    rows = [line.split() for line in log.read_text().splitlines()]
+    assert sorted(worker for worker, _ in rows) == ["gw0", "gw1"]
+    assert len({path for _, path in rows}) == 1, rows
+    assert not os.path.exists(rows[0][1]), "the controller's server outlived the session"
 
 
 def test_plugin_import_is_light():
