@@ -20,7 +20,7 @@ tests in front of them.
 Tests marked `background` (modules that mostly wait on the processes they start: Ray, a fork server,
 pip) go further: a second pytest session runs them in the lane, on a core the others leave idle, and
 this session shows their reports at their turn, last (`BackgroundSession`). Under xdist, with -s,
---pdb or --basetemp, they run here like any other test.
+--pdb, --trace or --run-ahead 0, they run here like any other test.
 """
 
 from __future__ import annotations
@@ -149,6 +149,7 @@ class BackgroundSession:
 
     def __init__(self, nodeids: Sequence[str], argv: Sequence[str], env: dict, cwd: str, log: Path):
         self.nodeids = list(nodeids)
+        self._ids = set(self.nodeids)
         self.folder = Path(tempfile.mkdtemp(prefix="rlsmoke-background-"))
         self.reports = self.folder / "reports.jsonl"
         self.argv = [*argv, "--reports-to", str(self.reports), *self.nodeids]
@@ -160,7 +161,7 @@ class BackgroundSession:
         self._finished: set[str] = set()
 
     def __contains__(self, nodeid: str) -> bool:
-        return nodeid in self.nodeids
+        return nodeid in self._ids
 
     def _take_in(self) -> None:
         try:
@@ -281,7 +282,8 @@ class RunAhead:
             except Exception:  # a refusal, a corrupt checkpoint: the test meets it again, in its own report
                 shutil.rmtree(art.path, ignore_errors=True)
                 continue
-            self._lane_for_runs().submit(item.nodeid, launch.argv, launch.env, launch.art.path / "pytest-run.log", launch.timeout)
+            self._lane_for_runs().submit(item.nodeid, launch.argv, launch.env, launch.art.path / "pytest-run.log",
+                                         launch.timeout)  # fmt: skip
             self.submitted[item.nodeid] = (spec, launch)
 
     def claim(self, item, spec: CaseRun, art) -> tuple[PendingCase, object] | None:

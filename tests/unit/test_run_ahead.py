@@ -4,7 +4,8 @@ A case: tiny GLM-5 on CPU, declared by three tests in an inner session that may 
 A run: the session; the second test changes its environment after its run went ahead.
 Gates: the third test's run went ahead and was claimed; the second's was stopped and launched again,
 and says so in its log; a test that will be skipped never starts a run. The lane keeps its order,
-kills a run at its timeout, and starts a run early only on an idle core.
+kills a run at its timeout, and starts a run early only on an idle core or the one its last run
+left. Tests marked background run in a second session and report last, as if they ran here.
 """
 
 import json
