@@ -295,8 +295,7 @@ def _may_run_beside(config: pytest.Config) -> bool:
     """Whether a second session may run tests beside this one: not where its output would be missed (-s)
     or a debugger waits (--pdb, --trace)."""
     option = config.option
-    return not (option.capture == "no" or option.usepdb or getattr(option, "trace", False)
-                or config.getoption("reports_to"))  # fmt: skip
+    return not (option.capture == "no" or option.usepdb or getattr(option, "trace", False))
 
 
 def _background_session(config: pytest.Config, nodeids: list[str]):

@@ -190,8 +190,8 @@ class BackgroundSession:
             self.done = lane.wait(self.RUN_ID, 0.1)
 
     def missing(self, nodeid: str) -> str:
-        code = self.done.get("returncode") if self.done else None
-        how = "was stopped at its timeout" if self.done and self.done.get("timed_out") else f"exited with {code}"
+        """Why the test has no reports: the session's end, as the lane told it (`reports_of` gave None)."""
+        how = "was stopped at its timeout" if self.done["timed_out"] else f"exited with {self.done['returncode']}"
         return (f"rlsmoke: the background pytest session {how} before {nodeid} reported; its output: {self.log}. "
                 "--run-ahead 0 runs the test in this session")  # fmt: skip
 
@@ -257,7 +257,6 @@ class RunAhead:
     def background_reports(self, nodeid: str) -> list[dict] | None:
         """The background test's serialized reports, waited for (the session is claimed: it starts now if
         it has not yet); None when the session ended without them."""
-        self.start_background()
         if not self._background_claimed:
             self._background_claimed = True
             self._lane.claim(self.background.RUN_ID)

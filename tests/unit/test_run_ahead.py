@@ -150,12 +150,21 @@ def test_the_lane_runs_in_order_and_kills_a_run_at_its_timeout(tmp_path):
     assert started >= (tmp_path / "slow.log").stat().st_mtime - 0.5  # after the first one ended
 
 
-def test_the_lane_waits_for_an_idle_core_unless_the_run_is_claimed(tmp_path):
-    """Every core busy (a spinning process per core): a submitted run waits; claimed, it starts."""
+@pytest.fixture
+def every_core_busy():
+    """A spinning process per core, ended (by its pid) when the test ends."""
     import os
     import subprocess
 
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    yield
+    for spinner in spinners:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_the_lane_waits_for_an_idle_core_unless_the_run_is_claimed(tmp_path, every_core_busy):
+    """Every core busy: a submitted run waits; claimed, it starts."""
     lane = Lane(None, 1)
     try:
         lane.submit("run", [sys.executable, "-c", "pass"], clean_env(), tmp_path / "run.log", timeout=60.0)
@@ -164,18 +173,11 @@ def test_the_lane_waits_for_an_idle_core_unless_the_run_is_claimed(tmp_path):
         assert lane.wait("run", 30)["returncode"] == 0
     finally:
         lane.close()
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
-def test_a_run_that_ends_hands_its_core_to_the_next_without_waiting_for_an_idle_one(tmp_path):
-    """Every core busy, as above: the claimed run's end frees the core it ran on, and the next run
-    starts there unclaimed. The twin is the test above: with no run of the lane ending, it waits."""
-    import os
-    import subprocess
-
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+def test_a_run_that_ends_hands_its_core_to_the_next_without_waiting_for_an_idle_one(tmp_path, every_core_busy):
+    """Every core busy: the claimed run's end frees the core it ran on, and the next run starts there
+    unclaimed. The twin is the test above: with no run of the lane ending, it waits."""
     lane = Lane(None, 1)
     try:
         for run in ("first", "next"):
@@ -185,9 +187,6 @@ def test_a_run_that_ends_hands_its_core_to_the_next_without_waiting_for_an_idle_
         assert lane.wait("next", 15)["returncode"] == 0
     finally:
         lane.close()
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 @pytest.mark.parametrize("lane_ports", [[29001, 29002], []], ids=["leased", "none"])
