@@ -69,3 +69,47 @@ def test_a_repeat_seed_on_the_h200_costs_seconds():
     first, *further = summary["timing"]["per_seed_s"]
     assert len(further) == 2 and first <= 30 and max(further) <= 10
     assert {row["verdict"] for row in bench("twin_table").rows(REPEAT / "glm5")} == {"PASS"}
+
+
+SUITE = ROOT / "docs" / "runs" / "2026-12-02-h200-suite"
+MEGATRON_SUITE = ROOT / "docs" / "runs" / "2026-12-02-h200-megatron-suite"
+
+
+def junit_cases(path: Path) -> dict[str, dict[str, str]]:
+    """Each test case's outcome and failed gates, from the properties the plugin writes."""
+    import xml.etree.ElementTree as ET
+
+    cases = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome = "skipped" if case.find("skipped") is not None else "failed" if case.find("failure") is not None else "passed"
+        failed = sorted(p.get("name").removeprefix("gate:") for p in case.iter("property")
+                        if p.get("name").startswith("gate:") and p.get("value").startswith("FAIL"))
+        cases[f'{case.get("classname")}::{case.get("name")}'] = {"outcome": outcome, "failed": failed}
+    return cases
+
+
+@pytest.mark.parametrize(("junit", "skipped"), [
+    (SUITE / "junit-nvidia.xml", set()),
+    (MEGATRON_SUITE / "junit-nvidia-megatron.xml", {"tests.e2e.test_fault_twins_gpu::test_fault_fails_its_gate[train-dropout=0.1-nvidia]"}),
+])  # fmt: skip
+def test_the_h200_suite_passes_and_each_gpu_twin_fails_its_own_gate(junit, skipped):
+    """`NUM_GPUS=1 pytest -m nvidia tests/e2e` on one H200 with each trainer: the one-step tests pass,
+    each fault twin passes because its gate failed (the Flash pair skips: it does not fit one H200)."""
+    cases = junit_cases(junit)
+    want_gate = {"stale-weights": "weight_sync", "temperature-mismatch": "logprob_slope", "train-dropout=0.1": "ppo_kl_step0"}
+    for name, case in cases.items():
+        if name in skipped or "flash" in name:
+            continue
+        assert case["outcome"] == "passed", name
+        fault = name.partition("[")[2].removesuffix("-nvidia]")
+        if fault:
+            assert want_gate[fault] in case["failed"], (name, case["failed"])
+    assert {n for n, c in cases.items() if c["outcome"] == "skipped"} >= skipped
+    assert sum(c["outcome"] == "passed" for c in cases.values()) == 5 - len(skipped)
+
+
+def test_the_memory_estimate_meets_every_measured_peak_of_the_h200_suite():
+    """GLM-5 4-layer (64 experts) without offload and GLM-4.5 4-layer with it, on one H200."""
+    lines = bench("memory_table").rows([SUITE])
+    errors = [float(row.strip("|").split("|")[-1].strip().rstrip("%")) for row in lines[2:]]
+    assert len(errors) == 5 and max(map(abs, errors)) < 2.0
