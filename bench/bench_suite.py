@@ -1,12 +1,18 @@
-"""Wall time of pytest commands on two source trees, alternated, so a shared machine's load falls on both.
+"""Wall time of pytest commands on two source trees, or of two pytest commands, alternated, so a
+shared machine's load falls on both.
 
     python bench/bench_suite.py --before /tmp/before [--rounds 1] [-- PYTEST_ARGS ...]
+    python bench/bench_suite.py --adding "-n 2" [--rounds 1] [-- PYTEST_ARGS ...]
 
 `--before` is another checkout (e.g. `git archive OLD | tar -x -C /tmp/before`); this checkout is
 "after". Each round runs `python -m pytest -q -p no:cacheprovider PYTEST_ARGS` once per tree, in the
 tree, with the tree's `src` first on PYTHONPATH (the engine processes a test launches inherit it), and
 prints each wall time, its outcome line, the load average around it, and after/before per round.
 The checkpoint cache is shared, so it is warm for both once either has run.
+
+`--adding ARGS` compares this checkout with itself: "before" runs PYTEST_ARGS, "after" runs them
+with ARGS added (`--adding "-n 2"`: xdist against a serial session). Each round's order alternates,
+so neither command always runs on the machine the other has just warmed.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -34,20 +42,31 @@ def run_once(tree: Path, pytest_args: list[str]) -> tuple[float, str, float, flo
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, required=True, help="the other checkout (its src/ and tests/)")
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--before", type=Path, help="the other checkout (its src/ and tests/)")
+    which.add_argument("--adding", metavar="ARGS", help='pytest arguments "after" adds on this checkout, e.g. "-n 2"')
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("pytest_args", nargs="*", help="after --: what pytest gets (default: the whole suite)")
     args = parser.parse_args()
-    trees = {"before": args.before.resolve(), "after": ROOT}
+    added = shlex.split(args.adding or "")
+    runs = {"before": (args.before.resolve() if args.before else ROOT, args.pytest_args),
+            "after": (ROOT, [*args.pytest_args, *added])}
     print(f"machine: {platform.machine()} {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}")
-    print(f"command: python -m pytest -q -p no:cacheprovider {' '.join(args.pytest_args)}")
+    print(f"command: python -m pytest -q -p no:cacheprovider {' '.join(args.pytest_args)}"
+          + (f"; after adds {' '.join(added)}" if added else ""))
+    ratios = []
     for n in range(args.rounds):
         seconds = {}
-        for name, tree in trees.items():
-            seconds[name], outcome, load0, load1 = run_once(tree, args.pytest_args)
-            print(f"round {n + 1} {name:6s} {seconds[name]:7.1f} s  load {load0:.1f} -> {load1:.1f}  {outcome}")
-        print(f"round {n + 1} after/before {seconds['after'] / seconds['before']:.2f}")
+        order = list(runs) if args.before or n % 2 == 0 else list(reversed(runs))
+        for name in order:
+            tree, pytest_args = runs[name]
+            seconds[name], outcome, load0, load1 = run_once(tree, pytest_args)
+            print(f"round {n + 1} {name:6s} {seconds[name]:7.1f} s  load {load0:.1f} -> {load1:.1f}  {outcome}", flush=True)
+        ratios.append(seconds["after"] / seconds["before"])
+        print(f"round {n + 1} after/before {ratios[-1]:.2f}", flush=True)
+    if len(ratios) > 1:
+        print(f"after/before: median {statistics.median(ratios):.2f}, rounds {' '.join(f'{r:.2f}' for r in ratios)}")
     return 0
 
 
