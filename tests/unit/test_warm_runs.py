@@ -129,7 +129,9 @@ def test_the_server_forks_only_a_cpu_run_under_the_variables_it_imported_with(se
 
 def _prepare(server, tmp_path, pythonpath: Path) -> tuple[runner.Process, bool]:
     argv = [sys.executable, "-m", "rlsmoke.cli", "prepare", CASE, "--tiny"]  # the cached checkpoint: quick
-    proc = runner.Process(argv, env={**runner.clean_env(), "PYTHONPATH": str(pythonpath)},
+    # in front of the session's own PYTHONPATH (`PYTHONPATH=src pytest`: the server's rlsmoke came from there)
+    search = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
+    proc = runner.Process(argv, env={**runner.clean_env(), "PYTHONPATH": search},
                           log=tmp_path / f"{pythonpath.name}.log", warm=server)  # fmt: skip
     return proc, isinstance(proc.proc, ForkedRun)
 
