@@ -7,12 +7,12 @@ shared machine's load falls on both.
 `--before` is another checkout (e.g. `git archive OLD | tar -x -C /tmp/before`); this checkout is
 "after". Each round runs `python -m pytest -q -p no:cacheprovider PYTEST_ARGS` once per tree, in the
 tree, with the tree's `src` first on PYTHONPATH (the engine processes a test launches inherit it), and
-prints each wall time, its outcome line, the load average around it, and after/before per round.
-The checkpoint cache is shared, so it is warm for both once either has run.
+prints each wall time, its outcome line, the load average around it, and after/before per round;
+the order alternates by round. The checkpoint cache is shared, so it is warm for both once either
+has run.
 
 `--adding ARGS` compares this checkout with itself: "before" runs PYTEST_ARGS, "after" runs them
-with ARGS added (`--adding "-n 2"`: xdist against a serial session). Each round's order alternates,
-so neither command always runs on the machine the other has just warmed.
+with ARGS added (`--adding "-n 2"`: xdist against a serial session).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main() -> int:
     ratios = []
     for n in range(args.rounds):
         seconds = {}
-        order = list(runs) if args.before or n % 2 == 0 else list(reversed(runs))
+        order = list(runs) if n % 2 == 0 else list(reversed(runs))  # neither always runs on a machine the other warmed
         for name in order:
             tree, pytest_args = runs[name]
             log = logs / f"round{n + 1}-{name}.log"

@@ -221,13 +221,15 @@ class RunAhead:
         self.background = background
         self._background_claimed = False
 
-    def _start_lane(self, warm) -> Lane:
-        """The lane, with a leased port block for each run it may hold at once: its slots and a claim."""
-        from rlsmoke.launch.lease import lease_ports
+    def _started_lane(self) -> Lane:
+        """The lane, started at its first use with a leased port block for each run it may hold at once:
+        its slots and a claim."""
+        if self._lane is None:
+            from rlsmoke.launch.lease import lease_ports
 
-        while len(self._port_leases) < self.slots + 1:
-            self._port_leases.append(lease_ports(start=PORT_BLOCK_START + len(self._port_leases)))
-        return Lane(warm, self.slots, [lease.master for lease in self._port_leases])
+            self._port_leases = [lease_ports(start=PORT_BLOCK_START + i) for i in range(self.slots + 1)]
+            self._lane = Lane(self._warm, self.slots, [lease.master for lease in self._port_leases])
+        return self._lane
 
     def owns(self, nodeid: str) -> bool:
         """Whether the item's folder holds a run started ahead (its `artifacts` must not empty it)."""
@@ -239,17 +241,12 @@ class RunAhead:
         self._environ = dict(os.environ)
         self.advance(item)
 
-    def _lane_for_runs(self) -> Lane:
-        if self._lane is None:
-            self._lane = self._start_lane(self._warm)
-        return self._lane
-
     def start_background(self) -> None:
         """Hand the background session to the lane, ahead of every run: its tests are the longest."""
         bg = self.background
         if bg is not None and not bg.submitted:
             bg.submitted = True
-            self._lane_for_runs().submit(bg.RUN_ID, bg.argv, bg.env, bg.log, bg.TIMEOUT_S, cwd=bg.cwd, yields=False)
+            self._started_lane().submit(bg.RUN_ID, bg.argv, bg.env, bg.log, bg.TIMEOUT_S, cwd=bg.cwd, yields=False)
 
     def replays(self, nodeid: str) -> bool:
         return self.background is not None and nodeid in self.background
@@ -281,7 +278,7 @@ class RunAhead:
             except Exception:  # a refusal, a corrupt checkpoint: the test meets it again, in its own report
                 shutil.rmtree(art.path, ignore_errors=True)
                 continue
-            self._lane_for_runs().submit(item.nodeid, launch.argv, launch.env, launch.art.path / "pytest-run.log",
+            self._started_lane().submit(item.nodeid, launch.argv, launch.env, launch.art.path / "pytest-run.log",
                                          launch.timeout)  # fmt: skip
             self.submitted[item.nodeid] = (spec, launch)
 
