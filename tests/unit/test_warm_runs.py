@@ -23,7 +23,6 @@ from rlsmoke.launch import runner
 from rlsmoke.launch.warm import ForkedRun, WarmServer
 
 pytest_plugins = ["pytester"]
-pytestmark = pytest.mark.background  # waits on forked and fresh runs
 
 CASE = "glm5-744b-a40b-4layer"
 

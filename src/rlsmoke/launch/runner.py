@@ -44,9 +44,9 @@ class Result:
         return self.returncode == 0 and not self.timed_out
 
 
-def clean_env(extra: Mapping[str, str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`base` (default os.environ) without proxy variables, plus `extra`; the interpreter's bin dir first."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in PROXY_VARS}
+def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
+    """os.environ without proxy variables, plus `extra`; the interpreter's bin dir first."""
+    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
     env.update(extra)
     for var in PROXY_VARS:  # a plan could not reintroduce one either
         env.pop(var, None)
