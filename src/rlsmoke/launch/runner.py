@@ -169,6 +169,9 @@ class Process:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
+        except BaseException:  # Ctrl-C while waiting: the run is in a session of its own, which no terminal signals
+            self.stop()
+            raise
         rc = None if timed_out else self.proc.returncode
         if timed_out:
             self._logf.write(f"rlsmoke: timed out after {time.monotonic() - self.started:.0f} s; "
