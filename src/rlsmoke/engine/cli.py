@@ -9,19 +9,18 @@ and run.log ends with "interrupted".
 
 from __future__ import annotations
 
-import _thread
 import argparse
 import contextlib
 import importlib
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
+from rlsmoke.engine import signals
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, ROLLOUT_BATCHES, RunConfig, dtype_name, parse_inject
 from rlsmoke.engine.data import prompt_rows
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
@@ -201,41 +200,6 @@ def writable_out(out: Path, *, overwrite: bool = False) -> Path:
     return out
 
 
-# The import machinery's frames: an interrupt raised inside an import leaves half a module behind, which
-# the importer may swallow (torch imports numpy under a bare try) or trip over later ("cannot load module
-# more than once"). Such an interrupt waits until the import is over.
-_IMPORT_FRAMES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
-
-
-def _inside_import(frame) -> bool:
-    while frame is not None:
-        if frame.f_code.co_filename in _IMPORT_FRAMES:
-            return True
-        frame = frame.f_back
-    return False
-
-
-_RECEIVED: list[int] = []  # the signal that stopped the run: Ray's wait re-raises it as a bare KeyboardInterrupt
-
-
-def _on_signal(signum, frame) -> None:
-    if _inside_import(frame):
-        threading.Thread(target=_deliver_after_import, args=(signum,), daemon=True).start()
-        return
-    # Once: a second signal during the cleanup must not cut it short (SIGKILL still ends everything).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _RECEIVED.append(signum)
-    raise Interrupted(signum)
-
-
-def _deliver_after_import(signum: int) -> None:
-    main = threading.main_thread().ident
-    while _inside_import(sys._current_frames().get(main)):
-        time.sleep(0.02)
-    _thread.interrupt_main(signum)  # the handler again, in the main thread, now outside the import
-
-
 class CommandLog:
     """What the command itself adds to the run's run.log, after the engine closed it: the interrupt or
     crash that cut the run short, and the gates. Lines are timed from the process's start."""
@@ -249,7 +213,7 @@ class CommandLog:
 
     def interrupted(self, exc: KeyboardInterrupt) -> None:
         """Unless the engine said so already: an interrupt before the run began, or after it ended."""
-        name = signal.Signals(exc.signum).name if isinstance(exc, Interrupted) else "SIGINT"
+        name = signals.interrupted_by(exc)
         last = self.path.read_text().rstrip().splitlines()[-1:] if self.path.exists() else []
         if not (last and f"] interrupted by {name}" in last[0]):
             self(f"interrupted by {name}")
@@ -299,15 +263,8 @@ def _process_started() -> float:
 
 def handler(args) -> int:
     started = _process_started()
-    _RECEIVED.clear()
-    # Before anything starts: the async placement keeps these over Ray's own (which aborts with a stack
-    # dump); once the records and the verdict are written, the caller's come back.
-    before = {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with signals.stopping_run():  # before anything starts, until the records and the verdict are written
         return _handle(args, started)
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
 
 
 def _handle(args, started: float) -> int:
@@ -317,8 +274,8 @@ def _handle(args, started: float) -> int:
     try:
         return _run_and_gate(cfg, args, out, log, started)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
-        if _RECEIVED and getattr(exc, "signum", None) != _RECEIVED[0]:
-            exc = Interrupted(_RECEIVED[0])
+        if signals.received() is not None and getattr(exc, "signum", None) != signals.received():
+            exc = Interrupted(signals.received())
         log.interrupted(exc)
         raise exc from None
     except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
@@ -337,14 +294,12 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
     tokenizers, Ray). Nothing has started yet, so an interrupt meanwhile ends the process at once
     rather than in the middle of an import (which would leave half a module behind)."""
 
-    def exit_now(signum, frame):
+    def say(signum: int) -> None:
         log.interrupted(Interrupted(signum))
         print(f"error: interrupted by {signal.Signals(signum).name}; nothing had started yet", file=sys.stderr,
               flush=True)  # fmt: skip
-        os._exit(128 + signum)
 
-    handlers = {signum: signal.signal(signum, exit_now) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with signals.exit_at_once(say):
         from rlsmoke.engine.run import describe_timing, execute  # torch and transformers
 
         kind = cfg.spec.hf_model_type
@@ -352,9 +307,6 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
         for name in lazy + (["ray", "ray.util.placement_group"] if cfg.mode == "async" else []):
             with contextlib.suppress(ImportError):  # the engine says what is missing, where it needs it
                 importlib.import_module(name)
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
     return describe_timing, execute
 
 

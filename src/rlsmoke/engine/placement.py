@@ -9,9 +9,7 @@ mode must run where Ray is not installed.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import torch
@@ -204,25 +202,17 @@ class RayAsync:
                 rule="engine.ray",
                 fix="pip install 'rlsmoke[ray]', or run with --mode colocate --num-gpus 1",
             ) from None
-        from rlsmoke.engine.ray_cluster import LocalCluster, held_signals
+        from rlsmoke.engine import signals
+        from rlsmoke.engine.ray_cluster import LocalCluster
 
         self.ray, self.cfg, self.cluster = ray, cfg, None
         gpus = cfg.num_gpus
         try:  # an interrupt at any point, during Ray's start too: close() ends the whole cluster
             self.cluster = LocalCluster(num_cpus=max(2, gpus), num_gpus=gpus)
-            handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-            # Ray's core worker takes SIGTERM over while it connects (an abort with a stack dump): the
-            # signals wait until the caller's handlers are back.
-            with held_signals():
-                try:
-                    ray.init(address=self.cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False,
-                             configure_logging=False,
-                             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}})  # fmt: skip
-                finally:
-                    if threading.current_thread() is threading.main_thread():
-                        for signum, handler in handlers.items():
-                            if handler is not None:
-                                signal.signal(signum, handler)
+            with signals.held():  # Ray's core worker takes SIGTERM over while it connects
+                ray.init(address=self.cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False,
+                         configure_logging=False,
+                         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}})  # fmt: skip
             bundles = [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}]  # (train, rollout)
             self.pg = placement_group(bundles, strategy="PACK")
             ray.get(self.pg.ready(), timeout=60)
@@ -291,15 +281,12 @@ class RayAsync:
 
     def close(self) -> None:
         """The driver leaves, then every process of the cluster ends (actors, raylet, agents, GCS)."""
-        from rlsmoke.engine.ray_cluster import held_signals
+        from rlsmoke.engine import signals
 
         try:
             if self.ray.is_initialized():
-                sigterm = signal.getsignal(signal.SIGTERM)
-                with held_signals():  # Ray's shutdown resets SIGTERM to its default (death): the caller's comes back
+                with signals.held():  # Ray's shutdown resets SIGTERM to its default (death)
                     self.ray.shutdown()
-                    if sigterm is not None and threading.current_thread() is threading.main_thread():
-                        signal.signal(signal.SIGTERM, sigterm)
         finally:
             if self.cluster is not None:
                 self.cluster.stop()

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from rlsmoke.engine import grpo
+from rlsmoke.engine import grpo, signals
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
@@ -25,7 +25,7 @@ from rlsmoke.engine.model import check_dsa_dense, checkpoint_dir, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
 from rlsmoke.engine.rollout import batch_for
-from rlsmoke.errors import Interrupted, RlsmokeError, RunError
+from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.memory import estimate, plan_of_run
 
 
@@ -188,7 +188,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         log(f"error: [{exc.rule}] {exc}")
         raise
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the workers were closed above
-        log(f"interrupted by {exc if isinstance(exc, Interrupted) else 'SIGINT'}; workers stopped")
+        log(f"interrupted by {signals.interrupted_by(exc)}; workers stopped")
         raise
     finally:
         log.close()

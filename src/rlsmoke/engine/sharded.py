@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import reuse, sync
+from rlsmoke.engine import reuse, signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
@@ -161,6 +161,7 @@ class Rank:
 
 
 def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int) -> None:
+    signals.in_rank()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(cpu_share(world))  # this run's budget (a pytest worker's share), split by rank
     without_cudnn_attention()
