@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from rlsmoke.artifacts import write_atomic
 from rlsmoke.engine import grpo
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
@@ -192,9 +193,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         raise
     finally:
         log.close()
-    with (out / "metrics.jsonl").open("w") as f:
-        for line in lines:
-            f.write(json.dumps(line) + "\n")
+    write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
 
     memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
               "offload": cfg.offload_active, "world": cfg.num_gpus,
@@ -228,7 +227,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         "seconds": round(time.perf_counter() - t0, 2),
         "timing": _rounded(timing),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
 
 
