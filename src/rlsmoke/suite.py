@@ -95,7 +95,7 @@ def start_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = 
         paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"),
                       miles_root=str(art.miles_root))  # fmt: skip
         plan = case.plan(paths=paths)
-        flow.check(plan, paths)  # a half-converted checkpoint is refused before anything starts
+        flow.check(plan)  # a half-converted checkpoint is refused before anything starts
         _write_meta(art, case, "miles")
         result = flow.run(plan, paths, miles_root=art.miles_root, ports=art.ports, env=launch.env,
                           artifacts=art.path, timeout=launch.timeout, echo=echo)  # fmt: skip

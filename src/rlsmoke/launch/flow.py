@@ -107,7 +107,7 @@ def torch_dist_done(dst: Path) -> bool:
     return False
 
 
-def check(plan, paths: Paths) -> None:
+def check(plan) -> None:
     """What the flow refuses before anything starts: a half-written torch_dist folder."""
     torch_dist_done(Path(checkpoint_dirs(plan.launch)[1]))
 
