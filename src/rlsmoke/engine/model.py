@@ -53,6 +53,9 @@ def model_class(spec: ModelSpec):
 
 def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
     """The model in `dtype` on `device`, in eval mode. Raises CheckpointError on a broken folder."""
+    from rlsmoke.engine import kda
+
+    kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks its KDA up per call
     try:
         model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype])
     except (OSError, ValueError) as exc:
