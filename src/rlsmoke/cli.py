@@ -52,13 +52,16 @@ def cmd_cases(args) -> int:
     return ExitCode.OK
 
 
-def shell_script(plan) -> str:
-    """The launch as a readable, shell-safe script: env, then argv one group per line.
+def shell_script(plan, steps) -> str:
+    """The flow as a readable, shell-safe script, run from the Miles checkout: env; the checkpoint prepared
+    and converted unless done; Ray's head; the job's argv one group per line (`steps`' submit runs the
+    same argv through `ray job submit`).
 
     Across nodes the same script runs on every node: NODE_RANK 0 starts Ray's head and then the job,
     the others join the head and stay up (Miles' placement group waits until their GPUs have joined).
     """
     launch, nodes = plan.launch, plan.launch.num_nodes
+    by_name = {s.name: s for s in steps}
     lines = ["#!/usr/bin/env bash", f"# rlsmoke plan {plan.case.name} --platform {plan.topology.platform} "
              f"--num-gpus {plan.topology.num_gpus} --mode {plan.topology.mode}"]  # fmt: skip
     if nodes > 1:
@@ -66,10 +69,16 @@ def shell_script(plan) -> str:
                      f"every node with NODE_RANK=0 on the head, 1..{nodes - 1} on the others")  # fmt: skip
     lines.append("set -euo pipefail")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]
+    for step in (by_name["prepare"], by_name["convert"]):
+        lines += [f"# {step.name}: {step.what}, unless done", f"{step.skip_when} || {step.shell()}"]
+    lines.append("# ray-head, then submit: the job (`--format json` has its `ray job submit` form)")
     if nodes > 1:
         ask = f"set NODE_RANK: 0 on the head ({launch.master_addr}), 1..{nodes - 1} on the other nodes"
         lines += [f"case \"${{NODE_RANK:?{ask}}}\" in", f"  0) {shlex.join(launch.ray_start())} ;;",
                   f"  *) exec {shlex.join(launch.ray_join())} ;;", "esac"]  # fmt: skip
+    else:
+        lines.append(shlex.join(launch.ray_start()))
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in by_name["submit"].env.items()]
     lines.append(shlex.join(plan.launch.argv[:2]) + " \\")
     body = [toks for toks in plan.launch.groups.values() if toks]
     for i, toks in enumerate(body):
@@ -79,8 +88,13 @@ def shell_script(plan) -> str:
 
 
 def cmd_plan(args) -> int:
+    from rlsmoke.launch import flow
+    from rlsmoke.launch.miles import Paths
+    from rlsmoke.recipe import Recipe
+
     case = case_from_args(args)
-    plan = case.plan(validate=not args.no_validate)
+    recipe = Recipe(reward=args.reward)
+    plan = case.plan(validate=not args.no_validate, recipe=recipe)
     if args.diff:
         print(diff_platforms(case, args.diff))
         return ExitCode.OK
@@ -88,14 +102,15 @@ def cmd_plan(args) -> int:
     if head:  # the topology stands: only the launch names the head
         import dataclasses
 
-        from rlsmoke.launch.miles import Paths, render
-        from rlsmoke.recipe import Recipe
+        from rlsmoke.launch.miles import render
 
-        plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), Recipe(master_addr=head)))
+        recipe = dataclasses.replace(recipe, master_addr=head)
+        plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
+    steps = flow.steps(plan, Paths())
     if args.format == "json":
-        print(json.dumps(plan.to_json(), indent=2))
+        print(json.dumps(plan.to_json() | {"steps": [s.to_json() for s in steps]}, indent=2))
     else:
-        print(shell_script(plan))
+        print(shell_script(plan, steps))
     if args.check:
         return _check(plan)
     return ExitCode.OK
@@ -142,6 +157,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--diff", metavar="PLATFORM", help="print the flags and env that differ on PLATFORM")
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
+    p.add_argument("--reward", choices=("target", "deepscaler"), default="target",
+                   help="the job's reward: rlsmoke's dense target reward through --custom-rm-path (default), or "
+                   "Miles' 0/1 deepscaler reward (grad_norm can then only be gated finite)")  # fmt: skip
     p.add_argument("--head-addr", metavar="ADDR", help="the head node's address, MASTER_ADDR, that the other nodes "
                    "reach (default env MASTER_ADDR on a plan across nodes, which needs one; 127.0.0.1 on one node)")
     p.set_defaults(func=cmd_plan)

@@ -19,7 +19,7 @@ from rlsmoke import metrics
 from rlsmoke.artifacts import Artifacts
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.gating import CaseGates, GateFailure, HistoryBandWarning, gates_for
-from rlsmoke.launch import runner
+from rlsmoke.launch import flow, runner
 from rlsmoke.launch.miles import Paths
 from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
@@ -89,11 +89,13 @@ def start_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = 
                          timeout=timeout, flags=flags)  # fmt: skip
     case, art = launch.case, launch.art
     if launch.launcher == "miles":
-        paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"))
+        paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"),
+                      miles_root=str(art.miles_root))  # fmt: skip
         plan = case.plan(paths=paths)
+        flow.check(plan)  # a half-converted checkpoint is refused before anything starts
         _write_meta(art, case, "miles")
-        result = runner.run_miles(plan.launch, miles_root=art.miles_root, ports=art.ports, env=launch.env,
-                                  artifacts=art.path, timeout=launch.timeout, echo=echo)  # fmt: skip
+        result = flow.run(plan, paths, miles_root=art.miles_root, ports=art.ports, env=launch.env,
+                          artifacts=art.path, timeout=launch.timeout, echo=echo)  # fmt: skip
         return PendingCase(launch, result=result)
     process = runner.Process(launch.argv, env=launch.env, log=art.path / "pytest-run.log", echo=echo, warm=art.warm)
     return PendingCase(launch, process=process)

@@ -365,7 +365,7 @@ import pytest
 from rlsmoke.cases import Case
 
 NUM_GPUS = 1
-CASE = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=NUM_GPUS)
+CASE = Case("glm5-744b-a40b", platform="nvidia", num_gpus=NUM_GPUS)  # 78 layers, no one-GPU variant
 
 
 @pytest.mark.nvidia
@@ -392,7 +392,7 @@ def test_a_case_too_big_for_the_host_is_skipped(isolated):
         mp.setenv("PATH", env["PATH"])
         result = isolated.runpytest_subprocess("-rs")
     result.assert_outcomes(skipped=2)
-    result.stdout.fnmatch_lines(["*needs * GiB per GPU*glm5.3-flash-4layer over 1 GPU*1 NVIDIA H200 has 141 GiB*",
+    result.stdout.fnmatch_lines(["*needs * GiB per GPU*glm5-744b-a40b over 1 GPU*1 NVIDIA H200 has 141 GiB*",
                                  "*needs about 999 GiB per GPU*"], consecutive=False)  # fmt: skip
 
 

@@ -11,12 +11,21 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlsmoke.launch.substitutions import SUBSTITUTIONS
 from rlsmoke.models import ModelSpec
 from rlsmoke.platforms import get_platform
 from rlsmoke.recipe import Recipe
 from rlsmoke.topology import Target, Topology
+
+# The folder of `rlsmoke_reward.py`, Miles' `--custom-rm-path` module: a plain file that needs no rlsmoke
+# installed where the job runs, only this folder on its PYTHONPATH.
+REWARD_DIR = Path(__file__).resolve().parents[1] / "engine" / "miles_reward"
+REWARD_FLAGS = {
+    "target": ["--custom-rm-path", "rlsmoke_reward.target"],
+    "deepscaler": ["--rm-type", "deepscaler"],
+}
 
 GROUP_ORDER = ("model", "ckpt", "rollout", "perf", "grpo", "optimizer", "sglang", "ci", "misc")
 
@@ -29,10 +38,12 @@ class Paths:
     data_dir: str = "/root/datasets"
     output_dir: str = "/root/shared_data"
     megatron_root: str = "/root/Megatron-LM"
+    miles_root: str = "/root/miles"
+    reward_dir: str = str(REWARD_DIR)  # where the job imports `rlsmoke_reward` from
 
     @classmethod
     def placeholders(cls) -> Paths:
-        return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>")
+        return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>", "<MILES_ROOT>", "<RLSMOKE_REWARD_DIR>")
 
 
 LAUNCHER_ONLY = frozenset({"master_addr"})
@@ -201,7 +212,7 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
                  "--save", ckpt_dir, "--save-interval", "20"],
         "rollout": [
             "--prompt-data", f"{paths.data_dir}/{recipe.prompt_file}", "--input-key", "prompt",
-            "--label-key", "label", "--apply-chat-template", "--rollout-shuffle", "--rm-type", "deepscaler",
+            "--label-key", "label", "--apply-chat-template", "--rollout-shuffle", *REWARD_FLAGS[recipe.reward],
             "--num-rollout", str(recipe.num_rollout), "--rollout-batch-size", str(recipe.rollout_batch_size),
             "--n-samples-per-prompt", str(recipe.n_samples_per_prompt),
             "--rollout-max-response-len", str(recipe.rollout_max_response_len),
@@ -247,7 +258,7 @@ def render_env(topo: Topology, paths: Paths, recipe: Recipe) -> dict[str, str]:
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
         "no_proxy": ",".join(dict.fromkeys((LOOPBACK, head_addr(topo, recipe)))),  # the head once, on one node
         "MASTER_ADDR": head_addr(topo, recipe),
-        "PYTHONPATH": paths.megatron_root,
+        "PYTHONPATH": paths.megatron_root if recipe.reward != "target" else f"{paths.megatron_root}:{paths.reward_dir}",
     }
     for row in SUBSTITUTIONS:
         env.update(row.env(plat))
