@@ -1,6 +1,6 @@
 """Placement: who runs where. Colocate is one process; async is Ray actors on separate bundles.
 
-The two workers are plain classes. Colocated, they share a process and a device; async, each is a
+The two workers are plain classes; what the step asks of a placement is `engine.workers.Placement`. Colocated, they share a process and a device; async, each is a
 Ray actor pinned to its own placement-group bundle (train GPUs first, then rollout GPUs), as Miles
 places its actor and its SGLang engines. Ray is imported only in async mode: the single-process
 mode must run where Ray is not installed.
@@ -20,6 +20,7 @@ from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attent
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.workers import Placement, TrainSide, phased
 from rlsmoke.errors import RlsmokeError, RunError
 
 
@@ -143,17 +144,16 @@ class Colocated:
                              rollout_model=self.rollout.model)  # fmt: skip
         self.where = {"train": _where(), "rollout": _where()}
 
+    @phased("rollout")
     def generate(self, prompt_ids, n, seed):
-        self.phases.enter("rollout")
         return self.rollout.generate(prompt_ids, n, seed)
 
+    @phased("train")
     def forward_only(self, groups):
-        self.phases.enter("train")
         return self.train.forward_only(groups)
 
+    @phased("train", step=True)
     def step(self, groups, old, advantages):
-        self.phases.enter("train")
-        self.phases.for_step()
         return self.train.step(groups, old, advantages)
 
     def memory(self) -> list:
@@ -172,8 +172,8 @@ class Colocated:
         self.initial = reuse.InitialRun(self.train.trainer, self.rollout.model, self._rollout_weights,
                                         reuse.narrow_for(self.cfg))  # fmt: skip
 
+    @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
     def restore_initial(self) -> None:
-        self.phases.enter("sync")  # the weight sync's residency: main weights and the rollout copy on the device
         self.initial.restore()
 
     def _rollout_weights(self):
@@ -183,8 +183,8 @@ class Colocated:
     def offload_state(self) -> list[dict]:
         return [self.phases.state()]
 
+    @phased("sync")
     def sync(self, *, skip: bool) -> dict[str, float]:
-        self.phases.enter("sync")
         return sync.load_and_compare(self.rollout.model, self._rollout_weights(), load=not skip)
 
     def close(self) -> None:
@@ -302,7 +302,7 @@ class RayAsync:
                 self.cluster = None
 
 
-def train_worker(cfg: RunConfig, ckpt: Path):
+def train_worker(cfg: RunConfig, ckpt: Path) -> TrainSide:
     if cfg.trainer == "megatron":
         from rlsmoke.engine.megatron.trainer import MegatronTrainWorker
 
@@ -310,7 +310,7 @@ def train_worker(cfg: RunConfig, ckpt: Path):
     return TrainWorker(cfg, ckpt)
 
 
-def open_workers(cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
+def open_workers(cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int) -> Placement:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if cfg.mode == "async":
         return RayAsync(cfg, ckpt, eos_id, pad_id)
