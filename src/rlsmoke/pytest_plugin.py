@@ -338,7 +338,7 @@ def case_record(request: pytest.FixtureRequest, artifacts):
     if spec is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses case_record without a run: parametrize it with "
                                 "rlsmoke.suite.CaseRun values (indirect=True) or give its module a CASE")  # fmt: skip
-    return spec.start(artifacts).record()
+    return spec.run(artifacts)
 
 
 def _declared_run(item: pytest.Item):

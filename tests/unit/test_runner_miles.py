@@ -123,7 +123,7 @@ def test_a_half_converted_checkpoint_is_refused_before_anything_starts(tmp_path)
         flow.check(CASE.plan(paths=Paths(model_dir=str(models), miles_root=str(miles))))
     assert err.value.rule == "miles.torch_dist" and "is missing" in str(err.value)
     with pytest.raises(RlsmokeError, match="a conversion that did not finish"):
-        rlsmoke.suite.start_case(CASE, art)
+        rlsmoke.suite.run_case(CASE, art)
     assert commands(miles) == [] and not (art.path / "ray-head.log").exists()
     # the twin: once the tracker reads release the same folder is taken as converted
     (models / f"{CASE.name}_torch_dist" / flow.TRACKER).write_text(flow.RELEASE)
