@@ -4,7 +4,7 @@ generated suites.
 A case: a suite of three files, one that declares a run and one that waits on processes it starts.
 A run: `pytest` as a user types it, serial or under `-n 2`.
 Gates: files in path order, `-x` stops at the first failure, `-W error::UserWarning` applies to
-every test, and Ctrl-C leaves no process, no `pymp-*` folder and no Ray `session_*` folder 5 s later.
+every test, `breakpoint()` stops in the test, `--durations` counts a declared run in its test, and Ctrl-C leaves no process, no `pymp-*` folder and no Ray `session_*` folder 5 s later.
 """
 
 from __future__ import annotations
@@ -84,6 +84,23 @@ def test_w_error_turns_a_warning_into_a_failure_in_every_test(tmp_path):
     result = _pytest(folder, "-W", "error::UserWarning")
     assert result.returncode == 1 and "1 failed, 1 passed" in result.stdout, result.stdout
     assert "UserWarning: seen" in result.stdout, result.stdout
+
+
+def test_breakpoint_stops_in_the_test_and_continues(tmp_path):
+    stops = WAITS + "def test_stops():\n    here = 'in the test'\n    breakpoint()\n    assert here\n"
+    folder = _suite(tmp_path, test_a_stops=stops, test_b_plain="def test_b():\n    pass\n")
+    result = subprocess.run([sys.executable, "-m", "pytest"], cwd=folder, env=_env(folder), capture_output=True,
+                            text=True, timeout=120, input="p here + ', said pdb'\ncontinue\n")  # fmt: skip
+    assert "in the test, said pdb" in result.stdout and "2 passed" in result.stdout, result.stdout + result.stderr
+
+
+def test_durations_count_a_declared_run_in_its_own_test(tmp_path):
+    waits = "import time\n\ndef test_waits():\n    time.sleep(4)\n"  # long enough for a run to go ahead
+    folder = _suite(tmp_path, test_a_declares=DECLARES, test_b_waits=waits)
+    result = _pytest(folder, "--durations=2", "--durations-min=0")
+    assert result.returncode == 0, result.stdout
+    line = next(line for line in result.stdout.splitlines() if "test_declares_a_run" in line and "s " in line)
+    assert float(line.split("s ", 1)[0]) > 0.3, line  # the run, started by its fixture (setup)
 
 
 # A run of two ranks on Ray (its cluster in a session of its own), and one that only waits.
