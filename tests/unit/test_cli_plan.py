@@ -179,3 +179,14 @@ def test_plan_reward_target_by_default_deepscaler_on_request():
     assert deep["argv"][deep["argv"].index("--rm-type") + 1] == "deepscaler" and "--custom-rm-path" not in deep["argv"]
     bad = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--reward", "none")
     assert bad.returncode == 2 and bad.stderr.startswith("error: [usage]")
+
+
+@pytest.mark.parametrize(("case", "gpus", "dialect"), [(GLM5, "8", True), ("glm4.5-355b-a32b", "64", False)])
+def test_the_prepare_step_is_a_command_rlsmoke_accepts(case, gpus, dialect):
+    from rlsmoke.cli import build_parser
+
+    plan = json.loads(rlsmoke("plan", case, "--platform", "nvidia", "--num-gpus", gpus, "--head-addr", "10.0.0.1",
+                              "--format", "json").stdout)  # fmt: skip
+    prepare = plan["steps"][0]["command"]
+    args = build_parser("prepare").parse_args(prepare[1:])  # GLM-4.5 has no config dialect: no --dialect
+    assert (args.case, args.out, args.dialect is not None) == (case, f"/root/models/{case}", dialect)

@@ -159,3 +159,16 @@ def test_the_miles_reward_is_the_engines_target_reward_and_needs_no_rlsmoke(tmp_
     assert one == target_reward("x", [4, 8, 3, 12], "1") == 0.75  # the response: the last 4 tokens
     assert group == [target_reward("x", [4, 5], "1"), 0.0] == [0.5, 0.0]
     assert imported_rlsmoke is False
+
+
+def test_two_records_of_one_metric_and_step_must_agree(tmp_path):
+    """Files of several processes merge by metric; one step with two values is an error, not the later file's."""
+    folder = tmp_path / "ci"
+    folder.mkdir()
+    (folder / "1-a.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[0, 1.0]]}) + "\n")
+    (folder / "2-b.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[0, 1.0], [1, 2.0]]}) + "\n")
+    assert metrics.read_ci_history(folder) == {"train/grad_norm": {0: 1.0, 1: 2.0}}
+    (folder / "3-c.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[1, 2.5]]}) + "\n")
+    with pytest.raises(RlsmokeError) as err:
+        metrics.read_ci_history(folder)
+    assert err.value.rule == "metrics.ci_history_disagrees" and "2.0 and 2.5" in str(err.value)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.launch import runner
 from rlsmoke.launch.miles import Launch, Paths, flag_values
@@ -83,7 +85,9 @@ def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
     launch = plan.launch
     hf, _ = checkpoint_dirs(launch)
     record_dir = record_dir or f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
-    prepare = ("rlsmoke", "prepare", plan.case.name, "--out", hf, "--dialect", plan.topology.target.checkpoint_dialect)
+    prepare = ("rlsmoke", "prepare", plan.case.name, "--out", hf)
+    if plan.spec.hf_model_type in DIALECTS:  # GLM-5: the config dialect the target's Miles reads
+        prepare += ("--dialect", plan.topology.target.checkpoint_dialect)
     runtime_env = json.dumps({"env_vars": {**launch.env, RECORD_DIR_VAR: record_dir}})
     return [
         Step("prepare", "the HF checkpoint, full width", prepare, skip_when=f"[ -e {shlex.quote(hf)} ]"),
@@ -125,7 +129,9 @@ def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], 
             log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")
         else:
             log.write(f"convert: {convert.shell()}\n")
-            result = runner.run(convert.command, env=runner.clean_env({**plan.launch.env, **env, **convert.env}),
+            # Miles' own converter call keeps the caller's PYTHONPATH after the checkout and Megatron
+            search = os.pathsep.join(filter(None, [convert.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
+            result = runner.run(convert.command, env=runner.clean_env({**plan.launch.env, **env, "PYTHONPATH": search}),
                                 cwd=miles_root, log=artifacts / "convert.log", timeout=timeout)  # fmt: skip
             if not result.ok:
                 return result
