@@ -112,8 +112,14 @@ def torch_dist_done(dst: Path) -> bool:
 
 
 def check(plan) -> None:
-    """What the flow refuses before anything starts: a half-written torch_dist folder."""
-    torch_dist_done(Path(checkpoint_dirs(plan.launch)[1]))
+    """What the flow refuses before anything starts: no HF checkpoint (the prepare step not done), or
+    a half-written torch_dist folder."""
+    hf, dst = checkpoint_dirs(plan.launch)
+    if not Path(hf).is_dir():
+        raise RlsmokeError(f"hf_checkpoint={hf} does not exist: Miles converts and loads it", rule="checkpoint.missing",
+                           fix=f"prepare it with `rlsmoke prepare {plan.case.name} --out {hf}`, or pass --model-dir "
+                           "with the folder that holds it")  # fmt: skip
+    torch_dist_done(Path(dst))
 
 
 def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
