@@ -12,7 +12,9 @@ The estimate follows what the built-in engine keeps resident in each phase of a 
   weights, the compute copy and the AdamW moments stay;
 - train: master weights, grads, the AdamW moments and foreach AdamW's one state-sized temporary at
   the step; in backward the unsharded blocks (FSDP2) or the compute-dtype weight casts autocast
-  saves (one device), plus one micro-batch's activations; with offload the rollout copy is on the host;
+  saves (one device), plus one micro-batch's activations (GLM-5.3-Flash: the hyper-connections'
+  widened residual stream, and on the reference KDA path its float32 chunk temporaries); with
+  offload the rollout copy is on the host;
 - sync: master weights, the rollout copy and one parameter gathered in full.
 
 The peak is the max over the phases. Async mode places the trainer and the rollout engine on
@@ -173,6 +175,7 @@ class Plan:
     n_samples: int = 4
     prompt_len: int = PROMPT_TOKENS
     response_len: int = 16
+    kda: str = "fla"  # GLM-5.3-Flash's KDA: "fla" (Triton kernels) or "reference" (PyTorch, engine.kda)
 
     @property
     def tokens(self) -> int:
@@ -207,30 +210,70 @@ class Estimate:
         return f"{self.peak / GIB:.0f} GiB per GPU at {self.peak_phase} ({parts})"
 
 
+# KDA layers: every layer of GLM-5.3-Flash but each 4th (index 3, 7, ...), which is MLA with the indexer.
+def kda_layers(spec) -> int:
+    return sum(1 for i in range(spec.num_layers) if i % 4 != 3) if spec.hf_model_type == "glm5_next" else 0
+
+
+# float32 tensors of (rows, heads, chunks, 64, 64, head_dim) that transformers' reference chunked KDA keeps
+# alive in one layer's recomputed forward and its backward (the decay mask, the key products and their
+# grads). Fitted to the two reference-path peaks measured on H200s (docs/benchmarks.md, KDA memory):
+# 102.08 GiB at one GPU (96 experts) and 109.0 GiB at two (288 experts).
+REFERENCE_KDA_TEMPORARIES = 11
+KDA_CHUNK = 64
+
+
 def _activations(spec, plan: Plan) -> int:
     """One micro-batch of the train step: the logits path dominates at these lengths.
 
     Logits in the compute dtype, the float32 response slice, log_softmax, and the two float32
-    temporaries of the entropy; per layer a few dozen hidden-size values per token.
+    temporaries of the entropy; per layer a few dozen hidden-size values per token. GLM-5.3-Flash
+    carries hc_mult residual streams: each layer's saved input is hc_mult hidden states in the compute
+    dtype, and its mixing flattens them in float32. On the reference KDA path one layer's chunk
+    temporaries (REFERENCE_KDA_TEMPORARIES) exist at once under gradient checkpointing; fla's kernels
+    keep per chunk states of heads x head_dim^2 in the compute dtype, MiBs here.
     """
     n_resp = plan.n_samples * plan.response_len
-    logits = plan.tokens * spec.vocab_size * BYTES[plan.compute_dtype] + 4 * n_resp * spec.vocab_size * 4
-    layers = plan.tokens * spec.hidden_size * 32 * BYTES[plan.compute_dtype] * spec.num_layers
-    return logits + layers
+    c = BYTES[plan.compute_dtype]
+    logits = plan.tokens * spec.vocab_size * c + 4 * n_resp * spec.vocab_size * 4
+    layers = plan.tokens * spec.hidden_size * 32 * c * spec.num_layers
+    hc = dict(spec.hf_extra).get("hc_mult", 1) if spec.hf_model_type == "glm5_next" else 1
+    streams = plan.tokens * spec.hidden_size * hc * (c + 2 * 4) * spec.num_layers if hc > 1 else 0
+    return logits + layers + streams + _kda_backward(spec, plan)
+
+
+def _kda_backward(spec, plan: Plan) -> int:
+    if not kda_layers(spec):
+        return 0
+    x = dict(spec.hf_extra)
+    heads, dim = x["linear_num_heads"], x["linear_head_dim"]
+    chunks = -(-(plan.prompt_len + plan.response_len) // KDA_CHUNK)
+    per_chunk = plan.n_samples * heads * chunks * dim * dim
+    if plan.kda == "reference":
+        return REFERENCE_KDA_TEMPORARIES * per_chunk * KDA_CHUNK * KDA_CHUNK // dim * 4
+    return 2 * per_chunk * BYTES[plan.compute_dtype]  # the chunk states and their grads
 
 
 def _kv_elements(spec) -> int:
-    """Values transformers' DynamicCache keeps per token and layer.
+    """Values transformers' DynamicCache keeps per token and attention layer.
 
     MLA (GLM-5): every head's expanded key (nope + rope) and value, not the compressed latent; the DSA
-    indexer adds its own key. GQA (GLM-4.5): a key and a value per query group. GLM-5.3-Flash is
-    counted as MLA in every layer (its linear-attention layers hold less: an upper bound).
+    indexer adds its own key. GQA (GLM-4.5): a key and a value per query group. GLM-5.3-Flash's KDA
+    layers keep a fixed-size state instead (`_kda_state`).
     """
     x = dict(spec.hf_extra)
     if "kv_lora_rank" in x:
         head = x["qk_nope_head_dim"] + x["qk_rope_head_dim"] + x["v_head_dim"]
         return spec.num_attention_heads * head + x.get("index_head_dim", 0)
     return 2 * spec.num_query_groups * x.get("head_dim", spec.hidden_size // spec.num_attention_heads)
+
+
+def _kda_state(spec, r: int) -> int:
+    """One row's cache in a KDA layer: the float32 recurrent state (heads x head_dim x head_dim) and the
+    short convolution's last kernel positions of q, k and v in the rollout dtype."""
+    x = dict(spec.hf_extra)
+    heads, dim = x["linear_num_heads"], x["linear_head_dim"]
+    return heads * dim * dim * 4 + 3 * heads * dim * x.get("linear_conv_kernel_dim", 4) * r
 
 
 def _rollout_working(spec, plan: Plan) -> int:
@@ -248,7 +291,9 @@ def _rollout_working(spec, plan: Plan) -> int:
     """
     r = BYTES[plan.rollout_dtype]
     n, seq = plan.n_samples, plan.prompt_len + plan.response_len
-    kv = n * seq * _kv_elements(spec) * r * (spec.num_layers + 1)
+    attention_layers = spec.num_layers - kda_layers(spec)
+    kv = n * seq * _kv_elements(spec) * r * (attention_layers + 1)
+    kv += n * _kda_state(spec, r) * kda_layers(spec) if kda_layers(spec) else 0
     experts = n * spec.moe_topk * 3 * spec.moe_ffn_hidden_size * spec.hidden_size * r if spec.num_moe_layers else 0
     logits = n * spec.vocab_size * (r + 4 * 4)
     return kv + experts + logits
@@ -312,8 +357,15 @@ def plan_for(case, *, offload: bool | None = None, **batch) -> Plan:
     batch.setdefault("n_prompts", shape.n_prompts(mode, case.num_gpus))
     batch.setdefault("n_samples", shape.n_samples)
     batch.setdefault("response_len", shape.max_response_len)
+    batch.setdefault("kda", "fla" if _fla_importable() else "reference")
     return Plan(world=world, mode=mode, offload=mode == "colocate" if offload is None else offload,
                 compute_copy=world == 1, fused_adamw=world == 1, **batch)  # fmt: skip
+
+
+def _fla_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
 
 
 def plan_of_run(cfg) -> Plan:
@@ -321,9 +373,17 @@ def plan_of_run(cfg) -> Plan:
     return Plan(world=cfg.num_gpus if cfg.mode == "colocate" else 1, mode=cfg.mode, train_dtype=cfg.train_dtype,
                 rollout_dtype=cfg.rollout_dtype, compute_dtype=cfg.train_compute_dtype, offload=cfg.offload_active,
                 n_prompts=cfg.n_prompts, n_samples=cfg.n_samples, response_len=cfg.max_response_len,
+                kda="fla" if cfg.device.startswith("cuda") and _fla_importable() and _kda_env() != "reference"
+                else "reference",
                 compute_copy=cfg.separate_compute_copy and cfg.trainer != "megatron"
                 and (cfg.num_gpus == 1 or cfg.mode == "async"),
                 fused_adamw=cfg.device.startswith("cuda") and (cfg.num_gpus == 1 or cfg.mode == "async"))  # fmt: skip
+
+
+def _kda_env() -> str:
+    import os
+
+    return os.environ.get("RLSMOKE_KDA", "").strip().lower()
 
 
 def offload_needed(cfg, spec) -> bool:

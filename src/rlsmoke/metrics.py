@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.artifacts import write_atomic
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.runkey import FIELDS
 
@@ -274,9 +275,7 @@ def update_summary(folder: str | Path, fields: Mapping[str, object]) -> None:
     """Merge `fields` into the run's summary.json, atomically (a reader never sees half a file)."""
     path = Path(folder) / "summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else {}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary | dict(fields), indent=2, default=_json_default) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(summary | dict(fields), indent=2, default=_json_default) + "\n")
 
 
 def _json_default(x):

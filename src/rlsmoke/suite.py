@@ -12,7 +12,6 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +44,7 @@ class CaseRun:
     """One run of a case as a test declares it, for the plugin's `case_record` fixture:
     `@pytest.mark.parametrize("case_record", [CaseRun(CASE, inject="stale-weights")], indirect=True)`.
 
-    Declared runs are data the plugin can see before the test runs: on a CPU host with a core to
-    spare it starts them ahead (`rlsmoke.run_ahead`). `trainer` None: the session's --trainer.
+    `trainer` None: the session's --trainer.
     `flags`: more `rlsmoke run` flags for the built-in engine (`("--offload", "--num-rollout", "3")`).
     """
 
@@ -64,11 +62,10 @@ class CaseRun:
         return start_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
                           rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
-    def plan(self, art: Artifacts, environ: Mapping[str, str] | None = None, verify: bool = False) -> CaseLaunch:
+    def plan(self, art: Artifacts, verify: bool = False) -> CaseLaunch:
         """What `start` would launch now (the checkpoint verified only with `verify`)."""
         return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                           rollout_temperature=self.rollout_temperature, verify=verify, environ=environ,
-                           flags=self.flags)  # fmt: skip
+                           rollout_temperature=self.rollout_temperature, verify=verify, flags=self.flags)  # fmt: skip
 
 
 def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
@@ -118,9 +115,8 @@ class CaseLaunch:
 
 def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
                 rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True,
-                environ: Mapping[str, str] | None = None, flags: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
-    """What `start_case` would launch now (after the checks that come before any launch). `environ`: what
-    the run's environment starts from (default os.environ)."""
+                flags: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
+    """What `start_case` would launch now (after the checks that come before any launch)."""
     art = artifacts if isinstance(artifacts, Artifacts) else Artifacts(Path(artifacts))
     if inject:  # a fault twin is meant to fail: it must never reach the history baseline
         art = dataclasses.replace(art, history=None)
@@ -148,7 +144,7 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
         return CaseLaunch(case, art, launcher, timeout, env)
     argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
                         checkpoint=checkpoint, trainer=art.trainer) + list(flags)  # fmt: skip
-    return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env, base=environ), tuple(argv))
+    return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env), tuple(argv))
 
 
 @dataclass
@@ -159,10 +155,10 @@ class PendingCase:
     process: runner.Process | None = None
     result: runner.Result | None = None
 
-    def record(self, ran_with: Artifacts | None = None) -> CaseRecord:
-        """The run's record, kept with `ran_with` (default: the Artifacts it started with)."""
+    def record(self) -> CaseRecord:
+        """The run's record, kept with the Artifacts it started with."""
         launch = self.launch
-        art = ran_with or launch.art
+        art = launch.art
         if self.result is None:
             elapsed = time.monotonic() - self.process.started
             self.result = self.process.wait(max(launch.timeout - elapsed, 0.0))

@@ -20,15 +20,18 @@ TWINS = [
     ("train-dropout=0.1", None, ["ppo_kl_step0: train/ppo_kl@first ="]),
 ]  # fmt: skip
 PLATFORMS = [pytest.param("nvidia", marks=pytest.mark.nvidia), pytest.param("rocm", marks=pytest.mark.rocm)]
+# GLM-5 (MLA + DSA) and GLM-5.3-Flash (KDA linear attention + MLA): each attention path's faults
+MODELS = ["glm5-744b-a40b-4layer", "glm5.3-flash-4layer"]
 
 
 @pytest.mark.gpus(NUM_GPUS)
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize(("inject", "temperature", "expected"), TWINS, ids=[t[0] for t in TWINS])
-def test_fault_fails_its_gate(artifacts, platform, inject, temperature, expected):
+def test_fault_fails_its_gate(artifacts, platform, model, inject, temperature, expected):
     if artifacts.launcher != "builtin":
         pytest.skip(f"faults are injected into the built-in engine; this session runs --launcher {artifacts.launcher}")
-    case = Case("glm5-744b-a40b-4layer", platform=platform, num_gpus=NUM_GPUS)
+    case = Case(model, platform=platform, num_gpus=NUM_GPUS)
     record = run_case(case, artifacts, inject=inject, rollout_temperature=temperature)
     with pytest.raises(GateFailure) as failure:
         gates_for(case).check(record)

@@ -107,3 +107,62 @@ def test_a_crash_is_exit_3_with_its_cause_never_exit_1(tmp_path, monkeypatch, ca
     assert "ZeroDivisionError: float division by zero" in err and str(out / "run.log") in err, err
     log = (out / "run.log").read_text()
     assert "Traceback" in log and log.rstrip().splitlines()[-1].endswith("ZeroDivisionError: float division by zero")
+
+
+# --- 1. every input has a range, checked before torch loads ----------------------------------------
+
+
+def long_prompt_file(tmp_path, words: int):
+    data = tmp_path / "long.jsonl"
+    rows = [{"prompt": "What is 7 + 5?", "label": "12"}] * 3 + [{"prompt": "add " * words + "1 + 1?", "label": "2"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+@pytest.mark.parametrize("argv, rule, named", [
+    (["--n-samples", "100000"], "[memory.host]", ["100000 samples", "GiB of host memory", "--n-samples"]),
+    (["--rollout-temperature", "nan"], "[run.finite]", ["--rollout-temperature=nan"]),
+    (["--rollout-temperature", "inf"], "[run.finite]", ["--rollout-temperature=inf"]),
+    (["--inject", "rollout-noise=inf"], "[run.finite]", ["--inject rollout-noise"]),
+    (["--inject", "train-dropout=2"], "[inject.value]", ["train-dropout=2", "0 < P < 1"]),
+    (["--seed", str(2**64)], "[run.seed]", [f"--seed={2**64}", "2**64-1"]),
+    (["--max-response-len", "5000"], "[run.context]", ["max_position_embeddings=4096", "lower --max-response-len"]),
+    (["--max-response-len", "3000"], "[run.context]", ["index_topk=2048", "lower --max-response-len to at most"]),
+    (["--num-gpus", "99999999999999999999"], "[gpus.range]", ["65536"]),
+    (["--num-gpus", "2", "--gpus-per-node", "0"], "[gpus.per_node]", ["gpus_per_node=0"]),
+    (["--set", "train.pp=1000000000000"], "[set.range]", ["train.pp"]),
+])  # fmt: skip
+def test_every_input_has_a_range_checked_before_torch_loads(tmp_path, argv, rule, named):
+    err = refused(tmp_path, *argv)
+    assert err.startswith(f"error: {rule}") and all(n in err for n in named), err
+
+
+def test_a_prompt_past_the_context_names_the_prompt_files_line_not_the_cap(tmp_path):
+    data = long_prompt_file(tmp_path, words=3000)
+    err = refused(tmp_path, "--prompt-data", str(data))
+    assert err.startswith("error: [run.context]") and f"shorten line 4 of {data}" in err, err
+    assert "--max-response-len to" not in err.split("Fix:")[1], err
+
+
+def plan(*argv: str) -> subprocess.CompletedProcess:
+    # the timeout guards a hang (the plan is instant): a loop linear in NUM_GPUS would run for hours
+    return subprocess.run([sys.executable, "-m", "rlsmoke.cli", "plan", CASE, "--platform", "nvidia", *argv],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, rule", [(["--num-gpus", "99999999999999999999"], "[gpus.range]"),
+                                        (["--num-gpus", "8", "--gpus-per-node", "0"], "[gpus.per_node]"),
+                                        (["--num-gpus", "8", "--set", "rollout.dp=10000000000"], "[set.range]")])  # fmt: skip
+def test_every_topology_size_has_an_upper_bound(argv, rule):
+    proc = plan(*argv)
+    assert proc.returncode == ExitCode.USAGE and proc.stderr.startswith(f"error: {rule}"), proc.stderr
+
+
+def test_the_largest_plan_finds_its_fixes_without_a_loop_over_every_gpu_count():
+    from rlsmoke.models import model_spec
+    from rlsmoke.topology import MAX_NUM_GPUS, _candidates, plan_topology
+
+    spec = model_spec(CASE)
+    topo = plan_topology(spec, "rocm", MAX_NUM_GPUS, validate=False)
+    found = _candidates(topo, spec)
+    assert len(found) < 200 and {1, 2, 64, 256, MAX_NUM_GPUS} <= set(found), found

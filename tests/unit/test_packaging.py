@@ -12,8 +12,6 @@ import pytest
 
 from rlsmoke.shipped import RUNTIME_FOLDERS
 
-pytestmark = pytest.mark.background  # waits on pip building and installing a wheel
-
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_FILES = ["thresholds/builtin.json", "data/math.jsonl", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"]
 

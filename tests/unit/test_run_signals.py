@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 from procs import alive, descendants, stat_fields
 
-pytestmark = pytest.mark.background  # waits on Ray's start and its actors
-
 CASE = "glm5-744b-a40b-4layer"
 OUTLIVE_S = 5.0
 # the raylet's agents, as they start (python .../agent.py) and once retitled (ray::DashboardAgent)

@@ -21,8 +21,6 @@ from rlsmoke.launch.miles import Paths
 from rlsmoke.platforms import Host
 from rlsmoke.suite import Artifacts, gates_for, run_case
 
-pytestmark = pytest.mark.background  # waits on Ray's job manager polls once a second
-
 # find_spec, not importorskip: importing ray here would cost every `pytest --co` a second
 HAS_RAY_DASHBOARD = all(importlib.util.find_spec(m) for m in ("ray", "aiohttp", "aiohttp_cors"))
 needs_ray = pytest.mark.skipif(not HAS_RAY_DASHBOARD, reason="needs ray[default] (pip install -e .[dev])")

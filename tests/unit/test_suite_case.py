@@ -23,8 +23,14 @@ def test_one_gpu_runs_the_64_expert_variant():
 def test_cpu_and_models_without_a_variant_are_untouched():
     cpu = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
     assert effective_case(cpu, 1) == cpu
-    flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8)
-    assert effective_case(flash, 1).name == "glm5.3-flash-4layer"
+    glm45 = Case("glm4.5-355b-a32b-4layer", platform="nvidia", num_gpus=8)
+    assert effective_case(glm45, 1).name == "glm4.5-355b-a32b-4layer"
+
+
+def test_one_gpu_runs_flash_s_112_expert_variant():
+    flash = effective_case(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8), 1)
+    assert (flash.name, flash.num_gpus, flash.spec().num_experts) == ("glm5.3-flash-4layer-1gpu", 1, 112)
+    assert memory_shortfall(flash, Host("nvidia", "H200", 1)) == ""
 
 
 def test_a_case_too_big_for_the_gpus_says_so():
@@ -42,10 +48,12 @@ def test_the_decision_carries_the_shortfall_so_the_plugin_skips_at_collection():
     from rlsmoke.selection import Decision, Requirement, decide
 
     h200 = Host("nvidia", "H200", 1)
-    flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8)
-    d = decide(Requirement("nvidia", 1), h200, case=flash, num_gpus=1)
-    assert not d.run and d.reason == memory_shortfall(effective_case(flash, 1), h200)
+    whole = Case("glm5-744b-a40b", platform="nvidia", num_gpus=8)  # 78 layers, no one-GPU variant
+    d = decide(Requirement("nvidia", 1), h200, case=whole, num_gpus=1)
+    assert not d.run and d.reason == memory_shortfall(effective_case(whole, 1), h200)
     assert decide(Requirement("nvidia", 1), h200, case=GLM5, num_gpus=1) == Decision(True)  # the 1-GPU variant
+    flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8)
+    assert decide(Requirement("nvidia", 1), h200, case=flash, num_gpus=1) == Decision(True)
 
 
 def test_two_gpus_run_all_256_experts():

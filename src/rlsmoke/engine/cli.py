@@ -21,7 +21,9 @@ import time
 import traceback
 from pathlib import Path
 
+from rlsmoke.artifacts import RunFolder, disk_full, no_room
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
+from rlsmoke.engine import limits
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, ROLLOUT_BATCHES, RunConfig, dtype_name, parse_inject
 from rlsmoke.engine.data import prompt_rows
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
@@ -149,7 +151,12 @@ def config_from_args(args):
     if args.repeat < 1:
         raise RlsmokeError(f"repeat={args.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
     cfg.validate()
+    limits.check_numbers(cfg, repeat=args.repeat)
     prompt_rows(cfg.prompt_data, cfg.n_prompts)  # read again by the run: a bad file is refused here, not there
+    longest = limits.longest_prompt(cfg.prompt_data, cfg.checkpoint)
+    limits.check_context(cfg, longest, limits.context_limits(spec, cfg.checkpoint))
+    if platform.name == "cpu":
+        limits.check_host_memory(cfg, longest.tokens)
     if not args.records_only:  # gated here after the run: a broken thresholds file is refused before it
         check_thresholds()
     if platform.name != "cpu":
@@ -165,9 +172,6 @@ def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-RECORDS = ("run.log", "metrics.jsonl", "summary.json")  # what a run writes into --out
-
-
 def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
     """A new folder per run, so that no run replaces an earlier one: rlsmoke-runs/CASE/YYYYmmdd-HHMMSS."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -175,29 +179,6 @@ def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
     while out.exists():
         n += 1
         out = runs / case / f"{stamp}-{n}"
-    return out
-
-
-def writable_out(out: Path, *, overwrite: bool = False) -> Path:
-    """--out as a folder this process can write, made now: a bad one is bad input, not a traceback. An
-    earlier run's records there are kept unless --overwrite, which removes them first."""
-    if out.exists() and not out.is_dir():
-        raise RlsmokeError(f"--out {out} is a file, not a folder", rule="run.out",
-                           fix="pass --out a new or existing folder (default: a new ./rlsmoke-runs/CASE/TIME)")  # fmt: skip
-    earlier = [name for name in RECORDS if (out / name).exists()]
-    if earlier and not overwrite:
-        raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})", rule="run.out_used",
-                           fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in earlier:
-            (out / name).unlink()
-        probe = out / ".rlsmoke-write-probe"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise RlsmokeError(f"--out {out} cannot be written ({exc.strerror or exc})", rule="run.out",
-                           fix="pass --out a folder you can write (default: a new ./rlsmoke-runs/CASE/TIME)") from None  # fmt: skip
     return out
 
 
@@ -312,24 +293,36 @@ def handler(args) -> int:
 
 def _handle(args, started: float) -> int:
     cfg = config_from_args(args)
-    out = writable_out(args.out or default_out(cfg.case), overwrite=args.overwrite)
-    log = CommandLog(out, started)
-    try:
-        return _run_and_gate(cfg, args, out, log, started)
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
-        if _RECEIVED and getattr(exc, "signum", None) != _RECEIVED[0]:
-            exc = Interrupted(_RECEIVED[0])
-        log.interrupted(exc)
-        raise exc from None
-    except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
-        if log.path.exists() and exc.one_line() not in log.path.read_text():
-            log(f"error: {exc.one_line()}")
-        raise
-    except Exception as exc:  # a bug: exit 3, never 1 (a gate failed); the traceback goes to run.log
-        log("error: [run.crashed] the run raised an unexpected exception", block=traceback.format_exc().rstrip())
-        cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
-        print(f"error: [run.crashed] {cause}. Traceback in {log.path}", file=sys.stderr)
-        return ExitCode.RUN_FAILED
+    with RunFolder(args.out or default_out(cfg.case), overwrite=args.overwrite) as folder:
+        out = folder.records  # --overwrite: a staging sibling until the run is complete
+        log = CommandLog(out, started)
+        try:
+            code = _run_and_gate(cfg, args, out, log, started)
+            if code in (ExitCode.OK, ExitCode.GATE_FAILED):
+                folder.commit()
+            return code
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
+            if _RECEIVED and getattr(exc, "signum", None) != _RECEIVED[0]:
+                exc = Interrupted(_RECEIVED[0])
+            with contextlib.suppress(OSError):
+                log.interrupted(exc)
+            folder.discard()
+            raise exc from None
+        except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
+            with contextlib.suppress(OSError):
+                if log.path.exists() and exc.one_line() not in log.path.read_text():
+                    log(f"error: {exc.one_line()}")
+            raise
+        except Exception as exc:
+            if no_room(exc):  # the disk, not the run: one line, never a traceback or exit 1
+                raise disk_full(out, exc) from None
+            # a bug: exit 3, never 1 (a gate failed); the traceback goes to run.log
+            with contextlib.suppress(OSError):
+                log("error: [run.crashed] the run raised an unexpected exception",
+                    block=traceback.format_exc().rstrip())  # fmt: skip
+            cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
+            print(f"error: [run.crashed] {cause}. Traceback in {log.path}", file=sys.stderr)
+            return ExitCode.RUN_FAILED
 
 
 def _load_engine(cfg: RunConfig, log: CommandLog):

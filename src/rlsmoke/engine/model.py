@@ -25,9 +25,12 @@ def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None =
             rule="checkpoint.exists",
             fix=f"run `rlsmoke prepare {case}` or pass an existing --checkpoint DIR",
         )
+    from rlsmoke.checkpoints.identity import check_checkpoint
     from rlsmoke.checkpoints.verification import verify
+    from rlsmoke.models import model_spec
 
     verify(given, checksums=False)  # headers and lengths: a truncated shard is named here, not by a loader
+    check_checkpoint(given, model_spec(case, tiny=tiny))  # this case's model, every byte as its manifest says
     return given
 
 
@@ -50,6 +53,9 @@ def model_class(spec: ModelSpec):
 
 def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
     """The model in `dtype` on `device`, in eval mode. Raises CheckpointError on a broken folder."""
+    from rlsmoke.engine import kda
+
+    kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks its KDA up per call
     try:
         model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype])
     except (OSError, ValueError) as exc:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rlsmoke.engine import reuse, sync
+from rlsmoke.engine import kda, reuse, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
@@ -99,7 +99,8 @@ class RolloutWorker:
         self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device)
         self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
-                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, cfg.device, spec.family))  # fmt: skip
+                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, cfg.device, spec.family,
+                                                                    kda.choose(cfg.device, spec.family)))  # fmt: skip
 
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
         return self.engine.generate(prompt_ids, n, seed)
@@ -132,6 +133,14 @@ class Colocated:
             torch.cuda.reset_peak_memory_stats()
         self.train = train_worker(cfg, ckpt)
         self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id)
+        self.compile_s = 0.0
+        if kda.choose(cfg.device, cfg.spec.family) == "fla":  # Triton compiles here, not in the first seed
+            trainer = getattr(self.train, "trainer", None)
+            models = [(self.rollout.model, False)] + ([(trainer.model, True)] if hasattr(trainer, "model") else [])
+            try:  # one layer at 2 x 80 tokens: MiBs beside the load's peak
+                self.compile_s = kda.warm_up(models)
+            except Exception as exc:  # noqa: BLE001 - the run goes on; the compile is then paid in the first seed
+                print(f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles", file=sys.stderr)
         self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.train.trainer,
                              rollout_model=self.rollout.model)  # fmt: skip
         self.where = {"train": _where(), "rollout": _where()}

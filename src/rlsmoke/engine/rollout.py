@@ -96,18 +96,20 @@ class LogprobRecorder(LogitsProcessor):
         return torch.stack(self.logprobs, dim=1)  # (n, R)
 
 
-# What left padding cannot pass through: the KDA layers' short convolution and recurrent state.
+# What left padding cannot pass through on the reference KDA path: its short convolution and recurrent
+# state. On fla's kernels (engine.kda) a rank's groups go in one left-padded call.
 NO_LEFT_PADDING = ("glm5.3-flash",)
 
 
-def batch_for(choice: str, device: str, family: str) -> str:
+def batch_for(choice: str, device: str, family: str, kda: str = "") -> str:
     """`--rollout-batch auto`: a rank's groups in one call on a GPU, where a step's cost is launches and
     weight reads, not rows; one call per group on CPU, where the thresholds were calibrated."""
+    padding_breaks = family in NO_LEFT_PADDING and kda != "fla"
     if choice != "auto":
-        return "length" if choice == "rank" and family in NO_LEFT_PADDING else choice
+        return "length" if choice == "rank" and padding_breaks else choice
     if not device.startswith("cuda"):
         return "group"
-    return "length" if family in NO_LEFT_PADDING else "rank"
+    return "length" if padding_breaks else "rank"
 
 
 class RolloutEngine:

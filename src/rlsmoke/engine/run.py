@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from rlsmoke.engine import grpo
+from rlsmoke.artifacts import write_atomic
+from rlsmoke.engine import grpo, kda
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
@@ -143,7 +144,9 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             log(f"placement: {cfg.mode} {where}; parallel {parallel}")
             if repeat > 1:
                 workers.keep_initial()  # each further seed restores these weights in place (engine.reuse)
-            timing["load_s"] = time.perf_counter() - t0 - timing["checkpoint_s"]
+            # fla's first-use Triton compile (engine.kda.warm_up) is its own phase, not the load's
+            timing["compile_s"] = getattr(workers, "compile_s", 0.0)
+            timing["load_s"] = time.perf_counter() - t0 - timing["checkpoint_s"] - timing["compile_s"]
             moved_before: dict[str, float] = {}
             for r, seed in enumerate(seeds):
                 seed_start = time.perf_counter()
@@ -192,9 +195,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         raise
     finally:
         log.close()
-    with (out / "metrics.jsonl").open("w") as f:
-        for line in lines:
-            f.write(json.dumps(line) + "\n")
+    write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
 
     memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
               "offload": cfg.offload_active, "world": cfg.num_gpus,
@@ -203,6 +204,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
               # what a phase's window holds: the moves that bring a phase's own state back count in it
               # (earlier summaries counted them in the phase before: the rollout read as the train weights)
               "meter": "arrivals-in-own-phase"}  # fmt: skip
+    kda_path = kda.choose(cfg.device, spec.family)
     # Records only: whoever consumes the run (`rlsmoke run`, the suite) gates it, once.
     summary = {
         **cfg.run_key.to_json(),
@@ -210,7 +212,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         "trainer": cfg.trainer,
         "shape": {"n_prompts": cfg.n_prompts, "n_samples": cfg.n_samples, "max_response_len": cfg.max_response_len,
                   "num_rollout": cfg.num_rollout,
-                  "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family)},  # fmt: skip
+                  "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family, kda_path)},  # fmt: skip
+        "kda": kda_path or None,  # GLM-5.3-Flash's linear attention: "fla" (Triton kernels) or "reference" (PyTorch)
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
         "repeat": repeat,
@@ -228,7 +231,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         "seconds": round(time.perf_counter() - t0, 2),
         "timing": _rounded(timing),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
 
 
@@ -249,7 +252,8 @@ def describe_timing(timing: dict) -> str:
     """One line: load, each seed, and the first seed's phases."""
     seeds = ", ".join(f"{s:.1f}" for s in timing["per_seed_s"])
     phases = " ".join(f"{k} {v:.1f}" for k, v in timing.get("phases_s", {}).items())
-    return (f"load {timing.get('load_s', 0):.1f} s (checkpoint {timing.get('checkpoint_s', 0):.1f} s); "
+    compile_s = f", KDA compile {timing['compile_s']:.1f} s" if timing.get("compile_s") else ""
+    return (f"load {timing.get('load_s', 0):.1f} s (checkpoint {timing.get('checkpoint_s', 0):.1f} s{compile_s}); "
             f"per seed [{seeds}] s; first seed: {phases}")  # fmt: skip
 
 

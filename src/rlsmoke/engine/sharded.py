@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import reuse, sync
+from rlsmoke.engine import kda, reuse, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
@@ -103,7 +103,8 @@ class Rank:
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
         self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
-                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, self.device, spec.family))  # fmt: skip
+                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, self.device, spec.family,
+                                                                    kda.choose(self.device, spec.family)))  # fmt: skip
         self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
                              rollout_model=self.rollout_model, ranks_on_host=world)  # fmt: skip
 

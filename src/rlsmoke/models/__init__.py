@@ -30,19 +30,36 @@ def _glm5_4layer_1gpu() -> ModelSpec:
     return reduce_layers(glm5_744b_a40b(), 3, 1).replace(num_experts=64, reduction="4layer-1gpu")
 
 
+def _flash_4layer_1gpu() -> ModelSpec:
+    """GLM-5.3-Flash 4-layer at full width in every dimension but the routed experts, cut 288 -> 112.
+
+    Why: with all 288 experts the train step needs ~168 GiB (fp32 master weights, AdamW and the bf16
+    copies), past one 141 GB H200. At 112 the estimate at seed 004's shape (`rlsmoke.memory`) is
+    104 GiB with offload off on fla's KDA kernels, under the 113 GiB (80 %) that keeps offload off,
+    and 110 GiB on transformers' reference KDA; 128 would leave 2 GiB of margin on fla and need
+    offload on the reference path. KDA, MLA with the indexer, the hyper-connections, the shared
+    expert and the router top-k keep their full width.
+    """
+    return reduce_layers(glm5_3_flash(), 3, 1).replace(num_experts=112, reduction="4layer-1gpu")
+
+
 _MODELS: dict[str, Callable[[], ModelSpec]] = {
     "glm5-744b-a40b": glm5_744b_a40b,
     "glm5-744b-a40b-4layer": lambda: reduce_layers(glm5_744b_a40b(), 3, 1),
     "glm5-744b-a40b-4layer-1gpu": _glm5_4layer_1gpu,
     "glm5.3-flash": glm5_3_flash,
     "glm5.3-flash-4layer": lambda: reduce_layers(glm5_3_flash(), 3, 1),
+    "glm5.3-flash-4layer-1gpu": _flash_4layer_1gpu,
     "glm4.5-355b-a32b": glm45_355b_a32b,
     "glm4.5-355b-a32b-4layer": lambda: reduce_layers(glm45_355b_a32b(), 3, 1),
     "glm4.5-air": glm45_air,
 }
 MODEL_NAMES = tuple(_MODELS)
 # What a case becomes on one GPU, where its full width does not fit with fp32 master weights.
-ONE_GPU_VARIANT = {"glm5-744b-a40b-4layer": "glm5-744b-a40b-4layer-1gpu"}
+ONE_GPU_VARIANT = {
+    "glm5-744b-a40b-4layer": "glm5-744b-a40b-4layer-1gpu",
+    "glm5.3-flash-4layer": "glm5.3-flash-4layer-1gpu",
+}
 
 
 def model_spec(name: str, *, tiny: bool = False) -> ModelSpec:

@@ -1,0 +1,8 @@
+# Source on a GPU host without a package index: the carried wheels (flash-linear-attention, fla-core)
+# into /tmp/site, rlsmoke from this checkout, the caches on local disk.
+#   . bench/gpu_h200_setup.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 || true
+export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1
+export RLSMOKE_CACHE=${RLSMOKE_CACHE:-/root/rlsmoke-cache}
+rlsmoke() { python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' "$@"; }

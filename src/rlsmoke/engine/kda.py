@@ -1,0 +1,121 @@
+"""KDA, GLM-5.3-Flash's linear attention: flash-linear-attention's Triton kernels where they can run.
+
+transformers' GLM-5.3-Flash layer calls two module-level functions, the chunked KDA for a prefill or a
+train forward and the recurrent KDA for a decode step. Their reference bodies are PyTorch loops, one
+(B, H, chunks, 64, 64, K) float32 temporary per layer: slow and the rollout's whole cost. With `fla`
+importable on a CUDA device the engine binds fla's `chunk_kda` / `fused_recurrent_kda` instead
+(`pip install 'rlsmoke[gpu]'`); `RLSMOKE_KDA=reference` keeps the PyTorch bodies, `RLSMOKE_KDA=fla`
+insists on fla. The summary records which ran (`kda`).
+
+fla compiles and autotunes its kernels on first use (minutes on an H200). The compiled kernels go to
+`$RLSMOKE_CACHE/triton` unless TRITON_CACHE_DIR is set, so a machine pays that once; `warm_up` runs
+the kernels at the loaded model's widths and dtypes before the first seed, and the run reports its
+seconds as `timing.compile_s`, not inside a seed's rollout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import time
+
+from rlsmoke.errors import RlsmokeError
+
+PATHS = ("fla", "reference")
+MODELING = "transformers.models.glm5_next.modeling_glm5_next"
+# transformers' function name -> fla's, both in fla.ops.kda
+KERNELS = {"chunk_kimi_delta_attention": "chunk_kda", "recurrent_kimi_delta_attention": "fused_recurrent_kda"}
+# What the layer passes that fla takes; the rest of its **kwargs (attention kwargs) is not fla's.
+FLA_KWARGS = ("g", "beta", "scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "cu_seqlens")
+_REFERENCE: dict = {}
+
+
+def fla_available() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def choose(device: str, family: str) -> str:
+    """The KDA path of a run: "" for a model without KDA, else "fla" or "reference"."""
+    if family != "glm5.3-flash":
+        return ""
+    asked = os.environ.get("RLSMOKE_KDA", "").strip().lower()
+    if asked and asked not in PATHS:
+        raise RlsmokeError(f"RLSMOKE_KDA={asked!r} is not a KDA path", rule="kda.path",
+                           fix=f"set RLSMOKE_KDA to one of: {', '.join(PATHS)}, or unset it")  # fmt: skip
+    if asked == "fla" and not (fla_available() and device.startswith("cuda")):
+        raise RlsmokeError("RLSMOKE_KDA=fla needs flash-linear-attention and a CUDA device", rule="kda.path",
+                           fix="pip install 'rlsmoke[gpu]' on the GPU host, or unset RLSMOKE_KDA")  # fmt: skip
+    if asked:
+        return asked
+    return "fla" if device.startswith("cuda") and fla_available() else "reference"
+
+
+def triton_cache() -> None:
+    """Compiled kernels next to the checkpoints ($RLSMOKE_CACHE/triton), unless the user chose a folder."""
+    from rlsmoke.checkpoints.cache_paths import cache_home
+
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_home() / "triton"))
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # the autotuner's choice is kept too (Triton >= 3.3)
+
+
+def install(path: str) -> None:
+    """Bind the KDA functions transformers' layer calls to `path`'s implementation (a process-wide choice)."""
+    if not path:
+        return
+    modeling = importlib.import_module(MODELING)
+    for name, fla_name in KERNELS.items():
+        reference = _REFERENCE.setdefault(name, inspect.unwrap(getattr(modeling, name)))
+        if path == "reference":
+            setattr(modeling, name, reference)
+            continue
+        triton_cache()
+        kernel = getattr(importlib.import_module("fla.ops.kda"), fla_name)
+        setattr(modeling, name, _fla_call(kernel, reference))
+
+
+def _fla_call(kernel, reference):
+    def call(query, key, value, *args, **kwargs):
+        return kernel(query, key, value, *args, **{k: v for k, v in kwargs.items() if k in FLA_KWARGS})
+
+    call.__name__, call.__doc__ = reference.__name__, f"fla.ops.kda.{kernel.__name__} in place of the reference"
+    return call
+
+
+def bound(name: str = "chunk_kimi_delta_attention") -> str:
+    """Which implementation the layer calls now: "fla" or "reference" (what the summary records)."""
+    fn = getattr(importlib.import_module(MODELING), name)
+    return "fla" if (fn.__doc__ or "").startswith("fla.") or "fla" in (getattr(fn, "__module__", "") or "") else "reference"
+
+
+def warm_up(models, *, tokens: int = 80, rows: int = 2) -> float:
+    """Run each model's first KDA layer once, forward and backward (the chunked kernel) and one decode
+    step (the recurrent kernel), at its widths and dtypes: Triton compiles and autotunes here, not in a
+    seed. Gradients it leaves on the layer's parameters are dropped. Returns the wall seconds."""
+    import torch
+
+    start = time.perf_counter()
+    modeling = importlib.import_module(MODELING)
+    for model, with_grad in models:
+        layer = next((m for m in model.modules() if type(m).__name__.endswith("LinearAttention")), None)
+        if layer is None:
+            continue
+        weight = layer.q_proj.weight
+        x = torch.randn(rows, tokens, layer.hidden_size, device=weight.device, dtype=weight.dtype)
+        with torch.set_grad_enabled(with_grad):
+            out = layer(x.requires_grad_(with_grad))
+            if with_grad:
+                out.float().sum().backward()
+            heads, dim = layer.num_heads, layer.head_dim
+            one = x[:, :1].detach()
+            q = layer.q_proj(one).view(rows, 1, heads, dim)
+            g, beta = layer.forget_gate(one), torch.sigmoid(layer.b_proj(one))
+            state = torch.zeros(rows, heads, dim, dim, device=weight.device, dtype=torch.float32)
+            with torch.no_grad():
+                modeling.recurrent_kimi_delta_attention(q, q, q, g=g, beta=beta, initial_state=state,
+                                                        output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+        for p in layer.parameters():
+            p.grad = None
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
