@@ -25,9 +25,9 @@ from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.launch import runner
 from rlsmoke.launch.miles import Launch, Paths, flag_values
+from rlsmoke.metrics import CI_HISTORY
 
 RECORD_DIR_VAR = "MILES_CI_GATE_RECORD_DIR"  # Miles' CiHistoryBackend writes only when this is set
-CI_HISTORY = "ci_history"  # the record dir's name under the run's artifacts (or the plan's output dir)
 TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"  # what the converter writes into TRACKER once every shard is saved
 CONVERT_TOOL = "tools/convert_hf_to_torch_dist.py"
