@@ -53,9 +53,9 @@ def cmd_cases(args) -> int:
 
 
 def shell_script(plan, steps) -> str:
-    """The flow as a readable, shell-safe script, run from the Miles checkout: env; the checkpoint prepared
-    and converted unless done; Ray's head; the job's argv one group per line (`steps`' submit runs the
-    same argv through `ray job submit`).
+    """The flow as a readable, shell-safe script, run from the Miles checkout: env; Ray's head; the
+    checkpoint prepared and converted unless done; the job's argv one group per line (`steps`' submit
+    runs the same argv through `ray job submit`).
 
     Across nodes the same script runs on every node: NODE_RANK 0 starts Ray's head and then the job,
     the others join the head and stay up (Miles' placement group waits until their GPUs have joined).
@@ -69,15 +69,16 @@ def shell_script(plan, steps) -> str:
                      f"every node with NODE_RANK=0 on the head, 1..{nodes - 1} on the others")  # fmt: skip
     lines.append("set -euo pipefail")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]
-    for step in (by_name["prepare"], by_name["convert"]):
-        lines += [f"# {step.name}: {step.what}, unless done", f"{step.skip_when} || {step.shell()}"]
-    lines.append("# ray-head, then submit: the job (`--format json` has its `ray job submit` form)")
+    lines.append("# ray-head: Ray's head (across nodes the others join it and stay there)")
     if nodes > 1:
         ask = f"set NODE_RANK: 0 on the head ({launch.master_addr}), 1..{nodes - 1} on the other nodes"
         lines += [f"case \"${{NODE_RANK:?{ask}}}\" in", f"  0) {shlex.join(launch.ray_start())} ;;",
                   f"  *) exec {shlex.join(launch.ray_join())} ;;", "esac"]  # fmt: skip
     else:
         lines.append(shlex.join(launch.ray_start()))
+    for step in (by_name["prepare"], by_name["convert"]):  # on the head only, before its job
+        lines += [f"# {step.name}: {step.what}, unless done", f"{step.skip_when} || {step.shell()}"]
+    lines.append("# submit: the job (`--format json` has its `ray job submit` form)")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in by_name["submit"].env.items()]
     lines.append(shlex.join(plan.launch.argv[:2]) + " \\")
     body = [toks for toks in plan.launch.groups.values() if toks]

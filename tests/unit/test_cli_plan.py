@@ -149,3 +149,44 @@ def test_on_cpu_the_rules_are_the_plans_not_megatrons():
     bad = rlsmoke("plan", GLM5, "--platform", "cpu", "--num-gpus", "6")
     assert bad.returncode == 2 and bad.stderr.startswith("error: [plan.world_tp_cp_pp]"), bad.stderr
     assert "megatron" not in bad.stderr.lower() and "--set train.cp=1" in bad.stderr
+
+
+def test_plan_prints_every_step_of_the_flow():
+    """prepare, convert to torch_dist (unless released), Ray's head, the job: as a script and as JSON steps."""
+    text = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8").stdout
+    assert "torchrun --nproc-per-node 4 /root/miles/tools/convert_hf_to_torch_dist.py" in text
+    assert f'[ "$(cat /root/models/{GLM5}_torch_dist/latest_checkpointed_iteration.txt 2>/dev/null)" = release ] ||' in text
+    assert "ray start --head" in text and "export MILES_CI_GATE_RECORD_DIR=" in text
+    plan = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "2", "--format", "json").stdout)
+    steps = {s["name"]: s for s in plan["steps"]}
+    assert list(steps) == ["prepare", "convert", "ray-head", "submit"]
+    convert = steps["convert"]["command"]
+    assert convert[:3] == ["torchrun", "--nproc-per-node", "2"]
+    assert convert[convert.index("--save") + 1] == plan["argv"][plan["argv"].index("--ref-load") + 1]
+    assert convert[convert.index("--hf-checkpoint") + 1] == steps["prepare"]["command"][4]
+    submit = steps["submit"]["command"]
+    assert submit[submit.index("--") + 1:] == plan["argv"]
+    assert "MILES_CI_GATE_RECORD_DIR" in json.loads(submit[submit.index("--runtime-env-json") + 1])["env_vars"]
+
+
+def test_plan_reward_target_by_default_deepscaler_on_request():
+    target = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json").stdout)
+    argv = target["argv"]
+    assert argv[argv.index("--custom-rm-path") + 1] == "rlsmoke_reward.target" and "--rm-type" not in argv
+    assert target["env"]["PYTHONPATH"].endswith("/rlsmoke/engine/miles_reward")
+    deep = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json",
+                              "--reward", "deepscaler").stdout)  # fmt: skip
+    assert deep["argv"][deep["argv"].index("--rm-type") + 1] == "deepscaler" and "--custom-rm-path" not in deep["argv"]
+    bad = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--reward", "none")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: [usage]")
+
+
+@pytest.mark.parametrize(("case", "gpus", "dialect"), [(GLM5, "8", True), ("glm4.5-355b-a32b", "64", False)])
+def test_the_prepare_step_is_a_command_rlsmoke_accepts(case, gpus, dialect):
+    from rlsmoke.cli import build_parser
+
+    plan = json.loads(rlsmoke("plan", case, "--platform", "nvidia", "--num-gpus", gpus, "--head-addr", "10.0.0.1",
+                              "--format", "json").stdout)  # fmt: skip
+    prepare = plan["steps"][0]["command"]
+    args = build_parser("prepare").parse_args(prepare[1:])  # GLM-4.5 has no config dialect: no --dialect
+    assert (args.case, args.out, args.dialect is not None) == (case, f"/root/models/{case}", dialect)

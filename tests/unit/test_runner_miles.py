@@ -130,6 +130,16 @@ def test_a_half_converted_checkpoint_is_refused_before_anything_starts(tmp_path)
     assert flow.torch_dist_done(models / f"{CASE.name}_torch_dist")
 
 
+def test_no_hf_checkpoint_is_refused_before_anything_starts(tmp_path):
+    """Without --model-dir the flow looks where Miles does; nothing there: the prepare step was not done."""
+    miles = write_root(tmp_path / "miles")
+    plan = CASE.plan(paths=Paths(model_dir=str(tmp_path / "models"), miles_root=str(miles)))
+    with pytest.raises(RlsmokeError) as err:
+        flow.check(plan)
+    assert err.value.rule == "checkpoint.missing" and f"rlsmoke prepare {CASE.name} --out" in err.value.one_line()
+    assert commands(miles) == []
+
+
 def test_a_corrupt_checkpoint_fails_before_anything_launches(tmp_path):
     folder = tmp_path / "models" / "glm5-744b-a40b-4layer"
     folder.mkdir(parents=True)
