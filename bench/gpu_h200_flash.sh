@@ -14,6 +14,7 @@ left() { echo $(( budget - ($(date +%s) - start) )); }
   python3 -c 'import torch, transformers, sys; print(torch.__version__, transformers.__version__, sys.version)'
   python3 -c 'import fla, triton; print("fla", fla.__version__, "triton", triton.__version__)'; date; } > "$out/env.txt" 2>&1
 python3 bench/gpu_limits.py --gib 4 > "$out/limits.txt" 2>&1
+python3 -m pytest -q tests/unit/test_engine_offload_staged.py > "$out/staged.txt" 2>&1  # CUDA parameters too
 ( for c in glm5-744b-a40b-4layer-1gpu glm4.5-355b-a32b-4layer; do
     t0=$(date +%s); rlsmoke prepare "$c" > /dev/null 2>&1; rc=$?; echo "prepare $c: $(( $(date +%s) - t0 )) s, exit $rc"
   done ) > "$out/prepare-others.txt" 2>&1 &
