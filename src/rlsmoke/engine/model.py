@@ -56,8 +56,10 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
     from rlsmoke.engine import kda
 
     kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks its KDA up per call
+    # On a GPU the shards load straight onto it: no host copy of the whole model, no pageable move after.
+    where = {"device_map": device} if device.startswith("cuda") else {}
     try:
-        model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype])
+        model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype], **where)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
@@ -66,6 +68,29 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
             fix=f"run `rlsmoke verify {spec.name}` or `rlsmoke prepare {spec.name} --force`",
         ) from None
     return model.to(device).eval()
+
+
+@torch.no_grad()
+def derive_policy(source, spec: ModelSpec, dtype: str):
+    """A copy of `source` (a loaded policy) in `dtype`, on its device, as `load_policy` would load it from
+    the same checkpoint: no second read. The copy is built empty (meta device, `dtype`) so that each
+    tensor takes the dtype a load in `dtype` gives it (modules kept in float32 stay so), then every
+    parameter and buffer is cast from `source`'s. From an fp32 source loaded from a bf16 or fp32
+    checkpoint this is bit-identical to loading (tests/unit/test_engine_load.py)."""
+    device = next(source.parameters()).device
+    with torch.device("meta"):
+        copy = type(source)._from_config(source.config, dtype=TORCH_DTYPES[dtype])
+    copy = copy.to_empty(device=device)
+    for (name, p), (src_name, q) in zip(copy.named_parameters(remove_duplicate=False),
+                                        source.named_parameters(remove_duplicate=False), strict=True):  # fmt: skip
+        assert name == src_name, (name, src_name)
+        p.copy_(q)
+    for (name, b), (src_name, q) in zip(copy.named_buffers(remove_duplicate=False),
+                                        source.named_buffers(remove_duplicate=False), strict=True):  # fmt: skip
+        assert name == src_name, (name, src_name)
+        b.copy_(q)
+    copy.generation_config = source.generation_config
+    return copy.eval()
 
 
 def load_tokenizer(path: Path):

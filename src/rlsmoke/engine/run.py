@@ -147,6 +147,8 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             # fla's first-use Triton compile (engine.kda.warm_up) is its own phase, not the load's
             timing["compile_s"] = getattr(workers, "compile_s", 0.0)
             timing["load_s"] = time.perf_counter() - t0 - timing["checkpoint_s"] - timing["compile_s"]
+            if getattr(workers, "load_phases", None):
+                timing["load_phases_s"] = dict(workers.load_phases)
             moved_before: dict[str, float] = {}
             for r, seed in enumerate(seeds):
                 seed_start = time.perf_counter()
