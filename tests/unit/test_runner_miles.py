@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fake_miles import write_fake_miles
 from procs import alive
 
 from rlsmoke.cases import Case
@@ -53,9 +54,7 @@ def _processes_in(folder: Path) -> list[int]:
 @needs_ray
 @pytest.mark.slow
 def test_miles_launch_on_real_ray_leaves_nothing(tmp_path, monkeypatch):
-    miles = tmp_path / "miles"
-    miles.mkdir()
-    (miles / "train.py").write_text(TRAIN)
+    miles = write_fake_miles(tmp_path / "miles", train=TRAIN)  # its parser accepts the launch (the pre-flight)
     monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
     monkeypatch.setenv("RLSMOKE_LEASE_DIR", str(tmp_path / "leases"))
     ports = lease_ports(start=7)

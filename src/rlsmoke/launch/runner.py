@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from rlsmoke.launch.preflight import check_flags
+
 TOKEN_VAR = "RLSMOKE_RUN_TOKEN"
 PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
               "FTP_PROXY", "ALL_PROXY")  # fmt: skip
@@ -261,6 +263,7 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
     `env` is what every process gets (visible devices, MASTER_PORT); the job's runtime env is the plan's
     env plus `env`, like upstream's `--runtime-env-json`.
     """
+    check_flags(launch, miles_root)  # the user's Miles parses the argv first: a refused flag costs seconds, not a cluster
     started = time.monotonic()
     # Newer Ray turns on token auth by default; this cluster listens on loopback only and its own
     # dashboard probe and `ray job submit` carry no token.
