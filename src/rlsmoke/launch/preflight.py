@@ -16,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import rlsmoke
 from rlsmoke.errors import RlsmokeError
 
 TIMEOUT_S = 180.0  # an import of Miles, Megatron and SGLang; a parse takes well under a second
@@ -36,7 +35,7 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
     miles_root = Path(miles_root).resolve()
     target = launch.target or "?"
     path = [str(miles_root), *launch.env.get("PYTHONPATH", "").split(os.pathsep),
-            str(Path(rlsmoke.__file__).resolve().parents[1]), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]  # fmt: skip
+            str(Path(__file__).resolve().parents[2]), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in path if p))}
     with tempfile.TemporaryDirectory(prefix="rlsmoke-preflight-") as tmp:
         args_file, result_file = Path(tmp) / "argv.json", Path(tmp) / "result.json"
