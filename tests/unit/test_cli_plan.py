@@ -99,6 +99,13 @@ def test_diff_generates_seed_004_table():
     assert "--num-layers" not in rows  # the model args are the same on both
 
 
+def test_the_default_plan_is_miles_mains():
+    nvidia = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8").stdout
+    assert "--rematerialize-param-from-master-weight" in nvidia and "--disable-weights-backuper" not in nvidia
+    rocm = rlsmoke("plan", GLM5, "--platform", "rocm", "--num-gpus", "8").stdout
+    assert "export INDEXER_ROPE_NEOX_STYLE=0" in rocm and "export SGLANG_NSA_FORCE_MLA=1" in rocm
+
+
 def test_diff_between_targets_is_what_miles_main_changed():
     out = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--diff", "miles-0.0.2")
     assert out.returncode == 0 and out.stdout.splitlines()[0].split("|")[2:] == [" miles-2026-08-21 ", " miles-0.0.2"]

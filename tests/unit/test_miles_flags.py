@@ -60,3 +60,12 @@ def test_a_bad_value_is_refused():
                       "--tensor-model-parallel-size"], table)  # fmt: skip
     assert [line.split(":")[0] for line in found] == ["--sglang-kv-cache-dtype", "--context-parallel-size",
                                                       "--colocate", "--tensor-model-parallel-size"]  # fmt: skip
+
+
+def test_every_substitution_row_says_why():
+    """A row that differs by platform or holds for some launchers only is a deliberate choice: it says why."""
+    from rlsmoke.launch.substitutions import SUBSTITUTIONS
+
+    for row in SUBSTITUTIONS:
+        differs = row.nvidia != row.rocm or row.nvidia_env != row.rocm_env or row.launchers
+        assert row.why or not differs, row.area
