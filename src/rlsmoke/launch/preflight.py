@@ -34,8 +34,9 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
     its parser cannot run on this host's Python."""
     miles_root = Path(miles_root).resolve()
     target = launch.target or "?"
+    # As the job has it (cwd first, then the plan's PYTHONPATH), then this rlsmoke for the driver itself.
     path = [str(miles_root), *launch.env.get("PYTHONPATH", "").split(os.pathsep),
-            str(Path(__file__).resolve().parents[2]), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]  # fmt: skip
+            *os.environ.get("PYTHONPATH", "").split(os.pathsep), str(Path(__file__).resolve().parents[2])]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in path if p))}
     with tempfile.TemporaryDirectory(prefix="rlsmoke-preflight-") as tmp:
         args_file, result_file = Path(tmp) / "argv.json", Path(tmp) / "result.json"

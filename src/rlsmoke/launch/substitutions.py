@@ -98,8 +98,8 @@ SUBSTITUTIONS: tuple[Substitution, ...] = (
     Substitution(
         "KV-cache dtype", "sglang",
         nvidia=("--sglang-kv-cache-dtype", "bf16"), launchers=(MAIN_2026_08,), dsa_only=True,
-        why="Miles main's NVIDIA launcher (#1477); its AMD GLM-5.2 launcher's fp8_e4m3 is not rendered: the smoke "
-            "test rolls out in bf16, so ROCm keeps SGLang's default",
+        why="Miles main's NVIDIA launcher (#1477); its AMD GLM-5.2 launcher sets fp8_e4m3, which rlsmoke does not "
+            "render: an FP8 KV cache would make the ROCm rollout's numerics differ from the NVIDIA launch's",
     ),
     Substitution(
         "page size", "sglang", nvidia=("--sglang-page-size", "64"), why="the NSA pool needed page size 1 then"
@@ -115,14 +115,14 @@ SUBSTITUTIONS: tuple[Substitution, ...] = (
         nvidia=("--sglang-{cuda_graph_bs}", "256", "--sglang-max-running-requests", "512",
                 "--sglang-chunked-prefill-size", "{chunked_prefill}"), launchers=(MAIN_2026_08,),
         why="chunked prefill 2048 x the engine's GPUs, as Miles main's launcher; ROCm keeps seed 004's SGLang "
-            "defaults (the AMD launcher's CUDA-graph batch of 32 is tuned for 4 GPUs of GLM-5.2)",
+            "defaults (Miles' AMD GLM-5.2 launcher sets a CUDA-graph batch of 32 and the same chunked prefill)",
     ),
     Substitution("all-reduce", "sglang", rocm=("--sglang-disable-custom-all-reduce",), why="required on AMD"),
     Substitution(
         "NVIDIA env", "env",
         nvidia_env=(("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "256"), ("SGLANG_NSA_FORCE_MLA", "1"),
                     ("INDEXER_ROPE_NEOX_STYLE", "0"), ("NVSHMEM_DISABLE_NCCL", "1")),
-        why="NVIDIA-specific",
+        why="NVIDIA-specific (DeepEP, NVSHMEM); for Miles main ROCm gets the two DSA variables too (below)",
     ),
     Substitution(
         "DSA indexer env on ROCm", "env",
