@@ -69,3 +69,37 @@ def test_every_substitution_row_says_why():
     for row in SUBSTITUTIONS:
         differs = row.nvidia != row.rocm or row.nvidia_env != row.rocm_env or row.launchers
         assert row.why or not differs, row.area
+
+
+def test_the_table_check_agrees_with_argparse_on_the_parser_it_was_recorded_from():
+    """record_flags' table of a real argparse parser: each argv is refused by the check iff argparse refuses it."""
+    import argparse
+    import enum
+
+    from rlsmoke.conformance.record_flags import flag_table
+
+    class Backend(enum.Enum):
+        flash = 1
+        fused = 2
+
+    def build():
+        p = argparse.ArgumentParser(allow_abbrev=False)
+        p.error = lambda message: (_ for _ in ()).throw(ValueError(message))
+        p.add_argument("--colocate", action="store_true")
+        p.add_argument("--tp", type=int)
+        p.add_argument("--lr", type=float)
+        p.add_argument("--spec", nargs="*")
+        p.add_argument("--backend", type=lambda s: Backend[s], choices=list(Backend))
+        p.add_argument("--offload", action=argparse.BooleanOptionalAction)
+        return p
+
+    table = FlagTable("demo", {}, flag_table(build()))
+    for argv in (["--colocate", "--tp", "2", "--spec", "a", "b", "--backend", "fused", "--no-offload", "--lr", "1e-6"],
+                 ["--colocate", "yes"], ["--tp", "two"], ["--tp"], ["--backend", "slow"], ["--colo"],
+                 ["--removed"], ["--lr", "x"]):  # fmt: skip
+        try:
+            build().parse_args(argv)
+            accepted = True
+        except (ValueError, KeyError):  # KeyError: an enum type's lookup, which argparse lets through (a crash)
+            accepted = False
+        assert (refusals(argv, table) == []) == accepted, argv
