@@ -69,4 +69,7 @@ def _commit(target: str) -> str:
     from rlsmoke.topology import TARGETS
 
     t = TARGETS.get(target)
-    return f" (Miles {t.miles}, Megatron-LM {t.megatron})" if t else ""
+    if t is None:
+        return ""
+    megatron = "its bundled Megatron-LM" if t.megatron == "bundled" else f"Megatron-LM {t.megatron}"
+    return f" (Miles {t.miles}, {megatron})"
