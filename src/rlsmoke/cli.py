@@ -12,10 +12,12 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError
-from rlsmoke.launch.diff import diff_platforms
+from rlsmoke.launch.diff import diff_platforms, diff_targets
+from rlsmoke.topology import TARGETS
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
 EXTERNAL = {
@@ -97,7 +99,7 @@ def cmd_plan(args) -> int:
     recipe = Recipe(reward=args.reward)
     plan = case.plan(validate=not args.no_validate, recipe=recipe)
     if args.diff:
-        print(diff_platforms(case, args.diff))
+        print(diff_targets(case, args.diff) if args.diff in TARGETS else diff_platforms(case, args.diff))
         return ExitCode.OK
     head = _head_addr(args, plan.topology)
     if head:  # the topology stands: only the launch names the head
@@ -107,6 +109,11 @@ def cmd_plan(args) -> int:
 
         recipe = dataclasses.replace(recipe, master_addr=head)
         plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
+    if args.check_miles:  # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
+        from rlsmoke.launch.preflight import check_flags
+
+        check_flags(plan.launch, args.check_miles)
+        print(f"miles: {args.check_miles} accepts every flag of target {plan.launch.target}", file=sys.stderr)
     steps = flow.steps(plan, Paths())
     if args.format == "json":
         print(json.dumps(plan.to_json() | {"steps": [s.to_json() for s in steps]}, indent=2))
@@ -155,7 +162,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="validate a case's topology and render its Miles launch")
     add_case_args(p)
     p.add_argument("--format", choices=("shell", "json"), default="shell", help="the launch as (default shell)")
-    p.add_argument("--diff", metavar="PLATFORM", help="print the flags and env that differ on PLATFORM")
+    p.add_argument("--diff", metavar="PLATFORM|TARGET",
+                   help="print the flags and env that differ on another platform, or for another target")
+    p.add_argument("--check-miles", metavar="DIR", type=Path,
+                   help="parse the launch with the Miles checkout at DIR (its own parser, this Python)")
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
     p.add_argument("--reward", choices=("target", "deepscaler"), default="target",

@@ -23,7 +23,7 @@ from typing import TextIO
 
 from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import RlsmokeError, RunError
-from rlsmoke.launch import runner
+from rlsmoke.launch import preflight, runner
 from rlsmoke.launch.miles import Launch, Paths, flag_values
 from rlsmoke.metrics import CI_HISTORY
 
@@ -127,6 +127,8 @@ def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], 
     """Convert (unless done), then Ray's head and the job (`runner.run_miles`); the first step that fails
     ends the flow and its Result is returned. The prepare step is the suite's (verified before this)."""
     started = time.monotonic()
+    # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
+    preflight.check_flags(plan.launch, miles_root)
     record_dir = artifacts / CI_HISTORY
     convert = convert_step(plan, paths)
     dst = Path(checkpoint_dirs(plan.launch)[1])
