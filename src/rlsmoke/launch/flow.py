@@ -1,6 +1,7 @@
 """The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model:
 
-1. prepare: the HF checkpoint under the model dir (`rlsmoke prepare`); the suite verifies it is there;
+1. prepare: the HF checkpoint under the model dir (`rlsmoke prepare`); the suite verifies it is there,
+   then the user's Miles parses the argv (`launch.preflight`);
 2. convert: HF -> Megatron torch_dist with the user's Miles tool (`tools/convert_hf_to_torch_dist.py`
    under torchrun), skipped when the folder's tracker reads `release`, which the tool writes last;
 3. ray-head: `ray start --head` with the plan's GPUs;
@@ -124,8 +125,9 @@ def check(plan) -> None:
 
 def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
         echo: TextIO | None = None) -> runner.Result:  # fmt: skip
-    """Convert (unless done), then Ray's head and the job (`runner.run_miles`); the first step that fails
-    ends the flow and its Result is returned. The prepare step is the suite's (verified before this)."""
+    """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
+    step that fails ends the flow and its Result is returned. The prepare step is the suite's (verified
+    before this)."""
     started = time.monotonic()
     # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
     preflight.check_flags(plan.launch, miles_root)
