@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
@@ -207,9 +207,7 @@ def check_host_memory(cfg, prompt_tokens: int, *, host_bytes: int | None = None)
     rank holds its shard, a rollout copy and one group's working set). Returns the planned bytes."""
     from rlsmoke.memory import estimate, plan_of_run
 
-    plan = plan_of_run(cfg)
-    plan = type(plan)(**{**plan.__dict__, "prompt_len": max(prompt_tokens, 1)})
-    est = estimate(cfg.spec, plan)
+    est = estimate(cfg.spec, replace(plan_of_run(cfg), prompt_len=max(prompt_tokens, 1)))
     processes = cfg.num_gpus if cfg.mode == "colocate" else 2  # async: a trainer and a rollout engine
     # every rollout's groups are kept until it is scored: ids, mask and log-probs per token
     kept = cfg.n_prompts * cfg.n_samples * (prompt_tokens + cfg.max_response_len) * 32
