@@ -169,7 +169,7 @@ def config_from_args(args):
 
         if cfg.offload is None:
             cfg = cfg.replace(offload=offload_needed(cfg, spec))
-        check_run_fits(cfg, spec)  # a run that cannot fit is refused here, not by an OOM after loading
+        check_run_fits(cfg, spec, prompt_tokens=longest.tokens)  # refused here, not by an OOM after loading
     return cfg
 
 

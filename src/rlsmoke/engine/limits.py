@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
@@ -101,8 +101,14 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
     `tokenizers` library and jinja2 render it."""
     from tokenizers import Tokenizer
 
-    folder = tokenizer_dir if tokenizer_dir and (Path(tokenizer_dir) / "tokenizer.json").is_file() else FIXTURES / "tokenizer"
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    folder = FIXTURES / "tokenizer"
+    if tokenizer_dir and (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        folder = Path(tokenizer_dir)
+    try:
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception:  # a checkpoint's unreadable tokenizer is the loader's to name; count with the shipped one
+        folder = FIXTURES / "tokenizer"
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.no_truncation()
     render = _template(folder)
     best = LongestPrompt(0, 0)
@@ -116,15 +122,33 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
 
 
 def _template(folder: Path):
-    """The tokenizer's chat template for one user turn plus the assistant header."""
-    config = folder / "tokenizer_config.json"
-    source = json.loads(config.read_text()).get("chat_template") if config.is_file() else None
-    if not source:
+    """The tokenizer's chat template for one user turn plus the assistant header, rendered as transformers
+    renders it (a sandbox with loop controls); the bare text where there is none or it does not render."""
+    try:
+        source = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    if not isinstance(source, str):
         return lambda text: text
-    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    template = jinja2.Environment().from_string(source)
-    return lambda text: template.render(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+    def raise_exception(message):
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    try:
+        template = env.from_string(source)
+    except Exception:
+        return lambda text: text
+
+    def render(text: str) -> str:
+        try:
+            return template.render(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+        except Exception:  # the engine's own rendering names a broken template
+            return text
+
+    return render
 
 
 def context_limits(spec, checkpoint: Path | None = None) -> dict[str, int]:
@@ -183,9 +207,7 @@ def check_host_memory(cfg, prompt_tokens: int, *, host_bytes: int | None = None)
     rank holds its shard, a rollout copy and one group's working set). Returns the planned bytes."""
     from rlsmoke.memory import estimate, plan_of_run
 
-    plan = plan_of_run(cfg)
-    plan = type(plan)(**{**plan.__dict__, "prompt_len": max(prompt_tokens, 1)})
-    est = estimate(cfg.spec, plan)
+    est = estimate(cfg.spec, replace(plan_of_run(cfg), prompt_len=max(prompt_tokens, 1)))
     processes = cfg.num_gpus if cfg.mode == "colocate" else 2  # async: a trainer and a rollout engine
     # every rollout's groups are kept until it is scored: ids, mask and log-probs per token
     kept = cfg.n_prompts * cfg.n_samples * (prompt_tokens + cfg.max_response_len) * 32
