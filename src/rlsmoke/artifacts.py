@@ -164,17 +164,30 @@ class RunFolder:
             doc = json.loads(summary.read_text())
             if doc.get("artifacts") == str(self.staging):
                 write_atomic(summary, json.dumps(doc | {"artifacts": str(self.out)}, indent=2) + "\n")
-        try:
-            for name in RECORDS:
-                if (self.staging / name).exists():
-                    os.replace(self.staging / name, self.out / name)
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        (self.out / name).unlink()
-        except OSError as exc:
-            raise (disk_full(self.out, exc) if no_room(exc) else exc) from None
+        new = {name for name in RECORDS if (self.staging / name).exists()}
+        interrupted = None
+        while True:  # an interrupt (Ctrl-C, SIGTERM) waits until every record is moved: no two runs' mixed
+            try:
+                self._move(new)
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+            except OSError as exc:
+                raise (disk_full(self.out, exc) if no_room(exc) else exc) from None
+        if interrupted is not None:
+            raise interrupted
         shutil.rmtree(self.staging, ignore_errors=True)
         self.records = self.out
+
+    def _move(self, new: set[str]) -> None:
+        """Each new record over the earlier one, an earlier record the new run did not write removed;
+        what a first try moved, a second finds moved."""
+        for name in RECORDS:
+            if name not in new:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.out / name).unlink()
+            elif (self.staging / name).exists():
+                os.replace(self.staging / name, self.out / name)
 
     def discard(self) -> None:
         """An --overwrite run that did not complete: its staged records go, the earlier ones stay."""

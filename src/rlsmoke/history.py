@@ -113,7 +113,7 @@ def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) ->
     """One result per band key (a metric at a step) that both this run and the baseline have: each step
     against the same step of the trusted runs. No baseline, no result."""
     results = []
-    for key in sorted(values, key=lambda k: (list(BANDS).index(band_metric(k)) if band_metric(k) in BANDS else -1, k)):
+    for key in values:  # band_values gives them in BANDS order, step by step
         band = BANDS.get(band_metric(key))
         past = [r[key] for r in runs if key in r and math.isfinite(r[key])]
         if band is None or not past:

@@ -216,7 +216,13 @@ def read_ci_history(folder: Path) -> dict[str, dict[int, float]]:
             except (ValueError, KeyError, TypeError) as exc:
                 raise RlsmokeError(f"ci_history={file} line {n} is not a CI history record ({exc})",
                                    rule="metrics.ci_history", fix="see the run's job log for how Miles wrote it") from None  # fmt: skip
-            merged.setdefault(metric, {}).update(points)
+            series = merged.setdefault(metric, {})
+            for step, value in points:
+                if step in series and not _close(series[step], value):  # two processes, two values
+                    raise RlsmokeError(f"{metric} at step {step} is {series[step]} and {value} in ci_history={folder}",
+                                       rule="metrics.ci_history_disagrees", fix="one run per record dir: was "
+                                       "the folder reused, or did two processes log this metric?")  # fmt: skip
+                series[step] = value
     return merged
 
 

@@ -34,15 +34,26 @@ class Target:
     dsa_flag: str  # SGLang's sparse-attention flag stem: "nsa" (Miles 0.0.2's SGLang) or "dsa" (0.5.23)
     checkpoint_dialect: str  # config.json dialect the target's Miles accepts for GLM-5
     cuda_graph_bs_flag: str = "cuda-graph-max-bs"  # SGLang 0.5.23 split it into -decode / -prefill
+    # Whose launcher the flags follow: "seed-004" (the seeds' scripts, Miles of May 2026) or "main-2026-08"
+    # (Miles main's GLM-5 launcher and its 2-GPU CI test). Rows of launch.substitutions name the launchers they hold for.
+    launcher: str = "seed-004"
+    megatron: str = "bundled"  # the Megatron-LM the target's Miles runs with: a commit of its `miles-main` branch
+
+    @property
+    def main(self) -> bool:
+        return self.launcher == "main-2026-08"
 
 
 TARGETS = {
+    # Miles main 31f1ca961 (2026-08-21) with Megatron-LM miles-main 2e64d788b and its SGLang 0.5.16 fork.
+    "miles-2026-08-21": Target("miles-2026-08-21", "31f1ca961", "0.5.16", "nsa", "glm_moe_dsa",
+                               launcher="main-2026-08", megatron="2e64d788b"),
     "miles-0.0.2": Target("miles-0.0.2", "0.0.2", "bundled", "nsa", "glm_moe_dsa"),
     "sglang-0.5.23": Target("sglang-0.5.23", "main", "0.5.23", "dsa", "glm_moe_dsa", "cuda-graph-max-bs-decode"),
     # Seed 004's era: the older Miles that wanted a DeepseekV32 config.
     "miles-2026-05": Target("miles-2026-05", "2026-05", "bundled", "nsa", "deepseek_v32"),
 }
-DEFAULT_TARGET = "miles-0.0.2"
+DEFAULT_TARGET = "miles-2026-08-21"
 
 
 @dataclass(frozen=True)
@@ -125,7 +136,7 @@ def _largest_divisor(n: int, cap: int, must_divide: int) -> int:
     return max(d for d in range(1, top + 1) if n % d == 0 and (must_divide == 0 or must_divide % d == 0))
 
 
-def default_train(spec: ModelSpec, platform: str, mode: str, world: int) -> dict:
+def default_train(spec: ModelSpec, platform: str, mode: str, world: int, target: Target | None = None) -> dict:
     """Training grid defaults. The seeds' configurations are the fixed points of these rules."""
     if platform == "rocm" or mode == "async":
         # Seed 004 ROCm: the actor half trains with TP1 PP1 CP1 and EP over all of it.
@@ -144,8 +155,11 @@ def default_train(spec: ModelSpec, platform: str, mode: str, world: int) -> dict
         return dict(tp=tp, pp=1, cp=1, ep=_largest_divisor(world, 4, spec.num_experts), etp=1)
     # GLM-5, seed 004 NVIDIA: 8 GPUs as TP4+SP, CP2, EP8.
     tp = _largest_divisor(world, 4, spec.tp_divisor)
-    cp = 2 if world // tp >= 2 else 1
     pp = 4 if long and world >= 32 else 1
+    if target and target.main:  # Miles main's launcher: CP1 (600ac7452), CP2 only for the full model on 16+ nodes
+        cp = 2 if long and world >= 128 else 1
+    else:
+        cp = 2 if world // tp >= 2 else 1
     return dict(tp=tp, pp=pp, cp=cp, ep=_largest_divisor(world // pp, 8, spec.num_experts), etp=1)
 
 
@@ -297,7 +311,7 @@ def plan_topology(
     actor = int(sets.get("actor_gpus", actor))
     rollout = int(sets.get("rollout_gpus", rollout))
 
-    t = default_train(spec, plat.name, mode, max(actor, 1))
+    t = default_train(spec, plat.name, mode, max(actor, 1), TARGETS[target])
     t.update({k[6:]: v for k, v in sets.items() if k.startswith("train.")})
     t.setdefault("sp", t["tp"] > 1)
     t.setdefault("pp_layers", split_layers(spec.num_layers, t["pp"]) if t["pp"] > 0 else ())

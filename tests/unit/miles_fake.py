@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fake_miles import write_fake_miles
+
 FAULTS = (None, "ci_history_missing", "ci_history_disagrees", "log_repeat")
 
 _RECORD = """
@@ -142,7 +144,7 @@ for rollout_id in range(int(flag("--num-rollout"))):
 def write_root(folder: Path, fault: str | None = None) -> Path:
     """A fake Miles checkout in `folder`; its commands are recorded in `folder/commands.jsonl`."""
     assert fault in FAULTS, fault
-    folder.mkdir(parents=True, exist_ok=True)
+    write_fake_miles(folder)  # a parser that accepts the launch: the pre-flight's
     (folder / "tools").mkdir(exist_ok=True)
     (folder / "recorder.py").write_text(f"COMMANDS = 'commands.jsonl'\n{_RECORD}")
     (folder / "tools" / "convert_hf_to_torch_dist.py").write_text(CONVERT)

@@ -126,6 +126,9 @@ def long_prompt_file(tmp_path, words: int):
     (["--inject", "rollout-noise=inf"], "[run.finite]", ["--inject rollout-noise"]),
     (["--inject", "train-dropout=2"], "[inject.value]", ["train-dropout=2", "0 < P < 1"]),
     (["--seed", str(2**64)], "[run.seed]", [f"--seed={2**64}", "2**64-1"]),
+    (["--seed", "-1"], "[run.seed]", ["--seed=-1 is negative"]),
+    (["--num-rollout", "101"], "[run.range]", ["--num-rollout=101"]),
+    (["--repeat", "1001"], "[run.range]", ["--repeat=1001"]),
     (["--max-response-len", "5000"], "[run.context]", ["max_position_embeddings=4096", "lower --max-response-len"]),
     (["--max-response-len", "3000"], "[run.context]", ["index_topk=2048", "lower --max-response-len to at most"]),
     (["--num-gpus", "99999999999999999999"], "[gpus.range]", ["65536"]),
@@ -166,3 +169,58 @@ def test_the_largest_plan_finds_its_fixes_without_a_loop_over_every_gpu_count():
     topo = plan_topology(spec, "rocm", MAX_NUM_GPUS, validate=False)
     found = _candidates(topo, spec)
     assert len(found) < 200 and {1, 2, 64, 256, MAX_NUM_GPUS} <= set(found), found
+
+
+# --- 4. thresholds files are checked whole on load -------------------------------------------------
+
+
+def thresholds_dir(tmp_path, *files: list[dict]):
+    folder = tmp_path / "thresholds"
+    folder.mkdir(exist_ok=True)
+    for n, entries in enumerate(files):
+        (folder / f"cluster{n}.json").write_text(json.dumps({"schema_version": 1, "entries": entries}))
+    return folder
+
+
+KL = {"name": "kl", "metric": "train/train_rollout_kl", "op": "<=", "bound": 0.01}
+KEY = {"case": CASE, "platform": "cpu", "launcher": "builtin"}
+
+
+@pytest.mark.parametrize("files, rule, named", [
+    ([[{"key": KEY, "gates": [KL | {"bound": float("nan")}]}]], "[thresholds.bound]", ["bound=nan", "cluster0.json"]),
+    ([[{"key": KEY, "gates": [KL | {"bound": float("inf")}]}]], "[thresholds.bound]", ["bound=inf"]),
+    ([[{"key": KEY, "gates": [KL]}], [{"key": KEY, "gates": [KL | {"bound": 0.02}]}]], "[thresholds.duplicate_key]",
+     ["cluster0.json entry 1", "cluster1.json entry 1"]),
+    ([[{"key": KEY, "gates": [KL, KL | {"metric": "train/ppo_kl"}]}]], "[thresholds.gate_names]", ["kl twice"]),
+    ([[{"key": {"case": CASE}, "gates": [KL | {"metric": "train/never_logged"}]}]], "[thresholds.metric_logged]",
+     ["'train/never_logged'", "launcher=builtin never logs"]),
+])  # fmt: skip
+def test_thresholds_files_are_checked_whole_on_load(tmp_path, files, rule, named):
+    err = refused(tmp_path, env={"RLSMOKE_THRESHOLDS_DIR": str(thresholds_dir(tmp_path, *files))})
+    assert err.startswith(f"error: {rule}") and all(n in err for n in named), err
+
+
+def test_a_clusters_entry_with_a_shipped_key_still_wins(tmp_path, monkeypatch):
+    """The duplicate-key rule spares the override RLSMOKE_THRESHOLDS_DIR exists for."""
+    from rlsmoke import thresholds
+    from rlsmoke.engine.config import BUILTIN_METRICS
+    from rlsmoke.runkey import RunKey
+
+    shipped = next(e for _, e in thresholds.read_entries(thresholds.THRESHOLDS_DIR) if e["key"].get("case") == CASE
+                   and e["key"].get("platform") == "cpu" and e["key"].get("launcher") == "builtin")  # fmt: skip
+    folder = thresholds_dir(tmp_path, [{"key": shipped["key"], "gates": [KL]}])
+    monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(folder))
+    key = RunKey(CASE, "cpu", "CPU", "builtin", "float32/float32", "tiny", "1")
+    thresholds.check_thresholds(key, BUILTIN_METRICS)
+    assert thresholds.lookup_gates(key).source == str(folder / "cluster0.json")
+
+
+def test_the_builtin_metrics_are_what_a_run_logs(tmp_path):
+    from rlsmoke.engine.config import BUILTIN_METRICS
+    from rlsmoke.metrics import load_record
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "2",
+                           "--out", str(out), "--records-only"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == ExitCode.OK, proc.stderr[-3000:]
+    assert set(load_record(out).keys()) == BUILTIN_METRICS

@@ -136,3 +136,39 @@ def test_miles_step_lines_parse_with_their_prefixes(line):
 def test_a_critics_step_line_is_not_the_actors():
     line = "(MegatronTrainRayActor pid=91) [2026-08-21 10:00:01.123 miles] log_utils.py:542 - critic-step 3: {'train/critic-x': 1.0}"
     assert metrics.parse_log_line(line) is None
+
+
+def test_the_miles_reward_is_the_engines_target_reward_and_needs_no_rlsmoke(tmp_path):
+    """`rlsmoke_reward.target` imported as the job imports it: from its folder alone, no site-packages
+    (`python -S`), so no rlsmoke installed; per sample and per group, the engine's own scores."""
+    from rlsmoke.engine.reward import target_reward
+    from rlsmoke.launch.miles import REWARD_DIR
+
+    code = (
+        "import asyncio, json, sys, rlsmoke_reward\n"
+        "class S:\n"
+        "    def __init__(s, t, n): s.tokens, s.response_length, s.response, s.label = t, n, 'x', '1'\n"
+        "one = asyncio.run(rlsmoke_reward.target(None, S([1, 2, 4, 8, 3, 12], 4)))\n"
+        "group = asyncio.run(rlsmoke_reward.target(None, [S([4, 5], 2), S([7], 0)]))\n"
+        "print(json.dumps([one, group, 'rlsmoke' in sys.modules]))\n"
+    )  # fmt: skip
+    proc = subprocess.run([sys.executable, "-S", "-c", code], env={"PYTHONPATH": str(REWARD_DIR)}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    one, group, imported_rlsmoke = json.loads(proc.stdout)
+    assert one == target_reward("x", [4, 8, 3, 12], "1") == 0.75  # the response: the last 4 tokens
+    assert group == [target_reward("x", [4, 5], "1"), 0.0] == [0.5, 0.0]
+    assert imported_rlsmoke is False
+
+
+def test_two_records_of_one_metric_and_step_must_agree(tmp_path):
+    """Files of several processes merge by metric; one step with two values is an error, not the later file's."""
+    folder = tmp_path / "ci"
+    folder.mkdir()
+    (folder / "1-a.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[0, 1.0]]}) + "\n")
+    (folder / "2-b.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[0, 1.0], [1, 2.0]]}) + "\n")
+    assert metrics.read_ci_history(folder) == {"train/grad_norm": {0: 1.0, 1: 2.0}}
+    (folder / "3-c.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[1, 2.5]]}) + "\n")
+    with pytest.raises(RlsmokeError) as err:
+        metrics.read_ci_history(folder)
+    assert err.value.rule == "metrics.ci_history_disagrees" and "2.0 and 2.5" in str(err.value)

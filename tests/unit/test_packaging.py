@@ -37,6 +37,8 @@ def test_the_wheel_carries_the_runtime_data_and_no_test_data(wheel):
     assert {f.split("/")[0] for f in RUNTIME_FILES} == set(RUNTIME_FOLDERS)
     shipped = {n.split("/")[2] for n in names if n.startswith("rlsmoke/_fixtures/")}
     assert shipped == set(RUNTIME_FOLDERS)  # golden snapshots and HF configs stay with the tests
+    # the reward a Miles job imports from the installed package's folder, and the rule it reads
+    assert {"rlsmoke/engine/miles_reward/rlsmoke_reward.py", "rlsmoke/engine/reward.py"} <= names
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fake_miles import write_fake_miles
 from miles_fake import commands, write_root
 from procs import alive
 
@@ -128,6 +129,29 @@ def test_a_half_converted_checkpoint_is_refused_before_anything_starts(tmp_path)
     # the twin: once the tracker reads release the same folder is taken as converted
     (models / f"{CASE.name}_torch_dist" / flow.TRACKER).write_text(flow.RELEASE)
     assert flow.torch_dist_done(models / f"{CASE.name}_torch_dist")
+
+
+def test_a_flag_the_users_miles_refuses_stops_the_flow_before_the_conversion(tmp_path):
+    """The pre-flight opens the flow: the user's Miles lacks a rendered flag, so nothing is converted or started."""
+    miles = write_root(tmp_path / "miles")
+    write_fake_miles(miles, refuse=("--custom-rm-path",))
+    art = Artifacts(tmp_path / "art", launcher="miles", host=Host("nvidia", "H200", 2), miles_root=miles,
+                    model_dir=_model_dir(tmp_path), timeout=60)  # fmt: skip
+    with pytest.raises(RlsmokeError) as err:
+        run_case(CASE, art)
+    assert err.value.rule == "miles.flags" and "--custom-rm-path" in str(err.value)
+    assert commands(miles) == [] and not (art.path / "convert.log").exists()
+    assert not (art.path / "ray-head.log").exists()
+
+
+def test_no_hf_checkpoint_is_refused_before_anything_starts(tmp_path):
+    """Without --model-dir the flow looks where Miles does; nothing there: the prepare step was not done."""
+    miles = write_root(tmp_path / "miles")
+    plan = CASE.plan(paths=Paths(model_dir=str(tmp_path / "models"), miles_root=str(miles)))
+    with pytest.raises(RlsmokeError) as err:
+        flow.check(plan)
+    assert err.value.rule == "checkpoint.missing" and f"rlsmoke prepare {CASE.name} --out" in err.value.one_line()
+    assert commands(miles) == []
 
 
 def test_a_corrupt_checkpoint_fails_before_anything_launches(tmp_path):

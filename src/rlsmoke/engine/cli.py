@@ -22,7 +22,14 @@ from pathlib import Path
 from rlsmoke.artifacts import RunFolder, disk_full, no_room
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
 from rlsmoke.engine import limits, signals
-from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, ROLLOUT_BATCHES, RunConfig, dtype_name, parse_inject
+from rlsmoke.engine.config import (
+    BUILTIN_ASYNC_GPUS,
+    BUILTIN_METRICS,
+    ROLLOUT_BATCHES,
+    RunConfig,
+    dtype_name,
+    parse_inject,
+)
 from rlsmoke.engine.data import prompt_rows
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 from rlsmoke.metrics import seed_records, update_summary
@@ -156,7 +163,7 @@ def config_from_args(args):
     if platform.name == "cpu":
         limits.check_host_memory(cfg, longest.tokens)
     if not args.records_only:  # gated here after the run: a broken thresholds file is refused before it
-        check_thresholds()
+        check_thresholds(cfg.run_key, BUILTIN_METRICS)
     if platform.name != "cpu":
         from rlsmoke.memory import check_run_fits, offload_needed
 

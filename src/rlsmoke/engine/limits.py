@@ -29,6 +29,7 @@ SEED_MAX = 2**64 - 1
 # The rollout seeds each prompt's generator with (seed * 100 + rollout) * 1000 + prompt + NOISE_OFFSET
 # (engine.run.one_run, engine.rollout): the largest of them must stay a 64-bit seed too.
 ROLLOUTS_PER_SEED, PROMPTS_PER_ROLLOUT, NOISE_OFFSET = 100, 1000, 7
+MAX_REPEAT = 1000  # seeds of one run (calibration takes 10)
 MAX_TEMPERATURE = 100.0  # past it the sampler is uniform over the vocabulary: nothing left to gate
 MAX_NOISE_SIGMA = 100.0  # the rollout-noise fault's log-prob noise, in nats
 # Of the host's memory (or its cgroup's limit), what one run may plan to hold: the OS, the page cache
@@ -60,6 +61,12 @@ def check_numbers(cfg, *, repeat: int) -> None:
     if kind == "rollout-noise" and not 0 < value <= MAX_NOISE_SIGMA:
         raise RlsmokeError(f"--inject rollout-noise={value:g} is outside (0, {MAX_NOISE_SIGMA:g}]", rule="inject.value",
                            fix="write --inject rollout-noise=SIGMA with a small SIGMA, e.g. 0.01")  # fmt: skip
+    # A rollout's and a prompt's index each have a slot in the derived seeds: past it two samplers of one
+    # run would draw the same numbers. --repeat K keeps K seeds' prompts at once.
+    for flag, value, top in (("--num-rollout", cfg.num_rollout, ROLLOUTS_PER_SEED),
+                             ("--n-prompts", cfg.n_prompts, PROMPTS_PER_ROLLOUT), ("--repeat", repeat, MAX_REPEAT)):  # fmt: skip
+        if value > top:
+            raise RlsmokeError(f"{flag}={value} is past {top}", rule="run.range", fix=f"pass {flag} of at most {top}")
     check_seed(cfg.seed, repeat=repeat, num_rollout=cfg.num_rollout, n_prompts=cfg.n_prompts)
 
 

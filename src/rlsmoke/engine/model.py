@@ -56,8 +56,10 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
     from rlsmoke.engine import kda
 
     kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks its KDA up per call
+    # On a GPU the shards load straight onto it: no host copy of the whole model, no pageable move after.
+    where = {"device_map": device} if device.startswith("cuda") else {}
     try:
-        model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype])
+        model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype], **where)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
@@ -68,29 +70,30 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
     return model.to(device).eval()
 
 
+@torch.no_grad()
+def derive_policy(source, spec: ModelSpec, dtype: str):
+    """A copy of `source` (a loaded policy) in `dtype`, on its device, as `load_policy` would load it from
+    the same checkpoint: no second read. The copy is built empty (meta device, `dtype`) so that each
+    tensor takes the dtype a load in `dtype` gives it (modules kept in float32 stay so), then every
+    parameter and buffer is cast from `source`'s. From an fp32 source loaded from a bf16 or fp32
+    checkpoint this is bit-identical to loading (tests/unit/test_engine_load.py)."""
+    device = next(source.parameters()).device
+    with torch.device("meta"):
+        copy = type(source)._from_config(source.config, dtype=TORCH_DTYPES[dtype])
+    copy = copy.to_empty(device=device)
+    for (name, p), (src_name, q) in zip(copy.named_parameters(remove_duplicate=False),
+                                        source.named_parameters(remove_duplicate=False), strict=True):  # fmt: skip
+        assert name == src_name, (name, src_name)
+        p.copy_(q)
+    for (name, b), (src_name, q) in zip(copy.named_buffers(remove_duplicate=False),
+                                        source.named_buffers(remove_duplicate=False), strict=True):  # fmt: skip
+        assert name == src_name, (name, src_name)
+        b.copy_(q)
+    copy.generation_config = source.generation_config
+    return copy.eval()
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
-
-
-def check_dsa_dense(path: Path, longest: int) -> None:
-    """A DSA model's sequences must fit its indexer's top-k: below it decode and full forward agree.
-
-    Past index_topk the KV-cache decode and the full forward choose their keys independently: ties at
-    an index score of exactly 0 (every indexer head's ReLU clipped, common at few heads) and near-ties
-    under rounding go different ways, and one other key moves a token's log-prob by up to nats.
-    """
-    import json
-
-    cfg = json.loads((Path(path) / "config.json").read_text())
-    topk = (cfg.get("text_config") or cfg).get("index_topk")
-    if topk is not None and longest > topk:
-        raise CheckpointError(
-            f"checkpoint={path} has index_topk={topk} but this run's longest sequence is {longest} tokens: past "
-            "index_topk DSA's KV-cache decode and full forward pick different keys, so train and rollout "
-            "log-probs stop being comparable",
-            rule="dsa.dense_at_shape",
-            fix=f"lower --max-response-len by {longest - topk}, or rebuild the checkpoint (rlsmoke prepare CASE "
-            "--force) so that index_topk covers the sequence",
-        )

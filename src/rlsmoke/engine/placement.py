@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from rlsmoke.engine import kda, reuse, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
-from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
+from rlsmoke.engine.model import TORCH_DTYPES, derive_policy, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
@@ -53,12 +54,18 @@ class TrainWorker:
         _setup(threads)
         spec = cfg.spec
         self.cfg = cfg
+        clock = time.perf_counter()
         model = load_policy(ckpt, spec, cfg.train_dtype, cfg.device)
-        # Megatron's bf16 params: a compute copy loaded as the rollout engine loads its own (rlsmoke.engine.precision)
-        compute = load_policy(ckpt, spec, cfg.train_compute_dtype, cfg.device) if cfg.separate_compute_copy else None
+        self.load_phases = {"read": time.perf_counter() - clock}
+        clock = time.perf_counter()
+        # Megatron's bf16 params: a compute copy as the rollout engine loads its own (rlsmoke.engine.precision),
+        # cast from the master weights rather than read again
+        compute = derive_policy(model, spec, cfg.train_compute_dtype) if cfg.separate_compute_copy else None
         if cfg.inject.kind == "train-dropout":
             set_dropout(compute or model, cfg.inject.value)
-        ref = load_policy(ckpt, spec, cfg.train_dtype, cfg.device) if cfg.kl_coef else None
+        ref = derive_policy(model, spec, cfg.train_dtype) if cfg.kl_coef else None
+        self.load_phases["compute copy"] = time.perf_counter() - clock
+        clock = time.perf_counter()
         self.trainer = Trainer(
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
@@ -66,6 +73,7 @@ class TrainWorker:
             compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], compute_model=compute,
             temperature=cfg.rollout_temperature,
         )  # fmt: skip
+        self.load_phases["trainer setup"] = time.perf_counter() - clock
 
     def forward_only(self, groups: list[Group]):
         return self.trainer.forward_only(groups)
@@ -92,10 +100,17 @@ class TrainWorker:
 
 
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, threads: int | None = None):
+    def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, threads: int | None = None,
+                 source=None):  # fmt: skip
+        """`source`: the trainer's loaded weights on the same device, cast instead of a second read."""
         _setup(threads)
         spec = cfg.spec
-        self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device)
+        clock = time.perf_counter()
+        if source is not None:
+            self.model = derive_policy(source, spec, cfg.rollout_dtype)
+        else:
+            self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device)
+        self.load_phases = {"rollout copy": time.perf_counter() - clock}
         self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
                                     inject=cfg.inject, batch=batch_for(cfg.rollout_batch, cfg.device, spec.family,
@@ -131,7 +146,10 @@ class Colocated:
         if cfg.device.startswith("cuda"):  # the load phase's peak counts from here (a --repeat reuses the process)
             torch.cuda.reset_peak_memory_stats()
         self.train = train_worker(cfg, ckpt)
-        self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id)
+        master = self.train.trainer.master if isinstance(self.train, TrainWorker) else None
+        self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id, source=master)
+        # where the load's seconds go (summary.json timing.load_phases_s)
+        self.load_phases = {**getattr(self.train, "load_phases", {}), **self.rollout.load_phases}
         self.compile_s = 0.0
         if kda.choose(cfg.device, cfg.spec.family) == "fla":  # Triton compiles here, not in the first seed
             trainer = getattr(self.train, "trainer", None)

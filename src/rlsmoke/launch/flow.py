@@ -1,6 +1,7 @@
 """The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model:
 
-1. prepare: the HF checkpoint under the model dir (`rlsmoke prepare`); the suite verifies it is there;
+1. prepare: the HF checkpoint under the model dir (`rlsmoke prepare`); the suite verifies it is there,
+   then the user's Miles parses the argv (`launch.preflight`);
 2. convert: HF -> Megatron torch_dist with the user's Miles tool (`tools/convert_hf_to_torch_dist.py`
    under torchrun), skipped when the folder's tracker reads `release`, which the tool writes last;
 3. ray-head: `ray start --head` with the plan's GPUs;
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from collections.abc import Mapping
@@ -20,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import RlsmokeError, RunError
-from rlsmoke.launch import runner
+from rlsmoke.launch import preflight, runner
 from rlsmoke.launch.miles import Launch, Paths, flag_values
+from rlsmoke.metrics import CI_HISTORY
 
 RECORD_DIR_VAR = "MILES_CI_GATE_RECORD_DIR"  # Miles' CiHistoryBackend writes only when this is set
-CI_HISTORY = "ci_history"  # the record dir's name under the run's artifacts (or the plan's output dir)
 TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"  # what the converter writes into TRACKER once every shard is saved
 CONVERT_TOOL = "tools/convert_hf_to_torch_dist.py"
@@ -83,7 +86,9 @@ def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
     launch = plan.launch
     hf, _ = checkpoint_dirs(launch)
     record_dir = record_dir or f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
-    prepare = ("rlsmoke", "prepare", plan.case.name, "--out", hf, "--dialect", plan.topology.target.checkpoint_dialect)
+    prepare = ("rlsmoke", "prepare", plan.case.name, "--out", hf)
+    if plan.spec.hf_model_type in DIALECTS:  # GLM-5: the config dialect the target's Miles reads
+        prepare += ("--dialect", plan.topology.target.checkpoint_dialect)
     runtime_env = json.dumps({"env_vars": {**launch.env, RECORD_DIR_VAR: record_dir}})
     return [
         Step("prepare", "the HF checkpoint, full width", prepare, skip_when=f"[ -e {shlex.quote(hf)} ]"),
@@ -108,15 +113,24 @@ def torch_dist_done(dst: Path) -> bool:
 
 
 def check(plan) -> None:
-    """What the flow refuses before anything starts: a half-written torch_dist folder."""
-    torch_dist_done(Path(checkpoint_dirs(plan.launch)[1]))
+    """What the flow refuses before anything starts: no HF checkpoint (the prepare step not done), or
+    a half-written torch_dist folder."""
+    hf, dst = checkpoint_dirs(plan.launch)
+    if not Path(hf).is_dir():
+        raise RlsmokeError(f"hf_checkpoint={hf} does not exist: Miles converts and loads it", rule="checkpoint.missing",
+                           fix=f"prepare it with `rlsmoke prepare {plan.case.name} --out {hf}`, or pass --model-dir "
+                           "with the folder that holds it")  # fmt: skip
+    torch_dist_done(Path(dst))
 
 
 def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
         echo: TextIO | None = None) -> runner.Result:  # fmt: skip
-    """Convert (unless done), then Ray's head and the job (`runner.run_miles`); the first step that fails
-    ends the flow and its Result is returned. The prepare step is the suite's (verified before this)."""
+    """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
+    step that fails ends the flow and its Result is returned. The prepare step is the suite's (verified
+    before this)."""
     started = time.monotonic()
+    # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
+    preflight.check_flags(plan.launch, miles_root)
     record_dir = artifacts / CI_HISTORY
     convert = convert_step(plan, paths)
     dst = Path(checkpoint_dirs(plan.launch)[1])
@@ -125,7 +139,9 @@ def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], 
             log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")
         else:
             log.write(f"convert: {convert.shell()}\n")
-            result = runner.run(convert.command, env=runner.clean_env({**plan.launch.env, **env, **convert.env}),
+            # Miles' own converter call keeps the caller's PYTHONPATH after the checkout and Megatron
+            search = os.pathsep.join(filter(None, [convert.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
+            result = runner.run(convert.command, env=runner.clean_env({**plan.launch.env, **env, "PYTHONPATH": search}),
                                 cwd=miles_root, log=artifacts / "convert.log", timeout=timeout)  # fmt: skip
             if not result.ok:
                 return result

@@ -209,8 +209,12 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
                            fix="turn sequence parallelism on (Megatron's --sequence-parallel)")  # fmt: skip
     compute_dtype, master_dtype = TORCH_DTYPES[cfg.train_compute_dtype], TORCH_DTYPES[cfg.train_dtype]
     gpt = build_gpt(spec, par, params_dtype=compute_dtype, device=device)
-    full = hf_to_megatron({k: v.to(master_dtype) for k, v in hf.items()}, spec, vocab_size=gpt.vocab_size,
+    # One process on a GPU: the bridge's conversion (pure data movement) runs on the device, on a copy of
+    # the checkpoint's tensors freed once the trainer holds its own, not as host-side fp32 copies.
+    src = {k: v.to(device) for k, v in hf.items()} if device.startswith("cuda") and par.world_size == 1 else hf
+    full = hf_to_megatron({k: v.to(master_dtype) for k, v in src.items()}, spec, vocab_size=gpt.vocab_size,
                           defect=defect)  # fmt: skip
+    del src
     state = shard(full, spec, hf, par, rank) if par.world_size > 1 else full
     state = {k: v for k, v in state.items() if not k.startswith("model.")}  # vision passengers: no GPTModel part
     model = gpt

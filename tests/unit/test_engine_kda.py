@@ -1,0 +1,71 @@
+"""GLM-5.3-Flash's KDA path: fla's Triton kernels on a CUDA device where fla imports, transformers'
+PyTorch reference elsewhere or when asked; the Triton cache next to the checkpoints; the warm-up."""
+
+import pytest
+
+from rlsmoke.engine import kda
+from rlsmoke.errors import RlsmokeError
+
+
+def test_the_path_each_device_and_model_gets(monkeypatch):
+    monkeypatch.delenv("RLSMOKE_KDA", raising=False)
+    assert kda.choose("cpu", "glm5.3-flash") == "reference"
+    assert kda.choose("cuda", "glm5") == ""  # no KDA layers
+    monkeypatch.setattr(kda, "fla_available", lambda: True)
+    assert kda.choose("cuda:0", "glm5.3-flash") == "fla"
+    assert kda.choose("cpu", "glm5.3-flash") == "reference"
+    monkeypatch.setenv("RLSMOKE_KDA", "reference")
+    assert kda.choose("cuda:0", "glm5.3-flash") == "reference"
+
+
+@pytest.mark.parametrize(("asked", "fla", "device"), [("triton", True, "cuda"), ("fla", False, "cuda"), ("fla", True, "cpu")])
+def test_a_kda_path_that_cannot_run_is_refused(monkeypatch, asked, fla, device):
+    monkeypatch.setenv("RLSMOKE_KDA", asked)
+    monkeypatch.setattr(kda, "fla_available", lambda: fla)
+    with pytest.raises(RlsmokeError) as err:
+        kda.choose(device, "glm5.3-flash")
+    assert err.value.rule == "kda.path"
+
+
+def test_the_triton_cache_lives_with_the_checkpoints_unless_the_user_chose(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLSMOKE_CACHE", str(tmp_path))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    kda.triton_cache()
+    import os
+
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")
+    kda.triton_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == "/elsewhere"
+
+
+def test_fla_s_call_takes_only_what_fla_accepts():
+    seen = {}
+
+    def kernel(q, k, v, **kwargs):
+        seen.update(kwargs)
+        return q, None
+
+    def reference(query, key, value, **kwargs):
+        """the reference"""
+
+    call = kda._fla_call(kernel, reference)
+    call(1, 2, 3, g=4, beta=5, initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True,
+         position_ids=6, attention_mask=7)  # fmt: skip
+    assert set(seen) == {"g", "beta", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel"}
+    assert call.__doc__.startswith("fla.")
+
+
+def test_the_reference_path_is_bound_and_the_warm_up_leaves_no_grads(monkeypatch):
+    """On CPU: the layer calls transformers' PyTorch bodies; the warm-up runs forward, backward and a
+    decode step at the model's widths and drops the grads it made."""
+    from rlsmoke.engine.model import checkpoint_dir, load_policy
+    from rlsmoke.models import model_spec
+
+    monkeypatch.delenv("RLSMOKE_KDA", raising=False)
+    case = "glm5.3-flash-4layer"
+    model = load_policy(checkpoint_dir(case, tiny=True), model_spec(case, tiny=True), "float32", "cpu")
+    assert kda.bound() == "reference" == kda.bound("recurrent_kimi_delta_attention")
+    seconds = kda.warm_up([(model, True), (model, False)])
+    assert seconds > 0
+    assert all(p.grad is None for p in model.parameters())
