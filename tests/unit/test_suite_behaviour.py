@@ -29,7 +29,7 @@ INI = textwrap.dedent("""
     [pytest]
     addopts = --strict-markers -ra -p no:cacheprovider -p no:randomly
     markers =
-        background: a marker some suites still carry
+        background: a module that mostly waits on processes it starts
 """)
 DECLARES = textwrap.dedent("""
     from rlsmoke.cases import Case
@@ -40,6 +40,8 @@ DECLARES = textwrap.dedent("""
     def test_declares_a_run(case_record):
         assert case_record.keys()
 """)
+# A module marked as one that waits on processes: the plugin once ran such modules in a second session,
+# which reordered them, lost options and ran them in another process.
 WAITS = "import pytest\n\npytestmark = pytest.mark.background\n\n"
 
 
