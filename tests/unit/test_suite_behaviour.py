@@ -4,7 +4,8 @@ generated suites.
 A case: a suite of three files, one that declares a run and one that waits on processes it starts.
 A run: `pytest` as a user types it, serial or under `-n 2`.
 Gates: files in path order, `-x` stops at the first failure, `-W error::UserWarning` applies to
-every test, `breakpoint()` stops in the test, `--durations` counts a declared run in its test, and Ctrl-C leaves no process, no `pymp-*` folder and no Ray `session_*` folder 5 s later.
+every test, `breakpoint()` stops in the test, `--durations` counts a declared run in its test, and
+Ctrl-C leaves no process, no `pymp-*` folder and no Ray `session_*` folder 5 s later.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ INI = textwrap.dedent("""
     [pytest]
     addopts = --strict-markers -ra -p no:cacheprovider -p no:randomly
     markers =
-        background: a marker some suites still carry
+        background: a module that mostly waits on processes it starts
 """)
 DECLARES = textwrap.dedent("""
     from rlsmoke.cases import Case
@@ -39,6 +40,8 @@ DECLARES = textwrap.dedent("""
     def test_declares_a_run(case_record):
         assert case_record.keys()
 """)
+# A module marked as one that waits on processes: the plugin once ran such modules in a second session,
+# which reordered them, lost options and ran them in another process.
 WAITS = "import pytest\n\npytestmark = pytest.mark.background\n\n"
 
 
@@ -114,6 +117,19 @@ RAY_RUN = textwrap.dedent("""
         assert case_record.keys()
 """)
 SLEEPS = WAITS + "import time\n\ndef test_sleeps():\n    time.sleep(600)\n"
+# Ranks in the pytest process, as megatron's tests start them: multiprocessing's fork server and its
+# pymp-* folder stay for the rest of the session.
+RANKS = textwrap.dedent("""
+    import multiprocessing
+
+
+    def test_ranks():
+        ctx = multiprocessing.get_context("forkserver")
+        rank = ctx.Process(target=print, args=("rank",))
+        rank.start()
+        rank.join()
+        assert rank.exitcode == 0
+""")
 
 
 def _probe_pids(probe: bytes) -> set[int]:
@@ -149,7 +165,7 @@ def test_ctrl_c_leaves_no_process_and_no_temporary_folder(tmp_path, args):
 
 def _interrupt(tmp: Path, tmp_path: Path, args) -> None:
     probe = f"RLSMOKE_BEHAVIOUR_PROBE={uuid.uuid4().hex}"
-    folder = _suite(tmp_path / "suite", test_a_ray=RAY_RUN, test_b_sleeps=SLEEPS)
+    folder = _suite(tmp_path / "suite", test_a_ranks=RANKS, test_b_ray=RAY_RUN, test_c_sleeps=SLEEPS)
     env = _env(folder, TMPDIR=str(tmp), **dict([probe.split("=")]))
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=folder, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip

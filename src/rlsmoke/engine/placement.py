@@ -1,9 +1,9 @@
 """Placement: who runs where. Colocate is one process; async is Ray actors on separate bundles.
 
-The two workers are plain classes; what the step asks of a placement is `engine.workers.Placement`. Colocated, they share a process and a device; async, each is a
+The two workers are plain classes. Colocated, they share a process and a device; async, each is a
 Ray actor pinned to its own placement-group bundle (train GPUs first, then rollout GPUs), as Miles
 places its actor and its SGLang engines. Ray is imported only in async mode: the single-process
-mode must run where Ray is not installed.
+mode must run where Ray is not installed. What the step asks of a placement: `engine.workers`.
 """
 
 from __future__ import annotations

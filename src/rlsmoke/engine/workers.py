@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@runtime_checkable
 class Placement(Protocol):
     where: dict  # the processes and devices each side runs on
 
@@ -31,7 +30,6 @@ class Placement(Protocol):
     def close(self) -> None: ...
 
 
-@runtime_checkable
 class TrainSide(Protocol):
     trainer: Any  # engine.train.Trainer, or the megatron trainer
 
