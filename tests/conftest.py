@@ -7,7 +7,7 @@ a fork-server start (seconds each). A test that needs a group runs it in a rank
 
 In-process runs set variables for their own process (Ray's driver: PYTHONBREAKPOINT, RAY_CLIENT_MODE;
 the engine: CUBLAS_WORKSPACE_CONFIG, TOKENIZERS_PARALLELISM). Left in place, every later run of the
-session would inherit them, and no run started ahead of its test (`rlsmoke.run_ahead`) would match.
+session would inherit them.
 """
 
 import os

@@ -1,11 +1,19 @@
-"""A test's artifacts folder plus the session's launch choices, as the plugin hands it to a test."""
+"""Where records go: a test's artifacts folder as the plugin hands it to a test, and the --out folder
+of one run (`RunFolder`: held by a lock, each record written whole)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.errors import RlsmokeError
 from rlsmoke.platforms import Host
 
 
@@ -36,3 +44,162 @@ class Artifacts:
 
     def __truediv__(self, other) -> Path:
         return self.path / other
+
+
+# --- a run's records ---------------------------------------------------------------------------
+
+RECORDS = ("run.log", "metrics.jsonl", "summary.json")  # what a run writes into --out
+LOCK_NAME = ".rlsmoke.lock"
+# No room to write: a full disk, a quota, a file-size limit. Each is the --out's, so bad input (exit 2).
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def no_room(exc: BaseException) -> bool:
+    """Whether `exc` (or what it was raised from) says the disk had no room for a write."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def disk_full(path: Path, exc: OSError | None = None) -> RlsmokeError:
+    why = f" ({os.strerror(exc.errno)})" if isinstance(exc, OSError) and exc.errno else ""
+    return RlsmokeError(f"no room to write the run's records in {path}{why}", rule="disk.full",
+                        fix="free space on that disk, or pass --out on another")  # fmt: skip
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds `text` whole, or is as it was: a reader never sees half a file, and the temporary
+    file is removed on any failure (a full disk included)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+class RunFolder:
+    """The --out of one run, held exclusively while it runs.
+
+    A lock file (`.rlsmoke.lock`, flock) makes a second run into the same folder fail at once
+    (`run.out_locked`) without touching it. The earlier records of a folder are kept unless
+    `overwrite`; then the new records are written into a hidden sibling, `.NAME.rlsmoke-new`, and
+    replace the earlier ones only when the run is complete (`commit`): an interrupted or refused run
+    leaves the earlier records as they were.
+    """
+
+    def __init__(self, out: Path, *, overwrite: bool = False):
+        self.out, self.overwrite = Path(out), overwrite
+        self.staging = self.out.parent / f".{self.out.name}.rlsmoke-new"
+        self.records = self.out  # where this run writes: the folder itself, or the staging sibling
+        self._lock: int | None = None
+
+    def __enter__(self) -> RunFolder:
+        out = self.out
+        fix = "pass --out a new or existing folder (default: a new ./rlsmoke-runs/CASE/TIME)"
+        if out.exists() and not out.is_dir():
+            raise RlsmokeError(f"--out {out} is a file, not a folder", rule="run.out", fix=fix)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self._hold()
+            earlier = [name for name in RECORDS if (out / name).exists()]
+            if earlier and not self.overwrite:
+                raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})",
+                                   rule="run.out_used", fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
+            if earlier:
+                shutil.rmtree(self.staging, ignore_errors=True)  # an earlier --overwrite's that did not finish
+                self.staging.mkdir()
+                self.records = self.staging
+            probe = self.records / ".rlsmoke-write-probe"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            self.release()
+            if no_room(exc):
+                raise disk_full(out, exc) from None
+            raise RlsmokeError(f"--out {out} cannot be written ({exc.strerror or exc})", rule="run.out",
+                               fix="pass --out a folder you can write (default: a new ./rlsmoke-runs/CASE/TIME)") from None  # fmt: skip
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def _hold(self) -> None:
+        """The folder's lock, or `run.out_locked` at once. The lock file is removed when released, so the
+        lock taken is checked to be the file's still (a run that released it meanwhile)."""
+        path = self.out / LOCK_NAME
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RlsmokeError(f"--out {self.out} is in use by another run", rule="run.out_locked",
+                                   fix="wait for it to finish, or pass another --out") from None  # fmt: skip
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self._lock = fd
+                return
+            os.close(fd)
+
+    def commit(self) -> None:
+        """The staged records replace the earlier ones (each by a rename; a record the new run did not
+        write is removed), then the staging folder goes."""
+        if self.records == self.out:
+            return
+        summary = self.staging / "summary.json"
+        if summary.is_file():  # the records name the folder they end up in
+            doc = json.loads(summary.read_text())
+            if doc.get("artifacts") == str(self.staging):
+                write_atomic(summary, json.dumps(doc | {"artifacts": str(self.out)}, indent=2) + "\n")
+        new = {name for name in RECORDS if (self.staging / name).exists()}
+        interrupted = None
+        while True:  # an interrupt (Ctrl-C, SIGTERM) waits until every record is moved: no two runs' mixed
+            try:
+                self._move(new)
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+            except OSError as exc:
+                raise (disk_full(self.out, exc) if no_room(exc) else exc) from None
+        if interrupted is not None:
+            raise interrupted
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.records = self.out
+
+    def _move(self, new: set[str]) -> None:
+        """Each new record over the earlier one, an earlier record the new run did not write removed;
+        what a first try moved, a second finds moved."""
+        for name in RECORDS:
+            if name not in new:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.out / name).unlink()
+            elif (self.staging / name).exists():
+                os.replace(self.staging / name, self.out / name)
+
+    def discard(self) -> None:
+        """An --overwrite run that did not complete: its staged records go, the earlier ones stay."""
+        if self.records != self.out:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def release(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                (self.out / LOCK_NAME).unlink()
+            os.close(self._lock)
+            self._lock = None
+
+    def __exit__(self, *exc) -> None:
+        self.release()

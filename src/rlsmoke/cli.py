@@ -12,10 +12,12 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError
-from rlsmoke.launch.diff import diff_platforms
+from rlsmoke.launch.diff import diff_platforms, diff_targets
+from rlsmoke.topology import TARGETS
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
 EXTERNAL = {
@@ -52,13 +54,16 @@ def cmd_cases(args) -> int:
     return ExitCode.OK
 
 
-def shell_script(plan) -> str:
-    """The launch as a readable, shell-safe script: env, then argv one group per line.
+def shell_script(plan, steps) -> str:
+    """The flow as a readable, shell-safe script, run from the Miles checkout: env; Ray's head; the
+    checkpoint prepared and converted unless done; the job's argv one group per line (`steps`' submit
+    runs the same argv through `ray job submit`).
 
     Across nodes the same script runs on every node: NODE_RANK 0 starts Ray's head and then the job,
     the others join the head and stay up (Miles' placement group waits until their GPUs have joined).
     """
     launch, nodes = plan.launch, plan.launch.num_nodes
+    by_name = {s.name: s for s in steps}
     lines = ["#!/usr/bin/env bash", f"# rlsmoke plan {plan.case.name} --platform {plan.topology.platform} "
              f"--num-gpus {plan.topology.num_gpus} --mode {plan.topology.mode}"]  # fmt: skip
     if nodes > 1:
@@ -66,10 +71,17 @@ def shell_script(plan) -> str:
                      f"every node with NODE_RANK=0 on the head, 1..{nodes - 1} on the others")  # fmt: skip
     lines.append("set -euo pipefail")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]
+    lines.append("# ray-head: Ray's head (across nodes the others join it and stay there)")
     if nodes > 1:
         ask = f"set NODE_RANK: 0 on the head ({launch.master_addr}), 1..{nodes - 1} on the other nodes"
         lines += [f"case \"${{NODE_RANK:?{ask}}}\" in", f"  0) {shlex.join(launch.ray_start())} ;;",
                   f"  *) exec {shlex.join(launch.ray_join())} ;;", "esac"]  # fmt: skip
+    else:
+        lines.append(shlex.join(launch.ray_start()))
+    for step in (by_name["prepare"], by_name["convert"]):  # on the head only, before its job
+        lines += [f"# {step.name}: {step.what}, unless done", f"{step.skip_when} || {step.shell()}"]
+    lines.append("# submit: the job (`--format json` has its `ray job submit` form)")
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in by_name["submit"].env.items()]
     lines.append(shlex.join(plan.launch.argv[:2]) + " \\")
     body = [toks for toks in plan.launch.groups.values() if toks]
     for i, toks in enumerate(body):
@@ -79,23 +91,34 @@ def shell_script(plan) -> str:
 
 
 def cmd_plan(args) -> int:
+    from rlsmoke.launch import flow
+    from rlsmoke.launch.miles import Paths
+    from rlsmoke.recipe import Recipe
+
     case = case_from_args(args)
-    plan = case.plan(validate=not args.no_validate)
+    recipe = Recipe(reward=args.reward)
+    plan = case.plan(validate=not args.no_validate, recipe=recipe)
     if args.diff:
-        print(diff_platforms(case, args.diff))
+        print(diff_targets(case, args.diff) if args.diff in TARGETS else diff_platforms(case, args.diff))
         return ExitCode.OK
     head = _head_addr(args, plan.topology)
     if head:  # the topology stands: only the launch names the head
         import dataclasses
 
-        from rlsmoke.launch.miles import Paths, render
-        from rlsmoke.recipe import Recipe
+        from rlsmoke.launch.miles import render
 
-        plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), Recipe(master_addr=head)))
+        recipe = dataclasses.replace(recipe, master_addr=head)
+        plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
+    if args.check_miles:  # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
+        from rlsmoke.launch.preflight import check_flags
+
+        check_flags(plan.launch, args.check_miles)
+        print(f"miles: {args.check_miles} accepts every flag of target {plan.launch.target}", file=sys.stderr)
+    steps = flow.steps(plan, Paths())
     if args.format == "json":
-        print(json.dumps(plan.to_json(), indent=2))
+        print(json.dumps(plan.to_json() | {"steps": [s.to_json() for s in steps]}, indent=2))
     else:
-        print(shell_script(plan))
+        print(shell_script(plan, steps))
     if args.check:
         return _check(plan)
     return ExitCode.OK
@@ -139,9 +162,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="validate a case's topology and render its Miles launch")
     add_case_args(p)
     p.add_argument("--format", choices=("shell", "json"), default="shell", help="the launch as (default shell)")
-    p.add_argument("--diff", metavar="PLATFORM", help="print the flags and env that differ on PLATFORM")
+    p.add_argument("--diff", metavar="PLATFORM|TARGET",
+                   help="print the flags and env that differ on another platform, or for another target")
+    p.add_argument("--check-miles", metavar="DIR", type=Path,
+                   help="parse the launch with the Miles checkout at DIR (its own parser, this Python)")
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
+    p.add_argument("--reward", choices=("target", "deepscaler"), default="target",
+                   help="the job's reward: rlsmoke's dense target reward through --custom-rm-path (default), or "
+                   "Miles' 0/1 deepscaler reward (grad_norm can then only be gated finite)")  # fmt: skip
     p.add_argument("--head-addr", metavar="ADDR", help="the head node's address, MASTER_ADDR, that the other nodes "
                    "reach (default env MASTER_ADDR on a plan across nodes, which needs one; 127.0.0.1 on one node)")
     p.set_defaults(func=cmd_plan)

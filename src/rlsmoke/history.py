@@ -71,18 +71,19 @@ def connect(db: str | Path) -> sqlite3.Connection:
 
 
 def band_values(record) -> dict[str, float]:
-    """The mean over steps (or rollouts) of each band metric the run logged."""
-    out = {}
-    for metric in BANDS:
-        series = [v for _, _, v in record.series(metric)]
-        if series:
-            out[metric] = sum(series) / len(series)
-    return out
+    """Each band metric at each step (or rollout) the run logged, keyed `metric@index`: like Miles' gate
+    since #2290, every step is judged against that same step's history, never a mean over steps."""
+    return {f"{metric}@{i}": v for metric in BANDS for _, i, v in record.series(metric)}
+
+
+def band_metric(key: str) -> str:
+    """The metric of a band key: `train/grad_norm@0` -> `train/grad_norm` (a bare metric is its own)."""
+    return key.split("@", 1)[0]
 
 
 @dataclass(frozen=True)
 class BandResult:
-    metric: str
+    metric: str  # a band key: the metric, `@step` where it is judged per step
     value: float
     mean: float
     lower: float
@@ -109,15 +110,17 @@ def baseline(conn: sqlite3.Connection, key: Mapping[str, str], k: int = DEFAULT_
 
 
 def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) -> list[BandResult]:
-    """One result per band metric that both this run and the baseline have. No baseline, no result."""
+    """One result per band key (a metric at a step) that both this run and the baseline have: each step
+    against the same step of the trusted runs. No baseline, no result."""
     results = []
-    for metric, band in BANDS.items():
-        past = [r[metric] for r in runs if metric in r and math.isfinite(r[metric])]
-        if metric not in values or not past:
+    for key in values:  # band_values gives them in BANDS order, step by step
+        band = BANDS.get(band_metric(key))
+        past = [r[key] for r in runs if key in r and math.isfinite(r[key])]
+        if band is None or not past:
             continue
         mean = sum(past) / len(past)
         lower, upper = band.bounds(mean)
-        results.append(BandResult(metric, float(values[metric]), mean, lower, upper, len(past)))
+        results.append(BandResult(key, float(values[key]), mean, lower, upper, len(past)))
     return results
 
 

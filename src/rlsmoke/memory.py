@@ -404,12 +404,13 @@ def offload_needed(cfg, spec) -> bool:
     return not have or resident.peak > RESIDENT_FRACTION * have * GIB
 
 
-def check_run_fits(cfg, spec) -> Estimate:
-    """Refuse a run whose estimate exceeds its devices, before anything loads; return the estimate."""
+def check_run_fits(cfg, spec, *, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
+    """Refuse a run whose estimate exceeds its devices, before anything loads; return the estimate.
+    `prompt_tokens`: the prompt file's longest prompt, budgeted when longer than PROMPT_TOKENS."""
     from rlsmoke.errors import RlsmokeError
     from rlsmoke.platforms import DEVICE_MEMORY_GIB
 
-    est = estimate(spec, plan_of_run(cfg))
+    est = estimate(spec, replace(plan_of_run(cfg), prompt_len=max(PROMPT_TOKENS, prompt_tokens)))
     have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
     if have and est.peak > usable_gib(cfg.device_class) * GIB:
         hint = "" if cfg.offload_active or cfg.mode != "colocate" else "--offload, "

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.artifacts import write_atomic
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.runkey import FIELDS
 
@@ -35,7 +36,10 @@ def _derive(values: dict[str, float]) -> None:
         values[MEAN_DIFF] = values[train] - values[rollout]
 
 
-_LINE = re.compile(r"\b(step|rollout) (\d+): (\{.*\})\s*$")
+# Miles' lines come with Python logging's prefix (`[time name] log_utils.py:542 - `) and, forwarded by
+# Ray, the actor's (`(MegatronTrainRayActor pid=...)`); Ray may fold lines repeated across processes into
+# one with a `[repeated Nx across cluster]` tail. A critic's lines (`critic-step N`) are not the actor's.
+_LINE = re.compile(r"(?<![-\w])(step|rollout) (\d+): (\{.*\})(?:\s*\[repeated \d+x across cluster\])?\s*$")
 _NAMED_FLOATS = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf}
 _NUMERIC_CALLS = {"float", "tensor", "np.float64", "np.float32", "numpy.float64", "np.int64", "int"}
 
@@ -153,10 +157,104 @@ def load_record(path: str | Path) -> Record:
     if not parsed:
         raise RlsmokeError(f"log={path} has no `step N: {{...}}` or `rollout N: {{...}}` lines", rule="metrics.log",
                            fix="point at the Miles job log (ray job logs) or a run folder")  # fmt: skip
-    lines = [{"kind": kind, "index": i, "metrics": m} for kind, i, m in parsed]
-    return Record.from_lines(
-        lines, source=str(path), artifacts=str(folder), meta=meta or {"launcher": "miles"}
-    )
+    lines = [{"kind": kind, "index": i, "metrics": m} for kind, i, m in _fold_repeats(parsed, path)]
+    record = Record.from_lines(lines, source=str(path), artifacts=str(folder), meta=meta or {"launcher": "miles"})
+    history = folder / CI_HISTORY
+    return _with_ci_history(record, history) if history.is_dir() else record
+
+
+def _same(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+
+
+def _close(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _fold_repeats(parsed: list[tuple[str, int, dict]], path: Path) -> list[tuple[str, int, dict]]:
+    """Miles logs each train step twice (`log_utils.py`, then `megatron_utils/model.py`), the same dict:
+    an identical repeat folds into one entry; a repeat that differs is an error, never a silent pick."""
+    seen: dict[tuple[str, int], dict] = {}
+    out = []
+    for kind, i, values in parsed:
+        first = seen.setdefault((kind, i), values)
+        if first is values:
+            out.append((kind, i, values))
+        elif not _same(first, values):
+            diff = sorted(k for k in first.keys() | values.keys() if k not in first or k not in values
+                          or not _close(first[k], values[k]))  # fmt: skip
+            shown = ", ".join(f"{k}: {first.get(k)} then {values.get(k)}" for k in diff[:3])
+            raise RlsmokeError(f"log={path} has `{kind} {i}` twice with different values ({shown})",
+                               rule="metrics.log_repeat", fix="one run per log: was it appended to, or do two "
+                               "actors log as the same role? see the lines in the log")  # fmt: skip
+    return out
+
+
+# --- Miles' CI metrics: CiHistoryBackend's JSONL ---------------------------------------------------
+
+CI_HISTORY = "ci_history"  # the run's MILES_CI_GATE_RECORD_DIR, under its artifacts (launch.flow)
+CI_HISTORY_METRICS = ("train/grad_norm", "train/ppo_kl", "train/train_rollout_logprob_abs_diff",
+                      "train/train_rollout_kl", "rollout/raw_reward")  # fmt: skip
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}  # how it writes them: strict JSON
+
+
+def read_ci_history(folder: Path) -> dict[str, dict[int, float]]:
+    """Every `<pid>-<uuid>.jsonl` of the folder (one per process that logs), merged by metric: {metric: {step: value}}.
+
+    Each line is `{"metric": key, "series": [[step, value], ...]}`; each file is rewritten whole on every
+    log (temp file, then rename), so a `.tmp` beside it is never read.
+    """
+    merged: dict[str, dict[int, float]] = {}
+    for file in sorted(folder.glob("*.jsonl")):
+        for n, line in enumerate(file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                points = [(int(step), float(_NONFINITE.get(v, v))) for step, v in item["series"]]
+                metric = str(item["metric"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RlsmokeError(f"ci_history={file} line {n} is not a CI history record ({exc})",
+                                   rule="metrics.ci_history", fix="see the run's job log for how Miles wrote it") from None  # fmt: skip
+            series = merged.setdefault(metric, {})
+            for step, value in points:
+                if step in series and not _close(series[step], value):  # two processes, two values
+                    raise RlsmokeError(f"{metric} at step {step} is {series[step]} and {value} in ci_history={folder}",
+                                       rule="metrics.ci_history_disagrees", fix="one run per record dir: was "
+                                       "the folder reused, or did two processes log this metric?")  # fmt: skip
+                series[step] = value
+    return merged
+
+
+def _with_ci_history(record: Record, folder: Path) -> Record:
+    """The record checked against Miles' own JSONL: each of its five metrics the log has must be in the
+    JSONL with the same steps and values (a metric only the JSONL has joins the record)."""
+    history = read_ci_history(folder)
+    entries = {kind: {i: dict(v) for i, v in by_index.items()} for kind, by_index in record.entries.items()}
+    for metric in CI_HISTORY_METRICS:
+        kind = "rollout" if metric.startswith("rollout/") else "step"
+        logged = {i: v[metric] for i, v in entries[kind].items() if metric in v}
+        if metric not in history:
+            if logged:
+                raise RlsmokeError(f"ci_history={folder} has no {metric}, which the log has at {kind} "
+                                   f"{', '.join(map(str, sorted(logged)))}", rule="metrics.ci_history_missing",
+                                   fix="Miles' CiHistoryBackend records it: is the job's Miles older than the "
+                                   "target, or did a process die before its first log?")  # fmt: skip
+            continue
+        recorded = history[metric]
+        if not logged:  # only the JSONL has it
+            for i, v in recorded.items():
+                entries[kind].setdefault(i, {})[metric] = v
+            continue
+        for i in sorted(logged.keys() | recorded.keys()):
+            if i in logged and i in recorded and _close(logged[i], recorded[i]):
+                continue
+            raise RlsmokeError(f"{metric} at {kind} {i} is {logged.get(i, 'absent')} in the log and "
+                               f"{recorded.get(i, 'absent')} in ci_history={folder}",
+                               rule="metrics.ci_history_disagrees",
+                               fix="the two are one value Miles logged twice: compare the job log with the "
+                               "JSONL; a log of another run in the same folder is the usual cause")  # fmt: skip
+    return Record(entries, record.source, record.artifacts, record.meta)
 
 
 def seed_records(run: str | Path) -> list[Record]:
@@ -177,9 +275,7 @@ def update_summary(folder: str | Path, fields: Mapping[str, object]) -> None:
     """Merge `fields` into the run's summary.json, atomically (a reader never sees half a file)."""
     path = Path(folder) / "summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else {}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary | dict(fields), indent=2, default=_json_default) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(summary | dict(fields), indent=2, default=_json_default) + "\n")
 
 
 def _json_default(x):

@@ -43,16 +43,6 @@ def get_platform(name: str) -> Platform:
     return PLATFORMS[name]
 
 
-# Rows of the table whose values the topology derives (listed so `--diff` can explain them).
-DERIVED_ROWS = {
-    "mode": "colocate + train.py on NVIDIA; async + train_async.py, half the GPUs rolling out, on ROCm",
-    "GPU accounting": "Ray must see the actor GPUs plus the rollout GPUs",
-    "train grid": "EP must divide the experts; ROCm trains on half the GPUs",
-    "SGLang layout": "rollout engines fit the rollout GPUs; dp divides the GPUs per engine",
-    "visible devices": "HIP_VISIBLE_DEVICES=0..NUM_GPUS-1 on ROCm",
-}
-
-
 @dataclass(frozen=True)
 class Host:
     platform: str

@@ -7,12 +7,9 @@ at module level: this module loads in every pytest session of every user of the 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +21,6 @@ MARKERS = (
     "cpu: runs on any host with the built-in engine at the tiny width",
     "gpus(n): the GPU count the test needs; --num-gpus or NUM_GPUS replaces it",
     "slow: takes more than a few seconds on a CPU host",
-    "background: mostly waits on processes it starts; in a serial session on a CPU host a second pytest "
-    "session runs it on an idle core and its reports show last (--run-ahead 0: in this session, in order)",
 )
 
 # torch's threads per engine process on a host without GPUs, where every case runs at the tiny width
@@ -36,8 +31,6 @@ TINY_THREADS = 1
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
 _WARM = pytest.StashKey["object"]()
-_AHEAD = pytest.StashKey["object"]()
-_BACKGROUND = pytest.StashKey["list"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,11 +62,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="mark passing runs as trusted baselines for the history band (default off)")
     g.addoption("--run-timeout", type=float, default=None, metavar="S",
                 help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)")
-    g.addoption("--run-ahead", type=int, default=None, metavar="N",
-                help="case runs started ahead of their tests at once, each only while a core is idle, the modules "
-                     "that declare runs moved last; 0 turns it off (default: the cores, at most 4, on a CPU host in "
-                     "a serial session; 0 under xdist)")
-    g.addoption("--reports-to", default=None, help=argparse.SUPPRESS)  # a background session's reports (JSON lines)
     g.addoption("--cold-runs", action="store_true", default=False,
                 help="start each CPU run as a fresh interpreter instead of forking it from the session's warm one "
                      "(default off: forked)")
@@ -82,8 +70,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    if config.getoption("reports_to", None):
-        config.pluginmanager.register(_ReportWriter(config, config.getoption("reports_to")), "rlsmoke-reports-to")
     n = config.getoption("num_gpus", None)
     env = os.environ.get("NUM_GPUS")
     if n is None and env:
@@ -155,44 +141,14 @@ def _listing(config: pytest.Config) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Keep the warm run server only if a selected test will launch a run (it imports while others run).
-    Set up the runs that may go ahead of their tests (`rlsmoke.run_ahead`)."""
+    """Keep the warm run server only if a selected test will launch a run (it imports while others run)."""
     config = session.config
     if _host(config).platform != "cpu" or _listing(config):
         return
     if any(_may_launch(item) for item in session.items):
-        _warm_server(config)  # none with --cold-runs: then the runs that go ahead start cold too
+        _warm_server(config)  # none with --cold-runs
     elif _WARM in config.stash:  # started during collection for a test that was then deselected or skipped
         _stop_warm_server(config)
-    slots = _run_ahead_slots(config)
-    if slots > 0:
-        from rlsmoke.run_ahead import RunAhead
-
-        background = config.stash.get(_BACKGROUND, None)
-        config.stash[_AHEAD] = RunAhead(session.items, slots, lambda item: _item_artifacts(config, item.nodeid),
-                                        _will_skip, num_gpus=config.getoption("num_gpus"), warm=_warm_server(config),
-                                        background=_background_session(config, background) if background else None)
-        config.stash[_AHEAD].start_background()
-
-
-def _run_ahead_slots(config: pytest.Config) -> int:
-    chosen = config.getoption("run_ahead", None)
-    if chosen is not None:
-        return max(chosen, 0)
-    if hasattr(config, "workerinput"):  # xdist: the controller decides the order, and the cores are shared out
-        return 0
-    from rlsmoke.platforms import cpu_cores, thread_budget
-
-    return min(cpu_cores() // thread_budget(), 4)  # the lane starts each one only while a core is idle
-
-
-def _will_skip(item: pytest.Item) -> bool:
-    from _pytest.skipping import evaluate_skip_marks
-
-    try:
-        return evaluate_skip_marks(item) is not None
-    except Exception:  # a condition that fails to evaluate errors in the test's own report
-        return True
 
 
 def _warm_server(config: pytest.Config):
@@ -281,52 +237,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                           num_gpus=config.getoption("num_gpus"), trainer=config.getoption("trainer"))  # fmt: skip
         if not decision.run:
             item.add_marker(pytest.mark.skip(reason=decision.reason))
-    if _host(config).platform == "cpu" and _run_ahead_slots(config) > 0:
-        from rlsmoke.run_ahead import background_last, declared_runs_last
-
-        items[:] = declared_runs_last(items, _will_skip, config.getoption("num_gpus"))  # their runs fill idle cores
-        background = [item.nodeid for item in items if item.get_closest_marker("background") and not _will_skip(item)]
-        if background and len(background) < len(items) and _may_run_beside(config):
-            config.stash[_BACKGROUND] = background
-            items[:] = background_last(items, set(background))
-
-
-def _may_run_beside(config: pytest.Config) -> bool:
-    """Whether a second session may run tests beside this one: not where its output would be missed (-s)
-    or a debugger waits (--pdb, --trace)."""
-    option = config.option
-    return not (option.capture == "no" or option.usepdb or getattr(option, "trace", False))
-
-
-def _background_session(config: pytest.Config, nodeids: list[str]):
-    """The second session, with this one's options that change what a test does or how it reports."""
-    from rlsmoke.run_ahead import BackgroundSession
-
-    option = config.option
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--run-ahead", "0",
-            "--rootdir", str(config.rootpath), "--artifacts-dir", str(_artifacts_root(config)),
-            "--launcher", config.getoption("launcher"), "--trainer", config.getoption("trainer"),
-            f"--tb={option.tbstyle}"]  # fmt: skip
-    if config.inipath:
-        argv += ["-c", str(config.inipath)]
-    verbosity = option.verbose
-    argv += ["-v"] * verbosity if verbosity > 0 else ["-q"] * -verbosity
-    if option.showlocals:
-        argv.append("-l")
-    if option.basetemp:  # its own folder in there: a session empties its basetemp as it starts
-        argv.append(f"--basetemp={Path(option.basetemp).resolve() / 'background-session'}")
-    for name, flag in (("num_gpus", "--num-gpus"), ("platform", "--platform"), ("miles_root", "--miles-root"),
-                       ("model_dir", "--model-dir"), ("run_timeout", "--run-timeout"), ("history", "--history")):
-        if config.getoption(name) is not None:
-            argv += [flag, str(config.getoption(name))]
-    for name, flag in (("cold_runs", "--cold-runs"), ("update_golden", "--update-golden"),
-                       ("history_shadow", "--history-shadow"), ("history_trusted", "--history-trusted")):
-        if config.getoption(name):
-            argv.append(flag)
-    return BackgroundSession(nodeids, argv, dict(os.environ), str(config.rootpath),
-                             _artifacts_root(config) / "background-session.log")  # fmt: skip
-
-
 def _artifacts_root(config: pytest.Config) -> Path:
     value = config.getoption("artifacts_dir")
     return Path(value).resolve() if value else Path(config.rootpath) / "artifacts"
@@ -350,7 +260,7 @@ def rlsmoke_ports(pytestconfig: pytest.Config):
 
 
 def _ports(config: pytest.Config):
-    """Leased on first need (a test, or a run going ahead of its test); released as the session ends."""
+    """Leased on first need; released as the session ends."""
     if _PORTS not in config.stash:
         from rlsmoke.launch.lease import lease_ports
 
@@ -400,18 +310,10 @@ def _commit(config: pytest.Config) -> str:
 def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
     """The test's artifacts folder (emptied first) with the session's launcher, leases and history."""
     config = request.config
-    ahead = config.stash.get(_AHEAD, None)
-    fresh = ahead is None or not ahead.owns(request.node.nodeid)  # else its run started in it already
-    return _item_artifacts(config, request.node.nodeid, lease=gpu_lease, record_property=record_property, fresh=fresh)
-
-
-def _item_artifacts(config: pytest.Config, nodeid: str, *, lease=None, record_property=None, fresh: bool = False):
     from rlsmoke.artifacts import Artifacts
-    from rlsmoke.launch.lease import GpuLease
 
-    folder = _artifacts_root(config) / re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
-    if fresh:
-        shutil.rmtree(folder, ignore_errors=True)  # a stale summary.json from an earlier run must not be read
+    folder = _artifacts_root(config) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid).strip("_")
+    shutil.rmtree(folder, ignore_errors=True)  # a stale summary.json from an earlier run must not be read
     folder.mkdir(parents=True, exist_ok=True)
     history = config.getoption("history")
     miles_root = config.getoption("miles_root")
@@ -420,84 +322,36 @@ def _item_artifacts(config: pytest.Config, nodeid: str, *, lease=None, record_pr
         path=folder, launcher=config.getoption("launcher"), trainer=config.getoption("trainer"), host=_host(config),
         num_gpus=config.getoption("num_gpus"),
         miles_root=Path(miles_root) if miles_root else None, model_dir=Path(model_dir) if model_dir else None,
-        lease=lease if lease is not None else GpuLease("cpu", ()), ports=_ports(config),
+        lease=gpu_lease, ports=_ports(config),
         timeout=config.getoption("run_timeout"),
         update_golden=config.getoption("update_golden"), history=Path(history) if history else None,
         trusted=config.getoption("history_trusted"), history_shadow=config.getoption("history_shadow"),
-        commit=_commit(config) if history else "unknown", warm=_warm_server(config),
-        **({"record_property": record_property} if record_property is not None else {}),
+        commit=_commit(config) if history else "unknown", warm=_warm_server(config), record_property=record_property,
     )  # fmt: skip
 
 
 @pytest.fixture
 def case_record(request: pytest.FixtureRequest, artifacts):
     """The record of the test's declared run (`rlsmoke.suite.CaseRun`): its `case_record` parameter
-    (`indirect=True`), else its module's CASE. The run is the one `run_case` would launch; on a CPU host
-    with a spare core it may have started ahead, while earlier tests ran (`rlsmoke.run_ahead`)."""
-    from rlsmoke.run_ahead import declared_run
-
-    spec = declared_run(request.node)
+    (`indirect=True`), else its module's CASE."""
+    spec = _declared_run(request.node)
     if spec is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses case_record without a run: parametrize it with "
                                 "rlsmoke.suite.CaseRun values (indirect=True) or give its module a CASE")  # fmt: skip
-    ahead = request.config.stash.get(_AHEAD, None)
-    claimed = ahead.claim(request.node, spec, artifacts) if ahead is not None else None
-    pending, ran_with = claimed if claimed is not None else (spec.start(artifacts), None)
-    return pending.record(ran_with)
+    return spec.run(artifacts)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
-    """A background test: its reports from the second session, shown as if it ran here."""
-    ahead = item.config.stash.get(_AHEAD, None)
-    if ahead is None or not ahead.replays(item.nodeid):
-        return None
-    hook = item.ihook
-    hook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    serialized = ahead.background_reports(item.nodeid)
-    if serialized is None:
-        reports = [pytest.TestReport(item.nodeid, item.location, {}, "failed",
-                                     ahead.background.missing(item.nodeid), "call")]  # fmt: skip
+def _declared_run(item: pytest.Item):
+    """The run a test takes from `case_record`: its parameter, else its module's CASE."""
+    from rlsmoke.suite import CaseRun
+
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "case_record" in callspec.params:
+        spec = callspec.params["case_record"]
     else:
-        reports = [item.config.hook.pytest_report_from_serializable(config=item.config, data=_tuples(data))
-                   for data in serialized]  # fmt: skip
-    for report in reports:
-        hook.pytest_runtest_logreport(report=report)
-    hook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-    return True
-
-
-def _tuples(data: dict) -> dict:
-    """What JSON turned from tuples into lists, back: a skip's (path, line, reason), the location."""
-    for key in ("longrepr", "location"):
-        if isinstance(data.get(key), list):
-            data[key] = tuple(data[key])
-    return data
-
-
-class _ReportWriter:
-    """In a background session (--reports-to): each report as a JSON line, for the session that shows it."""
-
-    def __init__(self, config: pytest.Config, path: str):
-        self.config, self.path = config, path
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        self._write({"nodeid": report.nodeid, "report": data})
-
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        self._write({"finished": nodeid})
-
-    def _write(self, message: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(message) + "\n")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    ahead = item.config.stash.get(_AHEAD, None)
-    if ahead is not None:
-        ahead.between_tests(item)
+        case = getattr(getattr(item, "module", None), "CASE", None)
+        spec = CaseRun(case) if case is not None else None
+    return spec if isinstance(spec, CaseRun) else None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -511,22 +365,9 @@ def pytest_runtest_call(item: pytest.Item):
         pytest.skip(str(exc))
 
 
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    ahead = config.stash.get(_AHEAD, None)
-    if ahead is not None and ahead.claimed:
-        terminalreporter.write_line(f"rlsmoke: case runs started ahead of their tests and claimed: {ahead.claimed} "
-                                    "(--run-ahead 0 turns that off)")  # fmt: skip
-    if ahead is not None and ahead.background is not None and ahead.background.submitted:
-        terminalreporter.write_line(f"rlsmoke: background tests run by a second session beside this one: "
-                                    f"{len(ahead.background.nodeids)}; its output: {ahead.background.log}")  # fmt: skip
-
-
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    ahead = session.config.stash.get(_AHEAD, None)
-    if ahead is not None:
-        ahead.stop()
-    if hasattr(session.config, "workerinput") or session.config.getoption("reports_to"):
-        return  # an xdist worker, a background session: the session that shows the reports writes it once
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller writes it once
     root = _artifacts_root(session.config)
     if root.is_dir():
         from rlsmoke.report import write_session_summary

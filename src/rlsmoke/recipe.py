@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlsmoke.errors import RlsmokeError
+
+REWARDS = ("target", "deepscaler")
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -33,6 +37,16 @@ class Recipe:
     # must be given (`launch.miles.head_addr` renders HEAD_PLACEHOLDER until it is).
     master_addr: str | None = None
     prompt_file: str = "dapo-math-17k/dapo-math-17k.jsonl"
+    # "target": the built-in engine's dense reward, loaded by Miles through --custom-rm-path, so an
+    # untrained model's group has reward variance and grad_norm > 0 means the step learned something.
+    # "deepscaler": Miles' own 0/1 math reward; a 4-layer model earns 0 everywhere, so the gradient is 0
+    # and grad_norm can only be gated finite.
+    reward: str = "target"
+
+    def __post_init__(self):
+        if self.reward not in REWARDS:
+            raise RlsmokeError(f"reward={self.reward!r} is unknown", rule="recipe.reward",
+                               fix=f"use one of: {', '.join(REWARDS)}")  # fmt: skip
 
     @property
     def global_batch_size(self) -> int:

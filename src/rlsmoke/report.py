@@ -13,6 +13,7 @@ import math
 import re
 from pathlib import Path
 
+from rlsmoke import history
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.history import BANDS, check_bands
 from rlsmoke.history import runs as load_runs
@@ -130,7 +131,7 @@ def plot_history(db: Path, out: Path) -> list[Path]:
                        color="tab:blue", label="trusted", zorder=2)  # fmt: skip
             ax.scatter([x for x, p in zip(xs, points, strict=True) if not p[2]], [p[1] for p in points if not p[2]],
                        color="tab:orange", marker="x", label="untrusted", zorder=2)  # fmt: skip
-            if metric in BANDS:  # the band each run was judged against: its trusted predecessors
+            if history.band_metric(metric) in BANDS:  # the band each run was judged against: its trusted predecessors
                 lo, hi, bx = [], [], []
                 for i in range(len(points)):
                     past = [{metric: v} for _, v, t in points[:i] if t][-20:]

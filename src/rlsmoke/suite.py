@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,13 +18,13 @@ from rlsmoke import metrics
 from rlsmoke.artifacts import Artifacts
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.gating import CaseGates, GateFailure, HistoryBandWarning, gates_for
-from rlsmoke.launch import runner
+from rlsmoke.launch import flow, runner
 from rlsmoke.launch.miles import Paths
 from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
 __all__ = ["Artifacts", "CaseGates", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
-           "PendingCase", "builtin_argv", "gates_for", "plan_launch", "run_case", "start_case"]  # fmt: skip
+           "builtin_argv", "gates_for", "plan_launch", "run_case"]  # fmt: skip
 
 DEFAULT_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
 
@@ -45,8 +43,7 @@ class CaseRun:
     """One run of a case as a test declares it, for the plugin's `case_record` fixture:
     `@pytest.mark.parametrize("case_record", [CaseRun(CASE, inject="stale-weights")], indirect=True)`.
 
-    Declared runs are data the plugin can see before the test runs: on a CPU host with a core to
-    spare it starts them ahead (`rlsmoke.run_ahead`). `trainer` None: the session's --trainer.
+    `trainer` None: the session's --trainer.
     `flags`: more `rlsmoke run` flags for the built-in engine (`("--offload", "--num-rollout", "3")`).
     """
 
@@ -60,51 +57,45 @@ class CaseRun:
     def artifacts(self, art: Artifacts) -> Artifacts:
         return art if self.trainer is None else dataclasses.replace(art, trainer=self.trainer)
 
-    def start(self, art: Artifacts) -> PendingCase:
-        return start_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                          rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
+    def run(self, art: Artifacts) -> CaseRecord:
+        return run_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
+                        rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
-    def plan(self, art: Artifacts, environ: Mapping[str, str] | None = None, verify: bool = False) -> CaseLaunch:
-        """What `start` would launch now (the checkpoint verified only with `verify`)."""
+    def plan(self, art: Artifacts, verify: bool = False) -> CaseLaunch:
+        """What `run` would launch now (the checkpoint verified only with `verify`)."""
         return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                           rollout_temperature=self.rollout_temperature, verify=verify, environ=environ,
-                           flags=self.flags)  # fmt: skip
+                           rollout_temperature=self.rollout_temperature, verify=verify, flags=self.flags)  # fmt: skip
 
 
 def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-             rollout_temperature: float | None = None, timeout: float | None = None, echo=None):  # fmt: skip
+             rollout_temperature: float | None = None, timeout: float | None = None, echo=None,
+             flags: tuple[str, ...] = ()) -> CaseRecord:  # fmt: skip
     """Run one step of `case` with the session's launcher; return its metrics record (`rlsmoke.metrics.Record`).
 
     Raises `DoesNotFit` when the case's full width does not fit the host's GPUs (the plugin skips),
     `RlsmokeError` for bad input (incl. a corrupt checkpoint, before anything launches) and
     `RunError` when the run broke or timed out; a finished run whose gates fail still returns.
     """
-    return start_case(case, artifacts, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
-                      timeout=timeout, echo=echo).record()  # fmt: skip
-
-
-def start_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-               rollout_temperature: float | None = None, timeout: float | None = None, echo=None,
-               flags: tuple[str, ...] = ()) -> PendingCase:  # fmt: skip
-    """`run_case` up to the launch: the built-in engine's run goes on in the background until
-    `.record()` (a Miles run has finished when this returns). Raises what `run_case` raises before a launch."""
     launch = plan_launch(case, artifacts, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
                          timeout=timeout, flags=flags)  # fmt: skip
     case, art = launch.case, launch.art
     if launch.launcher == "miles":
-        paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"))
+        paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"),
+                      miles_root=str(art.miles_root))  # fmt: skip
         plan = case.plan(paths=paths)
+        flow.check(plan)  # a half-converted checkpoint is refused before anything starts
         _write_meta(art, case, "miles")
-        result = runner.run_miles(plan.launch, miles_root=art.miles_root, ports=art.ports, env=launch.env,
-                                  artifacts=art.path, timeout=launch.timeout, echo=echo)  # fmt: skip
-        return PendingCase(launch, result=result)
-    process = runner.Process(launch.argv, env=launch.env, log=art.path / "pytest-run.log", echo=echo, warm=art.warm)
-    return PendingCase(launch, process=process)
+        result = flow.run(plan, paths, miles_root=art.miles_root, ports=art.ports, env=launch.env,
+                          artifacts=art.path, timeout=launch.timeout, echo=echo)  # fmt: skip
+    else:
+        result = runner.run(launch.argv, env=launch.env, log=art.path / "pytest-run.log", timeout=launch.timeout,
+                            echo=echo, warm=art.warm)  # fmt: skip
+    return _record(launch, result)
 
 
 @dataclass(frozen=True)
 class CaseLaunch:
-    """What `start_case` launches for a case: the built-in engine's argv and environment, or a Miles run."""
+    """What `run_case` launches for a case: the built-in engine's argv and environment, or a Miles run."""
 
     case: object  # the effective rlsmoke.cases.Case
     art: Artifacts
@@ -116,9 +107,8 @@ class CaseLaunch:
 
 def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
                 rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True,
-                environ: Mapping[str, str] | None = None, flags: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
-    """What `start_case` would launch now (after the checks that come before any launch). `environ`: what
-    the run's environment starts from (default os.environ)."""
+                flags: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
+    """What `run_case` would launch now (after the checks that come before any launch)."""
     art = artifacts if isinstance(artifacts, Artifacts) else Artifacts(Path(artifacts))
     if inject:  # a fault twin is meant to fail: it must never reach the history baseline
         art = dataclasses.replace(art, history=None)
@@ -146,38 +136,25 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
         return CaseLaunch(case, art, launcher, timeout, env)
     argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
                         checkpoint=checkpoint, trainer=art.trainer) + list(flags)  # fmt: skip
-    return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env, base=environ), tuple(argv))
+    return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env), tuple(argv))
 
 
-@dataclass
-class PendingCase:
-    """A started case run: `record()` waits for it (up to its timeout, counted from its start)."""
-
-    launch: CaseLaunch
-    process: runner.Process | None = None
-    result: runner.Result | None = None
-
-    def record(self, ran_with: Artifacts | None = None) -> CaseRecord:
-        """The run's record, kept with `ran_with` (default: the Artifacts it started with)."""
-        launch = self.launch
-        art = ran_with or launch.art
-        if self.result is None:
-            elapsed = time.monotonic() - self.process.started
-            self.result = self.process.wait(max(launch.timeout - elapsed, 0.0))
-        result = self.result
-        if launch.launcher == "builtin" and result.returncode == 2:
-            raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
-                               fix=f"see {result.log}")  # fmt: skip
-        if not result.ok:  # the run only records: `check` gates it
-            what = f"timed out after {launch.timeout:.0f} s" if result.timed_out else f"exited with {result.returncode}"
-            raise RunError(f"{launch.case.name} on {launch.case.platform} ({launch.launcher}) {what}; artifacts: "
-                           f"{launch.art.path}\n{_tail(result.log, 20)}", rule="run.broke")  # fmt: skip
-        loaded = metrics.load_record(launch.art.path)
-        record = CaseRecord(loaded.entries, loaded.source, loaded.artifacts, loaded.meta, ran_with=art, case=launch.case)
-        for key in record.keys():
-            art.record_property(key, record.value(key, "last"))
-        art.record_property("artifacts", str(launch.art.path))
-        return record
+def _record(launch: CaseLaunch, result: runner.Result) -> CaseRecord:
+    """The finished run's record, kept with the Artifacts it ran with; a run that broke raises."""
+    art = launch.art
+    if launch.launcher == "builtin" and result.returncode == 2:
+        raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
+                           fix=f"see {result.log}")  # fmt: skip
+    if not result.ok:  # the run only records: `check` gates it
+        what = f"timed out after {launch.timeout:.0f} s" if result.timed_out else f"exited with {result.returncode}"
+        raise RunError(f"{launch.case.name} on {launch.case.platform} ({launch.launcher}) {what}; artifacts: "
+                       f"{art.path}\n{_tail(result.log, 20)}", rule="run.broke")  # fmt: skip
+    loaded = metrics.load_record(art.path)
+    record = CaseRecord(loaded.entries, loaded.source, loaded.artifacts, loaded.meta, ran_with=art, case=launch.case)
+    for key in record.keys():
+        art.record_property(key, record.value(key, "last"))
+    art.record_property("artifacts", str(art.path))
+    return record
 
 
 def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=None, checkpoint=None,

@@ -210,6 +210,9 @@ def gate_from_spec(spec: dict, entry_provenance: dict, source: Path | str = "") 
     if isinstance(spec["bound"], bool) or not isinstance(spec["bound"], (int, float)):
         raise RlsmokeError(f"{where}gate {spec['name']!r} has bound={spec['bound']!r}, not a number",
                            rule="thresholds.schema", fix="write the bound as a number")  # fmt: skip
+    if not math.isfinite(spec["bound"]):  # JSON's NaN and Infinity parse: a NaN bound fails every value
+        raise RlsmokeError(f"{where}gate {spec['name']!r} has bound={spec['bound']}, not a finite number",
+                           rule="thresholds.bound", fix="write a finite bound (`rlsmoke calibrate` derives one)")  # fmt: skip
     own = spec.get("provenance")
     if own is None:
         p = entry_provenance
@@ -236,13 +239,59 @@ def thresholds_dirs() -> list[Path]:
     return [*extra, THRESHOLDS_DIR]
 
 
-def check_thresholds() -> None:
-    """Every thresholds file a run reads, parsed and each of its gates built: a broken file is refused
-    before a run, not after it (`rlsmoke run` calls this before anything loads)."""
-    for directory in thresholds_dirs():
+def all_entries(directories: list[Path] | None = None) -> list[tuple[Path, dict]]:
+    """Every entry of the thresholds folders, in the order read, each key once.
+
+    Two entries with the same key in the shipped folder, or in the cluster's own folders
+    (RLSMOKE_THRESHOLDS_DIR, one or several), are refused with both places named: which one gates would
+    otherwise depend on the order files are read. A cluster's entry with a shipped entry's key is
+    what RLSMOKE_THRESHOLDS_DIR is for: it wins.
+    """
+    directories = thresholds_dirs() if directories is None else directories
+    entries, seen = [], {}
+    for directory in directories:
+        shipped = Path(directory).resolve() == THRESHOLDS_DIR.resolve()
+        numbers: dict[Path, int] = {}
         for path, entry in read_entries(directory):
-            for spec in entry["gates"]:
-                gate_from_spec(spec, entry.get("provenance", {}), path)
+            number = numbers[path] = numbers.get(path, 0) + 1  # the entry's place in its file
+            key = tuple(str(entry["key"].get(f, "*")) for f in KEY_FIELDS)
+            first = seen.get((shipped, key))
+            if first is not None:
+                raise RlsmokeError(f"thresholds={path} entry {number} has the key of {first}: "
+                                   f"{json.dumps(entry['key'], sort_keys=True)}", rule="thresholds.duplicate_key",
+                                   fix="keep one entry per key: merge the two or remove one")  # fmt: skip
+            seen[(shipped, key)] = f"{path} entry {number}"
+            entries.append((path, entry))
+    return entries
+
+
+def check_thresholds(key: RunKey | None = None, logged: frozenset[str] | None = None) -> None:
+    """Every thresholds file a run reads, checked whole before a run, not after it (`rlsmoke run`
+    calls this before anything loads): each gate built (a finite bound), its gate names unique, each
+    key once, and with `key` and `logged`, every gate that can apply to the run on a metric its
+    launcher logs."""
+    for path, entry in all_entries():
+        names = [spec.get("name") if isinstance(spec, dict) else None for spec in entry["gates"]]
+        twice = sorted({str(n) for n in names if names.count(n) > 1})
+        if twice:
+            raise RlsmokeError(f"thresholds={path} has an entry with the gate name(s) {', '.join(twice)} twice: "
+                               f"{json.dumps(entry['key'], sort_keys=True)}", rule="thresholds.gate_names",
+                               fix="give each gate of an entry its own name")  # fmt: skip
+        gates = [gate_from_spec(spec, entry.get("provenance", {}), path) for spec in entry["gates"]]
+        if key is None or logged is None or not _applies(entry["key"], key.to_json()):
+            continue
+        for gate in gates:
+            if gate.metric not in logged:
+                raise RlsmokeError(
+                    f"thresholds={path}: gate {gate.name!r} reads metric={gate.metric!r}, which launcher="
+                    f"{key.launcher} never logs (entry {json.dumps(entry['key'], sort_keys=True)})",
+                    rule="thresholds.metric_logged",
+                    fix=f"gate one of the logged metrics ({', '.join(sorted(logged))}), or key the entry to the "
+                        "launcher that logs it")  # fmt: skip
+
+
+def _applies(entry_key: Mapping[str, str], key: Mapping[str, str]) -> bool:
+    return all(entry_key.get(f, "*") in ("*", key.get(f, "*")) for f in KEY_FIELDS)
 
 
 def same_key(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
@@ -253,14 +302,13 @@ def same_key(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
 def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -> tuple[Path, dict] | None:
     """The most specific entry whose key matches (exact fields beat "*"; the first read wins a tie)."""
     best, best_score = None, -1
-    for directory in [thresholds_dir] if thresholds_dir else thresholds_dirs():
-        for path, entry in read_entries(directory):
-            ekey = entry["key"]
-            if any(ekey.get(f, "*") not in ("*", key.get(f, "*")) for f in KEY_FIELDS):
-                continue
-            score = sum(ekey.get(f, "*") != "*" for f in KEY_FIELDS)
-            if score > best_score:
-                best, best_score = (path, entry), score
+    for path, entry in all_entries([thresholds_dir] if thresholds_dir else None):
+        ekey = entry["key"]
+        if not _applies(ekey, key):
+            continue
+        score = sum(ekey.get(f, "*") != "*" for f in KEY_FIELDS)
+        if score > best_score:
+            best, best_score = (path, entry), score
     return best
 
 

@@ -18,6 +18,10 @@ from rlsmoke.platforms import get_platform
 
 MODES = ("colocate", "async")
 DEFAULT_GPUS_PER_NODE = 8
+# Upper bounds on the sizes a user gives: no plan loop may run in time linear in an unbounded number.
+# Far past the seeds (64 GPUs) and any one Miles job; a node of more than 64 GPUs does not exist.
+MAX_NUM_GPUS = 65536
+MAX_GPUS_PER_NODE = 64
 
 
 @dataclass(frozen=True)
@@ -30,15 +34,26 @@ class Target:
     dsa_flag: str  # SGLang's sparse-attention flag stem: "nsa" (Miles 0.0.2's SGLang) or "dsa" (0.5.23)
     checkpoint_dialect: str  # config.json dialect the target's Miles accepts for GLM-5
     cuda_graph_bs_flag: str = "cuda-graph-max-bs"  # SGLang 0.5.23 split it into -decode / -prefill
+    # Whose launcher the flags follow: "seed-004" (the seeds' scripts, Miles of May 2026) or "main-2026-08"
+    # (Miles main's GLM-5 launcher and its 2-GPU CI test). Rows of launch.substitutions name the launchers they hold for.
+    launcher: str = "seed-004"
+    megatron: str = "bundled"  # the Megatron-LM the target's Miles runs with: a commit of its `miles-main` branch
+
+    @property
+    def main(self) -> bool:
+        return self.launcher == "main-2026-08"
 
 
 TARGETS = {
+    # Miles main 31f1ca961 (2026-08-21) with Megatron-LM miles-main 2e64d788b and its SGLang 0.5.16 fork.
+    "miles-2026-08-21": Target("miles-2026-08-21", "31f1ca961", "0.5.16", "nsa", "glm_moe_dsa",
+                               launcher="main-2026-08", megatron="2e64d788b"),
     "miles-0.0.2": Target("miles-0.0.2", "0.0.2", "bundled", "nsa", "glm_moe_dsa"),
     "sglang-0.5.23": Target("sglang-0.5.23", "main", "0.5.23", "dsa", "glm_moe_dsa", "cuda-graph-max-bs-decode"),
     # Seed 004's era: the older Miles that wanted a DeepseekV32 config.
     "miles-2026-05": Target("miles-2026-05", "2026-05", "bundled", "nsa", "deepseek_v32"),
 }
-DEFAULT_TARGET = "miles-0.0.2"
+DEFAULT_TARGET = "miles-2026-08-21"
 
 
 @dataclass(frozen=True)
@@ -117,10 +132,11 @@ class Topology:
 
 def _largest_divisor(n: int, cap: int, must_divide: int) -> int:
     """The largest d <= cap with d | n and d | must_divide (at least 1)."""
-    return max(d for d in range(1, max(1, min(cap, n)) + 1) if n % d == 0 and must_divide % d == 0)
+    top = max(1, min(cap, n, must_divide) if must_divide > 0 else min(cap, n))
+    return max(d for d in range(1, top + 1) if n % d == 0 and (must_divide == 0 or must_divide % d == 0))
 
 
-def default_train(spec: ModelSpec, platform: str, mode: str, world: int) -> dict:
+def default_train(spec: ModelSpec, platform: str, mode: str, world: int, target: Target | None = None) -> dict:
     """Training grid defaults. The seeds' configurations are the fixed points of these rules."""
     if platform == "rocm" or mode == "async":
         # Seed 004 ROCm: the actor half trains with TP1 PP1 CP1 and EP over all of it.
@@ -139,8 +155,11 @@ def default_train(spec: ModelSpec, platform: str, mode: str, world: int) -> dict
         return dict(tp=tp, pp=1, cp=1, ep=_largest_divisor(world, 4, spec.num_experts), etp=1)
     # GLM-5, seed 004 NVIDIA: 8 GPUs as TP4+SP, CP2, EP8.
     tp = _largest_divisor(world, 4, spec.tp_divisor)
-    cp = 2 if world // tp >= 2 else 1
     pp = 4 if long and world >= 32 else 1
+    if target and target.main:  # Miles main's launcher: CP1 (600ac7452), CP2 only for the full model on 16+ nodes
+        cp = 2 if long and world >= 128 else 1
+    else:
+        cp = 2 if world // tp >= 2 else 1
     return dict(tp=tp, pp=pp, cp=cp, ep=_largest_divisor(world // pp, 8, spec.num_experts), etp=1)
 
 
@@ -198,23 +217,36 @@ def _split_kv(item: str) -> tuple[str, str]:
 
 def _coerce(key: str, kind: str, raw: object) -> object:
     if not isinstance(raw, str):
-        return tuple(raw) if kind == _LAYERS else raw
+        if kind == _LAYERS:
+            return tuple(_in_range(key, int(n)) for n in raw)
+        return _in_range(key, raw) if kind == _INT and isinstance(raw, int) and not isinstance(raw, bool) else raw
     try:
         if kind == _INT:
-            return int(raw)
-        if kind == _LAYERS:
-            return tuple(int(v) for v in raw.split(","))
+            number = int(raw)
+        elif kind == _LAYERS:
+            numbers = tuple(int(v) for v in raw.split(","))
     except ValueError:
         raise RlsmokeError(
             f"--set {key}={raw} is not {'an integer' if kind == _INT else 'a comma list of integers'}",
             rule="set.value",
             fix=f"give {key} a number",
         ) from None
+    if kind == _INT:
+        return _in_range(key, number)
+    if kind == _LAYERS:
+        return tuple(_in_range(key, n) for n in numbers)
     if raw.lower() in ("1", "true", "yes", "on"):
         return True
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     raise RlsmokeError(f"--set {key}={raw} is not a boolean", rule="set.value", fix=f"use {key}=true or false")
+
+
+def _in_range(key: str, value: int) -> int:
+    if not 0 <= value <= MAX_NUM_GPUS:
+        raise RlsmokeError(f"--set {key}={value} is outside [0, {MAX_NUM_GPUS}]", rule="set.range",
+                           fix=f"give {key} a size within [0, {MAX_NUM_GPUS}]")  # fmt: skip
+    return value
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -232,7 +264,18 @@ def parse_num_gpus(value: object) -> int:
         raise RlsmokeError(
             f"num_gpus={value!r} must be a positive integer", rule="gpus.positive", fix="pass --num-gpus N with N >= 1"
         )
+    if n > MAX_NUM_GPUS:
+        raise RlsmokeError(f"num_gpus={n} is past the largest plan, {MAX_NUM_GPUS} GPUs", rule="gpus.range",
+                           fix=f"pass --num-gpus N with 1 <= N <= {MAX_NUM_GPUS}")  # fmt: skip
     return n
+
+
+def check_gpus_per_node(value: int | None) -> None:
+    """--gpus-per-node when given: 0 is a mistake, not the default."""
+    if value is not None and not 1 <= value <= MAX_GPUS_PER_NODE:
+        raise RlsmokeError(f"gpus_per_node={value} is outside [1, {MAX_GPUS_PER_NODE}]", rule="gpus.per_node",
+                           fix=f"pass --gpus-per-node N with 1 <= N <= {MAX_GPUS_PER_NODE}, or leave it out "
+                               f"(default {DEFAULT_GPUS_PER_NODE}, or NUM_GPUS when smaller)")  # fmt: skip
 
 
 def plan_topology(
@@ -257,6 +300,7 @@ def plan_topology(
             f"target={target!r} is unknown", rule="target.known", fix=f"use one of: {', '.join(TARGETS)}"
         )
     sets = parse_overrides(overrides)
+    check_gpus_per_node(gpus_per_node)
     gpn = gpus_per_node or min(DEFAULT_GPUS_PER_NODE, num_gpus)
 
     if mode == "colocate":
@@ -267,7 +311,7 @@ def plan_topology(
     actor = int(sets.get("actor_gpus", actor))
     rollout = int(sets.get("rollout_gpus", rollout))
 
-    t = default_train(spec, plat.name, mode, max(actor, 1))
+    t = default_train(spec, plat.name, mode, max(actor, 1), TARGETS[target])
     t.update({k[6:]: v for k, v in sets.items() if k.startswith("train.")})
     t.setdefault("sp", t["tp"] > 1)
     t.setdefault("pp_layers", split_layers(spec.num_layers, t["pp"]) if t["pp"] > 0 else ())
@@ -329,7 +373,7 @@ def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], 
     for key in FIX_KEYS.get(rule_id, ()):
         group, field = key.split(".")
         current = int(getattr(failed.train if group == "train" else failed.rollout, field))
-        for value in range(1, failed.num_gpus + 1):
+        for value in _candidates(failed, spec):
             if value == current:
                 continue
             try:
@@ -340,6 +384,24 @@ def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], 
             if not violations(topo, spec):
                 found.append((abs(value - current), len(found), f"{key}={value}"))
     return [kv for *_, kv in sorted(found)[:MAX_FIXES]]
+
+
+def _candidates(topo: Topology, spec: ModelSpec) -> list[int]:
+    """The sizes a single fix may take: every rule is a divisibility, so the divisors of the counts
+    and of the model's heads and experts hold every value that can pass; the small sizes besides.
+    Found in time of the square root of NUM_GPUS, not linear in it."""
+    found = set(range(1, min(topo.num_gpus, 64) + 1))
+    for n in (topo.num_gpus, topo.actor_gpus, topo.rollout_gpus, topo.rollout.gpus_per_engine, spec.num_experts,
+              spec.tp_divisor):
+        found |= _divisors(n)
+    return sorted(v for v in found if 1 <= v <= topo.num_gpus)
+
+
+def _divisors(n: int) -> set[int]:
+    if not 0 < n <= MAX_NUM_GPUS:
+        return set()
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return set(small) | {n // d for d in small}
 
 
 # --- rules ---------------------------------------------------------------------------------------

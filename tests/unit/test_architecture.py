@@ -1,5 +1,5 @@
 """The package's import graph, read from the source with `ast`: no loops, the engine below the suite and
-the CLI, pytest only in the plugin, and `rlsmoke plan` without torch."""
+the CLI, pytest only in the plugin, no module that starts a pytest session, and `rlsmoke plan` without torch."""
 
 import ast
 import subprocess
@@ -81,6 +81,30 @@ def test_the_library_never_imports_pytest():
     users = sorted(m for m, p in MODULES.items() if m != "rlsmoke.pytest_plugin"
                    and {"pytest", "_pytest"} & {n.split(".")[0] for n in _imports(p)})  # fmt: skip
     assert users == []
+
+
+def _pytest_sessions(source: str) -> list[str]:
+    """Where code starts a pytest session: `pytest.main(...)`, or an argv naming pytest (`-m pytest`, a
+    `pytest` executable) in a list or tuple."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "main"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "pytest"):  # fmt: skip
+            found.append(f"line {node.lineno}: pytest.main")
+        if isinstance(node, (ast.List, ast.Tuple)):
+            words = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            if any(w == "pytest" or w.endswith("/pytest") for w in words):
+                found.append(f"line {node.lineno}: argv {words}")
+    return found
+
+
+def test_no_module_of_the_library_starts_a_pytest_session():
+    """A session inside a session changes what pytest promises (order, options, -x, the debugger);
+    speed comes from xdist. The twin: the shapes such code takes are found."""
+    starts = {m: where for m, p in MODULES.items() if (where := _pytest_sessions(p.read_text()))}
+    assert starts == {}
+    twin = 'import pytest, sys\nargv = [sys.executable, "-m", "pytest", "-q"]\npytest.main(["-x"])\n'
+    assert len(_pytest_sessions(twin)) == 2
 
 
 def test_plan_imports_no_torch():

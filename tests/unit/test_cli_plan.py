@@ -88,7 +88,7 @@ def test_tp_must_divide_or_be_a_multiple_of_the_query_groups_under_gqa():
 
 
 def test_diff_generates_seed_004_table():
-    out = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--diff", "rocm")
+    out = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--diff", "rocm", "--target", "miles-0.0.2")
     assert out.returncode == 0
     rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines()[2:]}
     assert "train.py" in rows["script"] and "train_async.py" in rows["script"]
@@ -97,6 +97,22 @@ def test_diff_generates_seed_004_table():
                  "SGLANG_NSA_FORCE_MLA", "NVTE_FUSED_ATTN", "--rollout-num-gpus"):  # fmt: skip
         assert flag in rows, flag
     assert "--num-layers" not in rows  # the model args are the same on both
+
+
+def test_the_default_plan_is_miles_mains():
+    nvidia = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8").stdout
+    assert "--rematerialize-param-from-master-weight" in nvidia and "--disable-weights-backuper" not in nvidia
+    rocm = rlsmoke("plan", GLM5, "--platform", "rocm", "--num-gpus", "8").stdout
+    assert "export INDEXER_ROPE_NEOX_STYLE=0" in rocm and "export SGLANG_NSA_FORCE_MLA=1" in rocm
+
+
+def test_diff_between_targets_is_what_miles_main_changed():
+    out = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--diff", "miles-0.0.2")
+    assert out.returncode == 0 and out.stdout.splitlines()[0].split("|")[2:] == [" miles-2026-08-21 ", " miles-0.0.2"]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:]] for line in out.stdout.splitlines()[2:]}
+    assert rows == {"--context-parallel-size": ["1", "2"], "--sglang-kv-cache-dtype": ["bf16", "—"],
+                    "--rematerialize-param-from-master-weight": ["(set)", "—"],
+                    "--disable-weights-backuper": ["—", "(set)"]}  # fmt: skip
 
 
 def test_target_renders_the_sglang_flag_dialect():
@@ -112,7 +128,9 @@ def test_target_renders_the_sglang_flag_dialect():
 def test_shell_format_is_shell_safe(tmp_path):
     out = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8")
     script = tmp_path / "launch.sh"
-    script.write_text(out.stdout.replace("python3 train.py", "printf '%s\\n' python3 train.py"))
+    # the flow's other commands (prepare, convert, Ray's head) are stood in for by shell functions
+    stubs = "rlsmoke() { :; }; torchrun() { :; }; ray() { :; }\n"
+    script.write_text(stubs + out.stdout.replace("python3 train.py", "printf '%s\\n' python3 train.py"))
     tokens = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path).stdout.split(
         "\n"
     )
@@ -134,16 +152,58 @@ def test_a_topology_error_names_the_values_that_fix_it():
     """NUM_GPUS=6: tp*cp*pp=4 does not divide 6; `--set train.cp=1` fixes it, and the error says so."""
     import re
 
-    bad = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "6")
+    seed_004 = ("--target", "miles-0.0.2")  # CP2 at 8 GPUs; Miles main's launcher has CP1
+    bad = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "6", *seed_004)
     assert bad.returncode == 2 and "[megatron.world_tp_cp_pp]" in bad.stderr, bad.stderr
     fixes = re.findall(r"--set (\S+=\d+)", bad.stderr)
     assert "train.cp=1" in fixes, bad.stderr
     for value in fixes:  # every value named fixes the plan on its own
-        ok = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "6", "--set", value)
+        ok = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "6", "--set", value, *seed_004)
         assert ok.returncode == 0, (value, ok.stderr)
 
 
 def test_on_cpu_the_rules_are_the_plans_not_megatrons():
-    bad = rlsmoke("plan", GLM5, "--platform", "cpu", "--num-gpus", "6")
+    bad = rlsmoke("plan", GLM5, "--platform", "cpu", "--num-gpus", "6", "--target", "miles-0.0.2")
     assert bad.returncode == 2 and bad.stderr.startswith("error: [plan.world_tp_cp_pp]"), bad.stderr
     assert "megatron" not in bad.stderr.lower() and "--set train.cp=1" in bad.stderr
+
+
+def test_plan_prints_every_step_of_the_flow():
+    """prepare, convert to torch_dist (unless released), Ray's head, the job: as a script and as JSON steps."""
+    text = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8").stdout
+    assert "torchrun --nproc-per-node 4 /root/miles/tools/convert_hf_to_torch_dist.py" in text
+    assert f'[ "$(cat /root/models/{GLM5}_torch_dist/latest_checkpointed_iteration.txt 2>/dev/null)" = release ] ||' in text
+    assert "ray start --head" in text and "export MILES_CI_GATE_RECORD_DIR=" in text
+    plan = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "2", "--format", "json").stdout)
+    steps = {s["name"]: s for s in plan["steps"]}
+    assert list(steps) == ["prepare", "convert", "ray-head", "submit"]
+    convert = steps["convert"]["command"]
+    assert convert[:3] == ["torchrun", "--nproc-per-node", "2"]
+    assert convert[convert.index("--save") + 1] == plan["argv"][plan["argv"].index("--ref-load") + 1]
+    assert convert[convert.index("--hf-checkpoint") + 1] == steps["prepare"]["command"][4]
+    submit = steps["submit"]["command"]
+    assert submit[submit.index("--") + 1:] == plan["argv"]
+    assert "MILES_CI_GATE_RECORD_DIR" in json.loads(submit[submit.index("--runtime-env-json") + 1])["env_vars"]
+
+
+def test_plan_reward_target_by_default_deepscaler_on_request():
+    target = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json").stdout)
+    argv = target["argv"]
+    assert argv[argv.index("--custom-rm-path") + 1] == "rlsmoke_reward.target" and "--rm-type" not in argv
+    assert target["env"]["PYTHONPATH"].endswith("/rlsmoke/engine/miles_reward")
+    deep = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json",
+                              "--reward", "deepscaler").stdout)  # fmt: skip
+    assert deep["argv"][deep["argv"].index("--rm-type") + 1] == "deepscaler" and "--custom-rm-path" not in deep["argv"]
+    bad = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--reward", "none")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: [usage]")
+
+
+@pytest.mark.parametrize(("case", "gpus", "dialect"), [(GLM5, "8", True), ("glm4.5-355b-a32b", "64", False)])
+def test_the_prepare_step_is_a_command_rlsmoke_accepts(case, gpus, dialect):
+    from rlsmoke.cli import build_parser
+
+    plan = json.loads(rlsmoke("plan", case, "--platform", "nvidia", "--num-gpus", gpus, "--head-addr", "10.0.0.1",
+                              "--format", "json").stdout)  # fmt: skip
+    prepare = plan["steps"][0]["command"]
+    args = build_parser("prepare").parse_args(prepare[1:])  # GLM-4.5 has no config dialect: no --dialect
+    assert (args.case, args.out, args.dialect is not None) == (case, f"/root/models/{case}", dialect)

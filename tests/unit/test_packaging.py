@@ -12,8 +12,6 @@ import pytest
 
 from rlsmoke.shipped import RUNTIME_FOLDERS
 
-pytestmark = pytest.mark.background  # waits on pip building and installing a wheel
-
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_FILES = ["thresholds/builtin.json", "data/math.jsonl", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"]
 
@@ -39,6 +37,8 @@ def test_the_wheel_carries_the_runtime_data_and_no_test_data(wheel):
     assert {f.split("/")[0] for f in RUNTIME_FILES} == set(RUNTIME_FOLDERS)
     shipped = {n.split("/")[2] for n in names if n.startswith("rlsmoke/_fixtures/")}
     assert shipped == set(RUNTIME_FOLDERS)  # golden snapshots and HF configs stay with the tests
+    # the reward a Miles job imports from the installed package's folder, and the rule it reads
+    assert {"rlsmoke/engine/miles_reward/rlsmoke_reward.py", "rlsmoke/engine/reward.py"} <= names
 
 
 @pytest.mark.slow

@@ -48,10 +48,11 @@ def test_the_head_address_reaches_every_node(how):
 
 @pytest.fixture
 def script_run(tmp_path):
-    """Runs the rendered shell script with `ray` and `python3` on PATH that print what they were given."""
+    """Runs the rendered shell script with `ray`, `python3`, `rlsmoke` and `torchrun` on PATH that print what
+    they were given."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    for tool in ("ray", "python3"):
+    for tool in ("ray", "python3", "rlsmoke", "torchrun"):
         exe = bindir / tool
         exe.write_text(f'#!/bin/sh\necho "{tool} $*"\n')
         exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
@@ -73,7 +74,8 @@ def script_run(tmp_path):
 def test_the_script_starts_the_head_then_the_job_on_node_0(script_run):
     lines = script_run("0").stdout.splitlines()
     assert lines[0].startswith("ray start --head --node-ip-address 10.1.2.3 --num-gpus 8")
-    assert lines[1].startswith("python3 train.py")
+    assert lines[1].startswith("rlsmoke prepare ") and lines[2].startswith("torchrun --nproc-per-node 8 ")
+    assert lines[3].startswith("python3 train.py") and len(lines) == 4
 
 
 def test_the_script_joins_the_head_on_the_other_nodes(script_run):

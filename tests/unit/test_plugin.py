@@ -111,8 +111,15 @@ def isolated(pytester, monkeypatch, tmp_path):
 def test_markers_are_registered(isolated):
     result = isolated.runpytest("--markers")
     for name in ("@pytest.mark.nvidia", "@pytest.mark.rocm", "@pytest.mark.cpu", "@pytest.mark.gpus(n)",
-                 "@pytest.mark.slow", "@pytest.mark.background"):  # fmt: skip
+                 "@pytest.mark.slow"):  # fmt: skip
         result.stdout.fnmatch_lines([f"{name}:*"])
+
+
+def test_case_record_without_a_run_is_a_usage_error_naming_the_fix(isolated):
+    isolated.makepyfile(test_nothing="def test_x(case_record):\n    pass\n")
+    result = isolated.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*uses case_record without a run: parametrize it with rlsmoke.suite.CaseRun*"])
 
 
 def test_unknown_marker_is_an_error(isolated):
@@ -318,7 +325,7 @@ def test_the_warm_server_starts_with_the_session_and_stays_only_for_a_selected_r
             print("KEPT", type(session.config.stash.get(_WARM, None)).__name__)
     """)
     isolated.makepyfile(test_a="def test_plain():\n    pass\n\ndef test_launches(artifacts):\n    pass\n")
-    result = isolated.runpytest("-s", "--run-ahead", "0", *args)
+    result = isolated.runpytest("-s", *args)
     # importing already as the first test is collected, one that launches nothing
     result.stdout.fnmatch_lines(["COLLECTED test_plain WarmServer", f"KEPT {kept}"])
     assert "WarmServer" not in isolated.runpytest("-s", "--co", *args).stdout.str()  # a listing starts none

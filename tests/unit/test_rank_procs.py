@@ -16,8 +16,6 @@ import torch
 from rlsmoke.bridge.convert import Parallel
 from rlsmoke.engine.megatron import available
 
-pytestmark = pytest.mark.background  # waits on a fork server importing torch
-
 needs_mcore = pytest.mark.skipif(
     not available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"
 )

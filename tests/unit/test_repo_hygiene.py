@@ -43,3 +43,15 @@ def test_the_provenance_cites_what_exists():
     verbs = set(re.findall(r"\brlsmoke ([a-z]+)\b", text))
     known = set(build_parser()._subparsers._group_actions[0].choices)
     assert verbs and verbs <= known, verbs - known
+
+
+def test_ci_runs_the_readme_s_test_command_and_plain_pytest_stays_serial():
+    """xdist is the fast path by name; `-n` in addopts would take `--pdb` and `breakpoint()` away."""
+    import tomllib
+
+    quick = (ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    command = next(line.split("#")[0].strip() for line in quick.splitlines() if line.startswith("pytest"))
+    assert command.startswith("pytest -n auto --dist ")
+    assert f"\n{command}\n" in (ROOT / ".ci/run").read_text()
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert not re.search(r"(^|\s)(-n|--numprocesses|--dist)\b", addopts), addopts

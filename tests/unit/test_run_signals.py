@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 from procs import alive, descendants, stat_fields
 
-pytestmark = pytest.mark.background  # waits on Ray's start and its actors
-
 CASE = "glm5-744b-a40b-4layer"
 OUTLIVE_S = 5.0
 # the raylet's agents, as they start (python .../agent.py) and once retitled (ray::DashboardAgent)
@@ -118,6 +116,8 @@ def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_p
     assert stderr.strip().splitlines()[-1].startswith(f"error: interrupted by {sig.name}"), stderr[-3000:]
     last = (out / "run.log").read_text().splitlines()[-1]
     assert last.split("] ", 1)[1].startswith(f"interrupted by {sig.name}"), last
+    said = [line for line in (out / "run.log").read_text().splitlines() if "interrupted by" in line]
+    assert len(said) == 1, said  # the signal received, named once
     if moment != "torch loading":
         assert any("raylet" in cmd or "gcs_server" in cmd for cmd in seen.values()), "no Ray process was seen"
     while time.monotonic() < ended + OUTLIVE_S:
@@ -129,3 +129,29 @@ def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_p
     # Ray's temp folder (session_*, sockets, logs) went with the cluster
     temp_dirs = {m.group(1) for cmd in seen.values() for m in [re.search(r"(/\S*/rlsmoke-ray-[^/\s]+)/", cmd)] if m}
     assert not [d for d in temp_dirs if Path(d).exists()], temp_dirs
+
+
+def test_signals_ctrl_c_on_a_run_of_several_ranks_is_one_line_without_a_rank_s_traceback(tmp_path):
+    """A terminal's Ctrl-C reaches the driver and its ranks alike: the driver stops the run, the ranks
+    end without a word, run.log names the signal once."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "4", "--tiny",
+            "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(descendants(proc.pid)) < 4 or not (out / "run.log").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # the ranks at work
+        os.killpg(proc.pid, signal.SIGINT)  # the whole foreground group, as a terminal sends it
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, stderr[-3000:])
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    said = [line for line in (out / "run.log").read_text().splitlines() if "interrupted by" in line]
+    assert len(said) == 1 and "interrupted by SIGINT" in said[0], said

@@ -88,10 +88,11 @@ def test_output_is_teed_to_the_log_and_the_echo(tmp_path, capsys):
     assert "out line" in capsys.readouterr().out
 
 
-def test_env_has_no_proxy_and_the_plan_env(tmp_path):
-    base = {"PATH": "/usr/bin", "HTTPS_PROXY": "http://proxy:3128", "http_proxy": "http://proxy:3128",
-            "no_proxy": "example"}  # fmt: skip
-    env = runner.clean_env({"MASTER_ADDR": "127.0.0.1", "ALL_PROXY": "socks://x"}, base=base)
+def test_env_has_no_proxy_and_the_plan_env(tmp_path, monkeypatch):
+    for name, value in {"PATH": "/usr/bin", "HTTPS_PROXY": "http://proxy:3128", "http_proxy": "http://proxy:3128",
+                        "no_proxy": "example"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    env = runner.clean_env({"MASTER_ADDR": "127.0.0.1", "ALL_PROXY": "socks://x"})
     assert not {k for k in env if k.lower().endswith("_proxy") and k.lower() != "no_proxy"}
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["no_proxy"] == "example"
     assert env["PATH"].split(os.pathsep)[0] == str(Path(PY).parent)

@@ -2,6 +2,7 @@
 
 from rlsmoke.cases import Case
 from rlsmoke.launch.miles import flag_values
+from rlsmoke.recipe import Recipe
 
 MODEL = (
     "--spec miles_plugins.models.glm5.glm5 get_glm5_spec --moe-layer-freq [0]*3+[1]*1 --num-experts 256 "
@@ -63,7 +64,11 @@ def _as_dict(tokens: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def _rendered(platform: str, mode: str | None = None):
-    plan = Case("glm5-744b-a40b-4layer", platform=platform, num_gpus=8, mode=mode).plan()
+    # Seed 004's Miles (the target before Miles main's launcher changed its flags; test_golden has both),
+    # scored with Miles' deepscaler reward where rlsmoke's default is its dense target reward
+    plan = Case("glm5-744b-a40b-4layer", platform=platform, num_gpus=8, mode=mode, target="miles-0.0.2").plan(
+        recipe=Recipe(reward="deepscaler")
+    )
     flags = _as_dict(plan.launch.argv[2:])
     return plan, {f: v for f, v in flags.items() if f not in PATH_FLAGS}, set(flags) & PATH_FLAGS
 

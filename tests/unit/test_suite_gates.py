@@ -94,14 +94,14 @@ def test_a_history_band_failure_fails_the_run_unless_shadowed(tmp_path, shadow):
     art = Artifacts(tmp_path / "pr", history=db, history_shadow=shadow, record_property=lambda k, v: props.append((k, v)))
     record = _run(art.path, {"train/grad_norm": 200.0})  # inside its threshold (finite, > 0), far outside the band
     if shadow:
-        with pytest.warns(HistoryBandWarning, match="train/grad_norm = 200"):
+        with pytest.warns(HistoryBandWarning, match="train/grad_norm@0 = 200"):
             assert gates_for(CASE, art).check(record).passed
-        assert dict(props)["band:train/grad_norm"].startswith("SHADOW FAIL train/grad_norm = 200")
+        assert dict(props)["band:train/grad_norm@0"].startswith("SHADOW FAIL train/grad_norm@0 = 200")
     else:
-        with pytest.raises(GateFailure, match="train/grad_norm = 200"):
+        with pytest.raises(GateFailure, match="train/grad_norm@0 = 200"):
             gates_for(CASE, art).check(record)
     result = "FAIL (shadow)" if shadow else "FAIL"
-    assert f"| `train/grad_norm` | 200 | [11.2, 84] | 3 | {result} |" in (art.path / "summary.md").read_text()
+    assert f"| `train/grad_norm@0` | 200 | [11.2, 84] | 3 | {result} |" in (art.path / "summary.md").read_text()
 
 
 @pytest.mark.slow

@@ -88,11 +88,20 @@ def test_num_gpus_must_be_positive_integer(bad):
 
 
 def test_seed_004_nvidia_grid():
-    t = plan_topology(model_spec(GLM5), "nvidia", 8)
+    t = plan_topology(model_spec(GLM5), "nvidia", 8, target="miles-0.0.2")
     assert (t.mode, t.train.tp, t.train.sp, t.train.pp, t.train.cp, t.train.ep, t.train.etp) == (
         "colocate", 4, True, 1, 2, 8, 1)  # fmt: skip
     assert (t.rollout.engines, t.rollout.gpus_per_engine, t.rollout.dp, t.rollout.ep) == (1, 8, 8, 8)
     assert (t.actor_gpus, t.rollout_gpus, t.ray_num_gpus) == (8, 8, 8)
+
+
+def test_miles_main_nvidia_grid_is_its_launchers():
+    """scripts/run_glm5_744b_a40b.py on one node: TP4+SP, PP1, CP1, EP = the node's GPUs; its 2-GPU test: TP2."""
+    t = plan_topology(model_spec(GLM5), "nvidia", 8)
+    assert (t.target.name, t.train.tp, t.train.sp, t.train.pp, t.train.cp, t.train.ep) == (
+        "miles-2026-08-21", 4, True, 1, 1, 8)  # fmt: skip
+    t2 = plan_topology(model_spec(GLM5), "nvidia", 2)
+    assert (t2.train.tp, t2.train.cp, t2.train.ep) == (2, 1, 2)
 
 
 def test_seed_004_rocm_grid_and_review_case():
@@ -154,7 +163,7 @@ def test_defaults_are_valid_for_every_power_of_two(case, platform, n):
 
 def test_derived_unless_set():
     t = plan_topology(model_spec(GLM5), "nvidia", 8, None, {"train.tp": 1})
-    assert (t.train.sp, t.train.dp) == (False, 4)  # SP and DP follow the new TP
+    assert (t.train.sp, t.train.dp) == (False, 8)  # SP and DP follow the new TP (CP 1)
 
 
 def test_split_layers():

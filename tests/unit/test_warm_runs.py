@@ -23,7 +23,6 @@ from rlsmoke.launch import runner
 from rlsmoke.launch.warm import ForkedRun, WarmServer
 
 pytest_plugins = ["pytester"]
-pytestmark = pytest.mark.background  # waits on forked and fresh runs
 
 CASE = "glm5-744b-a40b-4layer"
 
@@ -85,6 +84,23 @@ def test_a_usage_error_in_a_fork_is_exit_2_with_one_error_line(server, tmp_path)
     errors = [line for line in result.log.read_text().splitlines() if line.startswith("error:")]
     assert forked and result.returncode == ExitCode.USAGE and len(errors) == 1, result.log.read_text()
     assert "Traceback" not in result.log.read_text()
+
+
+def test_a_run_after_the_warm_server_died_starts_cold_and_its_log_says_why(tmp_path):
+    """The server is killed between two runs: the second is spawned, with the same outcome."""
+    warm = WarmServer.start(runner.clean_env())
+    try:
+        first, forked = _forked(warm, tmp_path, "--n-samples", "0", name="first")
+        assert forked and first.wait(120).returncode == ExitCode.USAGE
+        warm.proc.kill()
+        warm.proc.wait()
+        second, forked = _forked(warm, tmp_path, "--n-samples", "0", name="second")
+        result = second.wait(120)
+    finally:
+        warm.stop()
+    log = result.log.read_text()
+    assert not forked and result.returncode == ExitCode.USAGE, log
+    assert "rlsmoke: started cold: the warm run server did not answer" in log, log
 
 
 def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(server, tmp_path):

@@ -2,7 +2,8 @@
 
 The cache is keyed by (case, width, seed, dialect, fp8) under $RLSMOKE_CACHE or ~/.cache/rlsmoke, so
 e2e tests prepare once. A file lock makes concurrent test workers wait instead of writing twice; a
-cached folder is verified on every hit and rebuilt if it does not pass.
+cached folder is verified on every hit (headers, and the sha256 of every shard, stamped by
+`checkpoints.identity`) and rebuilt if it does not pass.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def prepare(
     """A cached, verified synthesized checkpoint folder for the case. `say` hears what a build will write."""
     from filelock import FileLock
 
+    from rlsmoke.checkpoints.identity import check_checksums
     from rlsmoke.checkpoints.verification import verify
 
     _check_dialect(case_name, tiny, dialect)
@@ -51,6 +53,7 @@ def prepare(
         if out.exists():
             try:
                 verify(out, checksums=False)
+                check_checksums(out, cache_dir=cache_dir)  # hashed once, then a stamp that a write invalidates
                 return out
             except CheckpointError as e:
                 print(f"rlsmoke: cached checkpoint failed verification, rebuilding: {e}", file=sys.stderr)

@@ -9,20 +9,27 @@ and run.log ends with "interrupted".
 
 from __future__ import annotations
 
-import _thread
 import argparse
 import contextlib
 import importlib
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 
+from rlsmoke.artifacts import RunFolder, disk_full, no_room
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
-from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS, ROLLOUT_BATCHES, RunConfig, dtype_name, parse_inject
+from rlsmoke.engine import limits, signals
+from rlsmoke.engine.config import (
+    BUILTIN_ASYNC_GPUS,
+    BUILTIN_METRICS,
+    ROLLOUT_BATCHES,
+    RunConfig,
+    dtype_name,
+    parse_inject,
+)
 from rlsmoke.engine.data import prompt_rows
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 from rlsmoke.metrics import seed_records, update_summary
@@ -149,23 +156,25 @@ def config_from_args(args):
     if args.repeat < 1:
         raise RlsmokeError(f"repeat={args.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
     cfg.validate()
+    limits.check_numbers(cfg, repeat=args.repeat)
     prompt_rows(cfg.prompt_data, cfg.n_prompts)  # read again by the run: a bad file is refused here, not there
+    longest = limits.longest_prompt(cfg.prompt_data, cfg.checkpoint)
+    limits.check_context(cfg, longest, limits.context_limits(spec, cfg.checkpoint))
+    if platform.name == "cpu":
+        limits.check_host_memory(cfg, longest.tokens)
     if not args.records_only:  # gated here after the run: a broken thresholds file is refused before it
-        check_thresholds()
+        check_thresholds(cfg.run_key, BUILTIN_METRICS)
     if platform.name != "cpu":
         from rlsmoke.memory import check_run_fits, offload_needed
 
         if cfg.offload is None:
             cfg = cfg.replace(offload=offload_needed(cfg, spec))
-        check_run_fits(cfg, spec)  # a run that cannot fit is refused here, not by an OOM after loading
+        check_run_fits(cfg, spec, prompt_tokens=longest.tokens)  # refused here, not by an OOM after loading
     return cfg
 
 
 def _given(value: int | None, default: int) -> int:
     return default if value is None else value
-
-
-RECORDS = ("run.log", "metrics.jsonl", "summary.json")  # what a run writes into --out
 
 
 def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
@@ -176,64 +185,6 @@ def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
         n += 1
         out = runs / case / f"{stamp}-{n}"
     return out
-
-
-def writable_out(out: Path, *, overwrite: bool = False) -> Path:
-    """--out as a folder this process can write, made now: a bad one is bad input, not a traceback. An
-    earlier run's records there are kept unless --overwrite, which removes them first."""
-    if out.exists() and not out.is_dir():
-        raise RlsmokeError(f"--out {out} is a file, not a folder", rule="run.out",
-                           fix="pass --out a new or existing folder (default: a new ./rlsmoke-runs/CASE/TIME)")  # fmt: skip
-    earlier = [name for name in RECORDS if (out / name).exists()]
-    if earlier and not overwrite:
-        raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})", rule="run.out_used",
-                           fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in earlier:
-            (out / name).unlink()
-        probe = out / ".rlsmoke-write-probe"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise RlsmokeError(f"--out {out} cannot be written ({exc.strerror or exc})", rule="run.out",
-                           fix="pass --out a folder you can write (default: a new ./rlsmoke-runs/CASE/TIME)") from None  # fmt: skip
-    return out
-
-
-# The import machinery's frames: an interrupt raised inside an import leaves half a module behind, which
-# the importer may swallow (torch imports numpy under a bare try) or trip over later ("cannot load module
-# more than once"). Such an interrupt waits until the import is over.
-_IMPORT_FRAMES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
-
-
-def _inside_import(frame) -> bool:
-    while frame is not None:
-        if frame.f_code.co_filename in _IMPORT_FRAMES:
-            return True
-        frame = frame.f_back
-    return False
-
-
-_RECEIVED: list[int] = []  # the signal that stopped the run: Ray's wait re-raises it as a bare KeyboardInterrupt
-
-
-def _on_signal(signum, frame) -> None:
-    if _inside_import(frame):
-        threading.Thread(target=_deliver_after_import, args=(signum,), daemon=True).start()
-        return
-    # Once: a second signal during the cleanup must not cut it short (SIGKILL still ends everything).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _RECEIVED.append(signum)
-    raise Interrupted(signum)
-
-
-def _deliver_after_import(signum: int) -> None:
-    main = threading.main_thread().ident
-    while _inside_import(sys._current_frames().get(main)):
-        time.sleep(0.02)
-    _thread.interrupt_main(signum)  # the handler again, in the main thread, now outside the import
 
 
 class CommandLog:
@@ -249,7 +200,7 @@ class CommandLog:
 
     def interrupted(self, exc: KeyboardInterrupt) -> None:
         """Unless the engine said so already: an interrupt before the run began, or after it ended."""
-        name = signal.Signals(exc.signum).name if isinstance(exc, Interrupted) else "SIGINT"
+        name = signals.interrupted_by(exc)
         last = self.path.read_text().rstrip().splitlines()[-1:] if self.path.exists() else []
         if not (last and f"] interrupted by {name}" in last[0]):
             self(f"interrupted by {name}")
@@ -299,37 +250,42 @@ def _process_started() -> float:
 
 def handler(args) -> int:
     started = _process_started()
-    _RECEIVED.clear()
-    # Before anything starts: the async placement keeps these over Ray's own (which aborts with a stack
-    # dump); once the records and the verdict are written, the caller's come back.
-    before = {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with signals.stopping_run():  # before anything starts, until the records and the verdict are written
         return _handle(args, started)
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
 
 
 def _handle(args, started: float) -> int:
     cfg = config_from_args(args)
-    out = writable_out(args.out or default_out(cfg.case), overwrite=args.overwrite)
-    log = CommandLog(out, started)
-    try:
-        return _run_and_gate(cfg, args, out, log, started)
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
-        if _RECEIVED and getattr(exc, "signum", None) != _RECEIVED[0]:
-            exc = Interrupted(_RECEIVED[0])
-        log.interrupted(exc)
-        raise exc from None
-    except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
-        if log.path.exists() and exc.one_line() not in log.path.read_text():
-            log(f"error: {exc.one_line()}")
-        raise
-    except Exception as exc:  # a bug: exit 3, never 1 (a gate failed); the traceback goes to run.log
-        log("error: [run.crashed] the run raised an unexpected exception", block=traceback.format_exc().rstrip())
-        cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
-        print(f"error: [run.crashed] {cause}. Traceback in {log.path}", file=sys.stderr)
-        return ExitCode.RUN_FAILED
+    with RunFolder(args.out or default_out(cfg.case), overwrite=args.overwrite) as folder:
+        out = folder.records  # --overwrite: a staging sibling until the run is complete
+        log = CommandLog(out, started)
+        try:
+            code = _run_and_gate(cfg, args, out, log, started)
+            if code in (ExitCode.OK, ExitCode.GATE_FAILED):
+                folder.commit()
+            return code
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
+            if signals.received() is not None and getattr(exc, "signum", None) != signals.received():
+                exc = Interrupted(signals.received())
+            with contextlib.suppress(OSError):
+                log.interrupted(exc)
+            folder.discard()
+            raise exc from None
+        except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
+            with contextlib.suppress(OSError):
+                if log.path.exists() and exc.one_line() not in log.path.read_text():
+                    log(f"error: {exc.one_line()}")
+            raise
+        except Exception as exc:
+            if no_room(exc):  # the disk, not the run: one line, never a traceback or exit 1
+                raise disk_full(out, exc) from None
+            # a bug: exit 3, never 1 (a gate failed); the traceback goes to run.log
+            with contextlib.suppress(OSError):
+                log("error: [run.crashed] the run raised an unexpected exception",
+                    block=traceback.format_exc().rstrip())  # fmt: skip
+            cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
+            print(f"error: [run.crashed] {cause}. Traceback in {log.path}", file=sys.stderr)
+            return ExitCode.RUN_FAILED
 
 
 def _load_engine(cfg: RunConfig, log: CommandLog):
@@ -337,14 +293,12 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
     tokenizers, Ray). Nothing has started yet, so an interrupt meanwhile ends the process at once
     rather than in the middle of an import (which would leave half a module behind)."""
 
-    def exit_now(signum, frame):
+    def say(signum: int) -> None:
         log.interrupted(Interrupted(signum))
         print(f"error: interrupted by {signal.Signals(signum).name}; nothing had started yet", file=sys.stderr,
               flush=True)  # fmt: skip
-        os._exit(128 + signum)
 
-    handlers = {signum: signal.signal(signum, exit_now) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with signals.exit_at_once(say):
         from rlsmoke.engine.run import describe_timing, execute  # torch and transformers
 
         kind = cfg.spec.hf_model_type
@@ -352,9 +306,6 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
         for name in lazy + (["ray", "ray.util.placement_group"] if cfg.mode == "async" else []):
             with contextlib.suppress(ImportError):  # the engine says what is missing, where it needs it
                 importlib.import_module(name)
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
     return describe_timing, execute
 
 

@@ -36,6 +36,16 @@ INJECTIONS = {
     "bridge-gate-up-order": False,
 }
 TRAINERS = ("fsdp", "megatron")  # HF modeling code (FSDP2 on several GPUs) | megatron-core GPTModel
+# Every metric the built-in engine logs (both trainers; sync/ranks with several ranks), and the one
+# `metrics.Record` derives from them: a thresholds gate on any other is refused before a run.
+BUILTIN_METRICS = frozenset({
+    "rollout/raw_reward", "rollout/log_probs", "rollout/rollout_log_probs", "rollout/entropy", "rollout/response_len",
+    "rollout/logprob_mean_diff",
+    "train/train_rollout_logprob_abs_diff", "train/train_rollout_logprob_abs_diff_max", "train/train_rollout_kl",
+    "train/train_rollout_logprob_slope", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl", "train/entropy_loss",
+    "train/kl_loss", "train/loss", "train/grad_norm", "train/lr", "train/updated_params_frac",
+    "sync/checked_params", "sync/mismatched_params", "sync/max_abs_diff", "sync/ranks",
+})  # fmt: skip
 
 
 def executed_layout(*, dp: int) -> dict:

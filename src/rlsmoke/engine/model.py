@@ -25,9 +25,12 @@ def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None =
             rule="checkpoint.exists",
             fix=f"run `rlsmoke prepare {case}` or pass an existing --checkpoint DIR",
         )
+    from rlsmoke.checkpoints.identity import check_checkpoint
     from rlsmoke.checkpoints.verification import verify
+    from rlsmoke.models import model_spec
 
     verify(given, checksums=False)  # headers and lengths: a truncated shard is named here, not by a loader
+    check_checkpoint(given, model_spec(case, tiny=tiny))  # this case's model, every byte as its manifest says
     return given
 
 
@@ -94,25 +97,3 @@ def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
-
-
-def check_dsa_dense(path: Path, longest: int) -> None:
-    """A DSA model's sequences must fit its indexer's top-k: below it decode and full forward agree.
-
-    Past index_topk the KV-cache decode and the full forward choose their keys independently: ties at
-    an index score of exactly 0 (every indexer head's ReLU clipped, common at few heads) and near-ties
-    under rounding go different ways, and one other key moves a token's log-prob by up to nats.
-    """
-    import json
-
-    cfg = json.loads((Path(path) / "config.json").read_text())
-    topk = (cfg.get("text_config") or cfg).get("index_topk")
-    if topk is not None and longest > topk:
-        raise CheckpointError(
-            f"checkpoint={path} has index_topk={topk} but this run's longest sequence is {longest} tokens: past "
-            "index_topk DSA's KV-cache decode and full forward pick different keys, so train and rollout "
-            "log-probs stop being comparable",
-            rule="dsa.dense_at_shape",
-            fix=f"lower --max-response-len by {longest - topk}, or rebuild the checkpoint (rlsmoke prepare CASE "
-            "--force) so that index_topk covers the sequence",
-        )

@@ -3,15 +3,13 @@
 The two workers are plain classes. Colocated, they share a process and a device; async, each is a
 Ray actor pinned to its own placement-group bundle (train GPUs first, then rollout GPUs), as Miles
 places its actor and its SGLang engines. Ray is imported only in async mode: the single-process
-mode must run where Ray is not installed.
+mode must run where Ray is not installed. What the step asks of a placement: `engine.workers`.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from rlsmoke.engine.model import TORCH_DTYPES, derive_policy, load_policy, witho
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.workers import Placement, TrainSide, phased
 from rlsmoke.errors import RlsmokeError, RunError
 
 
@@ -166,17 +165,16 @@ class Colocated:
                              rollout_model=self.rollout.model)  # fmt: skip
         self.where = {"train": _where(), "rollout": _where()}
 
+    @phased("rollout")
     def generate(self, prompt_ids, n, seed):
-        self.phases.enter("rollout")
         return self.rollout.generate(prompt_ids, n, seed)
 
+    @phased("train")
     def forward_only(self, groups):
-        self.phases.enter("train")
         return self.train.forward_only(groups)
 
+    @phased("train", step=True)
     def step(self, groups, old, advantages):
-        self.phases.enter("train")
-        self.phases.for_step()
         return self.train.step(groups, old, advantages)
 
     def memory(self) -> list:
@@ -195,8 +193,8 @@ class Colocated:
         self.initial = reuse.InitialRun(self.train.trainer, self.rollout.model, self._rollout_weights,
                                         reuse.narrow_for(self.cfg))  # fmt: skip
 
+    @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
     def restore_initial(self) -> None:
-        self.phases.enter("sync")  # the weight sync's residency: main weights and the rollout copy on the device
         self.initial.restore()
 
     def _rollout_weights(self):
@@ -206,8 +204,8 @@ class Colocated:
     def offload_state(self) -> list[dict]:
         return [self.phases.state()]
 
+    @phased("sync")
     def sync(self, *, skip: bool) -> dict[str, float]:
-        self.phases.enter("sync")
         return sync.load_and_compare(self.rollout.model, self._rollout_weights(), load=not skip)
 
     def close(self) -> None:
@@ -234,25 +232,17 @@ class RayAsync:
                 rule="engine.ray",
                 fix="pip install 'rlsmoke[ray]', or run with --mode colocate --num-gpus 1",
             ) from None
-        from rlsmoke.engine.ray_cluster import LocalCluster, held_signals
+        from rlsmoke.engine import signals
+        from rlsmoke.engine.ray_cluster import LocalCluster
 
         self.ray, self.cfg, self.cluster = ray, cfg, None
         gpus = cfg.num_gpus
         try:  # an interrupt at any point, during Ray's start too: close() ends the whole cluster
             self.cluster = LocalCluster(num_cpus=max(2, gpus), num_gpus=gpus)
-            handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-            # Ray's core worker takes SIGTERM over while it connects (an abort with a stack dump): the
-            # signals wait until the caller's handlers are back.
-            with held_signals():
-                try:
-                    ray.init(address=self.cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False,
-                             configure_logging=False,
-                             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}})  # fmt: skip
-                finally:
-                    if threading.current_thread() is threading.main_thread():
-                        for signum, handler in handlers.items():
-                            if handler is not None:
-                                signal.signal(signum, handler)
+            with signals.held():  # Ray's core worker takes SIGTERM over while it connects
+                ray.init(address=self.cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False,
+                         configure_logging=False,
+                         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}})  # fmt: skip
             bundles = [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}]  # (train, rollout)
             self.pg = placement_group(bundles, strategy="PACK")
             ray.get(self.pg.ready(), timeout=60)
@@ -321,22 +311,19 @@ class RayAsync:
 
     def close(self) -> None:
         """The driver leaves, then every process of the cluster ends (actors, raylet, agents, GCS)."""
-        from rlsmoke.engine.ray_cluster import held_signals
+        from rlsmoke.engine import signals
 
         try:
             if self.ray.is_initialized():
-                sigterm = signal.getsignal(signal.SIGTERM)
-                with held_signals():  # Ray's shutdown resets SIGTERM to its default (death): the caller's comes back
+                with signals.held():  # Ray's shutdown resets SIGTERM to its default (death)
                     self.ray.shutdown()
-                    if sigterm is not None and threading.current_thread() is threading.main_thread():
-                        signal.signal(signal.SIGTERM, sigterm)
         finally:
             if self.cluster is not None:
                 self.cluster.stop()
                 self.cluster = None
 
 
-def train_worker(cfg: RunConfig, ckpt: Path):
+def train_worker(cfg: RunConfig, ckpt: Path) -> TrainSide:
     if cfg.trainer == "megatron":
         from rlsmoke.engine.megatron.trainer import MegatronTrainWorker
 
@@ -344,7 +331,7 @@ def train_worker(cfg: RunConfig, ckpt: Path):
     return TrainWorker(cfg, ckpt)
 
 
-def open_workers(cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
+def open_workers(cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int) -> Placement:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if cfg.mode == "async":
         return RayAsync(cfg, ckpt, eos_id, pad_id)

@@ -4,14 +4,14 @@
 Ray's own SIGTERM handler is installed (a SIGTERM then aborts with a stack dump), and an interrupt in
 the middle of it left the agents running, adopted by init. So a child process in a session of its own
 starts the cluster (the same loopback `ray.init`, its temp folder under one this module removes) and
-waits; the run connects to it as a driver, with SIGINT and SIGTERM held while Ray sets itself up.
+waits; the run connects to it as a driver, with SIGINT and SIGTERM held while Ray sets itself up
+(`engine.signals`).
 Stopping kills every process of that session by pid: Ray's workers take process groups of their own,
 but none leaves the session.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
@@ -20,13 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+from rlsmoke.engine import signals
 from rlsmoke.errors import RunError
 
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # The cluster's own process. It ends with the run even when the run is killed outright (Linux's
 # parent-death signal), reports the GCS address, then sleeps until it is ended.
 _HEAD = """
@@ -45,22 +44,6 @@ while True:
 """
 
 
-@contextlib.contextmanager
-def held_signals():
-    """SIGINT and SIGTERM wait (in the main thread) until the block ends, then arrive as usual.
-
-    Threads and processes started inside inherit the mask: the cluster's head unblocks its own.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
 class LocalCluster:
     """A one-node Ray cluster on loopback, in its own session; `address` is what `ray.init` connects to."""
 
@@ -73,7 +56,7 @@ class LocalCluster:
                    "configure_logging": False}  # fmt: skip
         log = (self.temp_dir / "head.log").open("w")
         try:
-            with held_signals():  # an interrupt now would leave a child that no one stops
+            with signals.held():  # an interrupt now would leave a child that no one stops
                 self.proc = subprocess.Popen(
                     [sys.executable, "-c", _HEAD, str(os.getpid()), json.dumps(options)],
                     stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,

@@ -37,4 +37,3 @@ REWARDS: dict[str, Callable[[str, Sequence[int], str], float]] = {
     "math": math_reward,
     "target": target_reward,
 }
-EXPECTED_RANGE = {"math": (0.0, 1.0), "target": (0.0, 1.0)}

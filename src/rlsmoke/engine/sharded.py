@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import kda, reuse, sync
+from rlsmoke.engine import kda, reuse, signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.workers import phased
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
 
@@ -111,17 +112,16 @@ class Rank:
     def mine(self, items: list) -> list:
         return items[self.rank :: self.world]
 
+    @phased("rollout")
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
-        self.phases.enter("rollout")
         return self.engine.generate(prompt_ids, n, seed, indices=self.mine(list(range(len(prompt_ids)))))
 
+    @phased("train")
     def forward_only(self, groups: list[Group]):
-        self.phases.enter("train")
         return self.trainer.forward_only(groups)
 
+    @phased("train", step=True)
     def step(self, groups, old, advantages):
-        self.phases.enter("train")
-        self.phases.for_step()
         return self.trainer.step(groups, old, advantages)
 
     def full_weights(self):
@@ -130,8 +130,8 @@ class Rank:
         for name, p in self.trainer.model.named_parameters():
             yield name, _full(p.detach()).to(dtype)
 
+    @phased("sync")
     def sync(self, skip: bool) -> dict[str, float]:
-        self.phases.enter("sync")
         result = sync.load_and_compare(self.rollout_model, self.full_weights(), load=not skip)
         mismatched = self.trainer.global_sum(result["sync/mismatched_params"])
         return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
@@ -146,8 +146,8 @@ class Rank:
     def keep_initial(self) -> None:
         self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.full_weights, reuse.narrow_for(self.cfg))
 
+    @phased("sync")  # the gather below needs the shards on the device
     def restore_initial(self) -> None:
-        self.phases.enter("sync")  # the gather below needs the shards on the device
         self.initial.restore()
 
     def offload_state(self) -> dict:
@@ -162,6 +162,7 @@ class Rank:
 
 
 def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int) -> None:
+    signals.in_rank()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(cpu_share(world))  # this run's budget (a pytest worker's share), split by rank
     without_cudnn_attention()

@@ -1,4 +1,5 @@
-"""`rlsmoke plan --diff`: seed 004's NVIDIA -> ROCm table, generated from two renders."""
+"""`rlsmoke plan --diff`: seed 004's NVIDIA -> ROCm table, or what one target changes against another,
+generated from two renders."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ def _by_flag(plan) -> dict[str, tuple[str, str]]:
     return out
 
 
-def diff_rows(case, other_platform: str) -> list[tuple[str, str, str, str]]:
-    """(group, flag or env var, value here, value on the other platform) for everything that differs."""
+def diff_rows(case, other_platform: str | None = None, *, other_target: str | None = None) -> list[tuple[str, str, str, str]]:
+    """(group, flag or env var, value here, value there) for everything that differs on the other platform
+    (in its default mode) or for the other target (the same platform and mode)."""
     here = case.plan()
-    there = dataclasses.replace(case, platform=other_platform, mode=None).plan()
+    if other_target is not None:
+        there = dataclasses.replace(case, target=other_target).plan()
+    else:
+        there = dataclasses.replace(case, platform=other_platform, mode=None).plan()
     a, b = _by_flag(here), _by_flag(there)
     rows = []
     for flag in list(a) + [f for f in b if f not in a]:
@@ -35,8 +40,16 @@ def diff_rows(case, other_platform: str) -> list[tuple[str, str, str, str]]:
 
 
 def diff_platforms(case, other_platform: str) -> str:
-    rows = diff_rows(case, other_platform)
-    head = ("group", "flag / env", case.platform, other_platform)
+    return _table(diff_rows(case, other_platform), (case.platform, other_platform))
+
+
+def diff_targets(case, other_target: str) -> str:
+    """What changes in the launch when it is rendered for `other_target` instead of the case's target."""
+    return _table(diff_rows(case, other_target=other_target), (case.target, other_target))
+
+
+def _table(rows: list[tuple[str, str, str, str]], names: tuple[str, str]) -> str:
+    head = ("group", "flag / env", *names)
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
     fmt = " | ".join(f"{{:{w}}}" for w in widths)
     lines = [fmt.format(*head), "-+-".join("-" * w for w in widths)]

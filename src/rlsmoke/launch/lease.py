@@ -120,9 +120,6 @@ class PortLease:
     def worker_ports(self) -> tuple[int, int]:
         return self.base + WORKER_PORTS[0], self.base + WORKER_PORTS[1]
 
-    def all_named(self) -> dict[str, int]:
-        return {name: self.base + off for name, off in PORT_NAMES.items()}
-
     def release(self) -> None:
         if self._lock is not None:
             self._lock.release()

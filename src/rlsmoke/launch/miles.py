@@ -11,12 +11,21 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlsmoke.launch.substitutions import SUBSTITUTIONS
 from rlsmoke.models import ModelSpec
 from rlsmoke.platforms import get_platform
 from rlsmoke.recipe import Recipe
 from rlsmoke.topology import Target, Topology
+
+# The folder of `rlsmoke_reward.py`, Miles' `--custom-rm-path` module: a plain file that needs no rlsmoke
+# installed where the job runs, only this folder on its PYTHONPATH.
+REWARD_DIR = Path(__file__).resolve().parents[1] / "engine" / "miles_reward"
+REWARD_FLAGS = {
+    "target": ["--custom-rm-path", "rlsmoke_reward.target"],
+    "deepscaler": ["--rm-type", "deepscaler"],
+}
 
 GROUP_ORDER = ("model", "ckpt", "rollout", "perf", "grpo", "optimizer", "sglang", "ci", "misc")
 
@@ -29,10 +38,12 @@ class Paths:
     data_dir: str = "/root/datasets"
     output_dir: str = "/root/shared_data"
     megatron_root: str = "/root/Megatron-LM"
+    miles_root: str = "/root/miles"
+    reward_dir: str = str(REWARD_DIR)  # where the job imports `rlsmoke_reward` from
 
     @classmethod
     def placeholders(cls) -> Paths:
-        return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>")
+        return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>", "<MILES_ROOT>", "<RLSMOKE_REWARD_DIR>")
 
 
 LAUNCHER_ONLY = frozenset({"master_addr"})
@@ -66,6 +77,7 @@ class Launch:
     master_addr: str = LOOPBACK
     extra: dict = field(default_factory=dict)
     num_nodes: int = 1
+    target: str = ""  # the target whose flags these are (topology.TARGETS)
 
     @property
     def argv(self) -> list[str]:
@@ -124,16 +136,23 @@ def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
     return out
 
 
-def _substituted(platform: str, group: str, target: Target, uses_dsa: bool) -> list[str]:
-    """The substitution rows of `group`, with the target's flag stems filled in."""
+def _rows(topo: Topology, uses_dsa: bool):
+    """The substitution rows that hold for the plan's launcher, mode, model and actor size."""
+    return [row for row in SUBSTITUTIONS if row.holds(topo.target.launcher, topo.mode, uses_dsa, topo.actor_gpus)]
+
+
+def _substituted(platform: str, group: str, topo: Topology, uses_dsa: bool) -> list[str]:
+    """The substitution rows of `group`, with the target's flag stems and the plan's counts filled in."""
+    target: Target = topo.target
     toks: list[str] = []
-    for row in SUBSTITUTIONS:
+    for row in _rows(topo, uses_dsa):
         if row.group != group:
             continue
         flags = row.flags(platform)
         if any("{dsa}" in f for f in flags) and not uses_dsa:
             continue
-        toks += [f.format(dsa=target.dsa_flag, cuda_graph_bs=target.cuda_graph_bs_flag) for f in flags]
+        toks += [f.format(dsa=target.dsa_flag, cuda_graph_bs=target.cuda_graph_bs_flag,
+                          chunked_prefill=2048 * topo.rollout.gpus_per_engine) for f in flags]  # fmt: skip
     return toks
 
 
@@ -170,7 +189,7 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
         sglang += ["--sglang-dp-size", str(r.dp)]
     if r.dense_tp_lm_head:
         sglang += ["--sglang-moe-dense-tp-size", "1", "--sglang-enable-dp-lm-head"]
-    sglang += _substituted(plat, "sglang", topo.target, uses_dsa)
+    sglang += _substituted(plat, "sglang", topo, uses_dsa)
     if uses_dsa:
         sglang += ["--sglang-attention-backend", "nsa"]
     sglang += ["--sglang-watchdog-timeout", "3600"]
@@ -189,7 +208,7 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
         "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
         "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32",
     ]  # fmt: skip
-    misc += _substituted(plat, "misc", topo.target, uses_dsa)
+    misc += _substituted(plat, "misc", topo, uses_dsa)
     if t.cp > 1:
         misc.append("--allgather-cp")
     misc += ["--update-weight-buffer-size", str(2 * 1024**3), *placement,
@@ -201,7 +220,7 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
                  "--save", ckpt_dir, "--save-interval", "20"],
         "rollout": [
             "--prompt-data", f"{paths.data_dir}/{recipe.prompt_file}", "--input-key", "prompt",
-            "--label-key", "label", "--apply-chat-template", "--rollout-shuffle", "--rm-type", "deepscaler",
+            "--label-key", "label", "--apply-chat-template", "--rollout-shuffle", *REWARD_FLAGS[recipe.reward],
             "--num-rollout", str(recipe.num_rollout), "--rollout-batch-size", str(recipe.rollout_batch_size),
             "--n-samples-per-prompt", str(recipe.n_samples_per_prompt),
             "--rollout-max-response-len", str(recipe.rollout_max_response_len),
@@ -216,7 +235,7 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
         "optimizer": ["--optimizer", "adam", "--lr", _num(recipe.lr), "--lr-decay-style", "constant",
                       "--weight-decay", _num(recipe.weight_decay), "--adam-beta1", _num(recipe.adam_betas[0]),
                       "--adam-beta2", _num(recipe.adam_betas[1]),
-                      *_substituted(plat, "optimizer", topo.target, uses_dsa)],
+                      *_substituted(plat, "optimizer", topo, uses_dsa)],
         "sglang": sglang,
         "ci": ["--ci-test", "--ci-disable-logprobs-checker"],
         "misc": misc,
@@ -224,10 +243,11 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
     return Launch(
         script="train.py" if topo.mode == "colocate" else "train_async.py",
         groups=_dedupe(groups),
-        env=render_env(topo, paths, recipe),
+        env=render_env(topo, paths, recipe, uses_dsa),
         ray_num_gpus=topo.ray_num_gpus,
         master_addr=head_addr(topo, recipe),
         num_nodes=topo.num_nodes,
+        target=topo.target.name,
     )
 
 
@@ -239,7 +259,7 @@ def _uneven_stages(pp_layers: tuple[int, ...]) -> list[str]:
             "--decoder-last-pipeline-num-layers", str(pp_layers[-1])]  # fmt: skip
 
 
-def render_env(topo: Topology, paths: Paths, recipe: Recipe) -> dict[str, str]:
+def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool = True) -> dict[str, str]:
     plat = topo.platform if topo.platform != "cpu" else "nvidia"
     env = {
         "PYTHONUNBUFFERED": "1",
@@ -247,9 +267,9 @@ def render_env(topo: Topology, paths: Paths, recipe: Recipe) -> dict[str, str]:
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
         "no_proxy": ",".join(dict.fromkeys((LOOPBACK, head_addr(topo, recipe)))),  # the head once, on one node
         "MASTER_ADDR": head_addr(topo, recipe),
-        "PYTHONPATH": paths.megatron_root,
+        "PYTHONPATH": paths.megatron_root if recipe.reward != "target" else f"{paths.megatron_root}:{paths.reward_dir}",
     }
-    for row in SUBSTITUTIONS:
+    for row in _rows(topo, uses_dsa):
         env.update(row.env(plat))
     var = get_platform(plat).visible_devices_var
     if plat == "rocm" and var:

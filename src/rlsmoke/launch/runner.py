@@ -44,9 +44,9 @@ class Result:
         return self.returncode == 0 and not self.timed_out
 
 
-def clean_env(extra: Mapping[str, str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`base` (default os.environ) without proxy variables, plus `extra`; the interpreter's bin dir first."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in PROXY_VARS}
+def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
+    """os.environ without proxy variables, plus `extra`; the interpreter's bin dir first."""
+    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
     env.update(extra)
     for var in PROXY_VARS:  # a plan could not reintroduce one either
         env.pop(var, None)
@@ -143,13 +143,17 @@ class Process:
         self.started = time.monotonic()
         env = {**env, TOKEN_VAR: self.token}
         cold = warm.refusal(self.argv, env) if warm is not None else "no warm server"
+        out = self._logf.fileno()  # opened for appending: the command's lines and ours interleave whole
+        self.proc = None
+        if cold is None:
+            try:
+                self.proc = warm.fork(self.argv, env, cwd, outputs=None if echo else (out, out))
+            except OSError as exc:  # the server died (killed, out of memory): the run still runs, cold
+                cold = f"the warm run server did not answer ({type(exc).__name__}: {exc})"
         if cold is not None and warm is not None and self.argv[1:3] == ("-m", "rlsmoke.cli"):  # could have been warm
             self._logf.write(f"rlsmoke: started cold: {cold}\n")
             self._logf.flush()
-        out = self._logf.fileno()  # opened for appending: the command's lines and ours interleave whole
-        if cold is None:
-            self.proc = warm.fork(self.argv, env, cwd, outputs=None if echo else (out, out))
-        else:
+        if self.proc is None:
             self.proc = subprocess.Popen(
                 self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if echo else out,
                 stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, start_new_session=True,
@@ -165,6 +169,9 @@ class Process:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
+        except BaseException:  # Ctrl-C while waiting: the run is in a session of its own, which no terminal signals
+            self.stop()
+            raise
         rc = None if timed_out else self.proc.returncode
         if timed_out:
             self._logf.write(f"rlsmoke: timed out after {time.monotonic() - self.started:.0f} s; "

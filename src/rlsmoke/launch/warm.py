@@ -221,10 +221,14 @@ class WarmServer:
     def run(self, argv: Sequence[str], *, env: Mapping[str, str], timeout: float | None = None,
             cwd: str | Path | None = None) -> subprocess.CompletedProcess:  # fmt: skip
         """`subprocess.run(argv, capture_output=True, text=True)`, forked where `accepts` says it may be."""
+        cold = lambda: subprocess.run(argv, env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)  # noqa: E731
         if not self.accepts(argv, env):
-            return subprocess.run(argv, env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+            return cold()
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            run = self.fork(argv, env, cwd, outputs=(out.fileno(), err.fileno()))
+            try:
+                run = self.fork(argv, env, cwd, outputs=(out.fileno(), err.fileno()))
+            except OSError:  # the server died: the same run, started cold
+                return cold()
             try:
                 run.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -122,6 +122,9 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
 def _rank_main(fn, rank, par, port, backend, conn, args):
     import traceback
 
+    from rlsmoke.engine import signals
+
+    signals.in_rank()
     torch.set_num_threads(1)
     try:
         init(rank, par, port, backend=backend)

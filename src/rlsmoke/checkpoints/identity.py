@@ -1,0 +1,133 @@
+"""Whether a checkpoint folder is this case's and intact, cheaply enough to ask on every use. No torch.
+
+- checkpoint.identity: config.json against the case's spec (model type, layers, widths, heads,
+  experts, vocabulary). Another model's checkpoint (GLM-4.5's for a GLM-5 case: the tiny widths are
+  the same, the model type is not) would otherwise be gated under this case's key.
+- checkpoint.verify: every file of the sha256 manifest hashes to its digest. A file that passed once
+  leaves a stamp under $RLSMOKE_CACHE/verified/, keyed by its path, size, mtime, ctime and inode: the
+  next use reads the stamp instead of the file, and any write to the file (which moves its mtime and
+  ctime) or a new copy (a new inode) invalidates it, so the file is hashed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.checkpoints.shards import MANIFEST_NAME
+from rlsmoke.errors import CheckpointError
+
+# The config.json fields that tell one model (and width) from another; the GLM-5 dialect of the older
+# Miles labels the same model deepseek_v32.
+IDENTITY_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                   "n_routed_experts", "num_attention_heads", "num_key_value_heads", "vocab_size")  # fmt: skip
+MODEL_TYPE_ALIASES = {"deepseek_v32": "glm_moe_dsa"}
+
+
+def _config(folder: Path) -> dict:
+    try:
+        doc = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint={folder}: config.json cannot be read ({exc})", rule="checkpoint.verify",
+                              fix="re-create the checkpoint (rlsmoke prepare ... --force)") from None  # fmt: skip
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"checkpoint={folder}: config.json is not an object", rule="checkpoint.verify",
+                              fix="re-create the checkpoint (rlsmoke prepare ... --force)")  # fmt: skip
+    return doc
+
+
+def differences(doc: dict, spec) -> list[str]:
+    """`field=checkpoint's (case: spec's)` for each identity field that differs."""
+    found = []
+    model_type = MODEL_TYPE_ALIASES.get(doc.get("model_type"), doc.get("model_type"))
+    if model_type != spec.hf_model_type:
+        found.append(f"model_type={doc.get('model_type')!r} (case: {spec.hf_model_type!r})")
+    text = doc.get("text_config") or doc
+    want = spec.hf_text_kwargs()
+    for name in IDENTITY_FIELDS:
+        if name in text and name in want and text[name] != want[name]:
+            found.append(f"{name}={text[name]} (case: {want[name]})")
+    return found
+
+
+def check_identity(folder: Path | str, spec) -> None:
+    """Refuse a checkpoint whose config.json is not the case's model at the case's width."""
+    from rlsmoke.models import model_spec
+
+    folder = Path(folder)
+    doc = _config(folder)
+    found = differences(doc, spec)
+    if not found:
+        return
+    width = "tiny" if spec.width == "tiny" else "full"
+    other = model_spec(spec.name, tiny=spec.width != "tiny")
+    if not differences(doc, other):
+        fix = f"this is the case's {other.width} width: run with {'--tiny' if other.width == 'tiny' else '--no-tiny'}"
+    else:
+        fix = (f"pass a checkpoint of {spec.name} (`rlsmoke prepare {spec.name}{' --tiny' if width == 'tiny' else ''} "
+               f"--out DIR`), or leave --checkpoint out to use the prepared one")  # fmt: skip
+    raise CheckpointError(f"checkpoint={folder} is not {spec.name}'s at the {width} width: its config.json has "
+                          + ", ".join(found), rule="checkpoint.identity", fix=fix)  # fmt: skip
+
+
+# --- checksums, stamped ------------------------------------------------------------------------
+
+
+def stamp_dir(cache_dir: Path | str | None = None) -> Path:
+    return cache_home(cache_dir) / "verified"
+
+
+def _stamp(path: Path, digest: str, stamps: Path) -> Path:
+    st = path.stat()
+    key = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0{digest}"
+    return stamps / hashlib.sha256(key.encode()).hexdigest()
+
+
+def _sha256(path: Path, chunk: int = 16 * 2**20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while buf := f.read(chunk):
+            h.update(buf)
+    return h.hexdigest()
+
+
+def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) -> int:
+    """Every file of the folder's sha256 manifest matches its digest: read from a valid stamp, else
+    hashed (and stamped when it matches). Returns the bytes hashed now (0 when every stamp held)."""
+    folder = Path(folder)
+    manifest = folder / MANIFEST_NAME
+    if not manifest.is_file():
+        return 0  # nothing to check against: the headers and lengths are verify()'s
+    stamps = stamp_dir(cache_dir)
+    hashed = 0
+    fix = "re-create the checkpoint (rlsmoke prepare ... --force) or restore the named file"
+    for line in manifest.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if not name:
+            continue
+        path = folder / name
+        if os.sep in name or name in (".", "..") or not path.is_file():
+            raise CheckpointError(f"{folder}/{name}: listed in {MANIFEST_NAME} but missing", rule="checkpoint.verify",
+                                  fix=fix)  # fmt: skip
+        stamp = _stamp(path, digest, stamps)
+        if stamp.is_file():
+            continue
+        hashed += path.stat().st_size
+        if _sha256(path) != digest:
+            raise CheckpointError(f"{folder}/{name}: sha256 differs from {MANIFEST_NAME}", rule="checkpoint.verify",
+                                  fix=fix)  # fmt: skip
+        if _stamp(path, digest, stamps) == stamp:  # unchanged while it was read
+            with contextlib.suppress(OSError):  # a stamp is a saving, never a requirement
+                stamps.mkdir(parents=True, exist_ok=True)
+                stamp.write_text(f"{path}\n")
+    return hashed
+
+
+def check_checkpoint(folder: Path | str, spec, *, cache_dir: Path | str | None = None) -> None:
+    """The case's checkpoint, intact: its identity, then its checksums (stamped)."""
+    check_identity(folder, spec)
+    check_checksums(folder, cache_dir=cache_dir)

@@ -1,0 +1,208 @@
+"""Record what a Miles version's real argument parser accepts, as a flag table (data, not code).
+
+    python -m rlsmoke.conformance.record_flags --target miles-2026-08-21 --out fixtures/miles_flags/miles-2026-08-21.json
+
+Run it in a venv where that Miles imports: Miles and its Megatron-LM on PYTHONPATH (or installed, as
+miles-rl 0.0.2 is), SGLang beside them. It calls Miles' own `parse_args()`, the function `train.py` calls,
+and stops it at the moment Megatron's parser (Megatron's arguments, Miles' and SGLang's under
+`--sglang-`) would parse the command line; then it writes every option that parser defines: flag,
+nargs, type, choices. Nothing is parsed and nothing of the parser's code is kept.
+
+Needs no GPU. torchvision, which SGLang imports for images only, is served as a stand-in (the CUDA
+wheels cannot load beside CPU torch); triton, when not installed, is SGLang's own import-only stub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import enum
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+from rlsmoke.topology import TARGETS
+
+FORMAT = 1
+
+
+# What Miles' first, Miles-only parser (`parse_args_train_backend`) requires before Megatron's is built.
+MINIMAL_ARGV = ("--rollout-batch-size", "1")
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        self.parser = parser
+
+
+def capture_parser() -> argparse.ArgumentParser:
+    """Miles' full parser, as `parse_args()` builds it, taken at its first `parse_args` call."""
+    original = argparse.ArgumentParser.parse_args
+
+    def stop(self, args=None, namespace=None):
+        raise _Captured(self)
+
+    argparse.ArgumentParser.parse_args = stop
+    saved_argv = sys.argv
+    sys.argv = ["train.py", *MINIMAL_ARGV]
+    try:
+        from miles.utils.arguments import parse_args
+
+        parse_args()
+    except _Captured as got:
+        return got.parser
+    finally:
+        argparse.ArgumentParser.parse_args = original
+        sys.argv = saved_argv
+    raise RuntimeError("Miles' parse_args() returned without calling ArgumentParser.parse_args")
+
+
+def _nargs(action: argparse.Action) -> int | str:
+    """How many values the flag takes: 0 (a switch), an int, or argparse's '?', '*', '+'."""
+    if action.nargs == 0:  # store_true/false/const, count, help, --x/--no-x
+        return 0
+    return 1 if action.nargs is None else action.nargs
+
+
+def _type_name(action: argparse.Action) -> str | None:
+    kind = action.type
+    if kind is None:
+        return None
+    return getattr(kind, "__name__", type(kind).__name__)
+
+
+def _spelled(choice: object) -> str:
+    """A choice as the command line spells it: an enum member by its name (Megatron's `AttnBackend[...]`)."""
+    return choice.name if isinstance(choice, enum.Enum) else str(choice)
+
+
+def flag_table(parser: argparse.ArgumentParser) -> dict[str, dict]:
+    flags: dict[str, dict] = {}
+    for action in parser._actions:
+        for opt in action.option_strings:
+            if not opt.startswith("--"):
+                continue
+            flags[opt] = {
+                "nargs": _nargs(action),
+                "type": _type_name(action),
+                "choices": None if action.choices is None else [_spelled(c) for c in action.choices],
+            }
+    return dict(sorted(flags.items()))
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class _Placeholder(type):
+    """A class whose every attribute is another placeholder (`InterpolationMode.NEAREST_EXACT`)."""
+
+    def __getattr__(cls, name: str):
+        return _placeholder(name)
+
+
+def _placeholder(name: str) -> type:
+    if name.startswith("__"):  # what introspection asks for: absent, as on a real module
+        raise AttributeError(name)
+    return _Placeholder(name, (), {})
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves `root` and its submodules as modules whose every name is a placeholder class."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.root or fullname.startswith(self.root + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = _placeholder  # `from torchvision.io import decode_jpeg`
+        module.__version__ = "0.0.0"  # transformers compares it
+        return module
+
+    def exec_module(self, module):
+        return None
+
+
+def install_stand_ins() -> None:
+    """torchvision as a stand-in that SGLang's image imports find; triton as SGLang's stub if missing."""
+    sys.meta_path.insert(0, _StandInFinder("torchvision"))
+    if importlib.util.find_spec("triton") is None:
+        from rlsmoke.conformance.device_facts import stub_triton
+
+        stub_triton()
+
+
+def record(target: str, command: str) -> dict:
+    install_stand_ins()
+    parser = capture_parser()
+    t = TARGETS[target]
+    return {
+        "format": FORMAT,
+        "provenance": {
+            "target": target,
+            "miles": t.miles,
+            "megatron": t.megatron,
+            "sglang": _version("sglang") or t.sglang,
+            "miles_rl_wheel": _version("miles-rl"),
+            "torch": _version("torch"),
+            "transformers": _version("transformers"),
+            "python": sys.version.split()[0],
+            "command": command,
+            "recorded": datetime.date.today().isoformat(),
+        },
+        "parser": {"description": parser.description, "allow_abbrev": parser.allow_abbrev},
+        "flags": flag_table(parser),
+    }
+
+
+def dumps(table: dict) -> str:
+    """The table as JSON with one line per flag, so a new Miles version reads as a line diff."""
+    head = json.dumps({k: v for k, v in table.items() if k != "flags"}, indent=1)[:-2]
+    rows = ",\n".join(f"  {json.dumps(flag)}: {json.dumps(spec)}" for flag, spec in table["flags"].items())
+    return f'{head},\n "flags": {{\n{rows}\n }}\n}}\n'
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlsmoke.conformance.record_flags", description=__doc__.split("\n")[0])
+    p.add_argument("--target", required=True, choices=sorted(TARGETS))
+    p.add_argument("--out", type=Path, required=True, help="the table to write (atomically)")
+    p.add_argument("--miles-root", type=Path, help="a checkout of radixark/miles at the target's commit")
+    p.add_argument("--megatron-root", type=Path, help="a checkout of radixark/Megatron-LM at the target's commit")
+    args = p.parse_args(argv)
+    t = TARGETS[args.target]
+    for root in (args.megatron_root, args.miles_root):
+        if root is not None:
+            sys.path.insert(0, str(root.resolve()))
+    # The command as it reads anywhere: the checkouts by repository and commit, not by local path.
+    command = " ".join(["python -m rlsmoke.conformance.record_flags", "--target", args.target,
+                        *(["--miles-root", f"<radixark/miles at {t.miles}>"] if args.miles_root else []),
+                        *(["--megatron-root", f"<radixark/Megatron-LM at {t.megatron}>"] if args.megatron_root else []),
+                        "--out", str(args.out)])  # fmt: skip
+    table = record(args.target, command)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=args.out.parent, delete=False, suffix=".tmp") as tmp:
+        tmp.write(dumps(table))
+    os.chmod(tmp.name, 0o644)
+    os.replace(tmp.name, args.out)
+    print(f"{args.out}: {len(table['flags'])} flags of {args.target}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""The built-in engine's dense `target` reward as a Miles reward function: `--custom-rm-path rlsmoke_reward.target`.
+
+Miles imports this module from the job's PYTHONPATH (the launch puts this folder there), so it needs no
+rlsmoke installed where the job runs: it reads the scoring rule from `rlsmoke/engine/reward.py` beside it
+by path, the one file both engines score with.
+
+Miles calls `await target(args, sample)` once per sample, or with a list of samples where rewards are
+computed per group (`--group-rm`); a float per sample comes back either way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("_rlsmoke_engine_reward", Path(__file__).resolve().parents[1] / "reward.py")
+_reward = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_reward)
+
+
+def response_ids(sample) -> list[int]:
+    """The sampled tokens: the last `response_length` of `sample.tokens` (prompt, then response)."""
+    n = int(sample.response_length or 0)
+    return list(sample.tokens[-n:]) if n > 0 else []
+
+
+def score(sample) -> float:
+    return _reward.target_reward(sample.response or "", response_ids(sample), sample.label or "")
+
+
+async def target(args, sample, **kwargs):
+    if isinstance(sample, list):
+        return [score(s) for s in sample]
+    return score(sample)

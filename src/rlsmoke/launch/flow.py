@@ -1,0 +1,154 @@
+"""The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model:
+
+1. prepare: the HF checkpoint under the model dir (`rlsmoke prepare`); the suite verifies it is there,
+   then the user's Miles parses the argv (`launch.preflight`);
+2. convert: HF -> Megatron torch_dist with the user's Miles tool (`tools/convert_hf_to_torch_dist.py`
+   under torchrun), skipped when the folder's tracker reads `release`, which the tool writes last;
+3. ray-head: `ray start --head` with the plan's GPUs;
+4. submit: `ray job submit ... -- python3 train.py ...`, with `MILES_CI_GATE_RECORD_DIR` set so Miles
+   writes its CI metrics (CiHistoryBackend's JSONL) into the run's artifacts.
+
+`steps` is what `rlsmoke plan` prints; `run` runs them. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from rlsmoke.checkpoints.dialects import DIALECTS
+from rlsmoke.errors import RlsmokeError, RunError
+from rlsmoke.launch import preflight, runner
+from rlsmoke.launch.miles import Launch, Paths, flag_values
+from rlsmoke.metrics import CI_HISTORY
+
+RECORD_DIR_VAR = "MILES_CI_GATE_RECORD_DIR"  # Miles' CiHistoryBackend writes only when this is set
+TRACKER = "latest_checkpointed_iteration.txt"
+RELEASE = "release"  # what the converter writes into TRACKER once every shard is saved
+CONVERT_TOOL = "tools/convert_hf_to_torch_dist.py"
+SMALL_MODEL_LAYERS = 4  # Miles converts models of <= 4 layers on one node, at most 4 ranks, no parallelism
+SMALL_MODEL_RANKS = 4
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str  # prepare | convert | ray-head | submit
+    what: str
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the launch's env
+    skip_when: str = ""  # a shell test: the step is skipped where it holds
+
+    def shell(self) -> str:
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
+        return prefix + shlex.join(self.command)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "what": self.what, "command": list(self.command), "env": self.env,
+                "skip_when": self.skip_when}  # fmt: skip
+
+
+def _value(launch: Launch, flag: str) -> str:
+    return next(v[0] for f, v in flag_values(launch.groups["ckpt"]) if f == flag)
+
+
+def checkpoint_dirs(launch: Launch) -> tuple[str, str]:
+    """The HF checkpoint and the torch_dist folder the launch names (`--hf-checkpoint`, `--ref-load`)."""
+    return _value(launch, "--hf-checkpoint"), _value(launch, "--ref-load")
+
+
+def convert_step(plan, paths: Paths) -> Step:
+    """Miles' `_prepare_megatron_ckpt`: a model of <= 4 layers converts on min(4, GPUs of a node) ranks with
+    TP, ETP, PP and EP 1; a larger one on a node's GPUs with TP and ETP 1 (the tool then splits the layers
+    over the ranks as pipeline stages)."""
+    hf, dst = checkpoint_dirs(plan.launch)
+    gpus = plan.topology.gpus_per_node
+    parallel = ["--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "1"]
+    if plan.spec.num_layers <= SMALL_MODEL_LAYERS:
+        ranks = min(SMALL_MODEL_RANKS, gpus)
+        parallel += ["--pipeline-model-parallel-size", "1", "--expert-model-parallel-size", "1"]
+    else:
+        ranks = gpus
+    argv = ("torchrun", "--nproc-per-node", str(ranks), f"{paths.miles_root}/{CONVERT_TOOL}",
+            *plan.spec.megatron_args(), "--hf-checkpoint", hf, "--save", dst, *parallel)  # fmt: skip
+    return Step("convert", "HF -> torch_dist with Miles' converter", argv,
+                {"PYTHONPATH": f"{paths.miles_root}:{paths.megatron_root}"},
+                skip_when=f'[ "$(cat {shlex.quote(f"{dst}/{TRACKER}")} 2>/dev/null)" = {RELEASE} ]')  # fmt: skip
+
+
+def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
+    """Every command of the flow, in order; `record_dir` default: `<output_dir>/<case>/ci_history`."""
+    launch = plan.launch
+    hf, _ = checkpoint_dirs(launch)
+    record_dir = record_dir or f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
+    prepare = ("rlsmoke", "prepare", plan.case.name, "--out", hf)
+    if plan.spec.hf_model_type in DIALECTS:  # GLM-5: the config dialect the target's Miles reads
+        prepare += ("--dialect", plan.topology.target.checkpoint_dialect)
+    runtime_env = json.dumps({"env_vars": {**launch.env, RECORD_DIR_VAR: record_dir}})
+    return [
+        Step("prepare", "the HF checkpoint, full width", prepare, skip_when=f"[ -e {shlex.quote(hf)} ]"),
+        convert_step(plan, paths),
+        Step("ray-head", "Ray's head with the plan's GPUs", tuple(launch.ray_start())),
+        Step("submit", "the job: one GRPO step under Miles", tuple(launch.job_submit(runtime_env)),
+             {RECORD_DIR_VAR: record_dir}),
+    ]
+
+
+def torch_dist_done(dst: Path) -> bool:
+    """True when converted; False when there is nothing yet; a folder with files but no `release`
+    tracker is a conversion that stopped half-way and is refused (Miles would load what is there)."""
+    tracker = dst / TRACKER
+    if tracker.is_file() and tracker.read_text().strip() == RELEASE:
+        return True
+    if dst.is_dir() and any(dst.iterdir()):
+        got = f"reads {tracker.read_text().strip()[:20]!r}" if tracker.is_file() else "is missing"
+        raise RlsmokeError(f"torch_dist={dst} has files but its {TRACKER} {got}: a conversion that did not finish",
+                           rule="miles.torch_dist", fix=f"remove {dst} and run again: the flow converts it anew")  # fmt: skip
+    return False
+
+
+def check(plan) -> None:
+    """What the flow refuses before anything starts: no HF checkpoint (the prepare step not done), or
+    a half-written torch_dist folder."""
+    hf, dst = checkpoint_dirs(plan.launch)
+    if not Path(hf).is_dir():
+        raise RlsmokeError(f"hf_checkpoint={hf} does not exist: Miles converts and loads it", rule="checkpoint.missing",
+                           fix=f"prepare it with `rlsmoke prepare {plan.case.name} --out {hf}`, or pass --model-dir "
+                           "with the folder that holds it")  # fmt: skip
+    torch_dist_done(Path(dst))
+
+
+def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
+        echo: TextIO | None = None) -> runner.Result:  # fmt: skip
+    """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
+    step that fails ends the flow and its Result is returned. The prepare step is the suite's (verified
+    before this)."""
+    started = time.monotonic()
+    # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
+    preflight.check_flags(plan.launch, miles_root)
+    record_dir = artifacts / CI_HISTORY
+    convert = convert_step(plan, paths)
+    dst = Path(checkpoint_dirs(plan.launch)[1])
+    with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
+        if torch_dist_done(dst):
+            log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")
+        else:
+            log.write(f"convert: {convert.shell()}\n")
+            # Miles' own converter call keeps the caller's PYTHONPATH after the checkout and Megatron
+            search = os.pathsep.join(filter(None, [convert.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
+            result = runner.run(convert.command, env=runner.clean_env({**plan.launch.env, **env, "PYTHONPATH": search}),
+                                cwd=miles_root, log=artifacts / "convert.log", timeout=timeout)  # fmt: skip
+            if not result.ok:
+                return result
+            if not torch_dist_done(dst):
+                raise RunError(f"the converter exited 0 but {dst / TRACKER} does not read {RELEASE}; see "
+                               f"{result.log}", rule="miles.torch_dist")  # fmt: skip
+        log.write(f"submit: {RECORD_DIR_VAR}={record_dir}\n")
+    left = max(1.0, timeout - (time.monotonic() - started))
+    return runner.run_miles(plan.launch, miles_root=miles_root, ports=ports, env={**env, RECORD_DIR_VAR: str(record_dir)},
+                            artifacts=artifacts, timeout=left, echo=echo)  # fmt: skip

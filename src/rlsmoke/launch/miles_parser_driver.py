@@ -1,0 +1,83 @@
+"""Parse one argv with the Miles on sys.path, as its `train.py` would, and stop there. Stdlib only.
+
+    python -m rlsmoke.launch.miles_parser_driver ARGV_JSON RESULT_JSON
+
+Run by `rlsmoke.launch.preflight` in a subprocess whose cwd and sys.path hold the user's Miles (and its
+Megatron-LM). It calls that Miles' own `miles.utils.arguments.parse_args()`, takes the parser at the
+moment it would parse the command line (Megatron's parser with Miles' and SGLang's flags added), and
+parses the argv with it. Nothing after the parse runs: no config is read, no validator, no GPU.
+The result: {"accepted": true} or {"accepted": false, "message": argparse's error}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        self.parser = parser
+
+
+class _Refused(Exception):
+    pass
+
+
+def miles_parser(args: list[str]) -> argparse.ArgumentParser:
+    """The parser Miles' `parse_args()` builds for `args`, taken at its first `parse_args` call."""
+    original = argparse.ArgumentParser.parse_args
+
+    def stop(self, args=None, namespace=None):
+        raise _Captured(self)
+
+    argparse.ArgumentParser.parse_args = stop
+    sys.argv = ["train.py", *args]  # Miles reads sys.argv (its backend is picked from it first)
+    try:
+        from miles.utils.arguments import parse_args
+
+        parse_args()
+    except _Captured as got:
+        return got.parser
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    raise RuntimeError("miles.utils.arguments.parse_args() returned without parsing the command line")
+
+
+def parse(args: list[str]) -> dict:
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            parser = miles_parser(args)
+    except SystemExit:  # Miles' first, Miles-only parser refused a value already (argparse printed why)
+        errors = [line for line in stderr.getvalue().splitlines() if ": error: " in line]
+        sys.stderr.write(stderr.getvalue())
+        return {"accepted": False, "message": errors[-1].split(": error: ", 1)[1] if errors else "exit 2"}
+    sys.stderr.write(stderr.getvalue())
+
+    def refuse(message: str):
+        raise _Refused(message)
+
+    parser.error = refuse  # what would be `train.py: error: ...` and exit 2
+    try:
+        parser.parse_args(args)
+    except _Refused as refused:
+        return {"accepted": False, "message": str(refused)}
+    return {"accepted": True}
+
+
+def main(argv: list[str]) -> int:
+    args_path, result_path = argv
+    with open(args_path) as f:
+        args = json.load(f)
+    result = parse(args)
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

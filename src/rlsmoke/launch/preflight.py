@@ -1,0 +1,75 @@
+"""Before Ray starts: the user's own Miles parses the rendered argv, so a flag it refuses is an error in seconds.
+
+Miles parses through Megatron's strict parser: an unknown flag stops `train.py` before anything runs,
+after a Ray cluster was started and the job submitted. The pre-flight runs that parse alone
+(`miles_parser_driver`) on this host's Python, with the Miles checkout and the plan's PYTHONPATH
+(its Megatron-LM) on the path, as the job will have them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rlsmoke.errors import RlsmokeError
+
+TIMEOUT_S = 180.0  # an import of Miles, Megatron and SGLang; a parse takes well under a second
+
+
+def _flags_in(message: str) -> list[str]:
+    """The flags argparse's message names: every one after `unrecognized arguments:`, else the first."""
+    if "unrecognized arguments:" in message:
+        return [t for t in message.split("unrecognized arguments:", 1)[1].split() if t.startswith("-")]
+    found = re.findall(r"--[\w-]+", message)
+    return found[:1]
+
+
+def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None:
+    """Raise `[miles.flags]` when the Miles at `miles_root` refuses `launch.argv`; `[miles.preflight]` when
+    its parser cannot run on this host's Python."""
+    miles_root = Path(miles_root).resolve()
+    target = launch.target or "?"
+    # As the job has it (cwd first, then the plan's PYTHONPATH), then this rlsmoke for the driver itself.
+    path = [str(miles_root), *launch.env.get("PYTHONPATH", "").split(os.pathsep),
+            *os.environ.get("PYTHONPATH", "").split(os.pathsep), str(Path(__file__).resolve().parents[2])]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in path if p))}
+    with tempfile.TemporaryDirectory(prefix="rlsmoke-preflight-") as tmp:
+        args_file, result_file = Path(tmp) / "argv.json", Path(tmp) / "result.json"
+        args_file.write_text(json.dumps(launch.argv[2:]))
+        cmd = [sys.executable, "-m", "rlsmoke.launch.miles_parser_driver", str(args_file), str(result_file)]
+        try:
+            proc = subprocess.run(cmd, cwd=miles_root, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RlsmokeError(f"the Miles at {miles_root} did not parse the argv in {timeout:.0f} s",
+                               rule="miles.preflight", fix="check that its imports work on this Python") from None  # fmt: skip
+        if proc.returncode != 0 or not result_file.exists():
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or f"exit {proc.returncode}"
+            raise RlsmokeError(f"the Miles at {miles_root} could not parse on {sys.executable}: {tail}",
+                               rule="miles.preflight",
+                               fix="run rlsmoke with the Python that runs that Miles (its venv), with its "
+                                   "Megatron-LM on PYTHONPATH")  # fmt: skip
+        result = json.loads(result_file.read_text())
+    if not result["accepted"]:
+        flags = _flags_in(result["message"])
+        which = " ".join(flags) if flags else "the argv"
+        raise RlsmokeError(
+            f"the Miles at {miles_root} refuses {which}, rendered for target {target}: {result['message']}",
+            rule="miles.flags",
+            fix=f"use a Miles at {target}'s commit{_commit(target)}, or render for the target that matches "
+                "yours (`rlsmoke plan CASE --target T --check-miles DIR`; `--diff T` shows what changes)",
+        )
+
+
+def _commit(target: str) -> str:
+    from rlsmoke.topology import TARGETS
+
+    t = TARGETS.get(target)
+    if t is None:
+        return ""
+    megatron = "its bundled Megatron-LM" if t.megatron == "bundled" else f"Megatron-LM {t.megatron}"
+    return f" (Miles {t.miles}, {megatron})"

@@ -1,0 +1,160 @@
+"""A fake Miles checkout for the launcher's tests: its scripts record their commands and print what Miles prints.
+
+Like Miles' own `tests/fast/utils/command_recorder.py`, every command the flow runs in the checkout is
+appended to `commands.jsonl` (its argv, the env it matters under, the torchrun rank). Unlike it, the
+commands run for real: the converter under the real torchrun, `train.py` under a real `ray job submit`.
+
+- `tools/convert_hf_to_torch_dist.py` checks `--hf-checkpoint`, then rank 0 writes `--save`, the
+  `release` tracker last, as Miles' converter does.
+- `train.py` refuses a missing or empty `--ref-load` (Miles asserts it), scores sampled tokens with the
+  reward the argv names (`--custom-rm-path` imported from the job's PYTHONPATH; `--rm-type deepscaler`
+  is Miles' 0/1 math check), takes GRPO advantages per group, and logs as Miles does: Python logging's
+  `[time name] file:line - ` prefix under Ray's `(MegatronTrainRayActor pid=N) `, each step twice
+  (`log_utils.py`, then `model.py`), and the five CI metrics as CiHistoryBackend's JSONL in
+  `$MILES_CI_GATE_RECORD_DIR`, one file per logging process.
+
+`fault` breaks one thing: "ci_history_missing" (no train/train_rollout_kl in the JSONL),
+"ci_history_disagrees" (the JSONL's grad_norm is not the log's), "log_repeat" (the second step line differs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fake_miles import write_fake_miles
+
+FAULTS = (None, "ci_history_missing", "ci_history_disagrees", "log_repeat")
+
+_RECORD = """
+import json, os, sys
+
+ENV = ("PYTHONPATH", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "https_proxy", "MILES_CI_GATE_RECORD_DIR")
+
+def record(kind, argv, **more):
+    line = {"kind": kind, "argv": argv, "cwd": os.getcwd(), "env": {k: os.environ.get(k) for k in ENV}, **more}
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), COMMANDS), "a") as f:
+        f.write(json.dumps(line) + "\\n")  # one write of one line: ranks append whole lines
+"""
+
+CONVERT = """
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recorder import record
+
+argv = sys.argv[1:]
+flag = lambda name: argv[argv.index(name) + 1]
+record("convert", argv, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+assert os.path.isfile(os.path.join(flag("--hf-checkpoint"), "config.json")), "no HF checkpoint"
+if os.environ["RANK"] == "0":
+    save = flag("--save")
+    os.makedirs(os.path.join(save, "release"), exist_ok=True)
+    with open(os.path.join(save, "release", "common.pt"), "w") as f:
+        f.write("shards")
+    with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("release")  # last: the marker of a finished conversion
+"""
+
+TRAIN = """
+import asyncio, importlib, json, logging, math, os, random, re, sys, uuid
+from recorder import record
+
+FAULT = {fault!r}
+argv = sys.argv[1:]
+flag = lambda name, default=None: argv[argv.index(name) + 1] if name in argv else default
+record("train", [os.path.basename(sys.argv[0]), *argv])
+ref = flag("--ref-load")
+assert os.path.isdir(ref) and os.listdir(ref), f"--ref-load {{ref}} must exist and not be empty"
+
+# Ray prefixes every line an actor prints with its class and pid; Miles' logging adds its own prefix.
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%Y-%m-%d %H:%M:%S",
+                    format=f"(MegatronTrainRayActor pid={{os.getpid()}}) [%(asctime)s.%(msecs)03d miles] "
+                    "%(filename)s:%(lineno)d - %(message)s")
+log = logging.getLogger("miles")
+
+
+class Sample:  # the fields of Miles' Sample a reward reads
+    def __init__(self, tokens, response_length, response, label):
+        self.tokens, self.response_length, self.response, self.label = tokens, response_length, response, label
+
+
+def deepscaler(args, sample):  # 0/1: the last boxed answer equals the label
+    found = re.findall(r"\\\\boxed\\{{([^{{}}]*)\\}}", sample.response)
+    return float(bool(found) and found[-1].strip() == sample.label)
+
+
+if flag("--custom-rm-path"):
+    module, _, name = flag("--custom-rm-path").rpartition(".")
+    reward_fn = getattr(importlib.import_module(module), name)  # from the job's PYTHONPATH, as Miles loads it
+else:
+    assert flag("--rm-type") == "deepscaler", argv
+    async def reward_fn(args, sample):
+        return deepscaler(args, sample)
+
+n_prompts, n_samples = int(flag("--rollout-batch-size")), int(flag("--n-samples-per-prompt"))
+rng = random.Random(0)
+records = {{}}
+
+
+def ci_log(metrics, step, process):  # CiHistoryBackend: the whole series, rewritten atomically
+    if not os.environ.get("MILES_CI_GATE_RECORD_DIR"):
+        return
+    series = records.setdefault(process, {{}})
+    for key in ("train/grad_norm", "train/ppo_kl", "train/train_rollout_logprob_abs_diff", "train/train_rollout_kl",
+                "rollout/raw_reward"):
+        if key in metrics and not (FAULT == "ci_history_missing" and key == "train/train_rollout_kl"):
+            value = metrics[key] + (0.5 if FAULT == "ci_history_disagrees" and key == "train/grad_norm" else 0.0)
+            series.setdefault(key, []).append([step, value if math.isfinite(value) else "NaN"])
+    folder = os.environ["MILES_CI_GATE_RECORD_DIR"]
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{{os.getpid()}}-{{process}}.jsonl")
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps({{"metric": k, "series": v}}) + "\\n" for k, v in series.items())
+    os.replace(path + ".tmp", path)
+
+
+process_ids = {{"train": uuid.uuid4().hex, "rollout": uuid.uuid4().hex}}
+for rollout_id in range(int(flag("--num-rollout"))):
+    samples = []
+    for _ in range(n_prompts * n_samples):
+        tokens = [rng.randrange(1000) for _ in range(24)]
+        samples.append(Sample(tokens, 16, "the answer is 7", "12"))
+    rewards = [asyncio.run(reward_fn(None, s)) for s in samples]
+    advantages = []
+    for g in range(n_prompts):
+        group = rewards[g * n_samples:(g + 1) * n_samples]
+        mean = sum(group) / len(group)
+        std = (sum((r - mean) ** 2 for r in group) / len(group)) ** 0.5
+        advantages += [(r - mean) / (std + 1e-6) for r in group]
+    rollout = {{"rollout/raw_reward": sum(rewards) / len(rewards), "rollout/log_probs": -0.51,
+                "rollout/rollout_log_probs": -0.5, "rollout/entropy": 0.5}}
+    log.info(f"rollout {{rollout_id}}: {{rollout}}")
+    ci_log(rollout, rollout_id, process_ids["rollout"])
+    step = {{"train/loss": 0.0, "train/pg_loss": 0.0, "train/ppo_kl": 0.0, "train/pg_clipfrac": 0.0,
+             "train/train_rollout_logprob_abs_diff": 0.012, "train/train_rollout_kl": 0.0004,
+             "train/grad_norm": 0.05 * math.sqrt(sum(a * a for a in advantages)), "train/step": rollout_id}}
+    ci_log(step, rollout_id, process_ids["train"])
+    log.info(f"step {{rollout_id}}: {{step}}")  # log_utils.py
+    if FAULT == "log_repeat":
+        step = {{**step, "train/grad_norm": step["train/grad_norm"] + 1.0}}
+    log.info(f"step {{rollout_id}}: {{step}}")  # megatron_utils/model.py: the same dict again
+"""
+
+
+def write_root(folder: Path, fault: str | None = None) -> Path:
+    """A fake Miles checkout in `folder`; its commands are recorded in `folder/commands.jsonl`."""
+    assert fault in FAULTS, fault
+    write_fake_miles(folder)  # a parser that accepts the launch: the pre-flight's
+    (folder / "tools").mkdir(exist_ok=True)
+    (folder / "recorder.py").write_text(f"COMMANDS = 'commands.jsonl'\n{_RECORD}")
+    (folder / "tools" / "convert_hf_to_torch_dist.py").write_text(CONVERT)
+    train = TRAIN.format(fault=fault)
+    (folder / "train.py").write_text(train)
+    (folder / "train_async.py").write_text(train)
+    return folder
+
+
+def commands(folder: Path) -> list[dict]:
+    """What the fake checkout's scripts recorded, in order."""
+    path = folder / "commands.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []

@@ -1,0 +1,97 @@
+"""The checkpoint is this case's and is intact: another model's checkpoint and a flipped byte are exit 2
+on every use (a --checkpoint, a cache hit), and the sha256 that finds the byte is paid once per file
+version, not once per run.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlsmoke.checkpoints import prepare
+from rlsmoke.checkpoints.identity import check_checkpoint, check_checksums, check_identity
+from rlsmoke.errors import CheckpointError, ExitCode
+from rlsmoke.models import model_spec
+
+GLM5, GLM45 = "glm5-744b-a40b-4layer", "glm4.5-355b-a32b-4layer"
+
+
+def copy_of(case: str, where: Path) -> Path:
+    shutil.copytree(prepare(case, tiny=True), where)
+    return where
+
+
+def flip_a_byte(folder: Path) -> Path:
+    """One byte of the first shard's tensor data, flipped in place; the mtime put back as it was."""
+    shard = sorted(folder.glob("*.safetensors"))[0]
+    st = shard.stat()
+    with open(shard, "r+b") as f:
+        f.seek(st.st_size - 100)
+        byte = f.read(1)
+        f.seek(st.st_size - 100)
+        f.write(bytes([byte[0] ^ 0x01]))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return shard
+
+
+def refused_run(case: str, ckpt: Path, out: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", case, "--platform", "cpu", "--checkpoint",
+                           str(ckpt), "--out", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    err = proc.stderr.strip()
+    assert proc.returncode == ExitCode.USAGE, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("case, other", [(GLM5, GLM45), (GLM45, GLM5)])
+def test_the_checkpoint_is_this_cases_and_is_intact_another_models_is_refused(tmp_path, case, other):
+    err = refused_run(case, copy_of(other, tmp_path / "ckpt"), tmp_path / "out")
+    assert err.startswith("error: [checkpoint.identity]") and "model_type=" in err and f"rlsmoke prepare {case}" in err
+
+
+def test_the_checkpoint_is_this_cases_and_is_intact_a_flipped_byte_is_refused(tmp_path):
+    ckpt = copy_of(GLM5, tmp_path / "ckpt")
+    check_checkpoint(ckpt, model_spec(GLM5, tiny=True))  # hashed once and stamped: the next use reads the stamp
+    shard = flip_a_byte(ckpt)
+    err = refused_run(GLM5, ckpt, tmp_path / "out")
+    assert err.startswith("error: [checkpoint.verify]") and shard.name in err and "sha256 differs" in err, err
+
+
+def test_the_checkpoint_is_this_cases_and_is_intact_a_flipped_byte_in_the_cache_is_not_used(tmp_path, capsys):
+    cached = prepare(GLM45, tiny=True, cache_dir=tmp_path)
+    manifest = (cached / "checksums.sha256").read_text()
+    flip_a_byte(cached)
+    assert prepare(GLM45, tiny=True, cache_dir=tmp_path) == cached
+    said = capsys.readouterr().err
+    assert "failed verification, rebuilding" in said and "sha256 differs" in said, said
+    check_checksums(cached, cache_dir=tmp_path)  # rebuilt: every shard as its manifest says
+    assert (cached / "checksums.sha256").read_text() == manifest  # the same bytes as before the flip
+
+
+def test_a_checksum_is_paid_once_per_file_version(tmp_path):
+    ckpt = copy_of(GLM45, tmp_path / "ckpt")
+    shard_bytes = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+    assert check_checksums(ckpt, cache_dir=tmp_path) == shard_bytes
+    assert check_checksums(ckpt, cache_dir=tmp_path) == 0  # the stamp holds
+    flip_a_byte(ckpt)  # same size, same mtime: the ctime moved
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        check_checksums(ckpt, cache_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        check_checksums(ckpt, cache_dir=tmp_path)  # and again: a failed file is never stamped
+
+
+def test_the_identity_check_names_the_width_when_only_it_differs(tmp_path):
+    from rlsmoke.checkpoints.identity import differences
+
+    ckpt = copy_of(GLM5, tmp_path / "ckpt")
+    check_identity(ckpt, model_spec(GLM5, tiny=True))
+    full = model_spec(GLM5, tiny=False)
+    assert any(d.startswith("hidden_size=256") for d in differences({"model_type": "glm_moe_dsa", "hidden_size": 256},
+                                                                    full))  # fmt: skip
+    with pytest.raises(CheckpointError) as refused:
+        check_identity(ckpt, full)
+    line = refused.value.one_line()
+    assert line.startswith("[checkpoint.identity]") and "Fix: this is the case's tiny width: run with --tiny" in line
