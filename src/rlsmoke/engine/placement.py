@@ -157,7 +157,7 @@ class Colocated:
             models = [(self.rollout.model, False, generate_rows)]
             if hasattr(trainer, "model"):
                 models.append((trainer.model, True, cfg.n_samples))  # the trainer forwards one group at a time
-            try:  # one layer at 2 x 80 tokens: MiBs beside the load's peak
+            try:  # one layer at a call's rows and under 100 tokens: MiBs beside the load's peak
                 self.compile_s = kda.warm_up(models)
             except Exception as exc:  # noqa: BLE001 - the run goes on; the compile is then paid in the first seed
                 print(f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles", file=sys.stderr)
