@@ -1,4 +1,4 @@
-# Source on a GPU host without a package index: the carried wheels (flash-linear-attention, fla-core)
+# Source on a GPU host without a package index: the wheels in .whl/ (flash-linear-attention, fla-core)
 # into /tmp/site, rlsmoke from this checkout, the caches on local disk.
 #   . bench/gpu_h200_setup.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# The whole one-GPU nvidia suite on one H200, junit kept; the Flash key from bench/gpu_h200_flash.sh when
-# this machine ran it (the checkpoints and the Triton cache it left are warm then).
+# The whole one-GPU nvidia suite on one H200, junit kept. Run it where bench/gpu_h200_flash.sh ran (or
+# after one Flash run): the checkpoints and fla's Triton cache are warm then.
 #   bench/gpu_h200_suite.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}
 . bench/gpu_h200_setup.sh
 mkdir -p "$out"
-[ -f /root/runs/builtin.json ] && cp /root/runs/builtin.json fixtures/thresholds/builtin.json
 plugin=(); python3 -m pip show rlsmoke > /dev/null 2>&1 || plugin=(-p rlsmoke.pytest_plugin)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; date; } > "$out/env.txt" 2>&1
 t0=$(date +%s)

@@ -217,8 +217,9 @@ def kda_layers(spec) -> int:
 
 # float32 tensors of (rows, heads, chunks, 64, 64, head_dim) that transformers' reference chunked KDA keeps
 # alive in one layer's recomputed forward and its backward (the decay mask, the key products and their
-# grads). Fitted to the two reference-path peaks measured on H200s (docs/benchmarks.md, KDA memory):
-# 102.08 GiB at one GPU (96 experts) and 109.0 GiB at two (288 experts).
+# grads). Fitted to two reference-path peaks measured on H200s, 102.08 GiB at one GPU (96 experts) and
+# 109.0 GiB at two (288 experts); a third, 106.93 GiB at one GPU with 112 experts, it meets at +2.8 %
+# (docs/benchmarks.md, GLM-5.3-Flash on one H200).
 REFERENCE_KDA_TEMPORARIES = 11
 KDA_CHUNK = 64
 

@@ -66,6 +66,6 @@ def test_the_reference_path_is_bound_and_the_warm_up_leaves_no_grads(monkeypatch
     case = "glm5.3-flash-4layer"
     model = load_policy(checkpoint_dir(case, tiny=True), model_spec(case, tiny=True), "float32", "cpu")
     assert kda.bound() == "reference" == kda.bound("recurrent_kimi_delta_attention")
-    seconds = kda.warm_up([(model, True), (model, False)])
+    seconds = kda.warm_up([(model, True, 2), (model, False, 3)])
     assert seconds > 0
     assert all(p.grad is None for p in model.parameters())

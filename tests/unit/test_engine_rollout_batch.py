@@ -70,9 +70,30 @@ def test_one_generator_for_the_batch_makes_a_group_depend_on_its_neighbours(setu
     assert not torch.equal(batched[2].tokens[:, batched[2].prompt_len :], alone.tokens[:, alone.prompt_len :])
 
 
-@pytest.mark.parametrize(("choice", "device", "family", "expected"), [
-    ("auto", "cpu", "glm5", "group"), ("auto", "cuda", "glm5", "rank"), ("auto", "cuda", "glm5.3-flash", "length"),
-    ("rank", "cpu", "glm5.3-flash", "length"), ("group", "cuda", "glm4.5", "group"),
+@pytest.mark.parametrize(("choice", "device", "family", "kda", "expected"), [
+    ("auto", "cpu", "glm5", "", "group"), ("auto", "cuda", "glm5", "", "rank"),
+    ("auto", "cuda", "glm5.3-flash", "reference", "length"), ("rank", "cpu", "glm5.3-flash", "reference", "length"),
+    ("auto", "cuda", "glm5.3-flash", "fla", "rank"), ("rank", "cuda", "glm5.3-flash", "fla", "rank"),
+    ("group", "cuda", "glm4.5", "", "group"),
 ])  # fmt: skip
-def test_the_batch_each_device_and_model_gets(choice, device, family, expected):
-    assert rollout.batch_for(choice, device, family) == expected
+def test_the_batch_each_device_and_model_gets(choice, device, family, kda, expected):
+    assert rollout.batch_for(choice, device, family, kda) == expected
+
+
+def test_flash_s_kda_layers_carry_left_padding():
+    """GLM-5.3-Flash in one left-padded call (its GPU batch on fla's kernels): the padded positions are
+    zeroed before the projections, so the short convolution and the recurrent state see nothing of them
+    and each group samples what it samples alone; the unpadded train forward agrees."""
+    case = "glm5.3-flash-4layer"
+    ckpt = checkpoint_dir(case, tiny=True)
+    tok = load_tokenizer(ckpt)
+    model = load_policy(ckpt, model_spec(case, tiny=True), "float32", "cpu")
+    prompts = [encode(tok, p).ids for p in read_prompts(FIXTURES / "data" / "math.jsonl", 3, 0)]
+    eos = tok.eos_token_id
+    alone = _engine(model, eos, "group").generate(prompts, N, SEED, indices=[2])[0]
+    batched = RolloutEngine(model, temperature=0.9, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch="rank")
+    groups = batched.generate(prompts, N, SEED, indices=[0, 1, 2])
+    assert torch.equal(groups[2].tokens, alone.tokens)
+    for g in groups:
+        train_lp, _ = token_logprobs(model, g, temperature=0.9)
+        assert (train_lp - g.rollout_logprobs).abs()[g.mask > 0].max() < 1e-4

@@ -57,6 +57,10 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path
     assert len(timing["per_seed_s"]) == 2 and len(timing["restore_s"]) == 1
     assert {"rollout", "forward_only", "train_step", "sync", "offload"} <= timing["phases_s"].keys()
     assert timing["load_s"] > 0
+    assert timing["compile_s"] == 0  # no fla kernels on CPU: nothing compiles before the first seed
+    if "load_phases_s" in timing:  # one process: where the load's seconds went, inside load_s
+        assert "rollout copy" in timing["load_phases_s"] and sum(timing["load_phases_s"].values()) <= timing["load_s"]
+    assert summary["kda"] == ("reference" if spec.case.spec().family == "glm5.3-flash" else None)
     assert (timing["phases_s"]["offload"] > 0) == ("--offload" in spec.flags)  # the moves are timed where they happen
     assert summary["parallel"] | {"dp": 0} == {"tp": 1, "ep": 1, "pp": 1, "cp": 1, "dp": 0, "sp": False}
     assert summary["parallel"]["dp"] == spec.case.num_gpus  # the executed layout: data parallel over the ranks

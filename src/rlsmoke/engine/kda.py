@@ -88,32 +88,37 @@ def bound(name: str = "chunk_kimi_delta_attention") -> str:
     return "fla" if (fn.__doc__ or "").startswith("fla.") or "fla" in (getattr(fn, "__module__", "") or "") else "reference"
 
 
-def warm_up(models, *, tokens: int = 80, rows: int = 2) -> float:
-    """Run each model's first KDA layer once, forward and backward (the chunked kernel) and one decode
-    step (the recurrent kernel), at its widths and dtypes: Triton compiles and autotunes here, not in a
-    seed. Gradients it leaves on the layer's parameters are dropped. Returns the wall seconds."""
+def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
+    """Run each model's first KDA layer, forward and backward (the chunked kernel) and one decode step
+    (the recurrent kernel), at its widths and dtypes: Triton compiles and autotunes here, not in a seed.
+
+    `models`: (model, with_grad, rows). Some of fla's autotune keys hold the batch size, and Triton
+    specializes a length by whether 16 divides it, so each model runs at the rows its calls will have
+    (the rollout's generate batch, the trainer's group) and at one length of each kind. Gradients it
+    leaves on the layer's parameters are dropped. Returns the wall seconds."""
     import torch
 
     start = time.perf_counter()
     modeling = importlib.import_module(MODELING)
-    for model, with_grad in models:
+    for model, with_grad, rows in models:
         layer = next((m for m in model.modules() if type(m).__name__.endswith("LinearAttention")), None)
         if layer is None:
             continue
         weight = layer.q_proj.weight
-        x = torch.randn(rows, tokens, layer.hidden_size, device=weight.device, dtype=weight.dtype)
-        with torch.set_grad_enabled(with_grad):
-            out = layer(x.requires_grad_(with_grad))
-            if with_grad:
-                out.float().sum().backward()
+        for length in tokens:
+            x = torch.randn(rows, length, layer.hidden_size, device=weight.device, dtype=weight.dtype)
+            with torch.set_grad_enabled(with_grad):
+                out = layer(x.requires_grad_(with_grad))
+                if with_grad:
+                    out.float().sum().backward()
+        with torch.no_grad():
             heads, dim = layer.num_heads, layer.head_dim
             one = x[:, :1].detach()
             q = layer.q_proj(one).view(rows, 1, heads, dim)
             g, beta = layer.forget_gate(one), torch.sigmoid(layer.b_proj(one))
             state = torch.zeros(rows, heads, dim, dim, device=weight.device, dtype=torch.float32)
-            with torch.no_grad():
-                modeling.recurrent_kimi_delta_attention(q, q, q, g=g, beta=beta, initial_state=state,
-                                                        output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+            modeling.recurrent_kimi_delta_attention(q, q, q, g=g, beta=beta, initial_state=state,
+                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
         for p in layer.parameters():
             p.grad = None
     if torch.cuda.is_available():

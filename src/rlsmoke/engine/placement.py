@@ -153,8 +153,11 @@ class Colocated:
         self.compile_s = 0.0
         if kda.choose(cfg.device, cfg.spec.family) == "fla":  # Triton compiles here, not in the first seed
             trainer = getattr(self.train, "trainer", None)
-            models = [(self.rollout.model, False)] + ([(trainer.model, True)] if hasattr(trainer, "model") else [])
-            try:  # one layer at 2 x 80 tokens: MiBs beside the load's peak
+            generate_rows = cfg.n_samples * (cfg.n_prompts if self.rollout.engine.batch == "rank" else 1)
+            models = [(self.rollout.model, False, generate_rows)]
+            if hasattr(trainer, "model"):
+                models.append((trainer.model, True, cfg.n_samples))  # the trainer forwards one group at a time
+            try:  # one layer at a call's rows and under 100 tokens: MiBs beside the load's peak
                 self.compile_s = kda.warm_up(models)
             except Exception as exc:  # noqa: BLE001 - the run goes on; the compile is then paid in the first seed
                 print(f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles", file=sys.stderr)

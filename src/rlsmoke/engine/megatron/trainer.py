@@ -227,10 +227,11 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
         for name, module in gpt.named_modules():
             if getattr(module, "expert_bias", None) is not None:
                 module.expert_bias.data = state[f"{name}.expert_bias"].to(device=device, dtype=torch.float32)
+    pairs = [(p, state[name].to(device=device, dtype=master_dtype, copy=True)) for name, p in gpt.named_parameters()]
+    del full, state  # the bridge's whole fp32 state goes before DDP allocates its grad buffers
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False)
     with device_shim(device):  # its grad buffers go where `torch.cuda.current_device()` says
         ddp = DistributedDataParallel(gpt.config, ddp_config, model)
-    pairs = [(p, state[name].to(device=device, dtype=master_dtype, copy=True)) for name, p in gpt.named_parameters()]
     return MegatronTrainer(
         HFStyle(ddp, spec.vocab_size, device, par), gpt, ddp, pairs, par, lr=cfg.lr, betas=cfg.betas,
         weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, eps_clip=cfg.eps_clip,
