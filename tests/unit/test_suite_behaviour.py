@@ -163,12 +163,19 @@ def test_ctrl_c_leaves_no_process_and_no_temporary_folder(tmp_path, args):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _as_a_terminal_starts_it() -> None:
+    """SIGINT at its default, as in a shell at a terminal: this session may run where it is ignored (a
+    background job of a shell without job control, as CI may start it), which pytest would inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(tmp: Path, tmp_path: Path, args) -> None:
     probe = f"RLSMOKE_BEHAVIOUR_PROBE={uuid.uuid4().hex}"
     folder = _suite(tmp_path / "suite", test_a_ranks=RANKS, test_b_ray=RAY_RUN, test_c_sleeps=SLEEPS)
     env = _env(folder, TMPDIR=str(tmp), **dict([probe.split("=")]))
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_as_a_terminal_starts_it)  # fmt: skip
     seen: set[int] = set()
     try:
         deadline = time.monotonic() + 240
