@@ -46,7 +46,7 @@ def facts_for(platform: str) -> DeviceFacts:
     return DEVICE_FACTS[platform]
 
 
-class _EmptyModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class EmptyModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves an empty module for `root` and everything under it."""
 
     def __init__(self, root: str):
@@ -76,7 +76,7 @@ def stub_torchvision() -> None:
     from transformers.utils import import_utils
 
     assert not import_utils.is_torchvision_available(), "transformers must cache torchvision as unavailable"
-    sys.meta_path.insert(0, _EmptyModuleFinder("torchvision"))
+    sys.meta_path.insert(0, EmptyModuleFinder("torchvision"))
     _installed.add("torchvision")
 
 

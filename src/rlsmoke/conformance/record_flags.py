@@ -25,9 +25,10 @@ import json
 import os
 import sys
 import tempfile
-import types
 from pathlib import Path
 
+from rlsmoke.conformance.device_facts import EmptyModuleFinder
+from rlsmoke.launch.miles_parser_driver import miles_parser
 from rlsmoke.topology import TARGETS
 
 FORMAT = 1
@@ -37,31 +38,19 @@ FORMAT = 1
 MINIMAL_ARGV = ("--rollout-batch-size", "1")
 
 
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        self.parser = parser
-
-
 def capture_parser() -> argparse.ArgumentParser:
-    """Miles' full parser, as `parse_args()` builds it, taken at its first `parse_args` call."""
-    original = argparse.ArgumentParser.parse_args
-
-    def stop(self, args=None, namespace=None):
-        raise _Captured(self)
-
-    argparse.ArgumentParser.parse_args = stop
+    """Miles' full parser, as `parse_args()` builds it (the pre-flight's own capture), sys.argv kept."""
     saved_argv = sys.argv
-    sys.argv = ["train.py", *MINIMAL_ARGV]
     try:
-        from miles.utils.arguments import parse_args
-
-        parse_args()
-    except _Captured as got:
-        return got.parser
+        return miles_parser(list(MINIMAL_ARGV))
     finally:
-        argparse.ArgumentParser.parse_args = original
         sys.argv = saved_argv
-    raise RuntimeError("Miles' parse_args() returned without calling ArgumentParser.parse_args")
+
+
+def _choices(choices) -> list[str] | None:
+    """Sorted: some parsers build theirs from a set, whose order changes from one run to the next, and the
+    check asks only whether a value is among them."""
+    return None if choices is None else sorted(_spelled(c) for c in choices)
 
 
 def _nargs(action: argparse.Action) -> int | str:
@@ -92,7 +81,7 @@ def flag_table(parser: argparse.ArgumentParser) -> dict[str, dict]:
             flags[opt] = {
                 "nargs": _nargs(action),
                 "type": _type_name(action),
-                "choices": None if action.choices is None else [_spelled(c) for c in action.choices],
+                "choices": _choices(action.choices),
             }
     return dict(sorted(flags.items()))
 
@@ -117,26 +106,14 @@ def _placeholder(name: str) -> type:
     return _Placeholder(name, (), {})
 
 
-class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _StandInFinder(EmptyModuleFinder):
     """Serves `root` and its submodules as modules whose every name is a placeholder class."""
 
-    def __init__(self, root: str):
-        self.root = root
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname == self.root or fullname.startswith(self.root + "."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
     def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
+        module = super().create_module(spec)
         module.__getattr__ = _placeholder  # `from torchvision.io import decode_jpeg`
         module.__version__ = "0.0.0"  # transformers compares it
         return module
-
-    def exec_module(self, module):
-        return None
 
 
 def install_stand_ins() -> None:
