@@ -55,15 +55,22 @@ def received() -> int | None:
 
 
 @contextlib.contextmanager
-def stopping_run() -> Iterator[None]:
-    """The run's handlers, from before anything starts until its records and verdict are written."""
-    _received.clear()
-    before = {signum: signal.signal(signum, _on_signal) for signum in STOP}
+def _handling(handler) -> Iterator[None]:
+    """`handler` for SIGINT and SIGTERM inside the block, the caller's again after it."""
+    before = {signum: signal.signal(signum, handler) for signum in STOP}
     try:
         yield
     finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
+        for signum, previous in before.items():
+            signal.signal(signum, previous)
+
+
+@contextlib.contextmanager
+def stopping_run() -> Iterator[None]:
+    """The run's handlers, from before anything starts until its records and verdict are written."""
+    _received.clear()
+    with _handling(_on_signal):
+        yield
 
 
 @contextlib.contextmanager
@@ -75,12 +82,8 @@ def exit_at_once(say: Callable[[int], None]) -> Iterator[None]:
         say(signum)
         os._exit(128 + signum)
 
-    before = {signum: signal.signal(signum, exit_now) for signum in STOP}
-    try:
+    with _handling(exit_now):
         yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
