@@ -237,3 +237,21 @@ def test_the_device_memory_check_budgets_the_prompt_files_longest_prompt():
     assert short.phases == memory.check_run_fits(two, model_spec(CASE)).phases  # the estimate's 64-token budget
     long = memory.check_run_fits(two, model_spec(CASE), prompt_tokens=1000)
     assert long.phases["rollout"] > short.phases["rollout"] and long.phases["train"] >= short.phases["train"]
+
+
+def test_the_context_check_counts_a_prompt_as_the_engine_encodes_it(tmp_path):
+    """limits.longest_prompt renders the chat template without transformers (before torch loads); it must
+    count what engine.data.encode gives the model, line by line, or run.context guards the wrong length."""
+    from transformers import AutoTokenizer
+
+    from rlsmoke.engine.data import Prompt, encode, prompt_rows
+    from rlsmoke.engine.limits import longest_prompt
+    from rlsmoke.shipped import FIXTURES
+
+    prompts = FIXTURES / "data" / "math.jsonl"
+    rows = prompt_rows(prompts, 1)
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "tokenizer")
+    for number, row in enumerate(rows, 1):
+        one = tmp_path / f"line{number}.jsonl"
+        one.write_text(json.dumps(row) + "\n")
+        assert longest_prompt(one).tokens == len(encode(tokenizer, Prompt(row["prompt"], "")).ids), row["prompt"]
