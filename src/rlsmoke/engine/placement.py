@@ -20,7 +20,7 @@ from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, derive_policy, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.train import Trainer, dropout_of, set_dropout
 from rlsmoke.engine.workers import Placement, TrainSide, phased
 from rlsmoke.errors import RlsmokeError, RunError
 
@@ -91,6 +91,11 @@ class TrainWorker:
 
     def keep_initial(self) -> None:
         self.initial = reuse.InitialState(self.trainer, reuse.narrow_for(self.cfg))
+
+    def set_variant(self, inject, temperature: float) -> None:
+        """A variant's fault and temperature on the loaded trainer (`rlsmoke run --variants`)."""
+        self.trainer.temperature = temperature
+        set_dropout(self.trainer.model, dropout_of(inject))
 
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)
@@ -196,6 +201,12 @@ class Colocated:
     @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
     def restore_initial(self) -> None:
         self.initial.restore()
+
+    def set_variant(self, inject, temperature: float) -> None:
+        """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides (the sync's
+        skip under stale-weights is the step's: `engine.run.one_run`)."""
+        self.rollout.engine.inject, self.rollout.engine.temperature = inject, temperature
+        self.train.set_variant(inject, temperature)
 
     def _rollout_weights(self):
         """The trainer's weights as the rollout copy holds them: what a sync loads."""
@@ -308,6 +319,11 @@ class RayAsync:
     def restore_initial(self) -> None:
         self._get(self.train.restore_initial.remote())
         self._get(self.rollout.restore_initial.remote(self.train.weights.remote()))
+
+    def set_variant(self, inject, temperature: float) -> None:
+        # each actor's fault lives in its own process: `rlsmoke run --variants` refuses async before loading
+        raise RlsmokeError("mode=async runs one variant per load", rule="run.variants_async",
+                           fix="run the variants colocated (--mode colocate), or one `rlsmoke run --inject` each")  # fmt: skip
 
     def close(self) -> None:
         """The driver leaves, then every process of the cluster ends (actors, raylet, agents, GCS)."""

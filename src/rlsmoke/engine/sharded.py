@@ -26,7 +26,7 @@ from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attent
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.train import Trainer, dropout_of, set_dropout
 from rlsmoke.engine.workers import phased
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
@@ -145,10 +145,22 @@ class Rank:
 
     def keep_initial(self) -> None:
         self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.full_weights, reuse.narrow_for(self.cfg))
+        # the driver's torch.manual_seed does not reach a rank: a seed's draws (dropout) start where a fresh
+        # rank's do, right after its load
+        self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.device != "cpu" else None)
 
     @phased("sync")  # the gather below needs the shards on the device
     def restore_initial(self) -> None:
         self.initial.restore()
+        cpu, cuda = self.rng
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, self.device)
+
+    def set_variant(self, inject, temperature: float) -> None:
+        self.engine.inject, self.engine.temperature = inject, temperature
+        self.trainer.temperature = temperature
+        set_dropout(self.trainer.model, dropout_of(inject))
 
     def offload_state(self) -> dict:
         return self.phases.state()
@@ -291,6 +303,9 @@ class Sharded:
 
     def restore_initial(self) -> None:
         self._call("restore_initial", [()] * self.world)
+
+    def set_variant(self, inject, temperature: float) -> None:
+        self._call("set_variant", [(inject, temperature)] * self.world)
 
     def close(self) -> None:
         for conn in self.conns:
