@@ -81,6 +81,9 @@ class TrainWorker:
     def step(self, groups, old, advantages) -> dict[str, float]:
         return self.trainer.step(groups, old, advantages)
 
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
     def rollout_weights(self, model, dtype: torch.dtype):
         """What the rollout engine `model` should hold after a sync: the fp32 main weights, cast."""
         return sync.rollout_weights(self.trainer.master, dtype)
@@ -169,6 +172,9 @@ class Colocated:
         self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.train.trainer,
                              rollout_model=self.rollout.model)  # fmt: skip
         self.where = {"train": _where(), "rollout": _where()}
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
     @phased("rollout")
     def generate(self, prompt_ids, n, seed):
@@ -287,6 +293,10 @@ class RayAsync:
             ) from None
         except self.ray.exceptions.RayActorError as exc:
             raise RunError(f"a Ray actor died: {str(exc).splitlines()[0]}", rule="engine.worker") from None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self._get(self.train.manual_seed.remote(seed))  # the rollout engine draws from its own generators
 
     def generate(self, prompt_ids, n, seed):
         return self._get(self.rollout.generate.remote(prompt_ids, n, seed))

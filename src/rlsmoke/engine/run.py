@@ -196,7 +196,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                         moved_before = workers.move_seconds()  # the restore's own moves count in restore_s
                     if variants:
                         workers.set_variant(run_cfg.inject, run_cfg.rollout_temperature)
-                    torch.manual_seed(seed)
+                    workers.manual_seed(seed)  # in every process that draws (train-dropout's masks)
                     clock = PhaseClock()
                     run_lines = one_run(run_cfg, workers, prompts_of[seed], tokenizer, seed, log, clock)
                     timing["per_seed_s"].append(time.perf_counter() - seed_start)

@@ -145,17 +145,14 @@ class Rank:
 
     def keep_initial(self) -> None:
         self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.full_weights, reuse.narrow_for(self.cfg))
-        # the driver's torch.manual_seed does not reach a rank: a seed's draws (dropout) start where a fresh
-        # rank's do, right after its load
-        self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.device != "cpu" else None)
 
     @phased("sync")  # the gather below needs the shards on the device
     def restore_initial(self) -> None:
         self.initial.restore()
-        cpu, cuda = self.rng
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state(cuda, self.device)
+
+    def manual_seed(self, seed: int) -> None:
+        """The seed's draws (train-dropout's masks) start from it on every rank, as in one process."""
+        torch.manual_seed(seed)
 
     def set_variant(self, inject, temperature: float) -> None:
         self.engine.inject, self.engine.temperature = inject, temperature
@@ -266,6 +263,10 @@ class Sharded:
 
     def _split(self, items: list) -> list[list]:
         return [items[r :: self.world] for r in range(self.world)]
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self._call("manual_seed", [(seed,)] * self.world)
 
     def generate(self, prompt_ids, n, seed) -> list[Group]:
         shares = self._call("generate", [(prompt_ids, n, seed)] * self.world)
