@@ -202,7 +202,9 @@ def variants_from_args(args) -> list[RunConfig]:
             cfg.validate()
             limits.check_numbers(cfg, repeat=1)
         except RlsmokeError as exc:
-            raise RlsmokeError(f"variant {variant}: {exc}", rule=exc.rule, fix=exc.fix) from None
+            raise RlsmokeError(f"variant {variant}: {exc}", rule=exc.rule,
+                               fix=exc.fix or "change that variant in --variants (FAULT@T sets its rollout "
+                                              "temperature, e.g. temperature-mismatch@0.8)") from None  # fmt: skip
         cfgs.append(cfg)
     return cfgs
 
