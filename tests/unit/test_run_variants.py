@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.engine import placement
+from rlsmoke.engine import megatron, placement
 from rlsmoke.engine.config import RunConfig, Variant, parse_variants
 from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute_variants
@@ -32,7 +32,9 @@ LAYOUTS = {
              "train-dropout=0.1,clean@0.8,stale-weights,clean,temperature-mismatch@0.8"),
     "fsdp2-2-ranks-offload": (Case(CASE, platform="cpu", num_gpus=2, tiny=True), (*SHAPE_FLAGS, "--offload"),
                               "train-dropout=0.1,stale-weights,clean"),
+    "megatron": (Case(CASE, platform="cpu", tiny=True), SHAPE_FLAGS, "stale-weights,temperature-mismatch@0.8"),
 }  # fmt: skip
+TRAINERS = {"megatron": "megatron"}  # the layouts not on the default trainer
 
 
 def _lines(out: Path) -> list[dict]:
@@ -52,7 +54,8 @@ class FreshRuns:
         case, flags, _ = LAYOUTS[layout]
         out = self.root / layout / variant.slug
         argv = builtin_argv(case, out, inject=str(variant.inject) if variant.inject.kind else None,
-                            rollout_temperature=variant.rollout_temperature) + list(flags)  # fmt: skip
+                            rollout_temperature=variant.rollout_temperature,
+                            trainer=TRAINERS.get(layout, "fsdp")) + list(flags)  # fmt: skip
         proc = runner.Process(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", warm=self.server)
         self.procs[layout, variant.slug] = (proc, out)
 
@@ -69,12 +72,15 @@ def fresh(tmp_path_factory, rlsmoke_run_server):
     return FreshRuns(tmp_path_factory.mktemp("fresh"), rlsmoke_run_server)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", [
+    pytest.param(name, marks=pytest.mark.skipif(name == "megatron" and not megatron.available(),
+                                                reason="megatron-core is not installed"))
+    for name in LAYOUTS])  # fmt: skip
 def test_each_variant_is_a_fresh_run_of_its_fault(layout, fresh, tmp_path, rlsmoke_run_server):
     case, flags, text = LAYOUTS[layout]
     variants = parse_variants(text, 1.0)
     out = tmp_path / "variants"
-    argv = builtin_argv(case, out) + [*flags, "--variants", text]
+    argv = builtin_argv(case, out, trainer=TRAINERS.get(layout, "fsdp")) + [*flags, "--variants", text]
     shared = runner.Process(argv, env=runner.clean_env(), log=tmp_path / "variants.log", warm=rlsmoke_run_server)
     for variant in variants:
         fresh.start(layout, variant)
@@ -154,6 +160,7 @@ BAD = [  # (flags, the rule named)
     (("--variants", "clean", "--inject", "stale-weights"), "run.variants"),
     (("--variants", "clean,stale-weights", "--repeat", "2"), "run.variants_repeat"),
     (("--variants", "clean,stale-weights", "--mode", "async", "--num-gpus", "2"), "run.variants_async"),
+    (("--variants", "clean,train-dropout=0.1", "--trainer", "megatron"), "run.config"),  # not wired there
 ]  # fmt: skip
 
 
