@@ -147,6 +147,15 @@ def test_each_variant_is_gated_as_its_own_run(tmp_path, rlsmoke_run_server):
     assert again.returncode == ExitCode.USAGE and "[run.out_used]" in again.stderr, again.stderr[-2000:]
     assert json.loads((out / "clean" / "summary.json").read_text()) == clean
 
+    (out / "clean" / "run.log").write_text("an earlier run\n")
+    replaced = run_captured([*argv, "--overwrite"], env=os.environ, timeout=300, server=rlsmoke_run_server)
+    assert replaced.returncode == ExitCode.GATE_FAILED, replaced.stderr[-3000:]
+    assert "an earlier run" not in (out / "clean" / "run.log").read_text()
+    summary = json.loads((out / "clean" / "summary.json").read_text())
+    assert summary["artifacts"] == str(out / "clean") and summary["timing"]["shared_load"]["runs"] == [
+        "clean", "stale-weights"]  # named by their folders, not the staging ones they were written in
+    assert sorted(p.name for p in out.iterdir()) == ["clean", "stale-weights"]  # no staging folder left
+
 
 BAD = [  # (flags, the rule named)
     (("--variants", "clean,bogus"), "inject.known"),
