@@ -7,6 +7,7 @@ at module level: this module loads in every pytest session of every user of the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -31,6 +32,10 @@ TINY_THREADS = 1
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
 _WARM = pytest.StashKey["object"]()
+_SHARED = pytest.StashKey["object"]()
+# The session's id for the runs its tests share (`rlsmoke.suite.SharedVariants`): set by the session that
+# starts first (an xdist controller, before its workers start), inherited by its workers.
+SHARED_RUNS_VAR = "RLSMOKE_SHARED_RUNS"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -81,6 +86,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--num-gpus={n} must be >= 0. Adjust --num-gpus or NUM_GPUS")
     config.option.num_gpus = n
     _hold_threads(config)
+    if not os.environ.get(SHARED_RUNS_VAR):  # this session owns its shared runs' folder: it removes it at the end
+        import uuid
+
+        os.environ[SHARED_RUNS_VAR] = uuid.uuid4().hex[:12]
+        config.stash[_SHARED] = os.environ[SHARED_RUNS_VAR]
     if config.getoption("launcher", "builtin") == "miles" and config.getoption("miles_root"):
         root = Path(config.getoption("miles_root"))
         if not root.is_dir():
@@ -182,6 +192,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if ports is not None:
         ports.release()
     _stop_warm_server(config)
+    if config.stash.get(_SHARED, None) is not None and os.environ.get(SHARED_RUNS_VAR) == config.stash[_SHARED]:
+        del os.environ[SHARED_RUNS_VAR]
+
+
+def _shared_runs(config: pytest.Config) -> Path:
+    """Where this session's shared runs go: hidden under the artifacts root (each test copies what it gates)."""
+    return _artifacts_root(config) / ".shared-runs" / os.environ.get(SHARED_RUNS_VAR, "none")
 
 
 def _stop_warm_server(config: pytest.Config) -> None:
@@ -278,6 +295,13 @@ def rlsmoke_run_server(pytestconfig: pytest.Config):
     return _warm_server(pytestconfig)
 
 
+@pytest.fixture(scope="session")
+def rlsmoke_shared_runs(pytestconfig: pytest.Config) -> Path:
+    """A folder every xdist worker of this session shares, for runs several tests take their records from
+    (`rlsmoke.suite.SharedVariants`); removed when the session ends."""
+    return _shared_runs(pytestconfig)
+
+
 @pytest.fixture
 def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
     """The GPU ids this test holds until it ends, disjoint from every other worker's; none for CPU tests."""
@@ -368,6 +392,10 @@ def pytest_runtest_call(item: pytest.Item):
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: the controller writes it once
+    if session.config.stash.get(_SHARED, None) is not None:  # each test kept a copy of what it gated
+        shutil.rmtree(_shared_runs(session.config), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            _shared_runs(session.config).parent.rmdir()  # when no other session's is left in it
     root = _artifacts_root(session.config)
     if root.is_dir():
         from rlsmoke.report import write_session_summary

@@ -50,6 +50,8 @@ def write_session_summary(artifacts_dir: Path) -> Path | None:
     root = Path(artifacts_dir)
     runs = []
     for path in sorted(root.rglob("summary.json")):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue  # a hidden folder holds no test's run (the shared runs a test copies from, a staging folder)
         try:
             runs.append((path.parent, json.loads(path.read_text())))
         except (OSError, json.JSONDecodeError):

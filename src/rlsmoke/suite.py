@@ -8,14 +8,21 @@ No torch here: the engine runs in its own process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import hashlib
 import json
+import os
+import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke import metrics
-from rlsmoke.artifacts import Artifacts
+from rlsmoke.artifacts import RECORDS, Artifacts, write_atomic
+from rlsmoke.engine.config import parse_variants
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.gating import CaseGates, GateFailure, HistoryBandWarning, gates_for
 from rlsmoke.launch import flow, runner
@@ -24,7 +31,7 @@ from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
 __all__ = ["Artifacts", "CaseGates", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
-           "builtin_argv", "gates_for", "plan_launch", "run_case"]  # fmt: skip
+           "SharedVariants", "builtin_argv", "gates_for", "plan_launch", "run_case", "run_variants"]  # fmt: skip
 
 DEFAULT_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
 
@@ -107,14 +114,16 @@ class CaseLaunch:
 
 def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
                 rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True,
-                flags: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
-    """What `run_case` would launch now (after the checks that come before any launch)."""
+                flags: tuple[str, ...] = (), variants: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
+    """What `run_case` would launch now (after the checks that come before any launch); with `variants`,
+    one `rlsmoke run --variants` (`run_variants`)."""
     art = artifacts if isinstance(artifacts, Artifacts) else Artifacts(Path(artifacts))
     if inject:  # a fault twin is meant to fail: it must never reach the history baseline
         art = dataclasses.replace(art, history=None)
     art.path.mkdir(parents=True, exist_ok=True)
     case = effective_case(case, art.num_gpus)
-    short = memory_shortfall(case, art.host) or trainer_refusal(art.trainer, case, inject)
+    short = memory_shortfall(case, art.host) or trainer_refusal(art.trainer, case, inject) or next(
+        (why for why in (trainer_refusal(art.trainer, case, _fault(v)) for v in variants) if why), "")
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
     checkpoint = _model_dir_checkpoint(case, art, verify=verify)
@@ -127,7 +136,7 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
         if art.miles_root is None:
             raise RlsmokeError("launcher=miles without a Miles checkout", rule="launcher.miles_root",
                                fix="pass --miles-root DIR (or set MILES_ROOT)")  # fmt: skip
-        if inject or rollout_temperature is not None:
+        if inject or rollout_temperature is not None or variants:
             raise RlsmokeError(f"inject={inject!r} needs the built-in engine", rule="launcher.inject",
                                fix="run fault twins with --launcher builtin")  # fmt: skip
         if flags:
@@ -136,25 +145,135 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
         return CaseLaunch(case, art, launcher, timeout, env)
     argv = builtin_argv(case, art.path, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
                         checkpoint=checkpoint, trainer=art.trainer) + list(flags)  # fmt: skip
+    if variants:
+        argv += ["--variants", ",".join(variants)]
     return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env), tuple(argv))
 
 
 def _record(launch: CaseLaunch, result: runner.Result) -> CaseRecord:
     """The finished run's record, kept with the Artifacts it ran with; a run that broke raises."""
-    art = launch.art
+    _finished(launch, result)
+    return _recorded(launch.art, launch.case)
+
+
+def _finished(launch: CaseLaunch, result: runner.Result) -> None:
+    """Raises when the run was refused or broke; a finished run whose gates fail is finished."""
     if launch.launcher == "builtin" and result.returncode == 2:
         raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
                            fix=f"see {result.log}")  # fmt: skip
     if not result.ok:  # the run only records: `check` gates it
         what = f"timed out after {launch.timeout:.0f} s" if result.timed_out else f"exited with {result.returncode}"
         raise RunError(f"{launch.case.name} on {launch.case.platform} ({launch.launcher}) {what}; artifacts: "
-                       f"{art.path}\n{_tail(result.log, 20)}", rule="run.broke")  # fmt: skip
+                       f"{launch.art.path}\n{_tail(result.log, 20)}", rule="run.broke")  # fmt: skip
+
+
+def _recorded(art: Artifacts, case) -> CaseRecord:
+    """The record in `art.path`, kept with `art`; its values as the test's junit properties."""
     loaded = metrics.load_record(art.path)
-    record = CaseRecord(loaded.entries, loaded.source, loaded.artifacts, loaded.meta, ran_with=art, case=launch.case)
+    record = CaseRecord(loaded.entries, loaded.source, loaded.artifacts, loaded.meta, ran_with=art, case=case)
     for key in record.keys():
         art.record_property(key, record.value(key, "last"))
     art.record_property("artifacts", str(art.path))
     return record
+
+
+def _fault(variant: str) -> str | None:
+    """A --variants item's --inject (None for clean)."""
+    inject = parse_variants(variant, 1.0)[0].inject
+    return str(inject) if inject.kind else None
+
+
+def run_variants(case, artifacts: Artifacts | str | Path, variants: Sequence[str], *, seed: int = 0,
+                 timeout: float | None = None, echo=None, flags: tuple[str, ...] = ()) -> dict[str, CaseRecord]:  # fmt: skip
+    """One `rlsmoke run --variants` of `case` on the built-in engine: the workers load once, and each variant
+    (`clean`, an --inject fault, `@T` for its rollout temperature) is its own run in `artifacts/<slug>`, bit
+    for bit a fresh run of it. Returns each variant's record, by the variant as given. A fault's record
+    never reaches the history baseline. Raises as `run_case` does."""
+    launch = plan_launch(case, artifacts, seed=seed, timeout=timeout, flags=flags, variants=tuple(variants))
+    result = runner.run(launch.argv, env=launch.env, log=launch.art.path / "pytest-run.log", timeout=launch.timeout,
+                        echo=echo, warm=launch.art.warm)  # fmt: skip
+    _finished(launch, result)
+    records = {}
+    for text, variant in zip(variants, parse_variants(",".join(variants), 1.0), strict=True):
+        art = dataclasses.replace(launch.art, path=launch.art.path / variant.slug, record_property=lambda k, v: None,
+                                  history=launch.art.history if not variant.inject.kind else None)  # fmt: skip
+        records[text] = _recorded(art, launch.case)
+    return records
+
+
+class SharedVariants:
+    """Declared variants of a case, run once per session as one `run_variants` (one load) by the test that
+    asks first, in `shared` (`rlsmoke_shared_runs`: a folder every xdist worker of the session sees,
+    taken under a lock); each test then takes its own variant's records into its own artifacts folder,
+    where it gates them as a run of its own (`record`).
+
+    `variants` as `rlsmoke run --variants` takes them. A variant the session's trainer cannot run is left
+    out of the shared run, and its test skips (`DoesNotFit`), as `run_case` would.
+    """
+
+    def __init__(self, shared: Path, variants: Sequence[str], *, seed: int = 0, flags: tuple[str, ...] = ()):
+        parse_variants(",".join(variants), 1.0)  # a bad declaration fails at collection, not in a test
+        self.shared, self.variants, self.seed, self.flags = Path(shared), tuple(variants), seed, tuple(flags)
+
+    def record(self, case, artifacts: Artifacts, variant: str) -> CaseRecord:
+        """`variant`'s record, in `artifacts.path` (a copy of the shared run's records), gated by `check` as
+        a run of the test's own."""
+        if variant not in self.variants:
+            raise RlsmokeError(f"variant {variant!r} is not one of {', '.join(self.variants)}",
+                               rule="suite.variants", fix="declare it in the SharedVariants")  # fmt: skip
+        ran = effective_case(case, artifacts.num_gpus)
+        why = trainer_refusal(artifacts.trainer, ran, _fault(variant))
+        if why:
+            raise DoesNotFit(why)
+        runnable = [v for v in self.variants if not trainer_refusal(artifacts.trainer, ran, _fault(v))]
+        what = f"{ran.name} {ran.platform} {ran.num_gpus} {ran.mode} {ran.overrides} {artifacts.trainer} {self.seed} " \
+               f"{self.flags} {runnable}"  # fmt: skip
+        folder = self.shared / f"{ran.name}-{ran.platform}-{hashlib.sha1(what.encode()).hexdigest()[:12]}"
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(folder.parent / f"{folder.name}.lock"):
+            outcome = folder / "outcome.json"
+            if not outcome.exists():
+                try:
+                    run_variants(case, dataclasses.replace(artifacts, path=folder), runnable, seed=self.seed,
+                                 flags=self.flags)  # fmt: skip
+                    result = {"ok": True}
+                except (RunError, RlsmokeError) as exc:  # each of its tests fails with it, none runs it again
+                    result = {"error": type(exc).__name__, "message": str(exc), "rule": exc.rule,
+                              "fix": getattr(exc, "fix", "")}  # fmt: skip
+                write_atomic(outcome, json.dumps(result) + "\n")
+            result = json.loads(outcome.read_text())
+        if "error" in result:
+            message = f"the shared run of {', '.join(runnable)}: {result['message']}"
+            if result["error"] == "RunError":
+                raise RunError(message, rule=result["rule"])
+            raise RlsmokeError(message, rule=result["rule"], fix=result["fix"])
+        return self._take(folder, variant, artifacts, ran)
+
+    @staticmethod
+    def _take(folder: Path, variant: str, art: Artifacts, case) -> CaseRecord:
+        source = folder / parse_variants(variant, 1.0)[0].slug
+        art.path.mkdir(parents=True, exist_ok=True)
+        for name in RECORDS:
+            if (source / name).exists():
+                shutil.copyfile(source / name, art.path / name)
+        if (folder / "pytest-run.log").exists():  # the command's own output, as a run of the test's own has it
+            shutil.copyfile(folder / "pytest-run.log", art.path / "pytest-run.log")
+        summary = json.loads((art.path / "summary.json").read_text())
+        write_atomic(art.path / "summary.json", json.dumps(summary | {"artifacts": str(art.path)}, indent=2) + "\n")
+        if _fault(variant):  # a fault is meant to fail: it must never reach the history baseline
+            art = dataclasses.replace(art, history=None)
+        return _recorded(art, case)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """`path` flock'ed by this open file: another process (or another open of it here) waits."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=None, checkpoint=None,

@@ -4,36 +4,47 @@ A gate that never fails is not a gate. Gates no engine fault reaches (grad_norm,
 have record-level twins in tests/unit/test_suite_gates.py.
 """
 
+import json
+
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.suite import CaseRun, GateFailure, gates_for
+from rlsmoke.suite import CaseRun, GateFailure, SharedVariants, gates_for
 
 CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 
-# (the run, gates that must fail: "name: metric" as the failure report writes it)
+# (the variant, as `rlsmoke run --variants` takes it; gates that must fail: "name: metric" as the failure
+# report writes it)
 TWINS = [
-    (CaseRun(CASE, inject="temperature-mismatch", rollout_temperature=0.7),
+    ("temperature-mismatch@0.7",
      ["logprob_abs_diff: train/train_rollout_logprob_abs_diff =",
       "train_rollout_kl: train/train_rollout_kl =",
       "logprob_mean_diff: rollout/logprob_mean_diff@absmax =",
       "logprob_slope: train/train_rollout_logprob_slope@absmax ="]),
-    (CaseRun(CASE, inject="stale-weights"), ["weight_sync: sync/mismatched_params ="]),
-    (CaseRun(CASE, inject="rollout-noise=0.05"), ["logprob_abs_diff_max: train/train_rollout_logprob_abs_diff_max =",
-                                                  "train_rollout_kl: train/train_rollout_kl ="]),
-    (CaseRun(CASE, inject="train-dropout=0.1"), ["ppo_kl_step0: train/ppo_kl@first ="]),
+    ("stale-weights", ["weight_sync: sync/mismatched_params ="]),
+    ("rollout-noise=0.05", ["logprob_abs_diff_max: train/train_rollout_logprob_abs_diff_max =",
+                            "train_rollout_kl: train/train_rollout_kl ="]),
+    ("train-dropout=0.1", ["ppo_kl_step0: train/ppo_kl@first ="]),
 ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def twin_runs(rlsmoke_shared_runs):
+    """The four twins as one `rlsmoke run --variants`: one load, each run the same bits as a fresh run of
+    its fault (tests/unit/test_run_variants.py)."""
+    return SharedVariants(rlsmoke_shared_runs, [variant for variant, _ in TWINS])
 
 
 @pytest.mark.cpu
 @pytest.mark.slow
-@pytest.mark.parametrize(("case_record", "expected"), TWINS, indirect=["case_record"], ids=[r.inject for r, _ in TWINS])
-def test_fault_fails_its_gate(case_record, expected, artifacts):
+@pytest.mark.parametrize(("variant", "expected"), TWINS, ids=[v.split("@")[0] for v, _ in TWINS])
+def test_fault_fails_its_gate(twin_runs, variant, expected, artifacts):
+    record = twin_runs.record(CASE, artifacts, variant)
     with pytest.raises(GateFailure) as failure:
-        gates_for(CASE).check(case_record)
-    inject = case_record.meta.get("inject")
+        gates_for(CASE).check(record)
+    assert json.loads((artifacts.path / "summary.json").read_text())["inject"] == variant.split("@")[0]  # its own run
     for line in expected:
-        assert line in str(failure.value), f"--inject {inject} did not fail `{line}`:\n{failure.value}"
+        assert line in str(failure.value), f"--variants {variant} did not fail `{line}`:\n{failure.value}"
     assert f"artifacts: {artifacts.path}" in str(failure.value)
 
 

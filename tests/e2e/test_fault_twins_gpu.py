@@ -9,7 +9,7 @@ saw it at eight times its bound on one H200 (docs/calibration.md, the suite at s
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.suite import GateFailure, gates_for, run_case
+from rlsmoke.suite import GateFailure, SharedVariants, gates_for
 
 NUM_GPUS = 8  # --num-gpus or env NUM_GPUS replaces it; every parallel size derives from it
 
@@ -19,21 +19,31 @@ TWINS = [
     ("stale-weights", None, ["weight_sync: sync/mismatched_params ="]),
     ("train-dropout=0.1", None, ["ppo_kl_step0: train/ppo_kl@first ="]),
 ]  # fmt: skip
-PLATFORMS = [pytest.param("nvidia", marks=pytest.mark.nvidia), pytest.param("rocm", marks=pytest.mark.rocm)]
+VARIANTS = [inject + (f"@{temperature:g}" if temperature else "") for inject, temperature, _ in TWINS]
+PLATFORMS = [("nvidia", pytest.mark.nvidia), ("rocm", pytest.mark.rocm)]
 # GLM-5 (MLA + DSA) and GLM-5.3-Flash (KDA linear attention + MLA): each attention path's faults
 MODELS = ["glm5-744b-a40b-4layer", "glm5.3-flash-4layer"]
+# A model's twins next to each other, so that the first of them runs all three and the others read
+PARAMS = [pytest.param(platform, model, variant, expected, marks=mark, id=f"{inject}-{platform}-{model}")
+          for platform, mark in PLATFORMS for model in MODELS
+          for (inject, _, expected), variant in zip(TWINS, VARIANTS, strict=True)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def twin_runs(rlsmoke_shared_runs):
+    """Per (platform, model), the three twins as one `rlsmoke run --variants`: one load, three runs, each
+    the same bits as a fresh run of its fault (tests/unit/test_run_variants.py)."""
+    return SharedVariants(rlsmoke_shared_runs, VARIANTS)
 
 
 @pytest.mark.gpus(NUM_GPUS)
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize(("inject", "temperature", "expected"), TWINS, ids=[t[0] for t in TWINS])
-def test_fault_fails_its_gate(artifacts, platform, model, inject, temperature, expected):
+@pytest.mark.parametrize(("platform", "model", "variant", "expected"), PARAMS)
+def test_fault_fails_its_gate(artifacts, twin_runs, platform, model, variant, expected):
     if artifacts.launcher != "builtin":
         pytest.skip(f"faults are injected into the built-in engine; this session runs --launcher {artifacts.launcher}")
     case = Case(model, platform=platform, num_gpus=NUM_GPUS)
-    record = run_case(case, artifacts, inject=inject, rollout_temperature=temperature)
+    record = twin_runs.record(case, artifacts, variant)
     with pytest.raises(GateFailure) as failure:
         gates_for(case).check(record)
     for line in expected:
-        assert line in str(failure.value), f"--inject {inject} did not fail `{line}`:\n{failure.value}"
+        assert line in str(failure.value), f"--variants {variant} did not fail `{line}`:\n{failure.value}"

@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-from rlsmoke.artifacts import RunFolder, disk_full, no_room
+from rlsmoke.artifacts import RECORDS, RunFolder, disk_full, no_room
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
 from rlsmoke.engine import limits, signals
 from rlsmoke.engine.config import (
@@ -27,8 +27,10 @@ from rlsmoke.engine.config import (
     BUILTIN_METRICS,
     ROLLOUT_BATCHES,
     RunConfig,
+    Variant,
     dtype_name,
     parse_inject,
+    parse_variants,
 )
 from rlsmoke.engine.data import prompt_rows
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
@@ -71,6 +73,10 @@ def register(subparsers) -> None:
     g.add_argument(
         "--repeat", type=int, default=1, help="K seeds from the same initial weights, for calibration"
     )
+    g.add_argument("--variants", default=None, metavar="V1,V2,...",
+                   help="several runs of the seed on one load, each from the initial weights and gated as its own "
+                        "run in --out/SLUG: clean, or an --inject fault, each with @T for its rollout temperature "
+                        "(default --rollout-temperature), e.g. clean,stale-weights,temperature-mismatch@0.8")
     g.add_argument(
         "--num-rollout", type=int, default=2, help="rollouts; every one but the last is trained on"
     )
@@ -173,6 +179,36 @@ def config_from_args(args):
     return cfg
 
 
+def variants_from_args(args) -> list[RunConfig]:
+    """--variants: each variant's config, validated as a run with its --inject and --rollout-temperature
+    would be, before anything loads."""
+    fix = "drop --inject: a fault goes into --variants (clean,stale-weights,...)"
+    if args.inject:
+        raise RlsmokeError(f"--inject {args.inject} with --variants", rule="run.variants", fix=fix)
+    if args.repeat != 1:
+        raise RlsmokeError(f"--repeat {args.repeat} with --variants: both restore the initial weights between runs, "
+                           "each for its own", rule="run.variants_repeat",
+                           fix="run the variants at one seed, or the repeat without --variants")  # fmt: skip
+    variants = parse_variants(args.variants, args.rollout_temperature)
+    base = config_from_args(args)
+    if base.mode == "async":
+        raise RlsmokeError("--variants with mode=async: each Ray actor holds its side's fault in its own process",
+                           rule="run.variants_async",
+                           fix="run the variants colocated (--mode colocate), or one `rlsmoke run --inject` each")  # fmt: skip
+    cfgs = []
+    for variant in variants:
+        cfg = base.replace(inject=variant.inject, rollout_temperature=variant.rollout_temperature)
+        try:
+            cfg.validate()
+            limits.check_numbers(cfg, repeat=1)
+        except RlsmokeError as exc:
+            raise RlsmokeError(f"variant {variant}: {exc}", rule=exc.rule,
+                               fix=exc.fix or "change that variant in --variants (FAULT@T sets its rollout "
+                                              "temperature, e.g. temperature-mismatch@0.8)") from None  # fmt: skip
+        cfgs.append(cfg)
+    return cfgs
+
+
 def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
@@ -255,36 +291,53 @@ def handler(args) -> int:
 
 
 def _handle(args, started: float) -> int:
-    cfg = config_from_args(args)
-    with RunFolder(args.out or default_out(cfg.case), overwrite=args.overwrite) as folder:
-        out = folder.records  # --overwrite: a staging sibling until the run is complete
-        log = CommandLog(out, started)
+    if args.variants is None:
+        cfgs = [config_from_args(args)]
+        outs = [args.out or default_out(cfgs[0].case)]
+    else:  # each variant its own run folder under --out
+        cfgs = variants_from_args(args)
+        root = args.out or default_out(cfgs[0].case)
+        outs = [root / Variant(c.inject, c.rollout_temperature).slug for c in cfgs]
+        if not args.overwrite:  # refused before any of them is created or locked
+            for out in outs:
+                earlier = [name for name in RECORDS if (out / name).exists()]
+                if earlier:
+                    raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})",
+                                       rule="run.out_used", fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
+    with contextlib.ExitStack() as held:
+        folders = [held.enter_context(RunFolder(out, overwrite=args.overwrite)) for out in outs]
+        runs = [(cfg, folder.records) for cfg, folder in zip(cfgs, folders, strict=True)]  # --overwrite: staging
+        logs = [CommandLog(out, started) for _, out in runs]
         try:
-            code = _run_and_gate(cfg, args, out, log, started)
+            code = _run_and_gate(runs, args, logs, started)
             if code in (ExitCode.OK, ExitCode.GATE_FAILED):
-                folder.commit()
+                for folder in folders:
+                    folder.commit()
             return code
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
             if signals.received() is not None and getattr(exc, "signum", None) != signals.received():
                 exc = Interrupted(signals.received())
-            with contextlib.suppress(OSError):
-                log.interrupted(exc)
-            folder.discard()
+            for log, folder in zip(logs, folders, strict=True):
+                with contextlib.suppress(OSError):
+                    log.interrupted(exc)
+                folder.discard()
             raise exc from None
         except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
-            with contextlib.suppress(OSError):
-                if log.path.exists() and exc.one_line() not in log.path.read_text():
-                    log(f"error: {exc.one_line()}")
+            for log in logs:
+                with contextlib.suppress(OSError):
+                    if log.path.exists() and exc.one_line() not in log.path.read_text():
+                        log(f"error: {exc.one_line()}")
             raise
         except Exception as exc:
             if no_room(exc):  # the disk, not the run: one line, never a traceback or exit 1
-                raise disk_full(out, exc) from None
+                raise disk_full(runs[0][1], exc) from None
             # a bug: exit 3, never 1 (a gate failed); the traceback goes to run.log
-            with contextlib.suppress(OSError):
-                log("error: [run.crashed] the run raised an unexpected exception",
-                    block=traceback.format_exc().rstrip())  # fmt: skip
+            for log in logs:
+                with contextlib.suppress(OSError):
+                    log("error: [run.crashed] the run raised an unexpected exception",
+                        block=traceback.format_exc().rstrip())  # fmt: skip
             cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
-            print(f"error: [run.crashed] {cause}. Traceback in {log.path}", file=sys.stderr)
+            print(f"error: [run.crashed] {cause}. Traceback in {logs[0].path}", file=sys.stderr)
             return ExitCode.RUN_FAILED
 
 
@@ -299,38 +352,49 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
               flush=True)  # fmt: skip
 
     with signals.exit_at_once(say):
-        from rlsmoke.engine.run import describe_timing, execute  # torch and transformers
+        from rlsmoke.engine.run import describe_timing, execute, execute_variants  # torch and transformers
 
         kind = cfg.spec.hf_model_type
         lazy = ["transformers.models.auto.tokenization_auto", f"transformers.models.{kind}.modeling_{kind}"]
         for name in lazy + (["ray", "ray.util.placement_group"] if cfg.mode == "async" else []):
             with contextlib.suppress(ImportError):  # the engine says what is missing, where it needs it
                 importlib.import_module(name)
-    return describe_timing, execute
+    return describe_timing, execute, execute_variants
 
 
-def _run_and_gate(cfg: RunConfig, args, out: Path, log: CommandLog, started: float) -> int:
-    describe_timing, execute = _load_engine(cfg, log)
+def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLog], started: float) -> int:
+    """The run (or each of --variants on one load), then each run's gates; exit 1 if any gate failed."""
+    describe_timing, execute, execute_variants = _load_engine(runs[0][0], logs[0])
     try:
-        summary = execute(cfg, out, repeat=args.repeat)
+        if args.variants is None:
+            summaries = [execute(runs[0][0], runs[0][1], repeat=args.repeat)]
+        else:
+            summaries = execute_variants(runs)
     except RunError as exc:
-        print(f"error: [{exc.rule}] {exc}. Artifacts: {out}", file=sys.stderr)
+        print(f"error: [{exc.rule}] {exc}. Artifacts: {runs[0][1] if len(runs) == 1 else runs[0][1].parent}",
+              file=sys.stderr)  # fmt: skip
         return ExitCode.RUN_FAILED
-    header = (f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} trainer={cfg.trainer} "
-              f"dtype={cfg.dtype_key} seed={cfg.seed} inject={cfg.inject} ({summary['seconds']:.1f} s run, "
-              f"{time.perf_counter() - started:.1f} s since the process began)")  # fmt: skip
-    timing = f"timing: {describe_timing(summary['timing'])}"
-    print(header)
-    print(timing)
-    if args.records_only:
-        print(f"records (not gated): {out}")
-        log(f"{header}; records only, not gated")
-        return ExitCode.OK
-    verdict, seeds = gate_run(out)
-    table = verdict.table() if len(seeds.seeds) == 1 else seeds.table()
-    print(table)
-    log(f"{header}; gates of {verdict.source}:", block=table)
-    if not verdict.passed:
-        print(verdict.report(), file=sys.stderr)
-    print(f"artifacts: {out}")
-    return ExitCode.OK if verdict.passed else ExitCode.GATE_FAILED
+    passed = True
+    for (cfg, out), log, summary in zip(runs, logs, summaries, strict=True):
+        shared = " (the load shared with the other variants, counted in the first)" if len(runs) > 1 else ""
+        header = (f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} trainer={cfg.trainer} "
+                  f"dtype={cfg.dtype_key} seed={cfg.seed} inject={cfg.inject}"
+                  + (f" rollout_temperature={cfg.rollout_temperature:g}" if args.variants is not None else "")
+                  + f" ({summary['seconds']:.1f} s run{shared}, {time.perf_counter() - started:.1f} s since the "
+                  "process began)")  # fmt: skip
+        timing = f"timing: {describe_timing(summary['timing'])}"
+        print(header)
+        print(timing)
+        if args.records_only:
+            print(f"records (not gated): {out}")
+            log(f"{header}; records only, not gated")
+            continue
+        verdict, seeds = gate_run(out)
+        table = verdict.table() if len(seeds.seeds) == 1 else seeds.table()
+        print(table)
+        log(f"{header}; gates of {verdict.source}:", block=table)
+        if not verdict.passed:
+            print(verdict.report(), file=sys.stderr)
+        print(f"artifacts: {out}")
+        passed = passed and verdict.passed
+    return ExitCode.OK if passed else ExitCode.GATE_FAILED

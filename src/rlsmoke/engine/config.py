@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +89,52 @@ def parse_inject(text: str | None) -> Inject:
             rule="inject.value",
             fix=f"write --inject {name}=0.01",
         ) from None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run of `rlsmoke run --variants`: a fault (or none) and the rollout temperature it samples at."""
+
+    inject: Inject
+    rollout_temperature: float
+
+    @property
+    def slug(self) -> str:
+        """Its run folder's name under --out: `clean`, `train-dropout-0.1`, `temperature-mismatch-t0.8`."""
+        name = str(self.inject) if self.inject.kind else "clean"
+        if self.rollout_temperature != 1.0:
+            name += f"@t{self.rollout_temperature:g}"
+        return re.sub(r"[^A-Za-z0-9._]+", "-", name)
+
+    def __str__(self) -> str:
+        name = str(self.inject) if self.inject.kind else "clean"
+        return f"{name}@{self.rollout_temperature:g}"
+
+
+def parse_variants(text: str, temperature: float) -> list[Variant]:
+    """`--variants clean,stale-weights,temperature-mismatch@0.8`: each a fault (`clean`: none) as --inject
+    takes it, with `@T` for its rollout temperature (default `temperature`, --rollout-temperature's)."""
+    fix = "write --variants as comma-separated faults, e.g. clean,stale-weights,temperature-mismatch@0.8"
+    variants = []
+    for item in text.split(","):
+        fault, at, temp = item.strip().partition("@")
+        if not fault:
+            raise RlsmokeError(f"--variants {text!r} has an empty variant", rule="run.variants", fix=fix)
+        try:
+            t = float(temp) if at else temperature
+        except ValueError:
+            raise RlsmokeError(f"variant {item.strip()!r}: temperature {temp!r} is not a number", rule="run.variants",
+                               fix="write FAULT@T, e.g. temperature-mismatch@0.8") from None  # fmt: skip
+        inject = Inject() if fault == "clean" else parse_inject(fault)
+        if inject.kind.startswith("bridge-"):
+            raise RlsmokeError(f"variant {fault!r} is a bridge defect, built into the trainer's weights as it loads: "
+                               "the loaded workers cannot switch it on or off", rule="run.variants",
+                               fix=f"run it alone: --inject {fault}")  # fmt: skip
+        variant = Variant(inject, t)
+        if any(v.slug == variant.slug for v in variants):
+            raise RlsmokeError(f"--variants names {variant} twice", rule="run.variants", fix="name each variant once")
+        variants.append(variant)
+    return variants
 
 
 def dtype_name(text: str, flag: str) -> str:

@@ -20,7 +20,7 @@ from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, derive_policy, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.train import Trainer, dropout_of, set_dropout
 from rlsmoke.engine.workers import Placement, TrainSide, phased
 from rlsmoke.errors import RlsmokeError, RunError
 
@@ -81,6 +81,9 @@ class TrainWorker:
     def step(self, groups, old, advantages) -> dict[str, float]:
         return self.trainer.step(groups, old, advantages)
 
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
     def rollout_weights(self, model, dtype: torch.dtype):
         """What the rollout engine `model` should hold after a sync: the fp32 main weights, cast."""
         return sync.rollout_weights(self.trainer.master, dtype)
@@ -91,6 +94,11 @@ class TrainWorker:
 
     def keep_initial(self) -> None:
         self.initial = reuse.InitialState(self.trainer, reuse.narrow_for(self.cfg))
+
+    def set_variant(self, inject, temperature: float) -> None:
+        """A variant's fault and temperature on the loaded trainer (`rlsmoke run --variants`)."""
+        self.trainer.temperature = temperature
+        set_dropout(self.trainer.model, dropout_of(inject))
 
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)
@@ -165,6 +173,9 @@ class Colocated:
                              rollout_model=self.rollout.model)  # fmt: skip
         self.where = {"train": _where(), "rollout": _where()}
 
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
     @phased("rollout")
     def generate(self, prompt_ids, n, seed):
         return self.rollout.generate(prompt_ids, n, seed)
@@ -196,6 +207,12 @@ class Colocated:
     @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
     def restore_initial(self) -> None:
         self.initial.restore()
+
+    def set_variant(self, inject, temperature: float) -> None:
+        """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides (the sync's
+        skip under stale-weights is the step's: `engine.run.one_run`)."""
+        self.rollout.engine.inject, self.rollout.engine.temperature = inject, temperature
+        self.train.set_variant(inject, temperature)
 
     def _rollout_weights(self):
         """The trainer's weights as the rollout copy holds them: what a sync loads."""
@@ -277,6 +294,10 @@ class RayAsync:
         except self.ray.exceptions.RayActorError as exc:
             raise RunError(f"a Ray actor died: {str(exc).splitlines()[0]}", rule="engine.worker") from None
 
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self._get(self.train.manual_seed.remote(seed))  # the rollout engine draws from its own generators
+
     def generate(self, prompt_ids, n, seed):
         return self._get(self.rollout.generate.remote(prompt_ids, n, seed))
 
@@ -308,6 +329,11 @@ class RayAsync:
     def restore_initial(self) -> None:
         self._get(self.train.restore_initial.remote())
         self._get(self.rollout.restore_initial.remote(self.train.weights.remote()))
+
+    def set_variant(self, inject, temperature: float) -> None:
+        # each actor's fault lives in its own process: `rlsmoke run --variants` refuses async before loading
+        raise RlsmokeError("mode=async runs one variant per load", rule="run.variants_async",
+                           fix="run the variants colocated (--mode colocate), or one `rlsmoke run --inject` each")  # fmt: skip
 
     def close(self) -> None:
         """The driver leaves, then every process of the cluster ends (actors, raylet, agents, GCS)."""

@@ -19,7 +19,7 @@ import transformers
 
 from rlsmoke.artifacts import write_atomic
 from rlsmoke.engine import grpo, kda, signals
-from rlsmoke.engine.config import RunConfig
+from rlsmoke.engine.config import Inject, RunConfig, Variant
 from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
 from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
@@ -111,65 +111,107 @@ def _mean(values) -> float:
 def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
     """Run `repeat` seeds from the same initial weights, write the records (metrics.jsonl, run.log,
     summary.json), return summary.json's dict. Nothing is gated here."""
+    return _execute(cfg, [(cfg, Path(out))], repeat=repeat)[0]
+
+
+def execute_variants(runs: list[tuple[RunConfig, Path]]) -> list[dict]:
+    """`rlsmoke run --variants`: the workers load once (without a fault), then each run in turn starts from
+    the initial weights, restored in place as for --repeat, with its own fault and rollout temperature
+    set on the workers; each writes its records into its own folder. Returns each run's summary."""
+    return _execute(runs[0][0].replace(inject=Inject()), [(c, Path(out)) for c, out in runs], repeat=1, variants=True)
+
+
+class _Fanout:
+    """The load's lines, in every run's run.log."""
+
+    def __init__(self, logs: list[RunLog]):
+        self.logs = logs
+
+    def __call__(self, text: str) -> None:
+        for log in self.logs:
+            log(text)
+
+
+def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int, variants: bool = False) -> list[dict]:
     cfg.validate()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = RunLog(out / "run.log")
+    for run_cfg, out in runs:
+        run_cfg.validate()
+        out.mkdir(parents=True, exist_ok=True)
+    logs = [RunLog(out / "run.log") for _, out in runs]
+    log = _Fanout(logs)  # then each run's own, while it runs
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
     spec = cfg.spec
     mem_estimate = estimate(spec, plan_of_run(cfg))
-    peaks: list = []
     where: dict = {}
     parallel: dict = {}
-    timing: dict = {"per_seed_s": [], "restore_s": [], "seed_phases_s": []}
+    load: dict = {}
+    done: list[tuple[list, dict, list]] = []  # each run's metrics lines, timing and memory peaks
+
+    def unfinished(text: str) -> None:  # what cut the command short, in the log of each run it cut short
+        _Fanout(logs[len(done) :] or logs)(text)
+
     try:
         ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
-        log(f"config: {cfg!r}")
+        for run_log, (run_cfg, _) in zip(logs, runs, strict=True):
+            run_log(f"config: {run_cfg!r}")
         log(f"checkpoint: {ckpt}")
         tokenizer = load_tokenizer(ckpt)
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        lines = []
         # Every seed's prompts first (the sequence limits were checked on the whole file: limits.run.context).
         seeds = [cfg.seed + r for r in range(repeat)]
         prompts_of = {}
         for seed in seeds:
             prompts_of[seed] = [encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)]
-        timing["checkpoint_s"] = time.perf_counter() - t0
+        load["checkpoint_s"] = time.perf_counter() - t0
         workers = open_workers(cfg, ckpt, eos, pad)
         try:
             where, parallel = workers.where, workers.parallel()
             log(f"placement: {cfg.mode} {where}; parallel {parallel}")
-            if repeat > 1:
-                workers.keep_initial()  # each further seed restores these weights in place (engine.reuse)
+            if repeat > 1 or len(runs) > 1:
+                workers.keep_initial()  # each further seed or run restores these weights in place (engine.reuse)
             # fla's first-use Triton compile (engine.kda.warm_up) is its own phase, not the load's
-            timing["compile_s"] = getattr(workers, "compile_s", 0.0)
-            timing["load_s"] = time.perf_counter() - t0 - timing["checkpoint_s"] - timing["compile_s"]
+            load["compile_s"] = getattr(workers, "compile_s", 0.0)
+            load["load_s"] = time.perf_counter() - t0 - load["checkpoint_s"] - load["compile_s"]
             if getattr(workers, "load_phases", None):
-                timing["load_phases_s"] = dict(workers.load_phases)
-            moved_before: dict[str, float] = {}
-            for r, seed in enumerate(seeds):
-                seed_start = time.perf_counter()
-                if r:
-                    workers.restore_initial()
-                    timing["restore_s"].append(time.perf_counter() - seed_start)
-                    moved_before = workers.move_seconds()  # the restore's own moves count in restore_s
-                torch.manual_seed(seed)
-                clock = PhaseClock()
-                run_lines = one_run(cfg, workers, prompts_of[seed], tokenizer, seed, log, clock)
-                timing["per_seed_s"].append(time.perf_counter() - seed_start)
-                moved = workers.move_seconds()  # cumulative: this seed's are the difference
-                timing["seed_phases_s"].append(phase_seconds(clock.seconds, _minus(moved, moved_before)))
-                moved_before = moved
-                timing["phases_s"] = timing["seed_phases_s"][0]  # the first seed pays first-use costs
-                log(f"timing: {describe_timing(timing)}")
-                if repeat > 1:
-                    for line in run_lines:
-                        line["repeat"] = r
-                lines += run_lines
-            peaks = _max_peaks(peaks, workers.memory())
-            log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
+                load["load_phases_s"] = dict(workers.load_phases)
+            for v, (run_cfg, _) in enumerate(runs):
+                log = logs[v]
+                timing: dict = {"per_seed_s": [], "restore_s": [], "seed_phases_s": []}
+                if v == 0:
+                    timing |= load
+                else:  # the workers this run reuses were loaded once, in the first run's seconds
+                    timing |= {"checkpoint_s": 0.0, "compile_s": 0.0, "load_s": 0.0}
+                if variants:
+                    names = [Variant(c.inject, c.rollout_temperature).slug for c, _ in runs]  # their folders' names
+                    timing["shared_load"] = {"runs": names, "counted_in": names[0]}
+                lines, peaks = [], []
+                moved_before: dict[str, float] = {}
+                for r, seed in enumerate(seeds):
+                    seed_start = time.perf_counter()
+                    if r or v:
+                        workers.restore_initial()
+                        timing["restore_s"].append(time.perf_counter() - seed_start)
+                        moved_before = workers.move_seconds()  # the restore's own moves count in restore_s
+                    if variants:
+                        workers.set_variant(run_cfg.inject, run_cfg.rollout_temperature)
+                    workers.manual_seed(seed)  # in every process that draws (train-dropout's masks)
+                    clock = PhaseClock()
+                    run_lines = one_run(run_cfg, workers, prompts_of[seed], tokenizer, seed, log, clock)
+                    timing["per_seed_s"].append(time.perf_counter() - seed_start)
+                    moved = workers.move_seconds()  # cumulative: this seed's are the difference
+                    timing["seed_phases_s"].append(phase_seconds(clock.seconds, _minus(moved, moved_before)))
+                    moved_before = moved
+                    timing["phases_s"] = timing["seed_phases_s"][0]  # the first seed pays first-use costs
+                    log(f"timing: {describe_timing(timing)}")
+                    if repeat > 1:
+                        for line in run_lines:
+                            line["repeat"] = r
+                    lines += run_lines
+                peaks = _max_peaks(peaks, workers.memory())
+                log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
+                done.append((lines, timing, peaks))
         finally:
             workers.close()
             del workers
@@ -183,19 +225,33 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
             rule="engine.oom",
             fix="run with more GPUs (--num-gpus) or --offload, or use --tiny; report the estimate's miss",
         )
-        log(f"error: {oom.one_line()}")
+        unfinished(f"error: {oom.one_line()}")
         raise oom from None
     except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
-        log(f"error: {exc.one_line()}")
+        unfinished(f"error: {exc.one_line()}")
         raise
     except RunError as exc:
-        log(f"error: [{exc.rule}] {exc}")
+        unfinished(f"error: [{exc.rule}] {exc}")
         raise
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the workers were closed above
-        log(f"interrupted by {signals.interrupted_by(exc)}; workers stopped")
+        unfinished(f"interrupted by {signals.interrupted_by(exc)}; workers stopped")
         raise
     finally:
-        log.close()
+        for run_log in logs:
+            run_log.close()
+    summaries = []
+    for (run_cfg, out), (lines, timing, peaks) in zip(runs, done, strict=True):
+        seconds = time.perf_counter() - t0 if not variants else sum(
+            timing[k] for k in ("checkpoint_s", "compile_s", "load_s")) + sum(timing["per_seed_s"])  # fmt: skip
+        summaries.append(_write_records(run_cfg, out, lines, timing, peaks, mem_estimate, where, parallel, repeat,
+                                        seconds))  # fmt: skip
+    return summaries
+
+
+def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: list, mem_estimate, where: dict,
+                   parallel: dict, repeat: int, seconds: float) -> dict:  # fmt: skip
+    """metrics.jsonl and summary.json of one run, each written whole or not at all."""
+    spec = cfg.spec
     write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
 
     memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
@@ -229,7 +285,7 @@ def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
         "parallel": parallel,  # the training layout as executed
         "memory": memory,
         "artifacts": str(out),
-        "seconds": round(time.perf_counter() - t0, 2),
+        "seconds": round(seconds, 2),
         "timing": _rounded(timing),
     }
     write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
@@ -282,4 +338,4 @@ def _json_default(x):
     return str(x)
 
 
-__all__ = ["execute", "one_run", "RunError"]
+__all__ = ["execute", "execute_variants", "one_run", "RunError"]

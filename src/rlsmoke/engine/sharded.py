@@ -26,7 +26,7 @@ from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attent
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.train import Trainer, dropout_of, set_dropout
 from rlsmoke.engine.workers import phased
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
@@ -150,6 +150,15 @@ class Rank:
     def restore_initial(self) -> None:
         self.initial.restore()
 
+    def manual_seed(self, seed: int) -> None:
+        """The seed's draws (train-dropout's masks) start from it on every rank, as in one process."""
+        torch.manual_seed(seed)
+
+    def set_variant(self, inject, temperature: float) -> None:
+        self.engine.inject, self.engine.temperature = inject, temperature
+        self.trainer.temperature = temperature
+        set_dropout(self.trainer.model, dropout_of(inject))
+
     def offload_state(self) -> dict:
         return self.phases.state()
 
@@ -255,6 +264,10 @@ class Sharded:
     def _split(self, items: list) -> list[list]:
         return [items[r :: self.world] for r in range(self.world)]
 
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self._call("manual_seed", [(seed,)] * self.world)
+
     def generate(self, prompt_ids, n, seed) -> list[Group]:
         shares = self._call("generate", [(prompt_ids, n, seed)] * self.world)
         return sorted((g for share in shares for g in share), key=lambda g: g.prompt_index)
@@ -291,6 +304,9 @@ class Sharded:
 
     def restore_initial(self) -> None:
         self._call("restore_initial", [()] * self.world)
+
+    def set_variant(self, inject, temperature: float) -> None:
+        self._call("set_variant", [(inject, temperature)] * self.world)
 
     def close(self) -> None:
         for conn in self.conns:

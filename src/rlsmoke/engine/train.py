@@ -62,11 +62,19 @@ def step_metrics(sums: dict[str, float], total_tokens: float, *, grad_norm: floa
     return metrics
 
 
-def set_dropout(model, p: float) -> None:
-    """--inject train-dropout=P: attention dropout left on in the training forward, a classic bug."""
+def set_dropout(model, p: float | None) -> None:
+    """--inject train-dropout=P: attention dropout left on in the training forward, a classic bug.
+    None: the value the model was built with, back (a later variant of `rlsmoke run --variants`)."""
     for module in model.modules():
         if hasattr(module, "attention_dropout"):
-            module.attention_dropout = p
+            if not hasattr(module, "built_attention_dropout"):
+                module.built_attention_dropout = module.attention_dropout
+            module.attention_dropout = module.built_attention_dropout if p is None else p
+
+
+def dropout_of(inject) -> float | None:
+    """The attention dropout a variant's fault sets in the trainer (None: as built)."""
+    return inject.value if inject.kind == "train-dropout" else None
 
 
 class Trainer:

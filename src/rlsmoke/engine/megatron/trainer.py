@@ -296,6 +296,12 @@ class MegatronTrainWorker:
     def step(self, groups, old, advantages) -> dict[str, float]:
         return self.trainer.step(groups, old, advantages)
 
+    def set_variant(self, inject, temperature: float) -> None:
+        """`rlsmoke run --variants`: the temperature; train-dropout is not wired here and a bridge defect is
+        built into the loaded weights, so both are refused before the load (`RunConfig.validate`,
+        `engine.config.parse_variants`)."""
+        self.trainer.temperature = temperature
+
     def hf_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """The trainer's weights under HF checkpoint names: Megatron -> HF through the bridge."""
         return gather_hf_weights(self.trainer, self.spec, self.hf, self.par, dtype, self.defect)
