@@ -284,6 +284,22 @@ def _process_started() -> float:
         return time.perf_counter()
 
 
+class ProcessClock:
+    """The process's seconds before the engine's own clock starts, by phase: `start` (the interpreter and
+    rlsmoke's import, from the process's start), `config` (the flags checked into RunConfigs), `engine
+    import` (torch, transformers, the case's modeling code). On a GPU host these cost more than a seed's
+    phases did once loads were cut, and a run's `seconds` does not hold them."""
+
+    def __init__(self, started: float):
+        self.last = time.perf_counter()
+        self.seconds = {"start": round(self.last - started, 3)}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = round(now - self.last, 3)
+        self.last = now
+
+
 def handler(args) -> int:
     started = _process_started()
     with signals.stopping_run():  # before anything starts, until the records and the verdict are written
@@ -291,6 +307,7 @@ def handler(args) -> int:
 
 
 def _handle(args, started: float) -> int:
+    before = ProcessClock(started)  # what the process spends before the engine runs: its own phases in timing
     if args.variants is None:
         cfgs = [config_from_args(args)]
         outs = [args.out or default_out(cfgs[0].case)]
@@ -304,12 +321,13 @@ def _handle(args, started: float) -> int:
                 if earlier:
                     raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})",
                                        rule="run.out_used", fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
+    before.lap("config")
     with contextlib.ExitStack() as held:
         folders = [held.enter_context(RunFolder(out, overwrite=args.overwrite)) for out in outs]
         runs = [(cfg, folder.records) for cfg, folder in zip(cfgs, folders, strict=True)]  # --overwrite: staging
         logs = [CommandLog(out, started) for _, out in runs]
         try:
-            code = _run_and_gate(runs, args, logs, started)
+            code = _run_and_gate(runs, args, logs, started, before)
             if code in (ExitCode.OK, ExitCode.GATE_FAILED):
                 for folder in folders:
                     folder.commit()
@@ -362,9 +380,12 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
     return describe_timing, execute, execute_variants
 
 
-def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLog], started: float) -> int:
+def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLog], started: float,
+                  before: ProcessClock | None = None) -> int:  # fmt: skip
     """The run (or each of --variants on one load), then each run's gates; exit 1 if any gate failed."""
     describe_timing, execute, execute_variants = _load_engine(runs[0][0], logs[0])
+    if before is not None:
+        before.lap("engine import")
     try:
         if args.variants is None:
             summaries = [execute(runs[0][0], runs[0][1], repeat=args.repeat)]
@@ -376,6 +397,9 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
         return ExitCode.RUN_FAILED
     passed = True
     for (cfg, out), log, summary in zip(runs, logs, summaries, strict=True):
+        if before is not None:
+            summary["timing"]["process_s"] = before.seconds
+            update_summary(out, {"timing": summary["timing"]})
         shared = " (the load shared with the other variants, counted in the first)" if len(runs) > 1 else ""
         header = (f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} trainer={cfg.trainer} "
                   f"dtype={cfg.dtype_key} seed={cfg.seed} inject={cfg.inject}"
