@@ -2,6 +2,7 @@
 PyTorch reference elsewhere or when asked; the Triton cache next to the checkpoints; the warm-up."""
 
 import pytest
+import torch
 
 from rlsmoke.engine import kda
 from rlsmoke.errors import RlsmokeError
@@ -66,6 +67,15 @@ def test_the_reference_path_is_bound_and_the_warm_up_leaves_no_grads(monkeypatch
     case = "glm5.3-flash-4layer"
     model = load_policy(checkpoint_dir(case, tiny=True), model_spec(case, tiny=True), "float32", "cpu")
     assert kda.bound() == "reference" == kda.bound("recurrent_kimi_delta_attention")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    layer = next(m for m in model.modules() if type(m).__name__.endswith("LinearAttention"))
+    lengths = []
+    hook = layer.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(
+        (args[0] if args else kwargs["hidden_states"]).shape[:2]), with_kwargs=True)  # fmt: skip
     seconds = kda.warm_up([(model, True, 2), (model, False, 3)])
+    hook.remove()
     assert seconds > 0
     assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    # the rollout model generated through the whole model too: prefills at both lengths, decode steps of one token
+    assert {(3, 80), (3, 96), (3, 1)} <= set(lengths), lengths

@@ -74,6 +74,23 @@ def install(path: str) -> None:
         setattr(modeling, name, _fla_call(kernel, reference))
 
 
+def _generate_two(model, rows: int, length: int) -> None:
+    """Two greedy tokens for `rows` rows of `length` tokens, every other row left-padded by 3, as the
+    rollout engine calls generate (cache on, an attention mask)."""
+    import torch
+
+    device = next(model.parameters()).device
+    pad = getattr(model.generation_config, "pad_token_id", None) or 0
+    vocab = model.get_input_embeddings().num_embeddings
+    tokens = torch.randint(1, max(2, vocab), (rows, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(rows, length, dtype=torch.long)
+    mask[1::2, :3] = 0
+    tokens[mask == 0] = pad
+    with torch.no_grad():
+        model.generate(tokens.to(device), attention_mask=mask.to(device), do_sample=False, max_new_tokens=2,
+                       min_new_tokens=2, pad_token_id=pad, eos_token_id=None, use_cache=True)  # fmt: skip
+
+
 def _fla_call(kernel, reference):
     def call(query, key, value, *args, **kwargs):
         return kernel(query, key, value, *args, **{k: v for k, v in kwargs.items() if k in FLA_KWARGS})
@@ -91,6 +108,10 @@ def bound(name: str = "chunk_kimi_delta_attention") -> str:
 def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
     """Run each model's first KDA layer, forward and backward (the chunked kernel) and one decode step
     (the recurrent kernel), at its widths and dtypes: Triton compiles and autotunes here, not in a seed.
+    A model without grads (the rollout's) also generates two tokens through the whole model, some rows
+    left-padded: a prefill that keeps its state and decode steps on the cache take kernel variants a bare
+    layer call does not (on one H200 the layer-only warm-up left about a minute of compiling to the first
+    seed).
 
     `models`: (model, with_grad, rows). Some of fla's autotune keys hold the batch size, and Triton
     specializes a length by whether 16 divides it, so each model runs at the rows its calls will have
@@ -121,6 +142,9 @@ def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
                                                     output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
         for p in layer.parameters():
             p.grad = None
+        if not with_grad:
+            for length in tokens:
+                _generate_two(model, rows, length)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter() - start
