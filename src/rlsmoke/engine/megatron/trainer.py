@@ -27,6 +27,7 @@ EP run one `build_rank` per process, and `gather_hf_weights` joins their shards 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -195,9 +196,11 @@ class MegatronTrainer:
 
 
 def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank: int, *, cfg: RunConfig,
-               device: str, defect: str | None = None) -> MegatronTrainer:  # fmt: skip
+               device: str, defect: str | None = None, phases: dict[str, float] | None = None) -> MegatronTrainer:  # fmt: skip
     """This rank's GPTModel in the compute dtype under megatron-core DDP, its fp32 main parameters from
-    the bridge's unrounded shard, and the trainer over both (model-parallel state initialized)."""
+    the bridge's unrounded shard, and the trainer over both (model-parallel state initialized).
+    `phases`, when given, gets the seconds of each part (build, convert, trainer setup)."""
+    clock = _Lap(phases)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from rlsmoke.engine.megatron.model import build_gpt, device_shim
@@ -209,6 +212,7 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
                            fix="turn sequence parallelism on (Megatron's --sequence-parallel)")  # fmt: skip
     compute_dtype, master_dtype = TORCH_DTYPES[cfg.train_compute_dtype], TORCH_DTYPES[cfg.train_dtype]
     gpt = build_gpt(spec, par, params_dtype=compute_dtype, device=device)
+    clock("build")
     # One process on a GPU: the bridge's conversion (pure data movement) runs on the device, on a copy of
     # the checkpoint's tensors freed once the trainer holds its own, not as host-side fp32 copies.
     src = {k: v.to(device) for k, v in hf.items()} if device.startswith("cuda") and par.world_size == 1 else hf
@@ -229,15 +233,34 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
                 module.expert_bias.data = state[f"{name}.expert_bias"].to(device=device, dtype=torch.float32)
     pairs = [(p, state[name].to(device=device, dtype=master_dtype, copy=True)) for name, p in gpt.named_parameters()]
     del full, state  # the bridge's whole fp32 state goes before DDP allocates its grad buffers
+    clock("convert")
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False)
     with device_shim(device):  # its grad buffers go where `torch.cuda.current_device()` says
         ddp = DistributedDataParallel(gpt.config, ddp_config, model)
-    return MegatronTrainer(
+    trainer = MegatronTrainer(
         HFStyle(ddp, spec.vocab_size, device, par), gpt, ddp, pairs, par, lr=cfg.lr, betas=cfg.betas,
         weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, eps_clip=cfg.eps_clip,
         eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef, temperature=cfg.rollout_temperature,
         comm_device=device,
     )  # fmt: skip
+    clock("trainer setup")
+    return trainer
+
+
+class _Lap:
+    """Seconds since the last lap into `phases` under a name (device work finished first); a no-op without."""
+
+    def __init__(self, phases: dict[str, float] | None):
+        self.phases, self.last = phases, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.phases is None:
+            return
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel,
@@ -282,10 +305,19 @@ class MegatronTrainWorker:
         self.cfg, self.spec = cfg, cfg.spec
         self.par = Parallel()
         self.defect = cfg.inject.kind if cfg.inject.kind.startswith("bridge-") else None
+        self.load_phases: dict[str, float] = {}  # summary.json timing.load_phases_s
+        clock = _Lap(self.load_phases)
+        import megatron.core.models.gpt  # noqa: F401 - seconds of its own, not the process group's
+        import megatron.core.parallel_state  # noqa: F401
+
+        clock("megatron import")
         if not tdist.is_initialized():
             dist.init(0, self.par, dist.free_port(), backend=dist.backend_for(cfg.device))
+        clock("process group")
         self.hf = read_hf_state(ckpt)
-        self.trainer = build_rank(self.spec, self.hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect)
+        clock("read")
+        self.trainer = build_rank(self.spec, self.hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect,
+                                  phases=self.load_phases)  # fmt: skip
 
     def parallel(self) -> dict:
         return self.par.executed()
