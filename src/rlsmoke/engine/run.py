@@ -169,13 +169,18 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
         try:
             where, parallel = workers.where, workers.parallel()
             log(f"placement: {cfg.mode} {where}; parallel {parallel}")
+            kept_s = None
             if repeat > 1 or len(runs) > 1:
+                kept_from = time.perf_counter()
                 workers.keep_initial()  # each further seed or run restores these weights in place (engine.reuse)
+                kept_s = time.perf_counter() - kept_from
             # fla's first-use Triton compile (engine.kda.warm_up) is its own phase, not the load's
             load["compile_s"] = getattr(workers, "compile_s", 0.0)
             load["load_s"] = time.perf_counter() - t0 - load["checkpoint_s"] - load["compile_s"]
             if getattr(workers, "load_phases", None):
                 load["load_phases_s"] = dict(workers.load_phases)
+            if kept_s is not None:  # inside load_s: what a --repeat or --variants pays once for its restores
+                load["load_phases_s"] = load.get("load_phases_s", {}) | {"keep initial": kept_s}
             for v, (run_cfg, _) in enumerate(runs):
                 log = logs[v]
                 timing: dict = {"per_seed_s": [], "restore_s": [], "seed_phases_s": []}
