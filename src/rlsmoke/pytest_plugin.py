@@ -355,14 +355,14 @@ def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
 
 
 @pytest.fixture
-def case_record(request: pytest.FixtureRequest, artifacts):
+def case_record(request: pytest.FixtureRequest, artifacts, rlsmoke_shared_runs):
     """The record of the test's declared run (`rlsmoke.suite.CaseRun`): its `case_record` parameter
-    (`indirect=True`), else its module's CASE."""
+    (`indirect=True`), else its module's CASE (with its SHARED_RUN, when it declares one)."""
     spec = _declared_run(request.node)
     if spec is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses case_record without a run: parametrize it with "
                                 "rlsmoke.suite.CaseRun values (indirect=True) or give its module a CASE")  # fmt: skip
-    return spec.run(artifacts)
+    return spec.run(artifacts, shared_runs=rlsmoke_shared_runs)
 
 
 def _declared_run(item: pytest.Item):
@@ -374,7 +374,7 @@ def _declared_run(item: pytest.Item):
         spec = callspec.params["case_record"]
     else:
         case = getattr(getattr(item, "module", None), "CASE", None)
-        spec = CaseRun(case) if case is not None else None
+        spec = CaseRun(case, shared=tuple(getattr(item.module, "SHARED_RUN", ()))) if case is not None else None
     return spec if isinstance(spec, CaseRun) else None
 
 

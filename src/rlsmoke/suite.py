@@ -31,7 +31,7 @@ from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
 __all__ = ["Artifacts", "CaseGates", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
-           "SharedVariants", "builtin_argv", "gates_for", "plan_launch", "run_case", "run_variants"]  # fmt: skip
+           "CPU_SHARED_VARIANTS", "GPU_SHARED_VARIANTS", "SharedVariants", "builtin_argv", "gates_for", "plan_launch", "run_case", "run_variants"]  # fmt: skip
 
 DEFAULT_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
 
@@ -45,6 +45,12 @@ class CaseRecord(metrics.Record):
     case: object = field(default=None, repr=False, compare=False)
 
 
+# What a model's one-step test and its fault twins run as one `rlsmoke run --variants` (one process, one
+# load): the clean run first, then each fault. The twins' modules hold the gate each fault must fail.
+GPU_SHARED_VARIANTS = ("clean", "temperature-mismatch@0.8", "stale-weights", "train-dropout=0.1")
+CPU_SHARED_VARIANTS = ("clean", "temperature-mismatch@0.7", "stale-weights", "rollout-noise=0.05", "train-dropout=0.1")
+
+
 @dataclass(frozen=True)
 class CaseRun:
     """One run of a case as a test declares it, for the plugin's `case_record` fixture:
@@ -52,6 +58,9 @@ class CaseRun:
 
     `trainer` None: the session's --trainer.
     `flags`: more `rlsmoke run` flags for the built-in engine (`("--offload", "--num-rollout", "3")`).
+    `shared`: the variants of a run this clean run is the first of (`SharedVariants`, with the plugin's
+    `rlsmoke_shared_runs`): the tests of those variants then share its process and its load. A module
+    declares it as SHARED_RUN next to its CASE. Under another launcher the run is its own.
     """
 
     case: object  # rlsmoke.cases.Case
@@ -60,12 +69,19 @@ class CaseRun:
     rollout_temperature: float | None = None
     trainer: str | None = None
     flags: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()
 
     def artifacts(self, art: Artifacts) -> Artifacts:
         return art if self.trainer is None else dataclasses.replace(art, trainer=self.trainer)
 
-    def run(self, art: Artifacts) -> CaseRecord:
-        return run_case(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
+    def run(self, art: Artifacts, shared_runs: Path | None = None) -> CaseRecord:
+        """The run's record; the clean variant of its `shared` run when `shared_runs` is given."""
+        art = self.artifacts(art)
+        clean = self.inject is None and self.rollout_temperature is None
+        if self.shared and shared_runs is not None and clean and art.launcher == "builtin":
+            shared = SharedVariants(shared_runs, self.shared, seed=self.seed, flags=self.flags)
+            return shared.record(self.case, art, "clean")
+        return run_case(self.case, art, inject=self.inject, seed=self.seed,
                         rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
     def plan(self, art: Artifacts, verify: bool = False) -> CaseLaunch:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.suite import CaseRun, GateFailure, SharedVariants, gates_for
+from rlsmoke.suite import CPU_SHARED_VARIANTS, CaseRun, GateFailure, SharedVariants, gates_for
 
 CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 
@@ -28,11 +28,14 @@ TWINS = [
 ]  # fmt: skip
 
 
+assert {variant for variant, _ in TWINS} <= set(CPU_SHARED_VARIANTS)
+
+
 @pytest.fixture(scope="module")
 def twin_runs(rlsmoke_shared_runs):
-    """The four twins as one `rlsmoke run --variants`: one load, each run the same bits as a fresh run of
-    its fault (tests/unit/test_run_variants.py)."""
-    return SharedVariants(rlsmoke_shared_runs, [variant for variant, _ in TWINS])
+    """The clean run and the four twins as one `rlsmoke run --variants`, shared with GLM-5's CPU one-step
+    test (its SHARED_RUN): one load, each run the same bits as a fresh run (tests/unit/test_run_variants.py)."""
+    return SharedVariants(rlsmoke_shared_runs, CPU_SHARED_VARIANTS)
 
 
 @pytest.mark.cpu

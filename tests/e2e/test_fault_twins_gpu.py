@@ -9,7 +9,7 @@ saw it at eight times its bound on one H200 (docs/calibration.md, the suite at s
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.suite import GateFailure, SharedVariants, gates_for
+from rlsmoke.suite import GPU_SHARED_VARIANTS, GateFailure, SharedVariants, gates_for
 
 NUM_GPUS = 8  # --num-gpus or env NUM_GPUS replaces it; every parallel size derives from it
 
@@ -20,6 +20,7 @@ TWINS = [
     ("train-dropout=0.1", None, ["ppo_kl_step0: train/ppo_kl@first ="]),
 ]  # fmt: skip
 VARIANTS = [inject + (f"@{temperature:g}" if temperature else "") for inject, temperature, _ in TWINS]
+assert set(VARIANTS) <= set(GPU_SHARED_VARIANTS)  # each twin is a variant of the run its model's one-step test shares
 PLATFORMS = [("nvidia", pytest.mark.nvidia), ("rocm", pytest.mark.rocm)]
 # GLM-5 (MLA + DSA) and GLM-5.3-Flash (KDA linear attention + MLA): each attention path's faults
 MODELS = ["glm5-744b-a40b-4layer", "glm5.3-flash-4layer"]
@@ -31,9 +32,10 @@ PARAMS = [pytest.param(platform, model, variant, expected, marks=mark, id=f"{inj
 
 @pytest.fixture(scope="module")
 def twin_runs(rlsmoke_shared_runs):
-    """Per (platform, model), the three twins as one `rlsmoke run --variants`: one load, three runs, each
-    the same bits as a fresh run of its fault (tests/unit/test_run_variants.py)."""
-    return SharedVariants(rlsmoke_shared_runs, VARIANTS)
+    """Per (platform, model), the clean run and the three twins as one `rlsmoke run --variants`, shared with
+    the model's one-step test (its SHARED_RUN): one load, four runs, each the same bits as a fresh run
+    (tests/unit/test_run_variants.py)."""
+    return SharedVariants(rlsmoke_shared_runs, GPU_SHARED_VARIANTS)
 
 
 @pytest.mark.gpus(NUM_GPUS)

@@ -3,9 +3,10 @@
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.suite import gates_for
+from rlsmoke.suite import CPU_SHARED_VARIANTS, gates_for
 
 CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
+SHARED_RUN = CPU_SHARED_VARIANTS  # this clean run is the first of its fault twins' run: one load for all
 
 
 @pytest.mark.cpu

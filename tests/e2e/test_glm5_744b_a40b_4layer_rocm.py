@@ -3,10 +3,11 @@
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.suite import gates_for
+from rlsmoke.suite import GPU_SHARED_VARIANTS, gates_for
 
 NUM_GPUS = 8  # --num-gpus or env NUM_GPUS replaces it; every parallel size derives from it
 CASE = Case("glm5-744b-a40b-4layer", platform="rocm", num_gpus=NUM_GPUS)
+SHARED_RUN = GPU_SHARED_VARIANTS  # this clean run is the first of its fault twins' run: one load for all
 
 
 @pytest.mark.rocm

@@ -133,3 +133,23 @@ def test_the_session_summary_leaves_hidden_folders_out(tmp_path):
         (tmp_path / folder / "summary.json").write_text(json.dumps({"case": case}))
     rows = [line for line in write_session_summary(tmp_path).read_text().splitlines() if line.startswith("| [")]
     assert len(rows) == 1 and "| a |" in rows[0]
+
+
+def test_a_one_step_test_that_declares_the_twins_run_reads_its_clean_variant(tmp_path, rlsmoke_run_server):
+    """A module's SHARED_RUN: its CaseRun is the clean variant of the twins' run, one launch for both; the same
+    run without it launches its own."""
+    from rlsmoke.suite import CaseRun
+
+    shared, variants = tmp_path / "shared", ("clean", "stale-weights")
+    one_step = CaseRun(CASE, shared=variants).run(_test_artifacts(tmp_path / "one_step", rlsmoke_run_server)[0],
+                                                  shared_runs=shared)  # fmt: skip
+    twin = SharedVariants(shared, variants).record(CASE, _test_artifacts(tmp_path / "twin", rlsmoke_run_server)[0],
+                                                   "stale-weights")  # fmt: skip
+    assert len(_launches(shared)) == 1
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("one_step", "twin")]
+    assert [s["inject"] for s in summaries] == ["none", "stale-weights"] and twin.entries != one_step.entries
+    gates_for(CASE).check(one_step)
+
+    alone = CaseRun(CASE).run(_test_artifacts(tmp_path / "alone", rlsmoke_run_server)[0], shared_runs=shared)
+    assert len(_launches(shared)) == 1 and "--variants" not in (tmp_path / "alone" / "pytest-run.log").read_text()
+    assert alone.entries == one_step.entries  # the clean variant is the run a fresh process gives
