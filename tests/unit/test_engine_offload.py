@@ -119,3 +119,48 @@ def test_n_ranks_under_gloo_pass_their_gates_with_offload(case_record):
     assert summary["memory"]["offload"] and summary["memory"]["world"] == world
     assert summary["memory"]["peak_gib_per_rank"] == [None] * world  # CPU: nothing to measure
     assert summary["memory"]["estimate_gib_per_gpu"]["peak"] > 0
+
+
+def test_the_last_step_s_moments_are_dropped_not_parked_and_no_metric_moves(tmp_path):
+    """After the run's last step nothing reads AdamW's moments: the placement drops them before the sync,
+    which then parks none (GLM-4.5 4-layer on one H200: 48 GiB a seed). Two steps (three rollouts): the
+    first step's moments reach the second; the lines equal a run that keeps them."""
+    from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
+    from rlsmoke.engine.placement import open_workers
+    from rlsmoke.engine.run import RunLog, one_run
+
+    cfg = RunConfig(case=CASE, tiny=True, n_prompts=2, num_rollout=3, offload=True)
+    ckpt = checkpoint_dir(CASE, tiny=True)
+    tok = load_tokenizer(ckpt)
+    prompts = [encode(tok, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, 0)]
+
+    def run(keep: bool, log_path):
+        workers = open_workers(cfg, ckpt, tok.eos_token_id, tok.pad_token_id or tok.eos_token_id)
+        optimizer, seen = workers.train.trainer.optimizer, []
+        steps, drop = workers.step, workers.drop_optimizer_state
+
+        def step(*args):
+            seen.append(("step", len(optimizer.state)))
+            return steps(*args)
+
+        def dropped():
+            seen.append(("drop", len(optimizer.state)))
+            if not keep:
+                drop()
+
+        workers.step, workers.drop_optimizer_state = step, dropped
+        try:
+            torch.manual_seed(0)
+            log = RunLog(log_path)
+            lines = one_run(cfg, workers, prompts, tok, 0, log)
+            log.close()
+            return lines, seen, len(optimizer.state), workers.offload_state()[0]
+        finally:
+            workers.close()
+
+    lines, seen, left, state = run(False, tmp_path / "drop.log")
+    kept_lines, _, kept_left, _ = run(True, tmp_path / "keep.log")
+    assert seen[0] == ("step", 0) and seen[1][0] == "step" and seen[1][1] > 0  # the second step had moments
+    assert seen[2][0] == "drop" and seen[2][1] > 0 and len(seen) == 3  # once, after the last step
+    assert left == 0 and kept_left > 0 and state["optimizer_state"] == "host"
+    assert lines == kept_lines

@@ -8,6 +8,7 @@ copy; `Phases.enter` moves what the next phase does not use to host memory:
 - train (old log-probs and the step): the rollout copy goes to the host, the master weights come
   back, and the moments too when a step follows;
 - sync: the moments go to the host again, the rollout copy comes back next to the master weights.
+  After the run's last step there are none to move: the run drops them (`engine.train.drop_moments`).
 
 Plain tensors (the rollout copy, the one-device trainer, the moments) move into pinned host buffers
 and back with non-blocking copies, where the host can spare the pages: torch's pinned allocator

@@ -20,7 +20,7 @@ from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, derive_policy, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, dropout_of, set_dropout
+from rlsmoke.engine.train import Trainer, drop_moments, dropout_of, set_dropout
 from rlsmoke.engine.workers import Placement, TrainSide, phased
 from rlsmoke.errors import RlsmokeError, RunError
 
@@ -102,6 +102,9 @@ class TrainWorker:
 
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)
+
+    def drop_optimizer_state(self) -> None:
+        drop_moments(self.trainer)
 
     def where(self) -> dict:
         return _where()
@@ -225,6 +228,9 @@ class Colocated:
     def sync(self, *, skip: bool) -> dict[str, float]:
         return sync.load_and_compare(self.rollout.model, self._rollout_weights(), load=not skip)
 
+    def drop_optimizer_state(self) -> None:
+        self.train.drop_optimizer_state()
+
     def close(self) -> None:
         pass
 
@@ -315,6 +321,9 @@ class RayAsync:
         if not skip:
             self._get(self.rollout.load.remote(weights))
         return self._get(self.rollout.compare.remote(weights))
+
+    def drop_optimizer_state(self) -> None:
+        self._get(self.train.drop_optimizer_state.remote())
 
     def move_seconds(self) -> dict[str, float]:
         return {}  # the trainer and the rollout engine have devices of their own: nothing moves

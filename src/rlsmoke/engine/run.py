@@ -96,6 +96,8 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
             rewards = torch.stack([g.rewards for g in groups])  # (G, n)
             advantages = list(grpo.group_advantages(rewards))  # G of (n,)
             step.update(clock("train_step", workers.step, groups, [lp for lp, _ in old], advantages))
+            if i == cfg.num_rollout - 2:  # the last step: its moments are dead weight from here on
+                workers.drop_optimizer_state()
             step.update(clock("sync", workers.sync, skip=cfg.inject.kind == "stale-weights"))
         for kind, metrics in (("rollout", rollout), ("step", step)):
             lines.append({"kind": kind, "index": i, "metrics": metrics})

@@ -26,7 +26,7 @@ from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attent
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, dropout_of, set_dropout
+from rlsmoke.engine.train import Trainer, drop_moments, dropout_of, set_dropout
 from rlsmoke.engine.workers import phased
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
@@ -154,6 +154,9 @@ class Rank:
         """The seed's draws (train-dropout's masks) start from it on every rank, as in one process."""
         torch.manual_seed(seed)
 
+    def drop_optimizer_state(self) -> None:
+        drop_moments(self.trainer)
+
     def set_variant(self, inject, temperature: float) -> None:
         self.engine.inject, self.engine.temperature = inject, temperature
         self.trainer.temperature = temperature
@@ -267,6 +270,9 @@ class Sharded:
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
         self._call("manual_seed", [(seed,)] * self.world)
+
+    def drop_optimizer_state(self) -> None:
+        self._call("drop_optimizer_state", [()] * self.world)
 
     def generate(self, prompt_ids, n, seed) -> list[Group]:
         shares = self._call("generate", [(prompt_ids, n, seed)] * self.world)

@@ -328,6 +328,11 @@ class MegatronTrainWorker:
     def step(self, groups, old, advantages) -> dict[str, float]:
         return self.trainer.step(groups, old, advantages)
 
+    def drop_optimizer_state(self) -> None:
+        from rlsmoke.engine.train import drop_moments
+
+        drop_moments(self.trainer)
+
     def set_variant(self, inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the temperature; train-dropout is not wired here and a bridge defect is
         built into the loaded weights, so both are refused before the load (`RunConfig.validate`,
