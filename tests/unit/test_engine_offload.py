@@ -164,3 +164,30 @@ def test_the_last_step_s_moments_are_dropped_not_parked_and_no_metric_moves(tmp_
     assert seen[2][0] == "drop" and seen[2][1] > 0 and len(seen) == 3  # once, after the last step
     assert left == 0 and kept_left > 0 and state["optimizer_state"] == "host"
     assert lines == kept_lines
+
+
+def test_a_compute_copy_that_is_the_master_s_cast_is_cast_again_not_moved(monkeypatch):
+    """bf16 compute over fp32 master weights (Megatron's layout, the GPU default): while the master is parked
+    the compute copy holds no storage and is cast again when it returns; the steps equal a run without
+    offload. Twin: a return that casts through another dtype changes the steps."""
+    from rlsmoke.engine import offload
+    from rlsmoke.engine.procs import rank_context
+
+    cfg = RunConfig(case=CASE, tiny=True, n_prompts=2, offload=True, compute_dtype="bfloat16")
+    without = InAChild(rank_context(cpu_only=True), _walk_in_a_child, cfg.replace(offload=False))
+    steps, seen = phase_walk(cfg)
+    plain_steps, _ = without.reply(300)
+    (rollout,) = seen["rollout 1"]
+    (score,) = seen["score"]
+    assert rollout["train_params"] == "host" and rollout["compute_rebuilt"] > 0
+    assert score["train_params"] == "device" and score["compute_rebuilt"] == 0
+    assert steps == plain_steps, "casting the compute copy again changed the steps' numbers"
+
+    original = offload.Phases._return_compute
+
+    def through_fp16(self):
+        self._rebuilt = [(p, main.to(torch.float16)) for p, main in self._rebuilt]
+        original(self)
+
+    monkeypatch.setattr(offload.Phases, "_return_compute", through_fp16)
+    assert phase_walk(cfg)[0] != plain_steps

@@ -4,7 +4,8 @@ Miles offloads the Megatron state while SGLang rolls out and has SGLang release 
 Megatron trains. Here one device (or one rank's device under FSDP2) holds the trainer and a rollout
 copy; `Phases.enter` moves what the next phase does not use to host memory:
 
-- rollout: master weights and AdamW moments go to the host, the rollout copy comes back;
+- rollout: master weights and AdamW moments go to the host, the rollout copy comes back (the compute
+  copy is freed where it is the master's cast, and cast again when the master returns);
 - train (old log-probs and the step): the rollout copy goes to the host, the master weights come
   back, and the moments too when a step follows;
 - sync: the moments go to the host again, the rollout copy comes back next to the master weights.
@@ -125,14 +126,15 @@ class HostCopies:
         return dev
 
     @torch.no_grad()
-    def module(self, module: torch.nn.Module, where: str) -> None:
-        """Every parameter and buffer of `module` to the host or back."""
+    def module(self, module: torch.nn.Module, where: str, *, skip: frozenset[int] = frozenset()) -> None:
+        """Every parameter and buffer of `module` to the host or back, but the parameters in `skip` (ids)."""
         if any(_is_dtensor(p) for p in module.parameters()):
             module.to("cpu" if where == "host" else self.device)  # FSDP2's _apply re-registers the shards
         else:
             move = self.to_host if where == "host" else self.to_device
             for p in module.parameters():
-                p.data = move(p.data)
+                if id(p) not in skip:
+                    p.data = move(p.data)
             for sub in module.modules():
                 for name, b in sub._buffers.items():
                     if b is not None:
@@ -236,6 +238,7 @@ class Phases:
         self.where = {"train_params": "device", "optimizer_state": "device", "rollout_copy": "device"}
         # seconds spent moving, by the phase that asked (`step`: the moments' return before the optimizer)
         self.move_seconds: dict[str, float] = defaultdict(float)
+        self._rebuilt: list = []  # (compute, main) pairs whose compute storage is freed while parked
 
     @property
     def phase(self) -> str:
@@ -272,6 +275,31 @@ class Phases:
         for part, where in arriving:
             self._move(part, where, phase)
 
+    @torch.no_grad()
+    def _park_compute(self) -> None:
+        """The compute copy to the host, except what is its main weights' cast bit for bit (all of it
+        between steps: the step refreshes it so): those storages are freed and cast again on return,
+        so a park moves the master alone (GLM-4.5 4-layer: 12 GiB less each way, four times a seed)."""
+        model, self._rebuilt = self.trainer.model, []
+        if model is self.trainer.master:
+            return
+        for p, main in getattr(self.trainer, "_pairs", []):
+            if not _is_dtensor(p) and p.device == main.device and torch.equal(p, main.to(p.dtype)):
+                self._rebuilt.append((p, main))
+        self.copies.module(model, "host", skip=frozenset(id(p) for p, _ in self._rebuilt))
+        for p, _ in self._rebuilt:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    @torch.no_grad()
+    def _return_compute(self) -> None:
+        model = self.trainer.model
+        if model is self.trainer.master:
+            return
+        self.copies.module(model, "device", skip=frozenset(id(p) for p, _ in self._rebuilt))
+        for p, main in self._rebuilt:
+            p.data = main.detach().to(p.dtype)
+        self._rebuilt = []
+
     def for_step(self) -> None:
         """The AdamW moments back on the device, right before the optimizer needs them."""
         if self.offload and self.where["optimizer_state"] == "host":
@@ -288,14 +316,17 @@ class Phases:
                 "optimizer_devices": sorted({str(t.device) for t in local}),
                 "optimizer_pinned": sorted({bool(t.is_pinned()) for t in local if t.device.type == "cpu"}),
                 "optimizer_parked_shards": sum(isinstance(t, _HostShard) for t in held),
+                "compute_rebuilt": len(self._rebuilt),  # parked compute parameters cast again on return
                 "grads_held": sum(p.grad is not None for p in self.trainer.master.parameters())}  # fmt: skip
 
     def _move(self, part: str, where: str, asked_by: str) -> None:
         start = time.perf_counter()
-        if part == "train_params":
+        if part == "train_params" and where == "host":
+            self._park_compute()  # before the master leaves: whether a parameter is its cast needs both
             self.copies.module(self.trainer.master, where)
-            if self.trainer.model is not self.trainer.master:
-                self.copies.module(self.trainer.model, where)
+        elif part == "train_params":
+            self.copies.module(self.trainer.master, where)
+            self._return_compute()
         elif part == "optimizer_state":
             self.copies.optimizer_state(self.trainer.optimizer, where)
         else:
