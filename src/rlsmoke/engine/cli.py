@@ -328,6 +328,8 @@ def _handle(args, started: float) -> int:
         logs = [CommandLog(out, started) for _, out in runs]
         try:
             code = _run_and_gate(runs, args, logs, started, before)
+            if signals.received() is not None:  # a stop whose exception a finalizer swallowed: stopped all the same
+                raise Interrupted(signals.received())
             if code in (ExitCode.OK, ExitCode.GATE_FAILED):
                 for folder in folders:
                     folder.commit()
