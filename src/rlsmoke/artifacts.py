@@ -86,6 +86,15 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def earlier_records(out: Path, *, overwrite: bool) -> list[str]:
+    """The records an earlier run left in `out`; `run.out_used` unless `overwrite` lets a run replace them."""
+    earlier = [name for name in RECORDS if (Path(out) / name).exists()]
+    if earlier and not overwrite:
+        raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})",
+                           rule="run.out_used", fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
+    return earlier
+
+
 class RunFolder:
     """The --out of one run, held exclusively while it runs.
 
@@ -110,11 +119,7 @@ class RunFolder:
         try:
             out.mkdir(parents=True, exist_ok=True)
             self._hold()
-            earlier = [name for name in RECORDS if (out / name).exists()]
-            if earlier and not self.overwrite:
-                raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})",
-                                   rule="run.out_used", fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
-            if earlier:
+            if earlier_records(out, overwrite=self.overwrite):
                 shutil.rmtree(self.staging, ignore_errors=True)  # an earlier --overwrite's that did not finish
                 self.staging.mkdir()
                 self.records = self.staging

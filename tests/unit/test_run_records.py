@@ -34,6 +34,16 @@ def one_error_line(err: str, rule: str) -> None:
     assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith(f"error: [{rule}]"), err
 
 
+def earlier_records(out) -> dict[str, str]:
+    """An earlier run's records in `out`, as a run that must not replace them finds them."""
+    out.mkdir()
+    earlier = {"summary.json": '{"verdict": "PASS", "earlier": true}\n', "metrics.jsonl": '{"earlier": 1}\n',
+               "run.log": "an earlier run\n"}  # fmt: skip
+    for name, text in earlier.items():
+        (out / name).write_text(text)
+    return earlier
+
+
 def leftovers(folder) -> list[str]:
     """What a run must never leave: a temporary record, its lock, a staging sibling."""
     return sorted(p.name for p in [*folder.iterdir(), *folder.parent.iterdir()]
@@ -77,12 +87,7 @@ def test_records_are_one_runs_complete_or_absent_a_held_out_is_refused_untouched
 
 
 def test_records_are_one_runs_complete_or_absent_an_interrupted_overwrite_keeps_the_earlier_records(tmp_path):
-    out = tmp_path / "D"
-    out.mkdir()
-    earlier = {"summary.json": '{"verdict": "PASS", "earlier": true}\n', "metrics.jsonl": '{"earlier": 1}\n',
-               "run.log": "an earlier run\n"}  # fmt: skip
-    for name, text in earlier.items():
-        (out / name).write_text(text)
+    out, earlier = tmp_path / "D", earlier_records(tmp_path / "D")
     proc = rlsmoke_run(out, "--overwrite")
     staged = tmp_path / ".D.rlsmoke-new" / "run.log"
     deadline = time.monotonic() + 240
@@ -184,12 +189,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_stop_whose_exception_a_finalizer_swallowed_still_stops_the_run_and_keeps_the_earlier_records(tmp_path):
-    out = tmp_path / "D"
-    out.mkdir()
-    earlier = {"summary.json": '{"verdict": "PASS", "earlier": true}\n', "metrics.jsonl": '{"earlier": 1}\n',
-               "run.log": "an earlier run\n"}  # fmt: skip
-    for name, text in earlier.items():
-        (out / name).write_text(text)
+    out, earlier = tmp_path / "D", earlier_records(tmp_path / "D")
     proc = subprocess.run([sys.executable, "-c", STOP_IN_A_FINALIZER, "run", CASE, "--platform", "cpu", "--out", str(out),
                            "--overwrite"], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert "Exception ignored" in proc.stderr, proc.stderr  # the exception was swallowed where it was raised

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlsmoke.cases import Case
-from rlsmoke.engine import megatron, placement
+from rlsmoke.engine import megatron, train
 from rlsmoke.engine.config import RunConfig, Variant, parse_variants
 from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute_variants
@@ -117,7 +117,7 @@ def _dropout_left_on(model, p):
 
 LEAKS = {  # what is taken away, how, and the order that shows it
     "restore": (lambda mp: mp.setattr(Colocated, "restore_initial", lambda self: None), "stale-weights,clean"),
-    "dropout-put-back": (lambda mp: mp.setattr(placement, "set_dropout", _dropout_left_on), "train-dropout=0.1,clean"),
+    "dropout-put-back": (lambda mp: mp.setattr(train, "set_dropout", _dropout_left_on), "train-dropout=0.1,clean"),
 }  # fmt: skip
 
 

@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-from rlsmoke.artifacts import RECORDS, RunFolder, disk_full, no_room
+from rlsmoke.artifacts import RunFolder, disk_full, earlier_records, no_room
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
 from rlsmoke.engine import limits, signals
 from rlsmoke.engine.config import (
@@ -315,12 +315,8 @@ def _handle(args, started: float) -> int:
         cfgs = variants_from_args(args)
         root = args.out or default_out(cfgs[0].case)
         outs = [root / Variant(c.inject, c.rollout_temperature).slug for c in cfgs]
-        if not args.overwrite:  # refused before any of them is created or locked
-            for out in outs:
-                earlier = [name for name in RECORDS if (out / name).exists()]
-                if earlier:
-                    raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})",
-                                       rule="run.out_used", fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
+        for out in outs:  # refused before any of them is created or locked
+            earlier_records(out, overwrite=args.overwrite)
     before.lap("config")
     with contextlib.ExitStack() as held:
         folders = [held.enter_context(RunFolder(out, overwrite=args.overwrite)) for out in outs]
@@ -383,11 +379,10 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
 
 
 def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLog], started: float,
-                  before: ProcessClock | None = None) -> int:  # fmt: skip
+                  before: ProcessClock) -> int:  # fmt: skip
     """The run (or each of --variants on one load), then each run's gates; exit 1 if any gate failed."""
     describe_timing, execute, execute_variants = _load_engine(runs[0][0], logs[0])
-    if before is not None:
-        before.lap("engine import")
+    before.lap("engine import")
     try:
         if args.variants is None:
             summaries = [execute(runs[0][0], runs[0][1], repeat=args.repeat)]
@@ -399,9 +394,8 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
         return ExitCode.RUN_FAILED
     passed = True
     for (cfg, out), log, summary in zip(runs, logs, summaries, strict=True):
-        if before is not None:
-            summary["timing"]["process_s"] = before.seconds
-            update_summary(out, {"timing": summary["timing"]})
+        summary["timing"]["process_s"] = before.seconds
+        update_summary(out, {"timing": summary["timing"]})
         shared = " (the load shared with the other variants, counted in the first)" if len(runs) > 1 else ""
         header = (f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} trainer={cfg.trainer} "
                   f"dtype={cfg.dtype_key} seed={cfg.seed} inject={cfg.inject}"

@@ -20,7 +20,7 @@ from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, derive_policy, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, drop_moments, dropout_of, set_dropout
+from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
 from rlsmoke.engine.workers import Placement, TrainSide, phased
 from rlsmoke.errors import RlsmokeError, RunError
 
@@ -96,9 +96,7 @@ class TrainWorker:
         self.initial = reuse.InitialState(self.trainer, reuse.narrow_for(self.cfg))
 
     def set_variant(self, inject, temperature: float) -> None:
-        """A variant's fault and temperature on the loaded trainer (`rlsmoke run --variants`)."""
-        self.trainer.temperature = temperature
-        set_dropout(self.trainer.model, dropout_of(inject))
+        self.trainer.set_variant(inject, temperature)
 
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)
@@ -214,7 +212,7 @@ class Colocated:
     def set_variant(self, inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides (the sync's
         skip under stale-weights is the step's: `engine.run.one_run`)."""
-        self.rollout.engine.inject, self.rollout.engine.temperature = inject, temperature
+        self.rollout.engine.set_variant(inject, temperature)
         self.train.set_variant(inject, temperature)
 
     def _rollout_weights(self):

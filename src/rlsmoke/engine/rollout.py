@@ -122,6 +122,10 @@ class RolloutEngine:
         if batch != "group":
             keep_grouped_experts(model)
 
+    def set_variant(self, inject: Inject, temperature: float) -> None:
+        """`rlsmoke run --variants`: the next run's fault and sampling temperature."""
+        self.inject, self.temperature = inject, temperature
+
     @torch.no_grad()
     def generate(self, prompt_ids: list[tuple[int, ...]], n: int, seed: int,
                  indices: list[int] | None = None) -> list[Group]:  # fmt: skip

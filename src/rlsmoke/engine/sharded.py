@@ -26,7 +26,7 @@ from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attent
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, drop_moments, dropout_of, set_dropout
+from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
 from rlsmoke.engine.workers import phased
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
@@ -158,9 +158,8 @@ class Rank:
         drop_moments(self.trainer)
 
     def set_variant(self, inject, temperature: float) -> None:
-        self.engine.inject, self.engine.temperature = inject, temperature
-        self.trainer.temperature = temperature
-        set_dropout(self.trainer.model, dropout_of(inject))
+        self.engine.set_variant(inject, temperature)
+        self.trainer.set_variant(inject, temperature)
 
     def offload_state(self) -> dict:
         return self.phases.state()

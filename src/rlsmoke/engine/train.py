@@ -102,6 +102,11 @@ class Trainer:
         fused = all(p.device.type == "cuda" and not hasattr(p, "device_mesh") for p in params)
         self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
+    def set_variant(self, inject, temperature: float) -> None:
+        """`rlsmoke run --variants`: the next run's temperature and train-dropout (as built otherwise)."""
+        self.temperature = temperature
+        set_dropout(self.model, dropout_of(inject))
+
     @torch.no_grad()
     def forward_only(self, groups: list[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The old log-probs and entropies, eval mode, no graph: what Miles' compute_log_prob does."""

@@ -40,6 +40,7 @@ from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.train import (
     STEP_SUMS,
     checksums,
+    drop_moments,
     group_loss,
     require_finite,
     step_metrics,
@@ -329,8 +330,6 @@ class MegatronTrainWorker:
         return self.trainer.step(groups, old, advantages)
 
     def drop_optimizer_state(self) -> None:
-        from rlsmoke.engine.train import drop_moments
-
         drop_moments(self.trainer)
 
     def set_variant(self, inject, temperature: float) -> None:
