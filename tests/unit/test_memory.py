@@ -254,3 +254,37 @@ def test_the_suite_s_estimate_and_rlsmoke_run_s_read_the_same_batch(monkeypatch,
                                                          str(gpus), "--set", "train.cp=1"]))  # fmt: skip
     run, suite = memory.plan_of_run(cfg), memory.plan_for(Case(name, platform="nvidia", num_gpus=gpus))
     assert (run.n_prompts, run.n_samples, run.response_len) == (suite.n_prompts, suite.n_samples, suite.response_len)
+
+
+def test_initial_weights_on_the_device_are_counted_in_every_phase_and_kept_there_only_with_room(monkeypatch):
+    """--repeat / --variants on one H200: GLM-5 4-layer keeps its initial weights on the device (a bf16
+    copy, 2 bytes a parameter, in every phase's estimate); a batch that leaves no room keeps them in host
+    memory; `rlsmoke run` resolves it with the offload, before anything loads, and only when it keeps them."""
+    import argparse
+
+    from rlsmoke import platforms
+    from rlsmoke.engine import cli as engine_cli
+
+    spec = model_spec("glm5-744b-a40b-4layer-1gpu")
+    plan = memory.plan_for(Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia"), offload=False)
+    without, kept = memory.estimate(spec, plan), memory.estimate(spec, memory.replace(plan, initial_on_device=True))
+    assert all(kept.phases[p] - without.phases[p] == 2 * without.params for p in memory.PHASES)
+    assert all(kept.terms[p]["initial weights"] == 2 * without.params for p in memory.PHASES)
+
+    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=1))
+    parser = argparse.ArgumentParser()
+    engine_cli.register(parser.add_subparsers())
+
+    def on_device(*argv):
+        return engine_cli.config_from_args(parser.parse_args(["run", *argv, "--platform", "nvidia"])).initial_on_device
+
+    assert on_device("glm5-744b-a40b-4layer-1gpu", "--repeat", "3") is True
+    assert on_device("glm5-744b-a40b-4layer-1gpu", "--variants", "clean,stale-weights") is True
+    assert on_device("glm5-744b-a40b-4layer-1gpu") is False  # one run: nothing is kept
+    # a batch whose step (offloaded: 120.2 GiB) leaves less than the copy's 10.7 GiB of the usable 129.7
+    long = ("--repeat", "2", "--max-response-len", "1700")
+    cfg = engine_cli.config_from_args(parser.parse_args(["run", "glm5-744b-a40b-4layer-1gpu", *long, "--platform",
+                                                         "nvidia"]))  # fmt: skip
+    est = memory.estimate(spec, memory.plan_of_run(cfg))
+    assert cfg.offload and est.peak <= memory.usable_gib("H200") * GIB < est.peak + 2 * est.params
+    assert cfg.initial_on_device is False

@@ -87,3 +87,23 @@ def test_a_phase_is_its_calls_less_the_offload_moves_they_made():
     moved = {"rollout": 1.0, "train": 0.5, "step": 0.25, "sync": 0.125}
     assert phase_seconds(called, moved) == {"rollout": 4.0, "forward_only": 1.5, "train_step": 2.75, "sync": 0.875,
                                             "offload": 1.875}  # fmt: skip
+
+
+
+@pytest.mark.parametrize("aliased", [False, True], ids=["device-copy", "twin-aliased-copy"])
+def test_initial_weights_kept_on_the_device_restore_seed_k(tmp_path, monkeypatch, aliased):
+    """`initial_on_device` (chosen on GPUs when the estimate leaves room) keeps the initial weights as a
+    device copy; seed 1 of the repeat is still a fresh seed 1. The twin keeps the parameters themselves
+    instead of a copy, so the "initial" weights are the trained ones and seed 1 differs."""
+    from rlsmoke.engine import reuse
+
+    if aliased:
+        monkeypatch.setattr(reuse, "_device_copy", lambda t, dtype: t if t.dtype == dtype else t.to(dtype))
+    cfg = RunConfig(case=CASE, tiny=True, **SHAPE)
+    execute(cfg.replace(initial_on_device=True), tmp_path / "repeat", repeat=2)
+    execute(cfg.replace(seed=1), tmp_path / "fresh", repeat=1)
+
+    summary = json.loads((tmp_path / "repeat" / "summary.json").read_text())
+    assert summary["memory"]["initial_on_device"] is True
+    assert "initial weights: kept on the device" in (tmp_path / "repeat" / "run.log").read_text()
+    assert (_seed_lines(tmp_path / "repeat", 1) == _seed_lines(tmp_path / "fresh")) is not aliased

@@ -171,10 +171,12 @@ def config_from_args(args):
     if not args.records_only:  # gated here after the run: a broken thresholds file is refused before it
         check_thresholds(cfg.run_key, BUILTIN_METRICS)
     if platform.name != "cpu":
-        from rlsmoke.memory import check_run_fits, offload_needed
+        from rlsmoke.memory import check_run_fits, initial_on_device, offload_needed
 
         if cfg.offload is None:
             cfg = cfg.replace(offload=offload_needed(cfg, spec))
+        if args.repeat > 1 or args.variants:  # each further run starts from weights kept after the load
+            cfg = cfg.replace(initial_on_device=initial_on_device(cfg, spec))
         check_run_fits(cfg, spec, prompt_tokens=longest.tokens)  # refused here, not by an OOM after loading
     return cfg
 

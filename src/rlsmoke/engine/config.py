@@ -185,6 +185,9 @@ class RunConfig:
     # copy samples, the rollout copy while the trainer steps. None: on for GPU colocate; `rlsmoke run`
     # resolves it first (memory.offload_needed: off when one device holds everything with room to spare).
     offload: bool | None = None
+    # Where --repeat and --variants keep the weights each further run starts from: a device copy when the
+    # memory estimate leaves room for it (`memory.initial_on_device`), else host memory (engine.reuse).
+    initial_on_device: bool = False
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
     launcher: str = "builtin"

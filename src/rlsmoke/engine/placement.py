@@ -93,7 +93,7 @@ class TrainWorker:
         return [(n, t.cpu()) for n, t in self.rollout_weights(None, TORCH_DTYPES[self.cfg.rollout_dtype])]
 
     def keep_initial(self) -> None:
-        self.initial = reuse.InitialState(self.trainer, reuse.narrow_for(self.cfg))
+        self.initial = reuse.InitialState(self.trainer, reuse.narrow_for(self.cfg), self.cfg.initial_on_device)
 
     def set_variant(self, inject, temperature: float) -> None:
         self.trainer.set_variant(inject, temperature)
@@ -203,7 +203,7 @@ class Colocated:
     def keep_initial(self) -> None:
         """What a further seed of --repeat starts from (`engine.reuse`)."""
         self.initial = reuse.InitialRun(self.train.trainer, self.rollout.model, self._rollout_weights,
-                                        reuse.narrow_for(self.cfg))  # fmt: skip
+                                        reuse.narrow_for(self.cfg), self.cfg.initial_on_device)  # fmt: skip
 
     @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
     def restore_initial(self) -> None:

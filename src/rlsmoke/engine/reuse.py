@@ -3,8 +3,9 @@
 Loading costs more than a seed (two model copies from the checkpoint, first-use kernels), so a
 further seed restores the weights instead of reloading them:
 
-- the trainer's main parameters are kept in host memory, each in the narrowest dtype that gives it
-  back bit for bit (a bf16 checkpoint's fp32 master weights fit in bf16: half the host memory);
+- the trainer's main parameters are kept, each in the narrowest dtype that gives it back bit for bit
+  (a bf16 checkpoint's fp32 master weights fit in bf16: half the memory), on the device when the
+  memory estimate counts the copy there (`RunConfig.initial_on_device`), else in host memory;
 - AdamW's moments are dropped: a fresh optimizer has none, its first step makes them;
 - the copies derived from the main weights (the compute copy, the rollout copy) are rebuilt from
   them the way the step and the weight sync rebuild them. Where a copy differs from that rebuild
@@ -57,21 +58,30 @@ def _narrowest_exact(t: torch.Tensor, narrow: torch.dtype | None) -> torch.dtype
     return narrow
 
 
-class HostSnapshot:
-    """Parameters (FSDP2's local shards included) as they are now, in host memory."""
+def _device_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype, copy=True)  # a copy even in t's own dtype: never the parameter itself
+
+
+class Snapshot:
+    """Parameters (FSDP2's local shards included) as they are now: in host memory, or on their own device
+    when `on_device` (the memory estimate has counted the copy: `memory.initial_on_device`)."""
 
     @torch.no_grad()
-    def __init__(self, model: torch.nn.Module, *, narrow: torch.dtype | None = None):
+    def __init__(self, model: torch.nn.Module, *, narrow: torch.dtype | None = None, on_device: bool = False):
         params = [(name, _local(p.detach())) for name, p in _resharded(model).named_parameters()]
         dtypes = {name: _narrowest_exact(t, narrow) for name, t in params}
         nbytes = sum(t.numel() * dtypes[name].itemsize for name, t in params)
         device = params[0][1].device if params else torch.device("cpu")
-        pin = _pin(nbytes, device)
+        self.on_device = on_device  # on CPU the "device" copy is an unpinned host copy: the path CI runs
+        pin = not on_device and _pin(nbytes, device)
         self.tensors: dict[str, torch.Tensor] = {}
         for name, t in params:
-            host = torch.empty(t.shape, dtype=dtypes[name], device="cpu", pin_memory=pin)
-            host.copy_(t)
-            self.tensors[name] = host
+            if on_device:
+                self.tensors[name] = _device_copy(t, dtypes[name])
+            else:
+                host = torch.empty(t.shape, dtype=dtypes[name], device="cpu", pin_memory=pin)
+                host.copy_(t)
+                self.tensors[name] = host
         self.nbytes, self.narrowed = nbytes, sum(dtypes[n] != t.dtype for n, t in params)
 
     @torch.no_grad()
@@ -115,8 +125,8 @@ class InitialState:
     rebuild. Works on any trainer with `master`, `model` (the compute copy, or `master` itself),
     `optimizer` and `_pairs` (compute, main) parameter pairs."""
 
-    def __init__(self, trainer, narrow: torch.dtype | None):
-        self.master = HostSnapshot(trainer.master, narrow=narrow)
+    def __init__(self, trainer, narrow: torch.dtype | None, on_device: bool = False):
+        self.master = Snapshot(trainer.master, narrow=narrow, on_device=on_device)
         self.compute = DerivedCopy(trainer.model, _compute_from_master(trainer)) if trainer._pairs else None
 
     def restore(self, trainer) -> None:
@@ -139,9 +149,10 @@ class InitialRun:
     """A colocated worker's starting point: its trainer's, and its rollout copy's, rebuilt from the main
     weights the way the weight sync rebuilds it (`rollout_weights()`: name, tensor pairs)."""
 
-    def __init__(self, trainer, rollout_model: torch.nn.Module, rollout_weights, narrow: torch.dtype | None):
+    def __init__(self, trainer, rollout_model: torch.nn.Module, rollout_weights, narrow: torch.dtype | None,
+                 on_device: bool = False):  # fmt: skip
         self.trainer, self.rollout_model, self.rollout_weights = trainer, rollout_model, rollout_weights
-        self.train = InitialState(trainer, narrow)
+        self.train = InitialState(trainer, narrow, on_device)
         self.rollout = DerivedCopy(rollout_model, rollout_weights())
 
     def restore(self) -> None:

@@ -176,6 +176,8 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                 kept_from = time.perf_counter()
                 workers.keep_initial()  # each further seed or run restores these weights in place (engine.reuse)
                 kept_s = time.perf_counter() - kept_from
+                log(f"initial weights: kept {'on the device' if cfg.initial_on_device else 'in host memory'} "
+                    f"in {kept_s:.2f} s")
             # fla's first-use Triton compile (engine.kda.warm_up) is its own phase, not the load's
             load["compile_s"] = getattr(workers, "compile_s", 0.0)
             load["load_s"] = time.perf_counter() - t0 - load["checkpoint_s"] - load["compile_s"]
@@ -263,6 +265,7 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
 
     memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
               "offload": cfg.offload_active, "world": cfg.num_gpus,
+              "initial_on_device": cfg.initial_on_device,  # --repeat, --variants: where the initial weights wait
               "peak_gib_per_rank": [max(p.values()) if p else None for p in peaks] or None,
               "peak_gib_per_rank_by_phase": peaks or None,
               # what a phase's window holds: the moves that bring a phase's own state back count in it

@@ -144,7 +144,8 @@ class Rank:
         return dict(self.phases.move_seconds)
 
     def keep_initial(self) -> None:
-        self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.full_weights, reuse.narrow_for(self.cfg))
+        self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.full_weights, reuse.narrow_for(self.cfg),
+                                        self.cfg.initial_on_device)
 
     @phased("sync")  # the gather below needs the shards on the device
     def restore_initial(self) -> None:
