@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call that measures both GPU issues at the checked-out commit, on a fresh or warm H200:
 # the one-GPU suite (bench/gpu_h200_suite.sh, which prepares the checkpoints untimed and unpacks a
-# carried Triton cache), then Flash 1-GPU `--repeat 3`, one GLM-5 megatron seed, two GLM-4.5 fsdp seeds
-# and the pre-engine profile (bench/process_profile.py). Each step's seconds go to OUT_DIR/timing.txt;
-# the runs' records (weights excluded) to OUT_DIR/runs.tgz.
+# carried Triton cache), then Flash 1-GPU `--repeat 3`, one GLM-5 megatron seed, two GLM-4.5 fsdp
+# seeds, the pre-engine profile (bench/process_profile.py) and the host's copy limits
+# (bench/gpu_limits.py). Each step's seconds go to OUT_DIR/timing.txt; the runs' records (weights
+# excluded) to OUT_DIR/runs.tgz.
 #   bench/gpu_h200_round.sh OUT_DIR [BUDGET_S] [PYTEST_ARGS...]
 set -uo pipefail
 dest=${1:?OUT_DIR}; budget=${2:-570}; shift; shift || true
@@ -22,4 +23,5 @@ one=(--platform nvidia --num-gpus 1)
 timed flash-repeat3 timeout $(( $(left) - 130 )) rlsmoke run glm5.3-flash-4layer-1gpu "${one[@]}" --repeat 3 --seed 20 --out $runs/flash-repeat3
 timed glm5-megatron timeout $(( $(left) - 90 )) rlsmoke run glm5-744b-a40b-4layer-1gpu "${one[@]}" --seed 4 --trainer megatron --out $runs/glm5-megatron
 timed glm45-fsdp timeout $(( $(left) - 30 )) rlsmoke run glm4.5-355b-a32b-4layer "${one[@]}" --repeat 2 --seed 4 --out $runs/glm45-fsdp
-timed process-profile timeout $(( $(left) - 5 )) python3 bench/process_profile.py
+timed process-profile timeout $(( $(left) - 25 )) python3 bench/process_profile.py
+timed limits timeout $(( $(left) - 3 )) python3 bench/gpu_limits.py --gib 4

@@ -1,5 +1,7 @@
 """The load's limits on a GPU host: the host's read bandwidth (a file from the page cache and cold from
-disk where it can be dropped) and the host-to-device / device-to-host copy, pageable and pinned.
+disk where it can be dropped), the host-to-device / device-to-host copy, pageable and pinned, and what
+pinning itself costs (a fresh pinned allocation, first-touching pageable pages) next to a staged move
+(engine.offload.HostCopies) of the same bytes each way.
 
     python bench/gpu_limits.py [--gib 4] [--dir /tmp]
 """
@@ -59,6 +61,29 @@ def main() -> None:
         host.fill_(1)
         print(f"host to device, {kind}: {copy_bandwidth(host, dev):.1f} GB/s")
         print(f"device to host, {kind}: {copy_bandwidth(dev, host):.1f} GB/s")
+    del host
+    torch._C._host_emptyCache()  # else the pinned block just freed is reused, not allocated
+    print(f"pinned allocation, fresh: {gbps(nbytes, allocation_seconds(n, pin=True)):.1f} GB/s")
+    print(f"pageable allocation and first touch: {gbps(nbytes, allocation_seconds(n, pin=False)):.1f} GB/s")
+    from rlsmoke.engine.offload import HostCopies
+
+    staged = HostCopies("cuda")
+    staged.pin, staged.staged = False, True
+    start = time.perf_counter()
+    parked = staged.to_host(dev)
+    torch.cuda.synchronize()
+    print(f"staged device to host (fresh pageable pages): {gbps(nbytes, time.perf_counter() - start):.1f} GB/s")
+    start = time.perf_counter()
+    staged.to_device(parked)
+    torch.cuda.synchronize()
+    print(f"staged host to device: {gbps(nbytes, time.perf_counter() - start):.1f} GB/s")
+
+
+def allocation_seconds(n: int, *, pin: bool) -> float:
+    start = time.perf_counter()
+    host = torch.empty(n, dtype=torch.bfloat16, pin_memory=pin)
+    host.view(torch.uint8)[:: 4096].fill_(1)  # one byte a page: the first touch of every page
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

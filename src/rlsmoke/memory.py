@@ -166,6 +166,7 @@ class Plan:
     rollout_dtype: str = "bfloat16"
     compute_dtype: str = "bfloat16"  # the trainer's autocast dtype (FSDP2's param dtype)
     offload: bool = True  # train state in host memory during rollout, rollout copy during the train step
+    offload_train: bool = True  # with the offload: the train state does leave for the rollout (else only the copy)
     # One device: the trainer forwards a copy of the weights in the compute dtype over the fp32 master
     # weights (engine.precision), and backward fills that copy's grads before they reach the master's.
     compute_copy: bool = False
@@ -333,17 +334,18 @@ def estimate(spec, plan: Plan) -> Estimate:
         unsharded = p.root * c + sum(big) * c + big[0] * c
         loading = {"master": master, "block being sharded": max(p.blocks) * t}
     resident_copy = 0 if plan.offload else copy
+    resident_state = not (plan.offload and plan.offload_train)
     terms = {
         "load": loading | {"rollout copy": copy},
         # with offload the train state waits in host memory; otherwise the step's state stays
         "rollout": {"rollout copy": copy, "rollout working set": _rollout_working(spec, plan) if has_rollout else 0}
-        | ({} if plan.offload else {"master": master, "compute copy": compute, "AdamW moments": moments}),
+        | ({"master": master, "compute copy": compute, "AdamW moments": moments} if resident_state else {}),
         "train": {"master": master, "compute copy": compute, "grads": grads, "AdamW moments": moments,
                   "AdamW temporary": adam_tmp, "rollout copy": resident_copy},
         # FSDP2 gathers each parameter in full (train dtype) and casts it; one device casts only
         "sync": {"master": master, "compute copy": compute, "rollout copy": copy,
                  "gathered tensor": p.largest_tensor * (r if w == 1 else t + r)}
-        | ({} if plan.offload else {"AdamW moments": moments}),
+        | ({"AdamW moments": moments} if resident_state else {}),
     }  # fmt: skip
     backward = {"master": master, "grads": grads, "unsharded weights": unsharded, "compute copy": compute,
                 "compute grads": compute, "activations": act, "rollout copy": resident_copy}  # fmt: skip
@@ -379,7 +381,7 @@ def plan_of_run(cfg) -> Plan:
     """The plan of an engine `RunConfig` (read by field name, so this module stays free of the engine)."""
     return Plan(world=cfg.num_gpus if cfg.mode == "colocate" else 1, mode=cfg.mode, train_dtype=cfg.train_dtype,
                 rollout_dtype=cfg.rollout_dtype, compute_dtype=cfg.train_compute_dtype, offload=cfg.offload_active,
-                initial_on_device=cfg.initial_on_device, n_prompts=cfg.n_prompts, n_samples=cfg.n_samples,
+                offload_train=cfg.offload_train_active, initial_on_device=cfg.initial_on_device, n_prompts=cfg.n_prompts, n_samples=cfg.n_samples,
                 response_len=cfg.max_response_len,
                 kda="fla" if cfg.device.startswith("cuda") and _fla_importable() and _kda_env() != "reference"
                 else "reference",
@@ -409,6 +411,20 @@ def offload_needed(cfg, spec) -> bool:
     have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
     resident = estimate(spec, replace(plan_of_run(cfg), offload=False))
     return not have or resident.peak > RESIDENT_FRACTION * have * GIB
+
+
+def offload_train_needed(cfg, spec) -> bool:
+    """With the offload on, whether the train state must leave the device for the rollout too: not when
+    the rollout and the sync fit beside it in RESIDENT_FRACTION of the device (the step's phase is the
+    same either way). Then only the rollout copy moves (GLM-4.5 4-layer on one H200: its 12 GiB each way
+    a seed, not the master weights and the moments too)."""
+    from rlsmoke.platforms import DEVICE_MEMORY_GIB
+
+    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
+    if cfg.num_gpus > 1 or not have:
+        return True  # FSDP2 ranks keep the whole offload until theirs is measured, as `offload_needed`
+    copy_only = estimate(spec, replace(plan_of_run(cfg), offload=True, offload_train=False))
+    return max(copy_only.phases["rollout"], copy_only.phases["sync"]) > RESIDENT_FRACTION * have * GIB
 
 
 def initial_on_device(cfg, spec) -> bool:

@@ -92,11 +92,31 @@ def test_phases_move_the_state_and_the_step_is_unchanged(world):
     assert {r["grads_held"] for r in plain["second step"]} != {0}
 
 
+def test_without_offload_train_only_the_rollout_copy_takes_turns_and_the_step_is_unchanged():
+    """Miles' --offload-rollout alone (`offload_train=False`): the master weights and the moments stay on
+    the device through the rollouts, the rollout copy leaves for the train step and comes back for the
+    sync, and the steps are a run's without any offload."""
+    cfg = RunConfig(case=CASE, tiny=True, n_prompts=2, offload=True, offload_train=False)
+    step, seen = phase_walk(cfg)
+    plain_step, _ = phase_walk(cfg.replace(offload=False))
+    for phase in ("rollout 0", "rollout 1"):
+        assert [(r["train_params"], r["optimizer_state"], r["rollout_copy"]) for r in seen[phase]] == [
+            ("device", "device", "device")]
+    assert [(r["train_params"], r["rollout_copy"]) for r in seen["score"]] == [("device", "host")]
+    assert [r["rollout_copy"] for r in seen["sync"][1]] == ["device"]
+    assert [(r["offload"], r["offload_train"]) for r in seen["rollout 1"]] == [(True, False)]
+    assert plain_step == step, "the rollout copy's turns changed the steps' numbers"
+
+
 def test_offload_defaults_on_for_gpu_colocate_only():
     assert RunConfig(case=CASE, tiny=True, device="cuda").offload_active
     assert not RunConfig(case=CASE, tiny=True, device="cuda", mode="async").offload_active
     assert not RunConfig(case=CASE, tiny=True).offload_active
     assert RunConfig(case=CASE, tiny=True, offload=True).offload_active
+    # Miles' --offload moves both sides; the train state stays only when it is told (or resolved) so
+    assert RunConfig(case=CASE, tiny=True, offload=True).offload_train_active
+    assert not RunConfig(case=CASE, tiny=True, offload=True, offload_train=False).offload_train_active
+    assert not RunConfig(case=CASE, tiny=True, offload=False, offload_train=True).offload_train_active
 
 
 def _n_ranks(world: int, rollouts: int) -> CaseRun:

@@ -61,3 +61,15 @@ def test_a_wrong_chunk_order_would_be_seen(monkeypatch, device):
     # values no other test makes: a freed host block holding the same bytes could hide the unwritten tail
     t = torch.randn(5, 999, generator=torch.Generator().manual_seed(987654)).to(device)
     assert not torch.equal(offload._byte_view(_staged(device).to_host(t)), offload._byte_view(t.cpu()))
+
+
+def test_a_cuda_park_pins_only_what_is_cheaper_to_pin_than_to_stage(monkeypatch):
+    """Pinned up to PIN_MAX_BYTES a rank, where the host can spare twice what its ranks park; past
+    either, the parked tensors stage (GLM-4.5 4-layer's 12 GiB rollout copy: staged). Nothing here
+    touches a device: the rule is decided from the sizes."""
+    monkeypatch.setattr(offload, "host_memory_bytes", lambda: 128 << 30)
+    small, large = offload.PIN_MAX_BYTES, offload.PIN_MAX_BYTES + 1
+    assert (HostCopies("cuda", park_bytes=small).pin, HostCopies("cuda", park_bytes=small).staged) == (True, False)
+    assert (HostCopies("cuda", park_bytes=large).pin, HostCopies("cuda", park_bytes=large).staged) == (False, True)
+    assert not HostCopies("cuda", park_bytes=small, ranks_on_host=9).pin  # 2 x 9 x 4 GiB > half of 128 GiB
+    assert not HostCopies("cpu", park_bytes=small).pin and not HostCopies("cpu", park_bytes=small).staged

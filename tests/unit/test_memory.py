@@ -237,6 +237,42 @@ def test_rlsmoke_run_resolves_the_offload_default_before_loading(monkeypatch):
     assert offload("glm4.5-355b-a32b-4layer", "--no-offload", "--max-response-len", "16") is False
 
 
+def test_where_the_rollout_fits_beside_the_train_state_only_the_rollout_copy_moves(monkeypatch):
+    """GLM-4.5 4-layer on one H200 (seed 004's shape): resident it needs 120 GiB, past 80 %; with only the
+    rollout copy taking turns its peak is the step's 108 GiB, as with the whole offload, and its rollout
+    phase (99 GiB) holds the train state beside the copy. `rlsmoke run` resolves that before loading; --offload
+    keeps Miles' meaning (both sides move), and --no-offload-train asks for the copy's turns alone."""
+    import argparse
+
+    from rlsmoke import platforms
+    from rlsmoke.engine import cli as engine_cli
+
+    spec = model_spec("glm4.5-355b-a32b-4layer")
+    plan = memory.plan_for(Case("glm4.5-355b-a32b-4layer", platform="nvidia"), kda="reference")
+    full, copy_only = memory.estimate(spec, plan), memory.estimate(spec, memory.replace(plan, offload_train=False))
+    assert copy_only.peak == full.peak <= memory.RESIDENT_FRACTION * 141 * GIB
+    assert copy_only.peak_phase == "train"
+    assert {"master", "compute copy", "AdamW moments"} <= copy_only.terms["rollout"].keys()
+    assert "master" not in full.terms["rollout"]
+    assert copy_only.phases["rollout"] > full.phases["rollout"]
+
+    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=1))
+    parser = argparse.ArgumentParser()
+    engine_cli.register(parser.add_subparsers())
+
+    def offloads(*argv):
+        cfg = engine_cli.config_from_args(parser.parse_args(["run", *argv, "--platform", "nvidia"]))
+        return cfg.offload_active, cfg.offload_train_active
+
+    assert offloads("glm4.5-355b-a32b-4layer") == (True, False)
+    assert offloads("glm4.5-355b-a32b-4layer", "--offload") == (True, True)
+    assert offloads("glm4.5-355b-a32b-4layer", "--offload", "--no-offload-train") == (True, False)
+    assert offloads("glm5-744b-a40b-4layer-1gpu") == (False, False)
+    # where the rollout beside the train state (99 GiB) would pass the resident fraction, both sides move
+    monkeypatch.setattr(memory, "RESIDENT_FRACTION", 0.7)
+    assert offloads("glm4.5-355b-a32b-4layer") == (True, True)
+
+
 @pytest.mark.parametrize("gpus", [1, 2, 3])
 def test_the_suite_s_estimate_and_rlsmoke_run_s_read_the_same_batch(monkeypatch, gpus):
     """The suite decides a skip from `plan_for`; `rlsmoke run` refuses from its RunConfig: one shape."""

@@ -97,6 +97,10 @@ def register(subparsers) -> None:
                    help="colocate: keep the train state in host memory while rolling out and the rollout copy "
                         "there while training (default on GPUs: on, unless the run is on one device and fits "
                         "resident in 80%% of it; off on CPU, where it frees nothing)")
+    g.add_argument("--offload-train", action=argparse.BooleanOptionalAction, default=None,
+                   help="with the offload on, the train state leaves the device during the rollout too (default: "
+                        "on with --offload; otherwise on unless the rollout fits beside the resident train state "
+                        "in 80%% of the device, so only the rollout copy moves)")
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
@@ -155,6 +159,7 @@ def config_from_args(args):
         max_response_len=_given(args.max_response_len, default_shape.max_response_len), reward=args.reward,
         compute_path=args.compute_path,
         gradient_checkpointing=args.gradient_checkpointing, offload=args.offload, checkpoint=args.checkpoint,
+        offload_train=args.offload_train,
         launcher=args.launcher_label or ("builtin-megatron" if args.trainer == "megatron" else "builtin"),
         trainer=args.trainer, rollout_batch=args.rollout_batch,
         **({"prompt_data": args.prompt_data} if args.prompt_data else {}),
@@ -171,10 +176,12 @@ def config_from_args(args):
     if not args.records_only:  # gated here after the run: a broken thresholds file is refused before it
         check_thresholds(cfg.run_key, BUILTIN_METRICS)
     if platform.name != "cpu":
-        from rlsmoke.memory import check_run_fits, initial_on_device, offload_needed
+        from rlsmoke.memory import check_run_fits, initial_on_device, offload_needed, offload_train_needed
 
         if cfg.offload is None:
             cfg = cfg.replace(offload=offload_needed(cfg, spec))
+            if cfg.offload and cfg.offload_train is None:
+                cfg = cfg.replace(offload_train=offload_train_needed(cfg, spec))
         if args.repeat > 1 or args.variants:  # each further run starts from weights kept after the load
             cfg = cfg.replace(initial_on_device=initial_on_device(cfg, spec))
         check_run_fits(cfg, spec, prompt_tokens=longest.tokens)  # refused here, not by an OOM after loading

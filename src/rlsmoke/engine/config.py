@@ -185,6 +185,11 @@ class RunConfig:
     # copy samples, the rollout copy while the trainer steps. None: on for GPU colocate; `rlsmoke run`
     # resolves it first (memory.offload_needed: off when one device holds everything with room to spare).
     offload: bool | None = None
+    # With the offload on, whether the train state leaves the device for the rollout too (Miles'
+    # --offload-train; the rollout copy's turn is --offload-rollout). None: yes, as Miles' --offload;
+    # `rlsmoke run` resolves it with the offload (memory.offload_train_needed: no when the rollout fits
+    # beside the resident train state, so only the rollout copy moves).
+    offload_train: bool | None = None
     # Where --repeat and --variants keep the weights each further run starts from: a device copy when the
     # memory estimate leaves room for it (`memory.initial_on_device`), else host memory (engine.reuse).
     initial_on_device: bool = False
@@ -219,6 +224,10 @@ class RunConfig:
         if self.mode != "colocate":
             return False  # async: the trainer and the rollout engine never share a device
         return self.device.startswith("cuda") if self.offload is None else self.offload
+
+    @property
+    def offload_train_active(self) -> bool:
+        return self.offload_active and self.offload_train is not False
 
     @property
     def dtype_key(self) -> str:

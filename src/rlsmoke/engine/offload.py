@@ -11,10 +11,15 @@ copy; `Phases.enter` moves what the next phase does not use to host memory:
 - sync: the moments go to the host again, the rollout copy comes back next to the master weights.
   After the run's last step there are none to move: the run drops them (`engine.train.drop_moments`).
 
+Without `offload_train` (Miles' --offload-rollout alone; `rlsmoke run` picks it where the rollout fits
+beside the train state) the train state stays on the device and only the rollout copy takes turns.
+
 Plain tensors (the rollout copy, the one-device trainer, the moments) move into pinned host buffers
 and back with non-blocking copies, where the host can spare the pages: torch's pinned allocator
 rounds each block up to a power of two and keeps it cached, so parking 72 GiB of GLM-4.5's train
-state could lock twice that. When twice what a host's ranks park exceeds half its RAM, the parked
+state could lock twice that. The cached blocks are kept: the next park of the same tensors reuses
+them instead of pinning again. When a rank parks more than PIN_MAX_BYTES (pinning that much costs more
+than the staged moves it saves), or twice what a host's ranks park exceeds half its RAM, the parked
 tensors live in pageable memory instead, exactly sized, and each large one moves through two reused
 pinned staging buffers in chunks (`STAGING_BYTES`): the device copies a chunk at pinned speed while the
 host copies the one before it between pinned and pageable pages. A pageable copy straight from the
@@ -42,6 +47,10 @@ def _is_dtensor(t) -> bool:
 # Each of the two pinned staging buffers of a pageable offload; a tensor below one buffer's size
 # moves in one piece, as plain copies.
 STAGING_BYTES = 64 << 20
+# Parked state pins only up to this size: a fresh pinned allocation costs more than the staged moves
+# it saves over a few seeds (keeping GLM-5 4-layer's 11 GiB pinned took about 14 s on an H200 host;
+# staged moves ran at about 10 GB/s). bench/gpu_limits.py measures both.
+PIN_MAX_BYTES = 4 << 30
 
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
@@ -53,7 +62,8 @@ class HostCopies:
 
     def __init__(self, device: str, *, park_bytes: int = 0, ranks_on_host: int = 1):
         self.device = torch.device(device)
-        self.pin = self.device.type == "cuda" and 2 * park_bytes * ranks_on_host <= host_memory_bytes() // 2
+        self.pin = (self.device.type == "cuda" and park_bytes <= PIN_MAX_BYTES
+                    and 2 * park_bytes * ranks_on_host <= host_memory_bytes() // 2)  # fmt: skip
         self.staged = self.device.type == "cuda" and not self.pin
         self._staging: list[torch.Tensor] = []
         self._done: list = [None, None]  # each buffer's last device copy (an event): reuse waits for it
@@ -167,11 +177,6 @@ class HostCopies:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def release_host_cache(self) -> None:
-        """Give the pinned blocks the allocator keeps cached back to the host, once their data is on the device."""
-        if self.pin and hasattr(torch._C, "_host_emptyCache"):
-            torch._C._host_emptyCache()
-
 
 def host_memory_bytes() -> int:
     try:
@@ -226,11 +231,17 @@ class MemoryMeter:
 class Phases:
     """What is resident in each phase of a colocated step, and the meter that measures it."""
 
-    def __init__(self, *, device: str, offload: bool, trainer, rollout_model, ranks_on_host: int = 1):
+    def __init__(self, *, device: str, offload: bool, trainer, rollout_model, ranks_on_host: int = 1,
+                 offload_train: bool = True):  # fmt: skip
+        """`offload_train`: with the offload on, the train state leaves for the rollout too (Miles'
+        --offload-train); else it stays and only the rollout copy takes turns with the step."""
+        self.offload_train = offload and offload_train
         # parked at most: master weights and two moments of the same size, then the rollout copy
-        park = 3 * _bytes(trainer.master) + _bytes(rollout_model) if offload else 0
-        if offload and trainer.model is not trainer.master:
-            park += _bytes(trainer.model)  # the compute-dtype copy (engine.precision) moves with the master
+        park = _bytes(rollout_model) if offload else 0
+        if self.offload_train:
+            park += 3 * _bytes(trainer.master)
+            if trainer.model is not trainer.master:
+                park += _bytes(trainer.model)  # the compute-dtype copy (engine.precision) moves with the master
         self.copies = HostCopies(device, park_bytes=park, ranks_on_host=ranks_on_host)
         self.offload, self.trainer, self.rollout_model = offload, trainer, rollout_model
         self.meter = MemoryMeter(device)
@@ -263,6 +274,8 @@ class Phases:
                           "rollout_copy": "host"},
                 "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
             }[phase]
+            if not self.offload_train:  # the train state stays: only the rollout copy takes turns
+                want |= {"train_params": "device", "optimizer_state": "device"}
             # Free before allocating: what leaves the device moves now, what arrives after the meter's reset.
             for part, where in want.items():
                 if self.where[part] == where:
@@ -311,7 +324,7 @@ class Phases:
         held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
                 if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
         local = [t.local if isinstance(t, _HostShard) else t for t in held]
-        return {**self.where, "offload": self.offload, "phase": self.phase, "pinned": self.copies.pin,
+        return {**self.where, "offload": self.offload, "offload_train": self.offload_train, "phase": self.phase, "pinned": self.copies.pin,
                 "staged": self.copies.staged,
                 "optimizer_devices": sorted({str(t.device) for t in local}),
                 "optimizer_pinned": sorted({bool(t.is_pinned()) for t in local if t.device.type == "cpu"}),
@@ -332,9 +345,6 @@ class Phases:
         else:
             self.copies.module(self.rollout_model, where)
         self.where[part] = where
-        if self.copies.device.type == "cuda":
-            if where == "host":
-                torch.cuda.empty_cache()
-            else:
-                self.copies.release_host_cache()
+        if self.copies.device.type == "cuda" and where == "host":
+            torch.cuda.empty_cache()
         self.move_seconds[asked_by] += time.perf_counter() - start

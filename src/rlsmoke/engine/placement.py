@@ -171,7 +171,7 @@ class Colocated:
             except Exception as exc:  # noqa: BLE001 - the run goes on; the compile is then paid in the first seed
                 print(f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles", file=sys.stderr)
         self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.train.trainer,
-                             rollout_model=self.rollout.model)  # fmt: skip
+                             rollout_model=self.rollout.model, offload_train=cfg.offload_train_active)  # fmt: skip
         self.where = {"train": _where(), "rollout": _where()}
 
     def manual_seed(self, seed: int) -> None:

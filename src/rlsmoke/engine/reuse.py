@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import torch
 
-from rlsmoke.engine.offload import host_memory_bytes
+from rlsmoke.engine.offload import PIN_MAX_BYTES, host_memory_bytes
 
 CHUNK = 1 << 24  # elements cast at a time: no device temporary larger than 64 MiB in fp32
 
@@ -41,8 +41,9 @@ def _resharded(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _pin(nbytes: int, device: torch.device) -> bool:
-    # pinned pages copy back at full bandwidth; they are locked, so only when they leave the host room
-    return device.type == "cuda" and 4 * nbytes <= host_memory_bytes()
+    # pinned pages copy back at full bandwidth; they are locked, so only when they leave the host room,
+    # and pinning costs more than it saves past PIN_MAX_BYTES (engine.offload)
+    return device.type == "cuda" and nbytes <= PIN_MAX_BYTES and 4 * nbytes <= host_memory_bytes()
 
 
 @torch.no_grad()

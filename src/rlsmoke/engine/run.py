@@ -264,7 +264,7 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
     write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
 
     memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
-              "offload": cfg.offload_active, "world": cfg.num_gpus,
+              "offload": cfg.offload_active, "offload_train": cfg.offload_train_active, "world": cfg.num_gpus,
               "initial_on_device": cfg.initial_on_device,  # --repeat, --variants: where the initial weights wait
               "peak_gib_per_rank": [max(p.values()) if p else None for p in peaks] or None,
               "peak_gib_per_rank_by_phase": peaks or None,

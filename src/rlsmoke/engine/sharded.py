@@ -107,7 +107,8 @@ class Rank:
                                     inject=cfg.inject, batch=batch_for(cfg.rollout_batch, self.device, spec.family,
                                                                     kda.choose(self.device, spec.family)))  # fmt: skip
         self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
-                             rollout_model=self.rollout_model, ranks_on_host=world)  # fmt: skip
+                             rollout_model=self.rollout_model, ranks_on_host=world,
+                             offload_train=cfg.offload_train_active)  # fmt: skip
 
     def mine(self, items: list) -> list:
         return items[self.rank :: self.world]
