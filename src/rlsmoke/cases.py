@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from rlsmoke.launch.miles import Launch, Paths, render
 from rlsmoke.models import MODEL_NAMES, ModelSpec, model_spec
 from rlsmoke.recipe import Recipe
 from rlsmoke.topology import DEFAULT_TARGET, Topology, parse_num_gpus, parse_overrides, plan_topology
+
+if TYPE_CHECKING:  # the launch is rendered by plan() only: `rlsmoke run` never imports it
+    from rlsmoke.launch.miles import Launch, Paths
 
 CASE_NAMES = MODEL_NAMES
 
@@ -33,6 +36,8 @@ class Case:
         return dataclasses.replace(self, overrides=tuple(merged.items()))
 
     def plan(self, *, validate: bool = True, paths: Paths | None = None, recipe: Recipe | None = None) -> Plan:
+        from rlsmoke.launch.miles import Paths, render
+
         spec = model_spec(self.name)  # plans are always rendered at full width: that is what Miles runs
         topo = plan_topology(
             spec, self.platform, self.num_gpus, self.mode, dict(self.overrides),

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError
-from rlsmoke.launch.diff import diff_platforms, diff_targets
 from rlsmoke.topology import TARGETS
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
@@ -99,6 +98,8 @@ def cmd_plan(args) -> int:
     recipe = Recipe(reward=args.reward)
     plan = case.plan(validate=not args.no_validate, recipe=recipe)
     if args.diff:
+        from rlsmoke.launch.diff import diff_platforms, diff_targets
+
         print(diff_targets(case, args.diff) if args.diff in TARGETS else diff_platforms(case, args.diff))
         return ExitCode.OK
     head = _head_addr(args, plan.topology)

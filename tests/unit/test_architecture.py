@@ -112,3 +112,14 @@ def test_plan_imports_no_torch():
             "'nvidia', '--num-gpus', '8']); print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_run_config_imports_neither_the_engine_nor_the_launch():
+    """`rlsmoke run` checks its flags before the engine's clock starts: the launch (Miles' argv, the plan's
+    diff) and the engine's heavy packages are not imported for it."""
+    code = ("import sys; from rlsmoke.cli import build_parser; from rlsmoke.engine.cli import config_from_args; "
+            "config_from_args(build_parser('run').parse_args(['run', 'glm5-744b-a40b-4layer', '--platform', 'cpu'])); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'ray', 'megatron', "
+            "'fla', 'triton') or m.startswith(('rlsmoke.launch', 'rlsmoke.conformance', 'rlsmoke.engine.run'))))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
