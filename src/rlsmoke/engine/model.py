@@ -56,10 +56,14 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
     from rlsmoke.engine import kda
 
     kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks its KDA up per call
-    # On a GPU the shards load straight onto it: no host copy of the whole model, no pageable move after.
-    where = {"device_map": device} if device.startswith("cuda") else {}
     try:
-        model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype], **where)
+        if device.startswith("cuda"):
+            # the files straight onto the GPU (engine.read), where transformers then fuses the experts
+            from rlsmoke.engine.read import read_checkpoint
+
+            model = from_state_dict(path, spec, dtype, device, read_checkpoint(path, device))
+        else:  # a memory map: transformers' own load copies nothing it does not convert
+            model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype])
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
@@ -68,6 +72,23 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
             fix=f"run `rlsmoke verify {spec.name}` or `rlsmoke prepare {spec.name} --force`",
         ) from None
     return model.to(device).eval()
+
+
+def from_state_dict(path: Path, spec: ModelSpec, dtype: str, device: str, state: dict[str, torch.Tensor]):
+    """The model of the checkpoint folder `path` (its config) from its tensors `state`, already read, as
+    `from_pretrained(path)` builds it: the same renames, fused experts and dtypes (tests/unit/test_engine_read.py)."""
+    from transformers import AutoConfig, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = model_class(spec)
+    config = AutoConfig.from_pretrained(path)
+    if cls.__name__.startswith("Auto"):  # the Auto class loads from a folder only: its concrete class takes a state
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    where = {"device_map": device} if device.startswith("cuda") else {}
+    model = cls.from_pretrained(None, config=config, state_dict=state, dtype=TORCH_DTYPES[dtype], **where)
+    if (Path(path) / "generation_config.json").is_file():  # what from_pretrained(path) reads beside the weights
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model
 
 
 @torch.no_grad()
