@@ -315,10 +315,18 @@ class MegatronTrainWorker:
         if not tdist.is_initialized():
             dist.init(0, self.par, dist.free_port(), backend=dist.backend_for(cfg.device))
         clock("process group")
-        self.hf = read_hf_state(ckpt)
+        on_gpu = cfg.device.startswith("cuda")
+        if on_gpu:  # straight onto the device (engine.read), where the bridge converts
+            from rlsmoke.engine.read import read_checkpoint
+
+            self.hf = read_checkpoint(ckpt, cfg.device)
+        else:
+            self.hf = read_hf_state(ckpt)
         clock("read")
         self.trainer = build_rank(self.spec, self.hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect,
                                   phases=self.load_phases)  # fmt: skip
+        if on_gpu:  # the bridge needs the checkpoint's names after the load, and the vision tower's tensors
+            self.hf = {k: v.cpu() if k.startswith("model.visual.") else v.to("meta") for k, v in self.hf.items()}
 
     def parallel(self) -> dict:
         return self.par.executed()
