@@ -58,8 +58,9 @@ def test_a_wrong_chunk_order_would_be_seen(monkeypatch, device):
         return [(k, chunks[max(i - 1, 0)][1], n) for i, (k, _, n) in enumerate(chunks)]
 
     monkeypatch.setattr(HostCopies, "_chunks", shifted)
-    # values no other test makes: a freed host block holding the same bytes could hide the unwritten tail
-    t = torch.randn(5, 999, generator=torch.Generator().manual_seed(987654)).to(device)
+    # values no other test makes, this device's case included: a freed host block holding the same bytes
+    # could hide the unwritten tail (on an H200 host the cpu case's freed block did)
+    t = torch.randn(5, 999, generator=torch.Generator().manual_seed(987654 + len(device))).to(device)
     assert not torch.equal(offload._byte_view(_staged(device).to_host(t)), offload._byte_view(t.cpu()))
 
 

@@ -42,14 +42,14 @@ def read_checkpoint(folder: Path, device: str | torch.device) -> dict[str, torch
     return tensors
 
 
-def read_file(path: Path, device: torch.device, *, staged: bool | None = None) -> dict[str, torch.Tensor]:
-    """`staged` (default: off CPU) reads through the reused buffers; on CPU they are plain memory, so
-    the path a GPU takes runs in CI too."""
+def read_file(path: Path, device: torch.device, *, staged: bool = False) -> dict[str, torch.Tensor]:
+    """`staged` reads through the reused buffers, always off CPU; on CPU (where they are plain memory) on
+    request, so the path a GPU takes runs in CI too."""
     header, start, size = _header(path)
     data = torch.empty(size, dtype=torch.uint8, device=device)
     fd = os.open(path, os.O_RDONLY)
     try:
-        if staged if staged is not None else device.type != "cpu":
+        if staged or device.type != "cpu":
             _read_staged(fd, start, data)
         else:
             _read_into(fd, start, data)
