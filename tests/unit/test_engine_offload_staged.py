@@ -58,10 +58,11 @@ def test_a_wrong_chunk_order_would_be_seen(monkeypatch, device):
         return [(k, chunks[max(i - 1, 0)][1], n) for i, (k, _, n) in enumerate(chunks)]
 
     monkeypatch.setattr(HostCopies, "_chunks", shifted)
-    # values no other test makes, this device's case included: a freed host block holding the same bytes
-    # could hide the unwritten tail (on an H200 host the cpu case's freed block did)
-    t = torch.randn(5, 999, generator=torch.Generator().manual_seed(987654 + len(device))).to(device)
-    assert not torch.equal(offload._byte_view(_staged(device).to_host(t)), offload._byte_view(t.cpu()))
+    # a freed host block holding the same bytes would hide the unwritten tail: the values are drawn for this
+    # test alone, and their host tensor stays alive (freed, the host copy would reuse its block on a GPU)
+    source = torch.randn(5, 999, generator=torch.Generator().manual_seed(987654))
+    t = source.to(device)
+    assert not torch.equal(offload._byte_view(_staged(device).to_host(t)), offload._byte_view(source))
 
 
 def test_a_cuda_park_pins_only_what_is_cheaper_to_pin_than_to_stage(monkeypatch):

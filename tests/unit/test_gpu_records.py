@@ -149,9 +149,10 @@ def test_flash_s_estimate_meets_its_measured_peak_on_each_kda_path(run):
 SUITE_WITH_FLASH = ROOT / "docs" / "runs" / "2026-12-03-h200-suite"
 SUITE_VARIANTS = ROOT / "docs" / "runs" / "2026-12-03-h200-suite-variants"
 SUITE_READ = ROOT / "docs" / "runs" / "2026-12-03-h200-suite-read"
+SUITE_FRESH = ROOT / "docs" / "runs" / "2026-12-03-h200-suite-fresh"
 
 
-@pytest.mark.parametrize("run", [SUITE_WITH_FLASH, SUITE_VARIANTS, SUITE_READ])
+@pytest.mark.parametrize("run", [SUITE_WITH_FLASH, SUITE_VARIANTS, SUITE_READ, SUITE_FRESH])
 def test_the_h200_suite_runs_flash_and_every_twin_fails_its_own_gate(run):
     """`NUM_GPUS=1 pytest -m nvidia tests/e2e` on one H200, Flash's 1-GPU variant included: nothing skipped,
     the three one-step tests pass, and each twin of each model passes because its own gate failed."""
@@ -173,7 +174,7 @@ def test_the_h200_twins_of_a_model_share_one_run_with_variants():
     assert len(commands) == 5 and len(shared) == 2, commands
 
 
-@pytest.mark.parametrize("run", [SUITE_WITH_FLASH, SUITE_VARIANTS, SUITE_READ])
+@pytest.mark.parametrize("run", [SUITE_WITH_FLASH, SUITE_VARIANTS, SUITE_READ, SUITE_FRESH])
 def test_the_memory_estimate_meets_every_measured_peak_of_the_suite_with_flash(run):
     """Within 15 % of each run's measured peak and never more than 5 % under it (GLM-5, GLM-4.5 with
     offload, Flash on fla)."""
