@@ -3,21 +3,22 @@
 # the one-GPU suite (bench/gpu_h200_suite.sh, which prepares the checkpoints untimed and unpacks a
 # carried Triton cache), then Flash 1-GPU `--repeat 3`, one GLM-5 megatron seed, two GLM-4.5 fsdp
 # seeds, the pre-engine profile (bench/process_profile.py) and the host's copy limits
-# (bench/gpu_limits.py). Each step's seconds go to OUT_DIR/timing.txt; the runs' records (weights
-# excluded) to OUT_DIR/runs.tgz.
+# (bench/gpu_limits.py). Everything comes back as one archive, OUT_DIR/round.tgz (a device call returns
+# only a few files): timing.txt (each step's seconds), each step's output, the suite's folder and the
+# runs' records (weights excluded).
 #   bench/gpu_h200_round.sh OUT_DIR [BUDGET_S] [PYTEST_ARGS...]
 set -uo pipefail
 dest=${1:?OUT_DIR}; budget=${2:-570}; shift; shift || true
 start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
-runs=/root/round-runs; mkdir -p "$dest" "$runs"
-trap 'tar czf "$dest/runs.tgz" -C "$runs" --exclude "*.safetensors" . 2>/dev/null' EXIT
+work=/root/round-out; runs=$work/runs; mkdir -p "$dest" "$runs"
+trap 'tar czf "$dest/round.tgz" -C "$work" --exclude "*.safetensors" . 2>/dev/null' EXIT
 timed() {  # timed NAME CMD...: its seconds and exit status into timing.txt, its output into NAME.txt
   local name=$1 t0; shift; t0=$(date +%s)
-  "$@" > "$dest/$name.txt" 2>&1; local rc=$?
-  echo "$name: $(( $(date +%s) - t0 )) s, exit $rc" | tee -a "$dest/timing.txt"
+  "$@" > "$work/$name.txt" 2>&1; local rc=$?
+  echo "$name: $(( $(date +%s) - t0 )) s, exit $rc" | tee -a "$work/timing.txt"
 }
-timed suite timeout $(( $(left) - 200 )) bash bench/gpu_h200_suite.sh "$dest/suite" "$@"
+timed suite timeout $(( $(left) - 200 )) bash bench/gpu_h200_suite.sh "$work/suite" "$@"
 . bench/gpu_h200_setup.sh
 one=(--platform nvidia --num-gpus 1)
 timed flash-repeat3 timeout $(( $(left) - 130 )) rlsmoke run glm5.3-flash-4layer-1gpu "${one[@]}" --repeat 3 --seed 20 --out $runs/flash-repeat3
