@@ -211,3 +211,39 @@ def test_a_compute_copy_that_is_the_master_s_cast_is_cast_again_not_moved(monkey
 
     monkeypatch.setattr(offload.Phases, "_return_compute", through_fp16)
     assert phase_walk(cfg)[0] != plain_steps
+
+
+@pytest.mark.parametrize("own_window", [True, False], ids=["each-report-its-own", "twin-cumulative"])
+def test_each_report_of_the_meter_holds_its_own_window(monkeypatch, own_window):
+    """Two runs on one set of workers (`--variants`): the second's report holds its own phases, not the
+    first's load or its larger train peak. The device's allocator is stood in for (no GPU here); the
+    twin reports as the meter did before, every peak of the process so far."""
+    from rlsmoke.engine.offload import MemoryMeter
+
+    allocated = {"now": 0, "peak": 0}
+
+    def use(gib):
+        allocated["now"] = gib << 30
+        allocated["peak"] = max(allocated["peak"], allocated["now"])
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda _device=None: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda _device=None: allocated.update(peak=allocated["now"]))
+    if not own_window:
+        def cumulative(self):
+            self.close()
+            return {k: round(v / 2**30, 2) for k, v in self.peaks.items()}
+
+        monkeypatch.setattr(MemoryMeter, "report", cumulative)
+    meter = MemoryMeter("cuda")
+    use(40)
+    meter.enter("train")
+    use(100)
+    use(30)
+    first = meter.report()
+    meter.enter("rollout")
+    use(50)
+    meter.enter("train")
+    use(60)
+    second = meter.report()
+    assert first == {"load": 40.0, "train": 100.0}
+    assert (second == {"train": 60.0, "rollout": 50.0}) is own_window

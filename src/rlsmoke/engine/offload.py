@@ -222,10 +222,14 @@ class MemoryMeter:
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), peak)
 
     def report(self) -> dict[str, float] | None:
+        """The peaks since the last report, then a new window: each run of `--variants` on the same
+        workers reports its own phases (the first one the load too), not the runs before it."""
         if not self.on:
             return None
         self.close()
-        return {k: round(v / 2**30, 2) for k, v in self.peaks.items()}
+        peaks, self.peaks = {k: round(v / 2**30, 2) for k, v in self.peaks.items()}, {}
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peaks
 
 
 class Phases:
