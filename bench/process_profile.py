@@ -51,7 +51,12 @@ def main() -> None:
     timed("CUDA context (a 1-element tensor)", lambda: torch.zeros(1, device="cuda") if torch.cuda.is_available() else None)
     timed("import transformers", lambda: importlib.import_module("transformers"))
     timed("import rlsmoke.engine.run", lambda: importlib.import_module("rlsmoke.engine.run"))
+    # tokenization_auto took 5.4 s on an H200 host (0.26 s on a 2-core CPU machine): what it pulls in first
+    for module in ("tokenizers", "jinja2", "transformers.tokenization_utils_base",
+                   "transformers.models.auto.configuration_auto", "transformers.models.auto.modeling_auto"):
+        timed(f"import {module}", lambda module=module: importlib.import_module(module))
     timed("tokenization_auto", lambda: importlib.import_module("transformers.models.auto.tokenization_auto"))
+    timed("import fla", lambda: importlib.import_module("fla"))  # ahead of Flash's modeling module, which imports it
     from rlsmoke.cases import Case
 
     for case in args.cases:
