@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One device call that measures both GPU issues at the checked-out commit, on a fresh or warm H200:
+# One command that measures the GPU fixed costs at the checked-out commit, on a fresh or warm H200:
 # the one-GPU suite (bench/gpu_h200_suite.sh, which prepares the checkpoints untimed and unpacks a
 # carried Triton cache), then Flash 1-GPU `--repeat 3`, one GLM-5 megatron seed, two GLM-4.5 fsdp
 # seeds, the pre-engine profile (bench/process_profile.py) and the host's copy limits
-# (bench/gpu_limits.py). Everything comes back as one archive, OUT_DIR/round.tgz (a device call returns
-# only a few files): timing.txt (each step's seconds), each step's output, the suite's folder and the
-# runs' records (weights excluded).
+# (bench/gpu_limits.py), within BUDGET_S seconds. Everything is packed into one archive,
+# OUT_DIR/round.tgz, easy to carry off a remote host whole: timing.txt (each step's seconds), each
+# step's output, the suite's folder and the runs' records (weights excluded).
 #   bench/gpu_h200_round.sh OUT_DIR [BUDGET_S] [PYTEST_ARGS...]
 set -uo pipefail
 dest=${1:?OUT_DIR}; budget=${2:-570}; shift; shift || true
