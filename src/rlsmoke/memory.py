@@ -381,8 +381,8 @@ def plan_of_run(cfg) -> Plan:
     """The plan of an engine `RunConfig` (read by field name, so this module stays free of the engine)."""
     return Plan(world=cfg.num_gpus if cfg.mode == "colocate" else 1, mode=cfg.mode, train_dtype=cfg.train_dtype,
                 rollout_dtype=cfg.rollout_dtype, compute_dtype=cfg.train_compute_dtype, offload=cfg.offload_active,
-                offload_train=cfg.offload_train_active, initial_on_device=cfg.initial_on_device, n_prompts=cfg.n_prompts, n_samples=cfg.n_samples,
-                response_len=cfg.max_response_len,
+                offload_train=cfg.offload_train_active, initial_on_device=cfg.initial_on_device,
+                n_prompts=cfg.n_prompts, n_samples=cfg.n_samples, response_len=cfg.max_response_len,
                 kda="fla" if cfg.device.startswith("cuda") and _fla_importable() and _kda_env() != "reference"
                 else "reference",
                 compute_copy=cfg.separate_compute_copy and cfg.trainer != "megatron"

@@ -8,12 +8,9 @@ No torch here: the engine runs in its own process.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
-import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -31,7 +28,8 @@ from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
 __all__ = ["Artifacts", "CaseGates", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
-           "CPU_SHARED_VARIANTS", "GPU_SHARED_VARIANTS", "SharedVariants", "builtin_argv", "gates_for", "plan_launch", "run_case", "run_variants"]  # fmt: skip
+           "CPU_SHARED_VARIANTS", "GPU_SHARED_VARIANTS", "SharedVariants", "builtin_argv", "gates_for",
+           "plan_launch", "run_case", "run_variants"]  # fmt: skip
 
 DEFAULT_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
 
@@ -246,7 +244,9 @@ class SharedVariants:
                f"{self.flags} {runnable}"  # fmt: skip
         folder = self.shared / f"{ran.name}-{ran.platform}-{hashlib.sha1(what.encode()).hexdigest()[:12]}"
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(folder.parent / f"{folder.name}.lock"):
+        from filelock import FileLock  # as the checkpoint cache's and the GPU leases' waits
+
+        with FileLock(str(folder.parent / f"{folder.name}.lock")):
             outcome = folder / "outcome.json"
             if not outcome.exists():
                 try:
@@ -279,17 +279,6 @@ class SharedVariants:
         if _fault(variant):  # a fault is meant to fail: it must never reach the history baseline
             art = dataclasses.replace(art, history=None)
         return _recorded(art, case)
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """`path` flock'ed by this open file: another process (or another open of it here) waits."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=None, checkpoint=None,

@@ -134,6 +134,10 @@ def long_prompt_file(tmp_path, words: int):
     (["--num-gpus", "99999999999999999999"], "[gpus.range]", ["65536"]),
     (["--num-gpus", "2", "--gpus-per-node", "0"], "[gpus.per_node]", ["gpus_per_node=0"]),
     (["--set", "train.pp=1000000000000"], "[set.range]", ["train.pp"]),
+    # which side of the offload moves means nothing without one: on CPU it is off unless --offload
+    (["--offload-train"], "[run.offload_train]", ["--offload-train", "offload off", "add --offload"]),
+    (["--no-offload-train"], "[run.offload_train]", ["--no-offload-train", "add --offload"]),
+    (["--offload", "--offload-train", "--mode", "async", "--num-gpus", "2"], "[run.offload_train]", ["mode=async"]),
 ])  # fmt: skip
 def test_every_input_has_a_range_checked_before_torch_loads(tmp_path, argv, rule, named):
     err = refused(tmp_path, *argv)

@@ -3,6 +3,7 @@ safetensors' reader and as transformers' `from_pretrained(folder)`. On CPU the s
 plain buffers; on a GPU host it reads through pinned ones. A damaged file is refused by name."""
 
 import json
+import shutil
 import struct
 
 import pytest
@@ -79,8 +80,13 @@ def test_the_comparison_sees_one_flipped_bit(odd_file):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "header-length", "offsets"])
-def test_a_damaged_file_is_refused_by_name(odd_file, damage):
-    raw = bytearray(odd_file.read_bytes())
+def test_a_damaged_file_is_refused_by_name_before_it_is_read(tmp_path, damage):
+    """Every load reads a checkpoint that `verify` passed (`checkpoint_dir`): a damaged header or a short
+    file is named there. A file cut after that check is named by the read itself."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(checkpoint_dir(CASES[0], tiny=True), folder)
+    shard = next(folder.glob("*.safetensors"))
+    raw = bytearray(shard.read_bytes())
     (n,) = struct.unpack("<Q", raw[:8])
     if damage == "truncated":
         raw = raw[:-100]
@@ -88,10 +94,14 @@ def test_a_damaged_file_is_refused_by_name(odd_file, damage):
         raw[:8] = struct.pack("<Q", len(raw) + 1)
     else:
         header = json.loads(raw[8 : 8 + n])
-        header["a.bf16"]["data_offsets"] = [0, 10**9]
-        text = json.dumps(header).encode().ljust(n)
-        raw[8 : 8 + n] = text[:n] if len(text) <= n else text
-    odd_file.write_bytes(bytes(raw))
+        first = next(k for k in header if k != "__metadata__")
+        header[first]["data_offsets"] = [0, 10**9]
+        raw[8 : 8 + n] = json.dumps(header).encode().ljust(n)[:n]
+    shard.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError) as err:
-        read.read_file(odd_file, torch.device("cpu"), staged=True)
-    assert err.value.rule == "checkpoint.load" and str(odd_file) in str(err.value) and "rlsmoke verify" in err.value.fix
+        checkpoint_dir(CASES[0], tiny=True, given=folder)
+    assert err.value.rule == "checkpoint.verify" and shard.name in str(err.value)
+    if damage == "truncated":
+        with pytest.raises(CheckpointError) as err:
+            read.read_file(shard, torch.device("cpu"), staged=True)
+        assert err.value.rule == "checkpoint.load" and str(shard) in str(err.value) and "rlsmoke verify" in err.value.fix

@@ -185,6 +185,11 @@ def config_from_args(args):
         if args.repeat > 1 or args.variants:  # each further run starts from weights kept after the load
             cfg = cfg.replace(initial_on_device=initial_on_device(cfg, spec))
         check_run_fits(cfg, spec, prompt_tokens=longest.tokens)  # refused here, not by an OOM after loading
+    if cfg.offload_train is not None and not cfg.offload_active:  # it would be ignored
+        flag = "--offload-train" if cfg.offload_train else "--no-offload-train"
+        raise RlsmokeError(f"{flag} with the colocate offload off for this run (mode={cfg.mode}, "
+                           f"platform={cfg.platform})", rule="run.offload_train",
+                           fix=f"add --offload (colocate), or drop {flag}")  # fmt: skip
     return cfg
 
 
@@ -394,17 +399,15 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
     before.lap("engine import")
     try:
         if args.variants is None:
-            summaries = [execute(runs[0][0], runs[0][1], repeat=args.repeat)]
+            summaries = [execute(runs[0][0], runs[0][1], repeat=args.repeat, process_s=before.seconds)]
         else:
-            summaries = execute_variants(runs)
+            summaries = execute_variants(runs, process_s=before.seconds)
     except RunError as exc:
         print(f"error: [{exc.rule}] {exc}. Artifacts: {runs[0][1] if len(runs) == 1 else runs[0][1].parent}",
               file=sys.stderr)  # fmt: skip
         return ExitCode.RUN_FAILED
     passed = True
     for (cfg, out), log, summary in zip(runs, logs, summaries, strict=True):
-        summary["timing"]["process_s"] = before.seconds
-        update_summary(out, {"timing": summary["timing"]})
         shared = " (the load shared with the other variants, counted in the first)" if len(runs) > 1 else ""
         header = (f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} trainer={cfg.trainer} "
                   f"dtype={cfg.dtype_key} seed={cfg.seed} inject={cfg.inject}"

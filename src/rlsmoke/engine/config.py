@@ -99,16 +99,17 @@ class Variant:
     rollout_temperature: float
 
     @property
+    def fault(self) -> str:
+        return str(self.inject) if self.inject.kind else "clean"
+
+    @property
     def slug(self) -> str:
         """Its run folder's name under --out: `clean`, `train-dropout-0.1`, `temperature-mismatch-t0.8`."""
-        name = str(self.inject) if self.inject.kind else "clean"
-        if self.rollout_temperature != 1.0:
-            name += f"@t{self.rollout_temperature:g}"
-        return re.sub(r"[^A-Za-z0-9._]+", "-", name)
+        at = f"@t{self.rollout_temperature:g}" if self.rollout_temperature != 1.0 else ""
+        return re.sub(r"[^A-Za-z0-9._]+", "-", self.fault + at)
 
     def __str__(self) -> str:
-        name = str(self.inject) if self.inject.kind else "clean"
-        return f"{name}@{self.rollout_temperature:g}"
+        return f"{self.fault}@{self.rollout_temperature:g}"
 
 
 def parse_variants(text: str, temperature: float) -> list[Variant]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -10,6 +11,23 @@ from rlsmoke.errors import CheckpointError
 from rlsmoke.models import ModelSpec
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LoadLaps:
+    """The load's parts into `phases` (summary.json `timing.load_phases_s`): each call adds the seconds
+    since the last one under its name, the device's queued work finished first; a no-op without `phases`."""
+
+    def __init__(self, phases: dict[str, float] | None):
+        self.phases, self.last = phases, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.phases is None:
+            return
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None = None) -> Path:

@@ -328,8 +328,8 @@ class Phases:
         held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
                 if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
         local = [t.local if isinstance(t, _HostShard) else t for t in held]
-        return {**self.where, "offload": self.offload, "offload_train": self.offload_train, "phase": self.phase, "pinned": self.copies.pin,
-                "staged": self.copies.staged,
+        return {**self.where, "offload": self.offload, "offload_train": self.offload_train, "phase": self.phase,
+                "pinned": self.copies.pin, "staged": self.copies.staged,
                 "optimizer_devices": sorted({str(t.device) for t in local}),
                 "optimizer_pinned": sorted({bool(t.is_pinned()) for t in local if t.device.type == "cpu"}),
                 "optimizer_parked_shards": sum(isinstance(t, _HostShard) for t in held),

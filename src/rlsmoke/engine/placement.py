@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from rlsmoke.engine import kda, reuse, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
-from rlsmoke.engine.model import TORCH_DTYPES, derive_policy, load_policy, without_cudnn_attention
+from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, derive_policy, load_policy, without_cudnn_attention
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
@@ -54,18 +53,17 @@ class TrainWorker:
         _setup(threads)
         spec = cfg.spec
         self.cfg = cfg
-        clock = time.perf_counter()
+        self.load_phases: dict[str, float] = {}
+        lap = LoadLaps(self.load_phases)
         model = load_policy(ckpt, spec, cfg.train_dtype, cfg.device)
-        self.load_phases = {"read": time.perf_counter() - clock}
-        clock = time.perf_counter()
+        lap("read")
         # Megatron's bf16 params: a compute copy as the rollout engine loads its own (rlsmoke.engine.precision),
         # cast from the master weights rather than read again
         compute = derive_policy(model, spec, cfg.train_compute_dtype) if cfg.separate_compute_copy else None
         if cfg.inject.kind == "train-dropout":
             set_dropout(compute or model, cfg.inject.value)
         ref = derive_policy(model, spec, cfg.train_dtype) if cfg.kl_coef else None
-        self.load_phases["compute copy"] = time.perf_counter() - clock
-        clock = time.perf_counter()
+        lap("compute copy")
         self.trainer = Trainer(
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
@@ -73,7 +71,7 @@ class TrainWorker:
             compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], compute_model=compute,
             temperature=cfg.rollout_temperature,
         )  # fmt: skip
-        self.load_phases["trainer setup"] = time.perf_counter() - clock
+        lap("trainer setup")
 
     def forward_only(self, groups: list[Group]):
         return self.trainer.forward_only(groups)
@@ -114,12 +112,13 @@ class RolloutWorker:
         """`source`: the trainer's loaded weights on the same device, cast instead of a second read."""
         _setup(threads)
         spec = cfg.spec
-        clock = time.perf_counter()
+        self.load_phases: dict[str, float] = {}
+        lap = LoadLaps(self.load_phases)
         if source is not None:
             self.model = derive_policy(source, spec, cfg.rollout_dtype)
         else:
             self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device)
-        self.load_phases = {"rollout copy": time.perf_counter() - clock}
+        lap("rollout copy")
         self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
                                     inject=cfg.inject, batch=batch_for(cfg.rollout_batch, cfg.device, spec.family,

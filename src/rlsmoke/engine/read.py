@@ -5,37 +5,30 @@ time, and copy each to the GPU from pageable pages: GLM-5 4-layer's 11.5 GB took
 whose page cache reads at 5.7 GB/s and whose pinned copies run at 55 GB/s. Here each file's data
 section is read in chunks by several threads at once (`os.preadv`, which releases the GIL) into a few
 reused pinned buffers, and each filled chunk is copied to one device buffer asynchronously while the
-next ones are read. The tensors are views into that buffer, with the header's names, dtypes and shapes.
+next ones are read. The tensors are views into that buffer, with the header's names, dtypes and shapes
+(`checkpoints.shards.read_header`).
 On CPU a memory map is faster (no copy at all), so CPU runs keep transformers' own load; the staged
 path runs in CI with plain buffers (tests/unit/test_engine_read.py).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
+from rlsmoke.checkpoints.shards import CHUNK_BYTES, DTYPES, read_header
 from rlsmoke.errors import CheckpointError
 
-CHUNK_BYTES = 32 << 20
-READERS = 4  # threads reading a file at once; each has a pinned buffer of its own on a GPU
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}  # fmt: skip
-
-
-FIX = "run `rlsmoke verify CASE`, or `rlsmoke prepare CASE --force` to build it again"
+READERS = 4  # threads reading a file at once; each has a buffer of CHUNK_BYTES of its own (pinned on a GPU)
 
 
 def read_checkpoint(folder: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
-    """Every tensor of `folder`'s *.safetensors files, on `device`. Raises CheckpointError (rule
-    checkpoint.load) on a file whose header or size does not describe its tensors."""
+    """Every tensor of `folder`'s *.safetensors files, on `device`. The folder has passed
+    `checkpoints.verification.verify` (every use of a checkpoint does, headers and lengths included);
+    a file cut since is refused by name (`checkpoint.load`)."""
     tensors: dict[str, torch.Tensor] = {}
     for path in sorted(Path(folder).glob("*.safetensors")):
         tensors.update(read_file(path, torch.device(device)))
@@ -45,42 +38,23 @@ def read_checkpoint(folder: Path, device: str | torch.device) -> dict[str, torch
 def read_file(path: Path, device: torch.device, *, staged: bool = False) -> dict[str, torch.Tensor]:
     """`staged` reads through the reused buffers, always off CPU; on CPU (where they are plain memory) on
     request, so the path a GPU takes runs in CI too."""
-    header, start, size = _header(path)
-    data = torch.empty(size, dtype=torch.uint8, device=device)
+    entries = read_header(path)
+    start = min((e.begin for e in entries.values()), default=0)
+    data = torch.empty(max((e.end for e in entries.values()), default=start) - start, dtype=torch.uint8,
+                       device=device)  # fmt: skip
     fd = os.open(path, os.O_RDONLY)
     try:
         if staged or device.type != "cpu":
             _read_staged(fd, start, data)
         else:
             _read_into(fd, start, data)
+    except EOFError as exc:  # cut after it was verified
+        raise CheckpointError(f"checkpoint file {path} {exc}", rule="checkpoint.load",
+                              fix="run `rlsmoke verify CASE`, or `rlsmoke prepare CASE --force`") from None  # fmt: skip
     finally:
         os.close(fd)
-    return {name: _view(data, name, info, path) for name, info in header.items()}
-
-
-def _header(path: Path) -> tuple[dict, int, int]:
-    def broken(why: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint file {path} {why}", rule="checkpoint.load", fix=FIX)
-
-    file_size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise broken("is shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", head)
-        if 8 + n > file_size:
-            raise broken(f"declares a {n}-byte header in a {file_size}-byte file")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise broken(f"has a header that is not JSON ({exc})") from None
-    header.pop("__metadata__", None)
-    size = file_size - 8 - n
-    for name, info in header.items():
-        begin, end = info.get("data_offsets", (0, -1))
-        if info.get("dtype") not in DTYPES or not 0 <= begin <= end <= size:
-            raise broken(f"describes tensor {name} outside its data ({info})")
-    return header, 8 + n, size
+    return {name: _view(data[e.begin - start : e.end - start], DTYPES[e.dtype], e.shape)
+            for name, e in entries.items()}  # fmt: skip
 
 
 def _chunks(size: int):
@@ -91,7 +65,7 @@ def _pread_full(fd: int, view: memoryview, offset: int) -> None:
     while len(view):
         got = os.preadv(fd, [view], offset)
         if got <= 0:
-            raise CheckpointError(f"checkpoint file ended early at byte {offset}", rule="checkpoint.load", fix=FIX)
+            raise EOFError(f"ends before byte {offset}")
         view, offset = view[got:], offset + got
 
 
@@ -130,14 +104,7 @@ def _read_staged(fd: int, start: int, data: torch.Tensor) -> None:
         torch.cuda.synchronize(data.device)
 
 
-def _view(data: torch.Tensor, name: str, info: dict, path: Path) -> torch.Tensor:
-    dtype = DTYPES[info["dtype"]]
-    begin, end = info["data_offsets"]
-    raw = data[begin:end]
-    if begin % dtype.itemsize:
+def _view(raw: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if raw.storage_offset() % dtype.itemsize:
         raw = raw.clone()  # a view must start on its dtype's alignment; safetensors does not promise one
-    shape = info["shape"]
-    if end - begin != dtype.itemsize * math.prod(shape):
-        raise CheckpointError(f"checkpoint file {path}: tensor {name} has {end - begin} bytes for shape {shape}",
-                              rule="checkpoint.load", fix=FIX)  # fmt: skip
     return raw.view(dtype).reshape(shape)

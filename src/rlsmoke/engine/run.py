@@ -110,17 +110,19 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
-def execute(cfg: RunConfig, out: Path, *, repeat: int = 1) -> dict:
+def execute(cfg: RunConfig, out: Path, *, repeat: int = 1, process_s: dict | None = None) -> dict:
     """Run `repeat` seeds from the same initial weights, write the records (metrics.jsonl, run.log,
-    summary.json), return summary.json's dict. Nothing is gated here."""
-    return _execute(cfg, [(cfg, Path(out))], repeat=repeat)[0]
+    summary.json), return summary.json's dict. Nothing is gated here. `process_s`: what the process spent
+    before the engine's clock (`rlsmoke run`'s start, config and engine import), kept in `timing`."""
+    return _execute(cfg, [(cfg, Path(out))], repeat=repeat, process_s=process_s)[0]
 
 
-def execute_variants(runs: list[tuple[RunConfig, Path]]) -> list[dict]:
+def execute_variants(runs: list[tuple[RunConfig, Path]], *, process_s: dict | None = None) -> list[dict]:
     """`rlsmoke run --variants`: the workers load once (without a fault), then each run in turn starts from
     the initial weights, restored in place as for --repeat, with its own fault and rollout temperature
     set on the workers; each writes its records into its own folder. Returns each run's summary."""
-    return _execute(runs[0][0].replace(inject=Inject()), [(c, Path(out)) for c, out in runs], repeat=1, variants=True)
+    return _execute(runs[0][0].replace(inject=Inject()), [(c, Path(out)) for c, out in runs], repeat=1, variants=True,
+                    process_s=process_s)  # fmt: skip
 
 
 class _Fanout:
@@ -134,7 +136,8 @@ class _Fanout:
             log(text)
 
 
-def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int, variants: bool = False) -> list[dict]:
+def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int, variants: bool = False,
+             process_s: dict | None = None) -> list[dict]:  # fmt: skip
     cfg.validate()
     for run_cfg, out in runs:
         run_cfg.validate()
@@ -185,6 +188,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                 load["load_phases_s"] = dict(workers.load_phases)
             if kept_s is not None:  # inside load_s: what a --repeat or --variants pays once for its restores
                 load["load_phases_s"] = load.get("load_phases_s", {}) | {"keep initial": kept_s}
+            names = [Variant(c.inject, c.rollout_temperature).slug for c, _ in runs]  # --variants: their folders
             for v, (run_cfg, _) in enumerate(runs):
                 log = logs[v]
                 timing: dict = {"per_seed_s": [], "restore_s": [], "seed_phases_s": []}
@@ -192,10 +196,11 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                     timing |= load
                 else:  # the workers this run reuses were loaded once, in the first run's seconds
                     timing |= {"checkpoint_s": 0.0, "compile_s": 0.0, "load_s": 0.0}
+                if process_s is not None:  # one process: every run of it shares its start
+                    timing["process_s"] = dict(process_s)
                 if variants:
-                    names = [Variant(c.inject, c.rollout_temperature).slug for c, _ in runs]  # their folders' names
                     timing["shared_load"] = {"runs": names, "counted_in": names[0]}
-                lines, peaks = [], []
+                lines = []
                 moved_before: dict[str, float] = {}
                 for r, seed in enumerate(seeds):
                     seed_start = time.perf_counter()
@@ -218,7 +223,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                         for line in run_lines:
                             line["repeat"] = r
                     lines += run_lines
-                peaks = _max_peaks(peaks, workers.memory())
+                peaks = workers.memory()  # this run's own: each report opens a new window (engine.offload)
                 log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
                 done.append((lines, timing, peaks))
         finally:
@@ -332,14 +337,6 @@ def _rounded(x):
     if isinstance(x, list):
         return [_rounded(v) for v in x]
     return x
-
-
-def _max_peaks(before: list, now: list) -> list:
-    """Per rank and phase, the larger of two measurements (over --repeat seeds); None off CUDA."""
-    if not before:
-        return list(now)
-    return [None if a is None or b is None else {k: max(a.get(k, 0), b.get(k, 0)) for k in a.keys() | b.keys()}
-            for a, b in zip(before, now, strict=True)]  # fmt: skip
 
 
 def _json_default(x):

@@ -27,7 +27,6 @@ EP run one `build_rank` per process, and `gather_hf_weights` joins their shards 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,7 +35,7 @@ import torch
 from rlsmoke.bridge.convert import Parallel, hf_to_megatron, megatron_to_hf, shard, unshard
 from rlsmoke.engine import precision
 from rlsmoke.engine.config import RunConfig
-from rlsmoke.engine.model import TORCH_DTYPES
+from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps
 from rlsmoke.engine.train import (
     STEP_SUMS,
     checksums,
@@ -201,7 +200,7 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
     """This rank's GPTModel in the compute dtype under megatron-core DDP, its fp32 main parameters from
     the bridge's unrounded shard, and the trainer over both (model-parallel state initialized).
     `phases`, when given, gets the seconds of each part (build, convert, trainer setup)."""
-    clock = _Lap(phases)
+    clock = LoadLaps(phases)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from rlsmoke.engine.megatron.model import build_gpt, device_shim
@@ -248,22 +247,6 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
     return trainer
 
 
-class _Lap:
-    """Seconds since the last lap into `phases` under a name (device work finished first); a no-op without."""
-
-    def __init__(self, phases: dict[str, float] | None):
-        self.phases, self.last = phases, time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        if self.phases is None:
-            return
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
-        self.last = now
-
-
 def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel,
                       dtype: torch.dtype, defect: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """Every rank's compute parameters gathered (in `dtype`, one tensor at a time, in the same order on
@@ -307,7 +290,7 @@ class MegatronTrainWorker:
         self.par = Parallel()
         self.defect = cfg.inject.kind if cfg.inject.kind.startswith("bridge-") else None
         self.load_phases: dict[str, float] = {}  # summary.json timing.load_phases_s
-        clock = _Lap(self.load_phases)
+        clock = LoadLaps(self.load_phases)
         import megatron.core.models.gpt  # noqa: F401 - seconds of its own, not the process group's
         import megatron.core.parallel_state  # noqa: F401
 
