@@ -94,7 +94,7 @@ def test_a_crash_is_exit_3_with_its_cause_never_exit_1(tmp_path, monkeypatch, ca
     import rlsmoke.engine.run
     from rlsmoke.cli import main
 
-    def broken_engine(cfg, out, *, repeat=1):
+    def broken_engine(cfg, out, *, repeat=1, process_s=None):
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.log").write_text("[   0.01s] config: ...\n")
         raise ZeroDivisionError("float division by zero")
