@@ -136,6 +136,8 @@ def test_n_ranks_under_gloo_pass_their_gates_with_offload(case_record):
     assert case_record.value("sync/ranks", "last") == world
     assert len(case_record.entries["rollout"]) == (3 if world == 3 else 2)  # the --num-rollout it was given
     summary = json.loads((Path(case_record.artifacts) / "summary.json").read_text())
+    # a CPU run's shards stay on the host, GPUs visible or not (FSDP2's default mesh is CUDA's where it can be)
+    assert [rank["shards_on"] for rank in summary["placement"]["ranks"]] == [["cpu"]] * world
     assert summary["memory"]["offload"] and summary["memory"]["world"] == world
     assert summary["memory"]["peak_gib_per_rank"] == [None] * world  # CPU: nothing to measure
     assert summary["memory"]["estimate_gib_per_gpu"]["peak"] > 0

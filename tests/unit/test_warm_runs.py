@@ -236,6 +236,26 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
         other.join()
 
 
+def test_a_loaded_gpu_driver_turns_rank_forks_off(monkeypatch):
+    """A process that asked the GPU driver anything (`torch.cuda.is_available()`) forks children whose
+    first GPU call fails; its CPU ranks start from the fork server instead. Twin: a library this
+    process has loaded, named as a driver, turns the forks off."""
+    import torch
+
+    from rlsmoke.engine import procs
+    from rlsmoke.engine.procs import GPU_DRIVER_LIBRARIES, fork_is_safe, mapped_libraries, rank_context
+
+    monkeypatch.setattr(threading, "enumerate", lambda: [threading.main_thread()])
+    monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert not mapped_libraries(GPU_DRIVER_LIBRARIES)  # a CPU host's torch loads no driver
+    assert fork_is_safe()
+    assert mapped_libraries(("libtorch_cpu.so", "libnot-loaded.so")) == ["libtorch_cpu.so"]
+    monkeypatch.setattr(procs, "GPU_DRIVER_LIBRARIES", ("libtorch_cpu.so",))
+    assert not fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "forkserver"
+
+
 def test_a_progress_bar_leaves_no_thread_behind(capsys):
     """tqdm's monitor thread would outlive the bar, and any thread turns the rank forks of a process off."""
     from rlsmoke.checkpoints.progress import ProgressBar

@@ -117,6 +117,9 @@ def _fork_aware_threads() -> set:
 # Threads torch names itself for its process groups (gloo's loops, the TCPStore, NCCL's watchdog): they
 # outlive the group's destruction, and a fork's child crashes on their state (SIGSEGV, measured).
 DISTRIBUTED_THREADS = ("pt_", "gloo", "nccl", "NCCL")
+# autograd's threads for each GPU, started by a first backward where GPUs are visible: no group's, and the
+# driver they need is already loaded (`fork_is_safe` rules on that itself).
+AUTOGRAD_DEVICE_THREADS = "pt_autograd_"
 
 
 def _native_thread_names() -> list[str]:
@@ -132,20 +135,37 @@ def _native_thread_names() -> list[str]:
 def distributed_leftovers() -> list[str]:
     """What process groups left in this process: a live group, and torch's threads that outlive it."""
     torch = sys.modules.get("torch")
-    left = sorted({name for name in _native_thread_names() if name.startswith(DISTRIBUTED_THREADS)})
+    left = sorted({name for name in _native_thread_names()
+                   if name.startswith(DISTRIBUTED_THREADS) and not name.startswith(AUTOGRAD_DEVICE_THREADS)})
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         left.insert(0, "an initialized process group")
     return left
 
 
+# The GPU drivers' user-space libraries: loaded by the first runtime call (`torch.cuda.is_available()`
+# included), after which a fork's child fails at its first GPU call, even one a CPU run's optimizer makes
+# (Adam asks whether a graph is being captured; "CUDA error: initialization error", measured on an H200).
+GPU_DRIVER_LIBRARIES = ("libcuda.so", "libamdhip64.so")
+
+
+def mapped_libraries(names: tuple[str, ...]) -> list[str]:
+    """The shared libraries among `names` (file-name prefixes) that this process has mapped."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:  # no procfs: nothing can be said, so nothing is claimed safe by it
+        return list(names)
+    files = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if "/" in line}
+    return sorted({name for name in names for file in files if file.startswith(name)})
+
+
 def fork_is_safe() -> bool:
     """Nothing in this process that a fork would copy half-way: other Python threads, an OpenMP team,
-    CUDA, a process group or the threads one leaves behind (a colocated megatron run keeps its group
-    for the process's later runs)."""
+    a GPU driver, a process group or the threads one leaves behind (a colocated megatron run keeps its
+    group for the process's later runs)."""
     torch = sys.modules.get("torch")
     _stop_progress_monitors()
     others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
-    if others or distributed_leftovers():
+    if others or distributed_leftovers() or mapped_libraries(GPU_DRIVER_LIBRARIES):
         return False
     if torch is None:
         return True

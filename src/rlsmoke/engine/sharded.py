@@ -40,13 +40,17 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return [block for ml in layers for block in ml]
 
 
-def shard(model, *, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> None:
+def shard(model, *, device_type: str, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> None:
+    """FSDP2 over every rank, on `device_type`'s mesh: without one, fully_shard takes a CUDA mesh
+    wherever CUDA is visible, and a CPU (gloo) run on a GPU host would move its shards onto cuda:0."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in decoder_layers(model):
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -93,7 +97,7 @@ class Rank:
         if cfg.inject.kind == "train-dropout":
             set_dropout(model, cfg.inject.value)
         low = TORCH_DTYPES[cfg.rollout_dtype] if on_gpu else None  # bf16 compute and reduce on GPUs
-        shard(model, param_dtype=low, reduce_dtype=low)
+        shard(model, device_type="cuda" if on_gpu else "cpu", param_dtype=low, reduce_dtype=low)
         self.trainer = ShardedTrainer(
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
@@ -167,8 +171,9 @@ class Rank:
         return self.phases.state()
 
     def where(self) -> dict:
+        shards_on = {(p.to_local() if hasattr(p, "to_local") else p).device.type for p in self.trainer.model.parameters()}
         info = {"pid": os.getpid(), "rank": self.rank, "world": self.world, "device": self.device,
-                "threads": torch.get_num_threads()}
+                "shards_on": sorted(shards_on), "threads": torch.get_num_threads()}
         if self.device.startswith("cuda"):
             info["gpu"] = torch.cuda.get_device_name(self.rank)
         return info
