@@ -8,6 +8,7 @@ where nothing in it can break (`rlsmoke.engine.procs.fork_is_safe`).
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -236,23 +237,57 @@ def test_ranks_fork_from_their_driver_only_where_nothing_can_break(monkeypatch):
         other.join()
 
 
-def test_a_loaded_gpu_driver_turns_rank_forks_off(monkeypatch):
-    """A process that asked the GPU driver anything (`torch.cuda.is_available()`) forks children whose
-    first GPU call fails; its CPU ranks start from the fork server instead. Twin: a library this
-    process has loaded, named as a driver, turns the forks off."""
+# CUDA's driver API as far as the fork rule asks it: a count before cuInit is CUDA_ERROR_NOT_INITIALIZED.
+STAND_IN_DRIVER = """
+static int initialized;
+int cuInit(unsigned int flags) { initialized = 1; return 0; }
+int cuDeviceGetCount(int *count) { if (!initialized) return 3; *count = 1; return 0; }
+"""
+
+ASK_THE_DRIVER = """
+import ctypes, sys
+from rlsmoke.engine.procs import fork_is_safe, gpu_driver_initialized
+driver = ctypes.CDLL(sys.argv[1])
+loaded = gpu_driver_initialized(), fork_is_safe()
+driver.cuInit(0)
+print(loaded, (gpu_driver_initialized(), fork_is_safe()))
+"""
+
+
+def test_ranks_do_not_fork_from_a_process_that_initialized_a_gpu_driver(tmp_path):
+    """A CUDA build of torch maps the driver at import, which forks survive; a first
+    `torch.cuda.is_available()` initializes it, and a fork's child then fails at its first GPU call. The
+    rule asks the driver (its own library, compiled here, stands in for CUDA's) in a fresh process.
+    Twin: the same process after cuInit does not fork."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in driver")
+    (tmp_path / "driver.c").write_text(STAND_IN_DRIVER)
+    library = tmp_path / "libcuda.so.1"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", library, tmp_path / "driver.c"], check=True)
+    asked = subprocess.run([sys.executable, "-c", ASK_THE_DRIVER, library], capture_output=True, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.split("\n")[-2] == "(False, True) (True, False)"
+
+
+def test_a_mapped_hip_runtime_turns_rank_forks_off(monkeypatch):
+    """HIP cannot be asked without initializing it: mapped at all, ranks start from the fork server.
+    On this host no GPU library is mapped; the twin names one that is (torch's own) as HIP's."""
     import torch
 
     from rlsmoke.engine import procs
-    from rlsmoke.engine.procs import GPU_DRIVER_LIBRARIES, fork_is_safe, mapped_libraries, rank_context
+    from rlsmoke.engine.procs import fork_is_safe, gpu_driver_initialized, mapped_libraries, rank_context
 
     monkeypatch.setattr(threading, "enumerate", lambda: [threading.main_thread()])
     monkeypatch.setattr(procs, "_native_thread_names", lambda: ["python"])
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert not mapped_libraries(GPU_DRIVER_LIBRARIES)  # a CPU host's torch loads no driver
-    assert fork_is_safe()
-    assert mapped_libraries(("libtorch_cpu.so", "libnot-loaded.so")) == ["libtorch_cpu.so"]
-    monkeypatch.setattr(procs, "GPU_DRIVER_LIBRARIES", ("libtorch_cpu.so",))
+    assert not gpu_driver_initialized() and fork_is_safe()
+    found = mapped_libraries(("libtorch_cpu.so", "libnot-loaded.so"))
+    assert list(found) == ["libtorch_cpu.so"] and Path(found["libtorch_cpu.so"]).is_file()
+    monkeypatch.setattr(procs, "HIP_RUNTIME", "libtorch_cpu.so")
+    assert gpu_driver_initialized()
     assert not fork_is_safe() and rank_context(cpu_only=True).get_start_method() == "forkserver"
 
 

@@ -17,6 +17,7 @@ often itself a fork of `launch.warm`'s server).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import importlib
 import os
@@ -118,7 +119,7 @@ def _fork_aware_threads() -> set:
 # outlive the group's destruction, and a fork's child crashes on their state (SIGSEGV, measured).
 DISTRIBUTED_THREADS = ("pt_", "gloo", "nccl", "NCCL")
 # autograd's threads for each GPU, started by a first backward where GPUs are visible: no group's, and the
-# driver they need is already loaded (`fork_is_safe` rules on that itself).
+# driver they need is already initialized (`fork_is_safe` rules on that itself).
 AUTOGRAD_DEVICE_THREADS = "pt_autograd_"
 
 
@@ -142,20 +143,38 @@ def distributed_leftovers() -> list[str]:
     return left
 
 
-# The GPU drivers' user-space libraries: loaded by the first runtime call (`torch.cuda.is_available()`
-# included), after which a fork's child fails at its first GPU call, even one a CPU run's optimizer makes
-# (Adam asks whether a graph is being captured; "CUDA error: initialization error", measured on an H200).
-GPU_DRIVER_LIBRARIES = ("libcuda.so", "libamdhip64.so")
+# A fork's child cannot use a GPU driver its parent initialized: its first GPU call fails, even one that a
+# CPU run's optimizer makes (Adam asks whether a graph is being captured: "CUDA error: initialization
+# error", measured on an H200). A first `torch.cuda.is_available()` initializes CUDA's.
+CUDA_DRIVER = "libcuda.so"  # mapped when a CUDA build of torch is imported, initialized only when used
+HIP_RUNTIME = "libamdhip64.so"  # cannot be asked without initializing it: mapped at all rules forks out
+CUDA_ERROR_NOT_INITIALIZED = 3
 
 
-def mapped_libraries(names: tuple[str, ...]) -> list[str]:
-    """The shared libraries among `names` (file-name prefixes) that this process has mapped."""
+def mapped_libraries(prefixes: tuple[str, ...]) -> dict[str, str] | None:
+    """Each of `prefixes` (file-name prefixes) that this process has mapped, with its file; None where
+    /proc cannot say."""
     try:
         maps = Path("/proc/self/maps").read_text()
-    except OSError:  # no procfs: nothing can be said, so nothing is claimed safe by it
-        return list(names)
-    files = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if "/" in line}
-    return sorted({name for name in names for file in files if file.startswith(name)})
+    except OSError:
+        return None
+    files = {line[line.index("/"):] for line in maps.splitlines() if "/" in line}
+    return {prefix: file for prefix in prefixes for file in sorted(files) if Path(file).name.startswith(prefix)}
+
+
+def gpu_driver_initialized() -> bool:
+    """Whether this process has initialized a GPU driver that a fork's child would inherit unusable."""
+    mapped = mapped_libraries((CUDA_DRIVER, HIP_RUNTIME))
+    if mapped is None or HIP_RUNTIME in mapped:
+        return True
+    if CUDA_DRIVER not in mapped:
+        return False
+    try:
+        driver = ctypes.CDLL(mapped[CUDA_DRIVER])  # the copy already in the process: nothing is loaded
+    except OSError:
+        return True
+    count = ctypes.c_int()
+    return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED  # asks, initializes nothing
 
 
 def fork_is_safe() -> bool:
@@ -165,7 +184,7 @@ def fork_is_safe() -> bool:
     torch = sys.modules.get("torch")
     _stop_progress_monitors()
     others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
-    if others or distributed_leftovers() or mapped_libraries(GPU_DRIVER_LIBRARIES):
+    if others or distributed_leftovers() or gpu_driver_initialized():
         return False
     if torch is None:
         return True
