@@ -9,9 +9,9 @@ may still use GPUs. What a spawned rank gets from its driver at start and a fork
 not, it is handed: the driver's environment and its stdout/stderr as of the rank's start.
 
 CPU ranks of a driver that holds nothing a fork could break (`fork_is_safe`: one Python thread,
-torch on one thread so no OpenMP team, no CUDA, no process group or its threads) fork from the
-driver itself: no server to start, which is most of a tiny CPU run's ranks' start (the driver is
-often itself a fork of `launch.warm`'s server).
+torch on one thread so no OpenMP team, no initialized GPU driver, no process group or its threads)
+fork from the driver itself: no server to start, which is most of a tiny CPU run's ranks' start (the
+driver is often itself a fork of `launch.warm`'s server).
 """
 
 from __future__ import annotations
