@@ -30,6 +30,20 @@ def meta_model(spec):
         return cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
 
 
+def h200_run_config(monkeypatch, gpus: int = 1):
+    """`rlsmoke run ... --platform nvidia`'s RunConfig on a host of `gpus` H200s: the host is the one thing
+    stood in for (there is no GPU here)."""
+    import argparse
+
+    from rlsmoke import platforms
+    from rlsmoke.engine import cli as engine_cli
+
+    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=gpus))
+    parser = argparse.ArgumentParser()
+    engine_cli.register(parser.add_subparsers())
+    return lambda *argv: engine_cli.config_from_args(parser.parse_args(["run", *argv, "--platform", "nvidia"]))
+
+
 @pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "full"])
 @pytest.mark.parametrize("name", MODELS)
 def test_parameter_count_is_transformers_own(name, tiny):
@@ -217,19 +231,11 @@ def test_offload_is_skipped_only_when_the_run_fits_resident_with_room():
 
 
 def test_rlsmoke_run_resolves_the_offload_default_before_loading(monkeypatch):
-    """`rlsmoke run`'s config has a concrete offload before anything loads (the summary records it);
-    the host is the one thing stood in for: there is no GPU here."""
-    import argparse
-
-    from rlsmoke import platforms
-    from rlsmoke.engine import cli as engine_cli
-
-    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=1))
-    parser = argparse.ArgumentParser()
-    engine_cli.register(parser.add_subparsers())
+    """`rlsmoke run`'s config has a concrete offload before anything loads (the summary records it)."""
+    run_config = h200_run_config(monkeypatch)
 
     def offload(*argv):
-        return engine_cli.config_from_args(parser.parse_args(["run", *argv, "--platform", "nvidia"])).offload
+        return run_config(*argv).offload
 
     assert offload("glm5-744b-a40b-4layer-1gpu") is False
     assert offload("glm4.5-355b-a32b-4layer") is True
@@ -242,11 +248,6 @@ def test_where_the_rollout_fits_beside_the_train_state_only_the_rollout_copy_mov
     rollout copy taking turns its peak is the step's 108 GiB, as with the whole offload, and its rollout
     phase (99 GiB) holds the train state beside the copy. `rlsmoke run` resolves that before loading; --offload
     keeps Miles' meaning (both sides move), and --no-offload-train asks for the copy's turns alone."""
-    import argparse
-
-    from rlsmoke import platforms
-    from rlsmoke.engine import cli as engine_cli
-
     spec = model_spec("glm4.5-355b-a32b-4layer")
     plan = memory.plan_for(Case("glm4.5-355b-a32b-4layer", platform="nvidia"), kda="reference")
     full, copy_only = memory.estimate(spec, plan), memory.estimate(spec, memory.replace(plan, offload_train=False))
@@ -256,12 +257,10 @@ def test_where_the_rollout_fits_beside_the_train_state_only_the_rollout_copy_mov
     assert "master" not in full.terms["rollout"]
     assert copy_only.phases["rollout"] > full.phases["rollout"]
 
-    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=1))
-    parser = argparse.ArgumentParser()
-    engine_cli.register(parser.add_subparsers())
+    run_config = h200_run_config(monkeypatch)
 
     def offloads(*argv):
-        cfg = engine_cli.config_from_args(parser.parse_args(["run", *argv, "--platform", "nvidia"]))
+        cfg = run_config(*argv)
         return cfg.offload_active, cfg.offload_train_active
 
     assert offloads("glm4.5-355b-a32b-4layer") == (True, False)
@@ -276,18 +275,8 @@ def test_where_the_rollout_fits_beside_the_train_state_only_the_rollout_copy_mov
 @pytest.mark.parametrize("gpus", [1, 2, 3])
 def test_the_suite_s_estimate_and_rlsmoke_run_s_read_the_same_batch(monkeypatch, gpus):
     """The suite decides a skip from `plan_for`; `rlsmoke run` refuses from its RunConfig: one shape."""
-    import argparse
-
-    from rlsmoke import platforms
-    from rlsmoke.cases import Case
-    from rlsmoke.engine import cli as engine_cli
-
-    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=gpus))
-    parser = argparse.ArgumentParser()
-    engine_cli.register(parser.add_subparsers())
     name = "glm4.5-355b-a32b-4layer"
-    cfg = engine_cli.config_from_args(parser.parse_args(["run", name, "--platform", "nvidia", "--num-gpus",
-                                                         str(gpus), "--set", "train.cp=1"]))  # fmt: skip
+    cfg = h200_run_config(monkeypatch, gpus)(name, "--num-gpus", str(gpus), "--set", "train.cp=1")
     run, suite = memory.plan_of_run(cfg), memory.plan_for(Case(name, platform="nvidia", num_gpus=gpus))
     assert (run.n_prompts, run.n_samples, run.response_len) == (suite.n_prompts, suite.n_samples, suite.response_len)
 
@@ -296,31 +285,23 @@ def test_initial_weights_on_the_device_are_counted_in_every_phase_and_kept_there
     """--repeat / --variants on one H200: GLM-5 4-layer keeps its initial weights on the device (a bf16
     copy, 2 bytes a parameter, in every phase's estimate); a batch that leaves no room keeps them in host
     memory; `rlsmoke run` resolves it with the offload, before anything loads, and only when it keeps them."""
-    import argparse
-
-    from rlsmoke import platforms
-    from rlsmoke.engine import cli as engine_cli
-
     spec = model_spec("glm5-744b-a40b-4layer-1gpu")
     plan = memory.plan_for(Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia"), offload=False)
     without, kept = memory.estimate(spec, plan), memory.estimate(spec, memory.replace(plan, initial_on_device=True))
     assert all(kept.phases[p] - without.phases[p] == 2 * without.params for p in memory.PHASES)
     assert all(kept.terms[p]["initial weights"] == 2 * without.params for p in memory.PHASES)
 
-    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=1))
-    parser = argparse.ArgumentParser()
-    engine_cli.register(parser.add_subparsers())
+    run_config = h200_run_config(monkeypatch)
 
     def on_device(*argv):
-        return engine_cli.config_from_args(parser.parse_args(["run", *argv, "--platform", "nvidia"])).initial_on_device
+        return run_config(*argv).initial_on_device
 
     assert on_device("glm5-744b-a40b-4layer-1gpu", "--repeat", "3") is True
     assert on_device("glm5-744b-a40b-4layer-1gpu", "--variants", "clean,stale-weights") is True
     assert on_device("glm5-744b-a40b-4layer-1gpu") is False  # one run: nothing is kept
     # a batch whose step (offloaded: 120.2 GiB) leaves less than the copy's 10.7 GiB of the usable 129.7
     long = ("--repeat", "2", "--max-response-len", "1700")
-    cfg = engine_cli.config_from_args(parser.parse_args(["run", "glm5-744b-a40b-4layer-1gpu", *long, "--platform",
-                                                         "nvidia"]))  # fmt: skip
+    cfg = run_config("glm5-744b-a40b-4layer-1gpu", *long)
     est = memory.estimate(spec, memory.plan_of_run(cfg))
     assert cfg.offload and est.peak <= memory.usable_gib("H200") * GIB < est.peak + 2 * est.params
     assert cfg.initial_on_device is False

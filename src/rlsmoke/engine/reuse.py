@@ -59,10 +59,6 @@ def _narrowest_exact(t: torch.Tensor, narrow: torch.dtype | None) -> torch.dtype
     return narrow
 
 
-def _device_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.to(dtype, copy=True)  # a copy even in t's own dtype: never the parameter itself
-
-
 class Snapshot:
     """Parameters (FSDP2's local shards included) as they are now: in host memory, or on their own device
     when `on_device` (the memory estimate has counted the copy: `memory.initial_on_device`)."""
@@ -73,12 +69,11 @@ class Snapshot:
         dtypes = {name: _narrowest_exact(t, narrow) for name, t in params}
         nbytes = sum(t.numel() * dtypes[name].itemsize for name, t in params)
         device = params[0][1].device if params else torch.device("cpu")
-        self.on_device = on_device  # on CPU the "device" copy is an unpinned host copy: the path CI runs
-        pin = not on_device and _pin(nbytes, device)
+        pin = not on_device and _pin(nbytes, device)  # on CPU a "device" copy is a host copy: the path CI runs
         self.tensors: dict[str, torch.Tensor] = {}
         for name, t in params:
             if on_device:
-                self.tensors[name] = _device_copy(t, dtypes[name])
+                self.tensors[name] = t.to(dtypes[name], copy=True)  # a copy even in t's dtype: never t itself
             else:
                 host = torch.empty(t.shape, dtype=dtypes[name], device="cpu", pin_memory=pin)
                 host.copy_(t)
