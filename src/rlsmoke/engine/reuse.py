@@ -59,6 +59,10 @@ def _narrowest_exact(t: torch.Tensor, narrow: torch.dtype | None) -> torch.dtype
     return narrow
 
 
+def _device_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype, copy=True)  # a copy even in t's own dtype: never the parameter itself (the twin aliases)
+
+
 class Snapshot:
     """Parameters (FSDP2's local shards included) as they are now: in host memory, or on their own device
     when `on_device` (the memory estimate has counted the copy: `memory.initial_on_device`)."""
@@ -73,7 +77,7 @@ class Snapshot:
         self.tensors: dict[str, torch.Tensor] = {}
         for name, t in params:
             if on_device:
-                self.tensors[name] = t.to(dtypes[name], copy=True)  # a copy even in t's dtype: never t itself
+                self.tensors[name] = _device_copy(t, dtypes[name])
             else:
                 host = torch.empty(t.shape, dtype=dtypes[name], device="cpu", pin_memory=pin)
                 host.copy_(t)
