@@ -188,6 +188,30 @@ def test_the_last_step_s_moments_are_dropped_not_parked_and_no_metric_moves(tmp_
     assert lines == kept_lines
 
 
+def test_the_pin_budget_counts_what_parks_and_not_the_compute_copy():
+    """The pin-or-stage decision (`HostCopies`) is made from the bytes a park can hold: the rollout copy, the
+    master weights and their two moments. The compute copy is cast again, never parked (below): counted, it
+    would turn a run that fits the pinned budget to staged moves."""
+    from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
+    from rlsmoke.engine.offload import _bytes
+    from rlsmoke.engine.placement import open_workers
+
+    cfg = RunConfig(case=CASE, tiny=True, n_prompts=2, offload=True, compute_dtype="bfloat16")
+    ckpt = checkpoint_dir(CASE, tiny=True)
+    tok = load_tokenizer(ckpt)
+    workers = open_workers(cfg, ckpt, tok.eos_token_id, tok.pad_token_id or tok.eos_token_id)
+    try:
+        trainer = workers.train.trainer
+        assert trainer.model is not trainer.master  # a compute copy exists, and is not counted
+        park = workers.phases.copies.park_bytes
+        assert park == _bytes(workers.rollout.model) + 3 * _bytes(trainer.master)
+        no_train = open_workers(cfg.replace(offload_train=False), ckpt, tok.eos_token_id, tok.eos_token_id)
+        assert no_train.phases.copies.park_bytes == _bytes(no_train.rollout.model)  # only the copy takes turns
+        no_train.close()
+    finally:
+        workers.close()
+
+
 def test_a_compute_copy_that_is_the_master_s_cast_is_cast_again_not_moved(monkeypatch):
     """bf16 compute over fp32 master weights (Megatron's layout, the GPU default): while the master is parked
     the compute copy holds no storage and is cast again when it returns; the steps equal a run without

@@ -61,7 +61,7 @@ class HostCopies:
     """Moves tensors between a device and host memory; counts what is on the host."""
 
     def __init__(self, device: str, *, park_bytes: int = 0, ranks_on_host: int = 1):
-        self.device = torch.device(device)
+        self.device, self.park_bytes = torch.device(device), park_bytes
         self.pin = (self.device.type == "cuda" and park_bytes <= PIN_MAX_BYTES
                     and 2 * park_bytes * ranks_on_host <= host_memory_bytes() // 2)  # fmt: skip
         self.staged = self.device.type == "cuda" and not self.pin
@@ -240,12 +240,12 @@ class Phases:
         """`offload_train`: with the offload on, the train state leaves for the rollout too (Miles'
         --offload-train); else it stays and only the rollout copy takes turns with the step."""
         self.offload_train = offload and offload_train
-        # parked at most: master weights and two moments of the same size, then the rollout copy
+        # parked at most: the rollout copy, and with offload_train the master weights and two moments of the
+        # same size. Not the compute copy: it is the master's cast whenever it parks (the load casts it, every
+        # step refreshes it), so its storage is freed and cast again on return (`_park_compute`).
         park = _bytes(rollout_model) if offload else 0
         if self.offload_train:
             park += 3 * _bytes(trainer.master)
-            if trainer.model is not trainer.master:
-                park += _bytes(trainer.model)  # the compute-dtype copy (engine.precision) moves with the master
         self.copies = HostCopies(device, park_bytes=park, ranks_on_host=ranks_on_host)
         self.offload, self.trainer, self.rollout_model = offload, trainer, rollout_model
         self.meter = MemoryMeter(device)
