@@ -151,7 +151,9 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
             raise RlsmokeError("launcher=miles without a Miles checkout", rule="launcher.miles_root",
                                fix="pass --miles-root DIR (or set MILES_ROOT)")  # fmt: skip
         if inject or rollout_temperature is not None or variants:
-            raise RlsmokeError(f"inject={inject!r} needs the built-in engine", rule="launcher.inject",
+            asked = ", ".join(f"{name}={value!r}" for name, value in (("inject", inject), ("rollout_temperature",
+                              rollout_temperature), ("variants", variants)) if value not in (None, ()))  # fmt: skip
+            raise RlsmokeError(f"{asked} needs the built-in engine", rule="launcher.inject",
                                fix="run fault twins with --launcher builtin")  # fmt: skip
         if flags:
             raise RlsmokeError(f"flags={' '.join(flags)} are `rlsmoke run`'s, for the built-in engine",

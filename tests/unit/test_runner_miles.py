@@ -163,3 +163,23 @@ def test_a_corrupt_checkpoint_fails_before_anything_launches(tmp_path):
     with pytest.raises(CheckpointError, match="config.json"):
         run_case(Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True), art)
     assert sorted(p.name for p in art.path.iterdir()) == [], "something ran before the checkpoint was verified"
+
+
+@pytest.mark.parametrize(("asked", "named"), [
+    ({"inject": "stale-weights"}, "inject='stale-weights'"),
+    ({"rollout_temperature": 0.8}, "rollout_temperature=0.8"),
+    ({"variants": ("clean", "stale-weights")}, "variants=('clean', 'stale-weights')"),
+])  # fmt: skip
+def test_what_only_the_built_in_engine_runs_is_refused_under_miles_by_name(tmp_path, asked, named):
+    """A fault, a rollout temperature or shared variants under the Miles launcher: refused before anything
+    launches, the error naming what was asked. Twin: without it the same launch plans."""
+    from rlsmoke.suite import plan_launch
+
+    miles = write_root(tmp_path / "miles")
+    art = Artifacts(tmp_path / "art", launcher="miles", host=Host("nvidia", "H200", 2), miles_root=miles,
+                    model_dir=_model_dir(tmp_path), timeout=60)  # fmt: skip
+    with pytest.raises(RlsmokeError) as err:
+        plan_launch(CASE, art, verify=False, **asked)
+    assert err.value.rule == "launcher.inject" and str(err.value).startswith(f"{named} needs the built-in engine")
+    assert plan_launch(CASE, art, verify=False).launcher == "miles"
+    assert commands(miles) == []
