@@ -65,10 +65,10 @@ def main() -> None:
     torch._C._host_emptyCache()  # else the pinned block just freed is reused, not allocated
     print(f"pinned allocation, fresh: {gbps(nbytes, allocation_seconds(n, pin=True)):.1f} GB/s")
     print(f"pageable allocation and first touch: {gbps(nbytes, allocation_seconds(n, pin=False)):.1f} GB/s")
-    from rlsmoke.engine.offload import HostCopies
+    from rlsmoke.engine.offload import PIN_MAX_BYTES, HostCopies
 
-    staged = HostCopies("cuda")
-    staged.pin, staged.staged = False, True
+    staged = HostCopies("cuda", park_bytes=PIN_MAX_BYTES + 1)  # past the pin budget: the offload's staged moves
+    assert staged.staged
     start = time.perf_counter()
     parked = staged.to_host(dev)
     torch.cuda.synchronize()

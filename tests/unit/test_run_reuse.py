@@ -89,7 +89,6 @@ def test_a_phase_is_its_calls_less_the_offload_moves_they_made():
                                             "offload": 1.875}  # fmt: skip
 
 
-
 @pytest.mark.parametrize("aliased", [False, True], ids=["device-copy", "twin-aliased-copy"])
 def test_initial_weights_kept_on_the_device_restore_seed_k(tmp_path, monkeypatch, aliased):
     """`initial_on_device` (chosen on GPUs when the estimate leaves room) keeps the initial weights as a
