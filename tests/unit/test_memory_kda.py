@@ -39,7 +39,8 @@ def test_the_kda_state_term_is_what_the_cache_holds():
     with torch.no_grad():
         out = model(input_ids=torch.randint(0, 100, (rows, 20)), use_cache=True)
     layers = [layer for layer in out.past_key_values.layers if "Linear" in type(layer).__name__]
-    held = sum(t.numel() * t.element_size() for layer in layers for t in _tensors(vars(layer)))
+    # the states; not a layer's scalar bookkeeping (transformers 5.25 adds an int64 cumulative length)
+    held = sum(t.numel() * t.element_size() for layer in layers for t in _tensors(vars(layer)) if t.dim())
     assert len(layers) == memory.kda_layers(spec) == 3
     assert held == rows * memory._kda_state(spec, 2) * len(layers)
 
