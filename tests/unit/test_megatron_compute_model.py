@@ -137,3 +137,17 @@ def test_the_gptmodel_is_built_in_bf16_with_an_fp32_router_over_fp32_main_params
     assert built["expert_bias_dtypes"] and set(built["expert_bias_dtypes"]) == {torch.float32}
     assert built["main_dtypes"] == {torch.float32}
     assert built["compute_is_main_in_bf16"] and built["main_differs_from_compute"] > 0
+
+
+@pytest.mark.parametrize(("device", "on_host"), [("cpu", True), ("cuda:0", False)])
+def test_the_gptmodel_is_allocated_where_it_trains_not_on_the_host_and_copied(device, on_host):
+    """On a GPU megatron-core allocates each parameter on the device, uninitialized (the checkpoint fills
+    it); built on the host and copied, GLM-5 4-layer's load took 3.3-5.4 s longer on an H200."""
+    from rlsmoke.engine.megatron.dist import Parallel
+    from rlsmoke.engine.megatron.model import transformer_config
+    from rlsmoke.models import model_spec
+
+    spec = model_spec(CASE_NAME, tiny=True)
+    config = transformer_config(spec, spec.megatron_args(), Parallel(), params_dtype=torch.bfloat16, device=device)
+    assert config.use_cpu_initialization is on_host
+    assert config.perform_initialization is False
