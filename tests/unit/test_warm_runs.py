@@ -122,7 +122,8 @@ def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(
 
 @pytest.mark.parametrize("change, accepted", [
     ({}, True),
-    ({"argv": ["--platform", "nvidia"]}, False),  # a GPU run must never inherit a process's CUDA state
+    ({"argv": ["--platform", "nvidia"]}, True),  # its fork initializes its own driver (or execs cold: below)
+    ({"argv": ["--platform", "rocm"]}, False),  # HIP is mapped at import and cannot be asked
     ({"env": {"OMP_NUM_THREADS": "7"}}, False),  # read when torch loads: the server loaded it at another value
     ({"env": {"PYTHONHASHSEED": "3"}}, False),
     ({"env": {"RLSMOKE_THRESHOLDS_DIR": "/elsewhere", "MASTER_PORT": "1234"}}, True),  # read at run time
@@ -132,7 +133,7 @@ def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(
     ({"command": "verify"}, True),  # the checkpoint tools never touch a GPU
     ({"command": "plan"}, False),
 ])  # fmt: skip
-def test_the_server_forks_only_a_cpu_run_under_the_variables_it_imported_with(server, change, accepted):
+def test_the_server_forks_only_a_cpu_or_nvidia_run_under_the_variables_it_imported_with(server, change, accepted):
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *change.get("argv", [])]
     if change.get("command") == "-c":
         argv[1:3] = ["-c", "import rlsmoke.cli"]
@@ -259,15 +260,50 @@ def test_ranks_do_not_fork_from_a_process_that_initialized_a_gpu_driver(tmp_path
     `torch.cuda.is_available()` initializes it, and a fork's child then fails at its first GPU call. The
     rule asks the driver (its own library, compiled here, stands in for CUDA's) in a fresh process.
     Twin: the same process after cuInit does not fork."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler to build the stand-in driver")
-    (tmp_path / "driver.c").write_text(STAND_IN_DRIVER)
-    library = tmp_path / "libcuda.so.1"
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", library, tmp_path / "driver.c"], check=True)
+    library = _stand_in_driver(tmp_path)
     asked = subprocess.run([sys.executable, "-c", ASK_THE_DRIVER, library], capture_output=True, text=True, timeout=120)
     assert asked.returncode == 0, asked.stderr
     assert asked.stdout.split("\n")[-2] == "(False, True) (True, False)"
+
+
+def _stand_in_driver(folder: Path) -> Path:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in driver")
+    (folder / "driver.c").write_text(STAND_IN_DRIVER)
+    library = folder / "libcuda.so.1"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", library, folder / "driver.c"], check=True)
+    return library
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU host: its own libcuda.so.1 is the driver "
+                    "here (the nvidia suite's runs are forked from the server there)")
+@pytest.mark.parametrize("initialized", [False, True], ids=["driver-untouched", "driver-initialized"])
+def test_an_nvidia_run_forks_only_from_a_server_whose_gpu_driver_is_untouched(tmp_path, initialized):
+    """The server's interpreter maps the stand-in driver as a CUDA build of torch does; in the twin a
+    sitecustomize also initializes it, as a `torch.cuda.is_available()` during the imports would. Its
+    NVIDIA run then execs a fresh interpreter (same pid and output) and says why; either way the run
+    ends as a fresh interpreter's does (on this host: no GPU, exit 2, one error line)."""
+    library = _stand_in_driver(tmp_path)
+    site = tmp_path / "site"
+    site.mkdir()
+    call = "driver.cuInit(0)" if initialized else "pass"
+    (site / "sitecustomize.py").write_text(f"import ctypes\ndriver = ctypes.CDLL({str(library)!r})\n{call}\n")
+    env = {**runner.clean_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "nvidia", "--tiny", "--out", str(tmp_path / "run")]
+    warm = WarmServer.start(env)
+    try:
+        assert warm.accepts(argv, env)
+        proc = runner.Process(argv, env=env, log=tmp_path / "run.log", warm=warm)
+        result = proc.wait(120)
+    finally:
+        warm.stop()
+    log = result.log.read_text()
+    assert isinstance(proc.proc, ForkedRun) and result.returncode == ExitCode.USAGE, log
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: [engine.gpus]"), log
+    cold = "rlsmoke: started cold: the warm server's GPU driver is initialized: a fork could not use it"
+    assert (cold in log) is initialized, log
 
 
 def test_a_mapped_hip_runtime_turns_rank_forks_off(monkeypatch):
