@@ -327,7 +327,8 @@ class Phases:
         how many master parameters hold a grad."""
         held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
                 if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
-        local = [t.local if isinstance(t, _HostShard) else t for t in held]
+        # a DTensor's own is_pinned has no sharding rule in a CUDA build of torch: its shard answers
+        local = [t.local if isinstance(t, _HostShard) else t.to_local() if _is_dtensor(t) else t for t in held]
         return {**self.where, "offload": self.offload, "offload_train": self.offload_train, "phase": self.phase,
                 "pinned": self.copies.pin, "staged": self.copies.staged,
                 "optimizer_devices": sorted({str(t.device) for t in local}),

@@ -1,26 +1,25 @@
 """Warm `rlsmoke run` processes: each one forked from a server that imported the engine once.
 
 A fresh `python -m rlsmoke.cli run` on a CPU host spends about 5 s importing torch and transformers
-before a tiny run that itself takes about 2 s; on an H200 host the imports took 11-20 s a run. The
-server (`python -m rlsmoke.launch.warm SOCKET`) imports them once; a run is then a fork of it with the caller's argv, environment, working folder and
+before a tiny run that itself takes about 2 s. The server (`python -m rlsmoke.launch.warm SOCKET`)
+imports them once; a run is then a fork of it with the caller's argv, environment, working folder and
 output pipe, in a session of its own, and it exits with the status a fresh interpreter would give.
 `launch.runner` ends a forked run's tree as it ends a spawned one's (its session, then its token).
 
 A run is forked only where that gives the same run as a fresh interpreter (`WarmServer.accepts`):
-`-m rlsmoke.cli run` on the CPU or the NVIDIA platform, or `prepare` / `verify` (the checkpoint
-tools, which never touch a GPU), under the server's values of every variable read while modules
-import (thread counts, torch's, the hub's, Python's own). The server imports a CUDA build of torch
-without initializing the driver, so an NVIDIA run's fork initializes its own under its own visible
-devices, as a fresh interpreter does; should anything the server imported have initialized it, the
-fork execs a fresh interpreter instead (`gpu_fork_refusal`). ROCm runs are spawned: HIP's runtime is
-mapped as torch imports and cannot be asked whether it was initialized. PYTHONPATH may differ: the fork
+`-m rlsmoke.cli run` on the CPU platform (no CUDA state to inherit) or `prepare` / `verify` (the
+checkpoint tools, which never touch a GPU), under the server's values of every variable read while
+modules import (thread counts, torch's, the hub's, Python's own). PYTHONPATH may differ: the fork
 searches its cwd, then that PYTHONPATH, then the rest, as `python -m` does, unless a folder it adds
 holds a module the server imported (or a sitecustomize) or a folder it drops is one the server
 imported from; then it execs a fresh interpreter in place and says so. Any other command is spawned
 as before. The server ends when the process that started it does (its stdin closes; on Linux also
 PR_SET_PDEATHSIG, which reaches it while it still imports), so it never outlives its session.
-One difference stays: every fork shares the server's string-hash seed, where fresh interpreters each
-draw one; nothing in a run depends on it.
+On a host with a GPU, should the server's imports have initialized its driver, a run's fork could not
+use CUDA (torch refuses: "Cannot re-initialize CUDA in forked subprocess", even for a CPU run's first
+CUDA query) where a fresh interpreter can: then each `run` execs a fresh interpreter in place
+(`driver_refusal`). One difference stays: every fork shares the server's string-hash seed, where fresh
+interpreters each draw one; nothing in a run depends on it.
 """
 
 from __future__ import annotations
@@ -41,16 +40,15 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rlsmoke.engine.procs import HEAVY_MODULES
+from rlsmoke.engine.procs import HEAVY_MODULES, gpu_driver_initialized
 
 _PARENT_VAR = "RLSMOKE_WARM_PARENT"
 SERVER_VAR = "RLSMOKE_RUN_SERVER"  # the socket of a session's server: nested sessions fork from it too
 MODULE = "rlsmoke.cli"
-CPU_COMMANDS = ("run", "prepare", "verify")  # `run` only on FORKED_PLATFORMS; the checkpoint tools never use a GPU
-FORKED_PLATFORMS = ("cpu", "nvidia")
+CPU_COMMANDS = ("run", "prepare", "verify")  # `run` only with --platform cpu; the checkpoint tools never use a GPU
 # Read at interpreter start or while modules import (OpenMP and BLAS as they load, torch's and the hub's
 # settings): a fork of a server started under other values would differ. GPU variables are not here:
-# the driver reads them as it initializes, in the fork.
+# forks are CPU runs, and the server never touches a GPU.
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH_", "PYTORCH_", "TRANSFORMERS_",
                         "HF_", "LD_", "MALLOC_")  # fmt: skip
 # The interpreter's own, read as it starts (PYTHONUNBUFFERED is applied to each fork's output instead;
@@ -181,8 +179,8 @@ class WarmServer:
         if not (len(argv) > 3 and argv[0] == sys.executable and list(argv[1:3]) == ["-m", MODULE]
                 and argv[3] in CPU_COMMANDS):  # fmt: skip
             return f"not `{sys.executable} -m {MODULE}` {' | '.join(CPU_COMMANDS)}"
-        if argv[3] == "run" and _platform(argv) not in FORKED_PLATFORMS:
-            return f"not a --platform {' | '.join(FORKED_PLATFORMS)} run"
+        if argv[3] == "run" and _platform(argv) != "cpu":
+            return "not a --platform cpu run"
         theirs = import_time_env(env)
         differ = sorted(k for k in theirs.keys() | self.import_env.keys()
                         if theirs.get(k) != self.import_env.get(k) and k not in FORK_SETTLED_VARS)  # fmt: skip
@@ -387,6 +385,9 @@ def _accept(conn: socket.socket, listener, server_fds, runs) -> int | None:
     sys.stdout.flush()
     sys.stderr.flush()
     in_session_r, in_session_w = os.pipe()
+    # asked here, before the fork: on an H200 a fork of a server that had initialized CUDA did not read
+    # as initialized in the child
+    request["driver_initialized"] = gpu_driver_initialized()
     pid = os.fork()
     if pid == 0:
         os.close(in_session_r)
@@ -431,8 +432,8 @@ def _run_child(request: dict, outputs: list[int], conn: socket.socket, server_fd
         os.environ.update(env)
         os.chdir(request["cwd"])
         cold = _fresh_search_path(server_path, env.get("PYTHONPATH", ""))
-        if not cold and request["argv"][3] == "run" and _platform(request["argv"]) != "cpu":
-            cold = gpu_fork_refusal()
+        if not cold and request["argv"][3] == "run":  # the checkpoint tools never touch a GPU
+            cold = driver_refusal(request.get("driver_initialized", False))
         if cold:  # this interpreter cannot be the run's: become a fresh one, same pid, session and output
             print(f"rlsmoke: started cold: {cold}", file=sys.stderr, flush=True)
             os.execve(request["argv"][0], request["argv"], env)
@@ -445,12 +446,15 @@ def _run_child(request: dict, outputs: list[int], conn: socket.socket, server_fd
         os._exit(_shutdown(code))
 
 
-def gpu_fork_refusal() -> str:
-    """Why a GPU run cannot be this process's fork; "" when it can: no GPU driver initialized here
-    (a child inherits an initialized CUDA driver unusable), so the run initializes its own."""
-    from rlsmoke.engine.procs import gpu_driver_initialized
-
-    return "the warm server's GPU driver is initialized: a fork could not use it" if gpu_driver_initialized() else ""
+def driver_refusal(server_initialized_it: bool) -> str:
+    """Why this fork cannot be the run (its GPU driver is the server's, initialized); "" when it can.
+    Two views of one fact: the server's driver, asked before the fork, and torch's own mark on a child
+    forked after its CUDA start."""
+    torch = sys.modules.get("torch")
+    bad_fork = torch is not None and bool(getattr(torch.cuda, "_is_in_bad_fork", lambda: False)())
+    if server_initialized_it or bad_fork:
+        return "the warm server's GPU driver is initialized: a fork could not use CUDA"
+    return ""
 
 
 def _path_entries(pythonpath: str) -> list[str]:
