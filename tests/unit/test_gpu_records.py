@@ -153,7 +153,12 @@ SUITE_FRESH = ROOT / "docs" / "runs" / "2026-12-03-h200-suite-fresh"
 # bench/gpu_h200_round.sh in one call: at 1a177c3 whole; at 94828b7 on a slower host, its suite cut by the budget
 ROUND_1A177C3 = ROOT / "docs" / "runs" / "2026-12-03-h200-round-1a177c3"
 ROUND_94828B7 = ROOT / "docs" / "runs" / "2026-12-03-h200-round-94828b7"
-SUITES_WITH_FLASH = [SUITE_WITH_FLASH, SUITE_VARIANTS, SUITE_READ, SUITE_FRESH, ROUND_1A177C3 / "suite"]
+# on slow hosts: at da7505e whole; at 15b542d with the megatron model allocated on the GPU (its suite
+# failed at once on forked GPU runs, taken back)
+ROUND_DA7505E = ROOT / "docs" / "runs" / "2026-12-03-h200-round-da7505e"
+ROUND_15B542D = ROOT / "docs" / "runs" / "2026-12-03-h200-round-15b542d"
+SUITES_WITH_FLASH = [SUITE_WITH_FLASH, SUITE_VARIANTS, SUITE_READ, SUITE_FRESH, ROUND_1A177C3 / "suite",
+                     ROUND_DA7505E / "suite"]  # fmt: skip
 
 
 @pytest.mark.parametrize("run", SUITES_WITH_FLASH)
@@ -240,7 +245,8 @@ def test_the_h200_suite_passes_within_150_s_in_three_processes():
     assert len(commands) == 3 and sum("--variants" in c for c in commands) == 2, commands
 
 
-@pytest.mark.parametrize("round_dir", [ROUND, ROUND_1A177C3, ROUND_94828B7], ids=["e9d1098", "1a177c3", "94828b7"])
+@pytest.mark.parametrize("round_dir", [ROUND, ROUND_1A177C3, ROUND_94828B7, ROUND_DA7505E, ROUND_15B542D],
+                         ids=["e9d1098", "1a177c3", "94828b7", "da7505e", "15b542d"])  # fmt: skip
 def test_flash_repeat_3_on_one_h200_at_the_read_path(round_dir):
     """The done-when of Flash on one H200, at each round: --repeat 3 passes, each seed within 15 s, on
     fla, the estimate (the initial weights on the device included) within the rule."""
@@ -278,3 +284,45 @@ def test_a_cuda_build_maps_the_driver_at_import_and_initializes_it_at_the_first_
     lines = (ROUND_94828B7 / "probe.txt").read_text().splitlines()
     assert "after import torch: initialized False fork_is_safe True" in lines
     assert "after is_available: initialized True fork_is_safe False" in lines
+
+
+def _first_step(run: Path) -> dict:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return next(row["metrics"] for row in rows if row["kind"] == "step")
+
+
+def test_the_megatron_model_allocated_on_the_gpu_loads_glm5_within_10_s_on_a_slow_host():
+    """Built on the host and copied, the GPTModel took 5.4 of GLM-5's 13.3 s load on a slow H200 host
+    (da7505e); allocated on the GPU, 1.5 of 6.7 s on a host as slow (15b542d). The first step reads the
+    same values (the grad norm moves in its fifth digit between any two GPU runs)."""
+    host_built = _summary(ROUND_DA7505E / "runs" / "glm5-megatron")["timing"]
+    on_device = _summary(ROUND_15B542D / "runs" / "glm5-megatron")["timing"]
+    assert host_built["load_s"] > 10 and host_built["load_phases_s"]["build"] > 5
+    assert on_device["load_s"] <= 10 and on_device["load_phases_s"]["build"] < 2
+    before, after = (_first_step(r / "runs" / "glm5-megatron") for r in (ROUND_DA7505E, ROUND_15B542D))
+    for key in ("train/train_rollout_logprob_abs_diff", "train/train_rollout_logprob_abs_diff_max",
+                "train/train_rollout_kl"):  # fmt: skip
+        assert after[key] == pytest.approx(before[key], rel=1e-6), key
+    assert after["train/grad_norm"] == pytest.approx(before["train/grad_norm"], rel=1e-4)
+
+
+def test_on_a_slow_host_the_suite_spends_11_to_20_s_a_process_importing_and_passes_150_s():
+    """Why the 150 s bound of the suite depends on the host: at da7505e on a host half as fast as 1a177c3's
+    the suite passed in 161 s, each of its three processes importing for 11-20 s before its run began."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(ROUND_DA7505E / "suite" / "junit-nvidia.xml").getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    assert int(suite.get("tests")) == 9 and int(suite.get("failures")) == int(suite.get("skipped")) == 0
+    assert float(suite.get("time")) > 150
+    imports = {_summary(folder)["timing"]["process_s"]["engine import"]
+               for folder in (ROUND_DA7505E / "suite").iterdir() if (folder / "summary.json").exists()}  # fmt: skip
+    assert len(imports) == 3 and all(11 <= seconds <= 20 for seconds in imports), imports
+
+
+def test_a_gpu_run_forked_from_a_server_that_initialized_cuda_dies_at_its_first_cuda_call():
+    """At 15b542d the suite forked its GPU runs from the warm server, whose imports had initialized CUDA
+    on the H200 (the child's own check could not see it): the first run died at once. GPU runs are
+    spawned since; a fork now asks the server before it forks (test_warm_runs)."""
+    log = (ROUND_15B542D / "suite" / "pytest.txt").read_text()
+    assert "Cannot re-initialize CUDA in forked subprocess" in log and "1 failed" in log
