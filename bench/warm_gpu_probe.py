@@ -1,7 +1,8 @@
 """Which of the warm server's imports initializes the GPU driver (a fork's child then cannot use CUDA).
 
-Imports `launch.warm.PRELOAD` in order, as the server does, and writes after each whether the driver
-is initialized, with the stack of every call that reaches torch's device count or lazy init.
+Imports `launch.warm.preload_modules()` in order, as the server does, then the modules it leaves to the
+runs where fla is installed, and writes after each whether the driver is initialized, with the stack
+of every call that reaches torch's device count or lazy init.
     python3 bench/warm_gpu_probe.py OUT_FILE
 """
 
@@ -33,7 +34,8 @@ torch.cuda._lazy_init = spy("torch.cuda._lazy_init", torch.cuda._lazy_init)
 
 from rlsmoke.launch import warm  # noqa: E402
 
-for module in warm.PRELOAD:
+# what the server imports, then what it leaves to the runs where fla is installed
+for module in (*warm.preload_modules(), *warm.ASKS_THE_DEVICE_WITH_FLA):
     t0 = time.perf_counter()
     try:
         importlib.import_module(module)

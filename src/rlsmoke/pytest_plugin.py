@@ -165,8 +165,9 @@ def _warm_server(config: pytest.Config):
     """The session's `launch.warm.WarmServer` on a CPU host (an outer session's, when nested); else None.
 
     GPU runs must not inherit a process's CUDA state: they are never forked. Their imports are not noise
-    (11-20 s of each 35-75 s test on an H200), but there the server's own imports initialized CUDA, which
-    would leave every fork unable to use it; `bench/warm_gpu_probe.py` names the import that does.
+    (11-20 s of each 35-75 s test on an H200), but there the server's imports initialized CUDA (fla's,
+    since left to the runs: `launch.warm.preload_modules`); forks of GPU runs wait for a GPU round
+    that shows the server untouched (`bench/warm_gpu_probe.py`).
     """
     if config.getoption("cold_runs", False) or _host(config).platform != "cpu":
         return None

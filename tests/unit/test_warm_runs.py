@@ -304,6 +304,22 @@ def test_a_run_forks_only_from_a_server_whose_gpu_driver_is_untouched(tmp_path, 
     assert (cold in log) is initialized, log
 
 
+def test_where_fla_is_installed_the_server_leaves_flash_s_modeling_to_the_run(monkeypatch):
+    """transformers' GLM-5.3-Flash modeling imports fla, which asks the GPU's name as it imports: preloaded
+    on the H200, it initialized CUDA in the server (docs/runs/2026-12-03-h200-round-15b542d)."""
+    import importlib.util
+
+    from rlsmoke.launch import warm
+
+    flash = "transformers.models.glm5_next.modeling_glm5_next"
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else found(name, *a))
+    assert warm.preload_modules() == warm.PRELOAD and flash in warm.PRELOAD
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "fla" else found(name, *a))
+    assert flash not in warm.preload_modules()
+    assert set(warm.PRELOAD) - set(warm.preload_modules()) == {flash}
+
+
 def test_torch_s_own_bad_fork_mark_makes_a_run_start_cold(monkeypatch):
     """The other view of the same fact: torch marks a child forked after its CUDA start."""
     import torch

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import select
@@ -290,12 +291,25 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
 # --- the server ------------------------------------------------------------------------------------
 
 
+# Modules that initialize the GPU driver as they import, where fla is installed: transformers' GLM-5.3-Flash
+# modeling imports fla for its KDA kernels, and fla asks the device's name and capability as it imports.
+# Preloaded, they would leave every fork unable to use CUDA; the run imports them itself.
+ASKS_THE_DEVICE_WITH_FLA = ("transformers.models.glm5_next.modeling_glm5_next",)
+
+
+def preload_modules() -> tuple[str, ...]:
+    """What the server imports: PRELOAD, less what would initialize a GPU driver on this host."""
+    if importlib.util.find_spec("fla") is None:
+        return PRELOAD
+    return tuple(name for name in PRELOAD if name not in ASKS_THE_DEVICE_WITH_FLA)
+
+
 def _preload() -> None:
     import warnings
 
     with warnings.catch_warnings():  # megatron-core's notes on missing extras: a fork that imports it says them
         warnings.simplefilter("ignore")
-        for name in PRELOAD:
+        for name in preload_modules():
             try:
                 importlib.import_module(name)
             except ImportError:  # an optional part (megatron-core) that is not installed
