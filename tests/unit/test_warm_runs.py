@@ -320,6 +320,20 @@ def test_where_fla_is_installed_the_server_leaves_flash_s_modeling_to_the_run(mo
     assert set(warm.PRELOAD) - set(warm.preload_modules()) == {flash}
 
 
+def test_where_proc_cannot_list_the_libraries_only_a_gpu_build_counts_as_initialized(monkeypatch):
+    """No /proc (macOS): the driver rule's own answer is yes, which would start every CPU run cold."""
+    import torch
+
+    from rlsmoke.launch import warm
+
+    monkeypatch.setattr(warm, "mapped_libraries", lambda prefixes: None)
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert not warm._driver_initialized()
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert warm._driver_initialized()
+
+
 def test_torch_s_own_bad_fork_mark_makes_a_run_start_cold(monkeypatch):
     """The other view of the same fact: torch marks a child forked after its CUDA start."""
     import torch

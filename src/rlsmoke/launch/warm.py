@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rlsmoke.engine.procs import HEAVY_MODULES, gpu_driver_initialized
+from rlsmoke.engine.procs import HEAVY_MODULES, gpu_driver_initialized, mapped_libraries
 
 _PARENT_VAR = "RLSMOKE_WARM_PARENT"
 SERVER_VAR = "RLSMOKE_RUN_SERVER"  # the socket of a session's server: nested sessions fork from it too
@@ -401,7 +401,7 @@ def _accept(conn: socket.socket, listener, server_fds, runs) -> int | None:
     in_session_r, in_session_w = os.pipe()
     # asked here, before the fork: on an H200 a fork of a server that had initialized CUDA did not read
     # as initialized in the child
-    request["driver_initialized"] = gpu_driver_initialized()
+    request["driver_initialized"] = _driver_initialized()
     pid = os.fork()
     if pid == 0:
         os.close(in_session_r)
@@ -458,6 +458,15 @@ def _run_child(request: dict, outputs: list[int], conn: socket.socket, server_fd
         traceback.print_exc()
     finally:
         os._exit(_shutdown(code))
+
+
+def _driver_initialized() -> bool:
+    """`gpu_driver_initialized()`, which answers yes where /proc cannot list the process's libraries;
+    there only a GPU build of torch could have started a driver (a CPU build's forks stay warm)."""
+    if mapped_libraries(()) is not None:
+        return gpu_driver_initialized()
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.version.cuda or torch.version.hip)
 
 
 def driver_refusal(server_initialized_it: bool) -> str:
