@@ -1,8 +1,8 @@
 """Which of the warm server's imports initializes the GPU driver (a fork's child then cannot use CUDA).
 
-Imports `launch.warm.preload_modules()` in order, as the server does, then the modules it leaves to the
-runs where fla is installed, and writes after each whether the driver is initialized, with the stack
-of every call that reaches torch's device count or lazy init.
+Imports `launch.warm.PRELOAD` less what `engine.procs.preloadable` leaves to the runs, in order, as the
+server does, then what it leaves to them, and writes after each whether the driver is initialized,
+with the stack of every call that reaches torch's device count or lazy init.
     python3 bench/warm_gpu_probe.py OUT_FILE
 """
 
@@ -15,7 +15,7 @@ out = open(sys.argv[1], "w", buffering=1)  # noqa: SIM115 - line by line: a cut 
 
 import torch  # noqa: E402
 
-from rlsmoke.engine.procs import gpu_driver_initialized  # noqa: E402
+from rlsmoke.engine.procs import ASK_THE_DEVICE_WITH_FLA, gpu_driver_initialized, preloadable  # noqa: E402
 
 
 def spy(name, fn):
@@ -35,7 +35,7 @@ torch.cuda._lazy_init = spy("torch.cuda._lazy_init", torch.cuda._lazy_init)
 from rlsmoke.launch import warm  # noqa: E402
 
 # what the server imports, then what it leaves to the runs where fla is installed
-for module in (*warm.preload_modules(), *warm.ASKS_THE_DEVICE_WITH_FLA):
+for module in (*preloadable(warm.PRELOAD), *ASK_THE_DEVICE_WITH_FLA):
     t0 = time.perf_counter()
     try:
         importlib.import_module(module)

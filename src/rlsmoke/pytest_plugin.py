@@ -166,7 +166,7 @@ def _warm_server(config: pytest.Config):
 
     GPU runs must not inherit a process's CUDA state: they are never forked. Their imports are not noise
     (11-20 s of each 35-75 s test on an H200), but there the server's imports initialized CUDA (fla's,
-    since left to the runs: `launch.warm.preload_modules`); forks of GPU runs wait for a GPU round
+    since left to the runs: `engine.procs.preloadable`); forks of GPU runs wait for a GPU round
     that shows the server untouched (`bench/warm_gpu_probe.py`).
     """
     if config.getoption("cold_runs", False) or _host(config).platform != "cpu":

@@ -304,34 +304,39 @@ def test_a_run_forks_only_from_a_server_whose_gpu_driver_is_untouched(tmp_path, 
     assert (cold in log) is initialized, log
 
 
-def test_where_fla_is_installed_the_server_leaves_flash_s_modeling_to_the_run(monkeypatch):
+def test_where_fla_is_installed_no_fork_parent_imports_flash_s_modeling_ahead(monkeypatch):
     """transformers' GLM-5.3-Flash modeling imports fla, which asks the GPU's name as it imports: preloaded
-    on the H200, it initialized CUDA in the server (docs/runs/2026-12-03-h200-round-15b542d)."""
+    on the H200, it initialized CUDA in the warm server (docs/runs/2026-12-03-h200-round-15b542d). The
+    warm server, the ranks' fork server and a driver forking its CPU ranks all import through `preloadable`."""
     import importlib.util
 
+    from rlsmoke.engine import procs
     from rlsmoke.launch import warm
 
     flash = "transformers.models.glm5_next.modeling_glm5_next"
     found = importlib.util.find_spec
+    monkeypatch.setitem(sys.modules, flash, sys.modules.get(flash) or object())  # imported by the driver
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else found(name, *a))
-    assert warm.preload_modules() == warm.PRELOAD and flash in warm.PRELOAD
+    assert procs.preloadable(warm.PRELOAD) == warm.PRELOAD and flash in warm.PRELOAD
+    assert flash in procs.server_preload()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "fla" else found(name, *a))
-    assert flash not in warm.preload_modules()
-    assert set(warm.PRELOAD) - set(warm.preload_modules()) == {flash}
+    assert set(warm.PRELOAD) - set(procs.preloadable(warm.PRELOAD)) == {flash}
+    assert flash not in procs.server_preload()
 
 
 def test_where_proc_cannot_list_the_libraries_only_a_gpu_build_counts_as_initialized(monkeypatch):
-    """No /proc (macOS): the driver rule's own answer is yes, which would start every CPU run cold."""
+    """No /proc (macOS): a CPU build of torch cannot have started a driver, so the warm server's forks
+    and the driver's rank forks stay on; a GPU build's cannot be asked, so they go off."""
     import torch
 
-    from rlsmoke.launch import warm
+    from rlsmoke.engine import procs
 
-    monkeypatch.setattr(warm, "mapped_libraries", lambda prefixes: None)
+    monkeypatch.setattr(procs, "mapped_libraries", lambda prefixes: None)
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build
     monkeypatch.setattr(torch.version, "hip", None)
-    assert not warm._driver_initialized()
+    assert not procs.gpu_driver_initialized()
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    assert warm._driver_initialized()
+    assert procs.gpu_driver_initialized()
 
 
 def test_torch_s_own_bad_fork_mark_makes_a_run_start_cold(monkeypatch):

@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import gc
 import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -39,6 +40,19 @@ HEAVY_MODULES = (
     "megatron.core",
     "megatron.core.models.gpt",
 )
+# Where fla is installed these initialize the GPU driver as they import: transformers' GLM-5.3-Flash modeling
+# imports fla for its KDA kernels, and fla asks the device's name and capability as it imports. Imported
+# ahead of a fork (a fork server's preload, a driver's before its ranks fork), they would leave every child
+# unable to use CUDA; the process that runs them imports them itself.
+ASK_THE_DEVICE_WITH_FLA = ("transformers.models.glm5_next.modeling_glm5_next",)
+
+
+def preloadable(names) -> tuple[str, ...]:
+    """`names` less what would initialize a GPU driver as it imports on this host: what a process that
+    forks may import ahead of its children."""
+    if importlib.util.find_spec("fla") is None:
+        return tuple(names)
+    return tuple(name for name in names if name not in ASK_THE_DEVICE_WITH_FLA)
 
 
 class _DriverFd:
@@ -86,7 +100,7 @@ class RankContext(mp_context.ForkServerContext):
 
 def server_preload(rank_modules: tuple[str, ...] = ()) -> list[str]:
     """What the fork server imports: the heavy modules and the ranks' own that the driver has imported."""
-    return [SERVER_SETUP, *(name for name in (*HEAVY_MODULES, *rank_modules) if name in sys.modules)]
+    return [SERVER_SETUP, *(name for name in preloadable((*HEAVY_MODULES, *rank_modules)) if name in sys.modules)]
 
 
 def _import_if_installed(name: str) -> None:
@@ -165,7 +179,10 @@ def mapped_libraries(prefixes: tuple[str, ...]) -> dict[str, str] | None:
 def gpu_driver_initialized() -> bool:
     """Whether this process has initialized a GPU driver that a fork's child would inherit unusable."""
     mapped = mapped_libraries((CUDA_DRIVER, HIP_RUNTIME))
-    if mapped is None or HIP_RUNTIME in mapped:
+    if mapped is None:  # /proc cannot say: only a GPU build of torch could have started one
+        torch = sys.modules.get("torch")
+        return torch is None or bool(torch.version.cuda or torch.version.hip)
+    if HIP_RUNTIME in mapped:
         return True
     if CUDA_DRIVER not in mapped:
         return False
@@ -214,7 +231,7 @@ def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> 
     """
     if cpu_only and fork_is_safe():
         megatron = any(name.startswith("rlsmoke.engine.megatron") for name in rank_modules)
-        for name in (*HEAVY_MODULES, *rank_modules):
+        for name in preloadable((*HEAVY_MODULES, *rank_modules)):
             if megatron or not name.startswith("megatron"):
                 _import_if_installed(name)
         return mp_context._default_context.get_context("fork")

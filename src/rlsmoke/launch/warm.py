@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import importlib.util
 import json
 import os
 import select
@@ -41,7 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rlsmoke.engine.procs import HEAVY_MODULES, gpu_driver_initialized, mapped_libraries
+from rlsmoke.engine.procs import HEAVY_MODULES, gpu_driver_initialized, preloadable
 
 _PARENT_VAR = "RLSMOKE_WARM_PARENT"
 SERVER_VAR = "RLSMOKE_RUN_SERVER"  # the socket of a session's server: nested sessions fork from it too
@@ -291,25 +290,12 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
 # --- the server ------------------------------------------------------------------------------------
 
 
-# Modules that initialize the GPU driver as they import, where fla is installed: transformers' GLM-5.3-Flash
-# modeling imports fla for its KDA kernels, and fla asks the device's name and capability as it imports.
-# Preloaded, they would leave every fork unable to use CUDA; the run imports them itself.
-ASKS_THE_DEVICE_WITH_FLA = ("transformers.models.glm5_next.modeling_glm5_next",)
-
-
-def preload_modules() -> tuple[str, ...]:
-    """What the server imports: PRELOAD, less what would initialize a GPU driver on this host."""
-    if importlib.util.find_spec("fla") is None:
-        return PRELOAD
-    return tuple(name for name in PRELOAD if name not in ASKS_THE_DEVICE_WITH_FLA)
-
-
 def _preload() -> None:
     import warnings
 
     with warnings.catch_warnings():  # megatron-core's notes on missing extras: a fork that imports it says them
         warnings.simplefilter("ignore")
-        for name in preload_modules():
+        for name in preloadable(PRELOAD):  # nothing that would start the GPU driver its forks inherit
             try:
                 importlib.import_module(name)
             except ImportError:  # an optional part (megatron-core) that is not installed
@@ -401,7 +387,7 @@ def _accept(conn: socket.socket, listener, server_fds, runs) -> int | None:
     in_session_r, in_session_w = os.pipe()
     # asked here, before the fork: on an H200 a fork of a server that had initialized CUDA did not read
     # as initialized in the child
-    request["driver_initialized"] = _driver_initialized()
+    request["driver_initialized"] = gpu_driver_initialized()
     pid = os.fork()
     if pid == 0:
         os.close(in_session_r)
@@ -458,15 +444,6 @@ def _run_child(request: dict, outputs: list[int], conn: socket.socket, server_fd
         traceback.print_exc()
     finally:
         os._exit(_shutdown(code))
-
-
-def _driver_initialized() -> bool:
-    """`gpu_driver_initialized()`, which answers yes where /proc cannot list the process's libraries;
-    there only a GPU build of torch could have started a driver (a CPU build's forks stay warm)."""
-    if mapped_libraries(()) is not None:
-        return gpu_driver_initialized()
-    torch = sys.modules.get("torch")
-    return torch is not None and bool(torch.version.cuda or torch.version.hip)
 
 
 def driver_refusal(server_initialized_it: bool) -> str:
