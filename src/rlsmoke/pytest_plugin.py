@@ -133,15 +133,15 @@ def _may_launch(item: pytest.Item) -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The warm run server starts with the session on a CPU host: it imports (8 s) on the core that
+    """The warm run server starts with the session on a CPU or NVIDIA host: it imports (8 s) on the core that
     collection (single-threaded, 4-5 s) leaves idle, and is stopped at the end of collection if no
     selected test launches a run. An xdist controller starts the one its workers share: they start
     after this hook, with its address in their environment. A session that has one in its environment
     (a worker, a nested session) attaches to it when its tests are collected."""
-    from rlsmoke.launch.warm import SERVER_VAR
+    from rlsmoke.launch.warm import FORKED_PLATFORMS, SERVER_VAR
 
     config = session.config
-    if not _listing(config) and not os.environ.get(SERVER_VAR) and _host(config).platform == "cpu":
+    if not _listing(config) and not os.environ.get(SERVER_VAR) and _host(config).platform in FORKED_PLATFORMS:
         _warm_server(config)
 
 
@@ -152,8 +152,10 @@ def _listing(config: pytest.Config) -> bool:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Keep the warm run server only if a selected test will launch a run (it imports while others run)."""
+    from rlsmoke.launch.warm import FORKED_PLATFORMS
+
     config = session.config
-    if _host(config).platform != "cpu" or _listing(config):
+    if _host(config).platform not in FORKED_PLATFORMS or _listing(config):
         return
     if any(_may_launch(item) for item in session.items):
         _warm_server(config)  # none with --cold-runs
@@ -162,14 +164,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _warm_server(config: pytest.Config):
-    """The session's `launch.warm.WarmServer` on a CPU host (an outer session's, when nested); else None.
+    """The session's `launch.warm.WarmServer` on a CPU or NVIDIA host (an outer session's, when nested);
+    else None.
 
-    GPU runs must not inherit a process's CUDA state: they are never forked. Their imports are not noise
-    (11-20 s of each 35-75 s test on an H200), but there the server's imports initialized CUDA (fla's,
-    since left to the runs: `engine.procs.preloadable`); forks of GPU runs wait for a GPU round
-    that shows the server untouched (`bench/warm_gpu_probe.py`).
+    A GPU run's imports took 11-20 s of each 35-75 s test on an H200. The server never initializes
+    the GPU driver (fla's import would: `engine.procs.preloadable` leaves it to the runs), so a GPU
+    run's fork initializes its own; where it has been initialized all the same, each run execs a
+    fresh interpreter (`launch.warm.driver_refusal`). ROCm runs are spawned (`launch.warm` says why).
     """
-    if config.getoption("cold_runs", False) or _host(config).platform != "cpu":
+    from rlsmoke.launch.warm import FORKED_PLATFORMS
+
+    if config.getoption("cold_runs", False) or _host(config).platform not in FORKED_PLATFORMS:
         return None
     if _WARM not in config.stash:
         from rlsmoke.launch.runner import clean_env

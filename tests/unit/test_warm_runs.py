@@ -122,7 +122,8 @@ def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(
 
 @pytest.mark.parametrize("change, accepted", [
     ({}, True),
-    ({"argv": ["--platform", "nvidia"]}, False),  # a GPU run must never inherit a process's CUDA state
+    ({"argv": ["--platform", "nvidia"]}, True),  # its fork initializes its own driver (or execs cold: below)
+    ({"argv": ["--platform", "rocm"]}, False),  # HIP is mapped as torch imports and cannot be asked
     ({"env": {"OMP_NUM_THREADS": "7"}}, False),  # read when torch loads: the server loaded it at another value
     ({"env": {"PYTHONHASHSEED": "3"}}, False),
     ({"env": {"RLSMOKE_THRESHOLDS_DIR": "/elsewhere", "MASTER_PORT": "1234"}}, True),  # read at run time
@@ -132,7 +133,7 @@ def test_a_fork_is_its_own_session_and_sigterm_stops_it_as_it_stops_a_fresh_run(
     ({"command": "verify"}, True),  # the checkpoint tools never touch a GPU
     ({"command": "plan"}, False),
 ])  # fmt: skip
-def test_the_server_forks_only_a_cpu_run_under_the_variables_it_imported_with(server, change, accepted):
+def test_the_server_forks_only_a_cpu_or_nvidia_run_under_the_variables_it_imported_with(server, change, accepted):
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *change.get("argv", [])]
     if change.get("command") == "-c":
         argv[1:3] = ["-c", "import rlsmoke.cli"]

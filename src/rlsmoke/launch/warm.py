@@ -1,14 +1,14 @@
 """Warm `rlsmoke run` processes: each one forked from a server that imported the engine once.
 
 A fresh `python -m rlsmoke.cli run` on a CPU host spends about 5 s importing torch and transformers
-before a tiny run that itself takes about 2 s. The server (`python -m rlsmoke.launch.warm SOCKET`)
+before a tiny run that itself takes about 2 s; on an H200 host the imports took 11-20 s of a run. The server (`python -m rlsmoke.launch.warm SOCKET`)
 imports them once; a run is then a fork of it with the caller's argv, environment, working folder and
 output pipe, in a session of its own, and it exits with the status a fresh interpreter would give.
 `launch.runner` ends a forked run's tree as it ends a spawned one's (its session, then its token).
 
 A run is forked only where that gives the same run as a fresh interpreter (`WarmServer.accepts`):
-`-m rlsmoke.cli run` on the CPU platform (no CUDA state to inherit) or `prepare` / `verify` (the
-checkpoint tools, which never touch a GPU), under the server's values of every variable read while
+`-m rlsmoke.cli run` on the CPU or the NVIDIA platform, or `prepare` / `verify` (the checkpoint
+tools, which never touch a GPU), under the server's values of every variable read while
 modules import (thread counts, torch's, the hub's, Python's own). PYTHONPATH may differ: the fork
 searches its cwd, then that PYTHONPATH, then the rest, as `python -m` does, unless a folder it adds
 holds a module the server imported (or a sitecustomize) or a folder it drops is one the server
@@ -45,10 +45,13 @@ from rlsmoke.engine.procs import HEAVY_MODULES, gpu_driver_initialized, preloada
 _PARENT_VAR = "RLSMOKE_WARM_PARENT"
 SERVER_VAR = "RLSMOKE_RUN_SERVER"  # the socket of a session's server: nested sessions fork from it too
 MODULE = "rlsmoke.cli"
-CPU_COMMANDS = ("run", "prepare", "verify")  # `run` only with --platform cpu; the checkpoint tools never use a GPU
+CPU_COMMANDS = ("run", "prepare", "verify")  # `run` only on FORKED_PLATFORMS; the checkpoint tools never use a GPU
+# An NVIDIA run's fork initializes its own driver (the server never does: `driver_refusal` checks).
+# ROCm runs are spawned: HIP's runtime is mapped as torch imports and cannot be asked.
+FORKED_PLATFORMS = ("cpu", "nvidia")
 # Read at interpreter start or while modules import (OpenMP and BLAS as they load, torch's and the hub's
 # settings): a fork of a server started under other values would differ. GPU variables are not here:
-# forks are CPU runs, and the server never touches a GPU.
+# the driver reads them as it initializes, in the fork (the server never initializes it).
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH_", "PYTORCH_", "TRANSFORMERS_",
                         "HF_", "LD_", "MALLOC_")  # fmt: skip
 # The interpreter's own, read as it starts (PYTHONUNBUFFERED is applied to each fork's output instead;
@@ -179,8 +182,8 @@ class WarmServer:
         if not (len(argv) > 3 and argv[0] == sys.executable and list(argv[1:3]) == ["-m", MODULE]
                 and argv[3] in CPU_COMMANDS):  # fmt: skip
             return f"not `{sys.executable} -m {MODULE}` {' | '.join(CPU_COMMANDS)}"
-        if argv[3] == "run" and _platform(argv) != "cpu":
-            return "not a --platform cpu run"
+        if argv[3] == "run" and _platform(argv) not in FORKED_PLATFORMS:
+            return f"not a --platform {' | '.join(FORKED_PLATFORMS)} run"
         theirs = import_time_env(env)
         differ = sorted(k for k in theirs.keys() | self.import_env.keys()
                         if theirs.get(k) != self.import_env.get(k) and k not in FORK_SETTLED_VARS)  # fmt: skip
