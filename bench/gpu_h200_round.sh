@@ -18,10 +18,15 @@ timed() {  # timed NAME CMD...: its seconds and exit status into timing.txt, its
   "$@" > "$work/$name.txt" 2>&1; local rc=$?
   echo "$name: $(( $(date +%s) - t0 )) s, exit $rc" | tee -a "$work/timing.txt"
 }
+gpu_idle() {  # a step cut by its timeout may leave a run that still holds the GPU for a few seconds
+  for _ in $(seq 60); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return; sleep 1; done
+}
 timed suite timeout $(( $(left) - 200 )) bash bench/gpu_h200_suite.sh "$work/suite" "$@"
+gpu_idle
 . bench/gpu_h200_setup.sh
 one=(--platform nvidia --num-gpus 1)
 timed flash-repeat3 timeout $(( $(left) - 130 )) rlsmoke run glm5.3-flash-4layer-1gpu "${one[@]}" --repeat 3 --seed 20 --out $runs/flash-repeat3
+gpu_idle
 timed glm5-megatron timeout $(( $(left) - 90 )) rlsmoke run glm5-744b-a40b-4layer-1gpu "${one[@]}" --seed 4 --trainer megatron --out $runs/glm5-megatron
 timed glm45-fsdp timeout $(( $(left) - 30 )) rlsmoke run glm4.5-355b-a32b-4layer "${one[@]}" --repeat 2 --seed 4 --out $runs/glm45-fsdp
 timed process-profile timeout $(( $(left) - 25 )) python3 bench/process_profile.py

@@ -1,8 +1,9 @@
 """Which of the warm server's imports initializes the GPU driver (a fork's child then cannot use CUDA).
 
-Imports `launch.warm.PRELOAD` less what `engine.procs.preloadable` leaves to the runs, in order, as the
-server does, then what it leaves to them, and writes after each whether the driver is initialized,
-with the stack of every call that reaches torch's device count or lazy init.
+Imports `launch.warm.PRELOAD` less what `engine.procs.preloadable` leaves to the runs, in order and
+with device counts through NVML, as the server does, then what it leaves to them, and writes after
+each whether the driver is initialized and how many threads the process has (a fork copies one), with
+the stack of every call that reaches torch's device count or lazy init.
     python3 bench/warm_gpu_probe.py OUT_FILE
 """
 
@@ -15,7 +16,12 @@ out = open(sys.argv[1], "w", buffering=1)  # noqa: SIM115 - line by line: a cut 
 
 import torch  # noqa: E402
 
-from rlsmoke.engine.procs import ASK_THE_DEVICE_WITH_FLA, gpu_driver_initialized, preloadable  # noqa: E402
+from rlsmoke.engine.procs import (  # noqa: E402
+    ASK_THE_DEVICE_WITH_FLA,
+    device_count_by_nvml,
+    gpu_driver_initialized,
+    preloadable,
+)
 
 
 def spy(name, fn):
@@ -34,14 +40,26 @@ torch.cuda._lazy_init = spy("torch.cuda._lazy_init", torch.cuda._lazy_init)
 
 from rlsmoke.launch import warm  # noqa: E402
 
-# what the server imports, then what it leaves to the runs where fla is installed
-for module in (*preloadable(warm.PRELOAD), *ASK_THE_DEVICE_WITH_FLA):
-    t0 = time.perf_counter()
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        out.write(f"{module}: not installed ({exc})\n")
-        continue
-    out.write(f"{module}: {time.perf_counter() - t0:.1f} s, driver initialized {gpu_driver_initialized()}\n")
-warm._build_load_tables()
-out.write(f"load tables: driver initialized {gpu_driver_initialized()}\n")
+
+def threads() -> str:
+    with open("/proc/self/status") as status:
+        return next(line.split()[1] for line in status if line.startswith("Threads:"))
+
+
+def imported(modules):
+    for module in modules:
+        t0 = time.perf_counter()
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            out.write(f"{module}: not installed ({exc})\n")
+            continue
+        seconds = time.perf_counter() - t0
+        out.write(f"{module}: {seconds:.1f} s, driver initialized {gpu_driver_initialized()}, threads {threads()}\n")
+
+
+with device_count_by_nvml():  # what the server imports
+    imported(preloadable(warm.PRELOAD))
+    warm._build_load_tables()
+out.write(f"load tables: driver initialized {gpu_driver_initialized()}, threads {threads()}\n")
+imported(ASK_THE_DEVICE_WITH_FLA)  # what it leaves to the runs where fla is installed

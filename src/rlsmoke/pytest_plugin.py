@@ -86,6 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--num-gpus={n} must be >= 0. Adjust --num-gpus or NUM_GPUS")
     config.option.num_gpus = n
     _hold_threads(config)
+    _stop_runs_on_sigterm(config)
     if not os.environ.get(SHARED_RUNS_VAR):  # this session owns its shared runs' folder: it removes it at the end
         import uuid
 
@@ -95,6 +96,30 @@ def pytest_configure(config: pytest.Config) -> None:
         root = Path(config.getoption("miles_root"))
         if not root.is_dir():
             raise pytest.UsageError(f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)")
+
+
+def _stop_runs_on_sigterm(config: pytest.Config) -> None:
+    """A CI job's timeout ends pytest with SIGTERM, which by default kills the interpreter before any
+    teardown. The runs it launched lead sessions of their own, out of the signal's reach, and kept the
+    GPU for the next job. The session turns SIGTERM into the Ctrl-C that ends them (`runner.Process.wait`),
+    then pytest's teardown. A second SIGTERM ends it at once; a handler someone else set is kept."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is interrupt:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    config.add_cleanup(restore)
 
 
 def _hold_threads(config: pytest.Config) -> None:

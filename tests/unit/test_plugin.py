@@ -6,11 +6,15 @@ tool prints; those runs use `runpytest_subprocess` because detection is cached p
 
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+from procs import alive
 
 from rlsmoke.engine import megatron
 from rlsmoke.platforms import Host, detect
@@ -421,3 +425,43 @@ def test_trainer_megatron_runs_the_suite_through_megatron_core(isolated):
     result.stdout.fnmatch_lines(["*glm5.3-flash-4layer: megatron-core has no KDA linear attention*"])
     (summary,) = (isolated.path / "artifacts").glob("test_glm5.py_test_one_step/summary.json")
     assert json.loads(summary.read_text())["launcher"] == "builtin-megatron"
+
+
+LONG_RUN = """
+    import sys
+    from pathlib import Path
+
+    from rlsmoke.launch import runner
+
+    def test_a_long_run(tmp_path):
+        run = runner.Process([sys.executable, "-c", "import time; time.sleep(300)"], env=runner.clean_env(),
+                             log=tmp_path / "run.log")
+        Path("run.pid").write_text(str(run.proc.pid))
+        run.wait(300)
+"""
+
+
+@pytest.mark.parametrize("plugin, ended", [("rlsmoke", True), ("no:rlsmoke", False)], ids=["plugin", "no-plugin"])
+def test_sigterm_to_the_session_ends_the_runs_it_launched(isolated, plugin, ended):
+    """A CI job's timeout sends SIGTERM: the run (a session of its own) must not outlive pytest and keep
+    its GPU for the next job. Twin: without the plugin the default SIGTERM kills pytest alone."""
+    isolated.makepyfile(test_long=LONG_RUN)
+    args = ["-p", plugin] if plugin.startswith("no:") else []
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "test_long.py"],
+                               cwd=isolated.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    pid_file = isolated.path / "run.pid"
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and session.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists(), session.communicate(timeout=30)[0]
+    run_pid = int(pid_file.read_text())
+    time.sleep(1)  # into the wait
+    session.send_signal(signal.SIGTERM)
+    output = session.communicate(timeout=60)[0]
+    try:
+        assert alive(run_pid) is not ended, output
+        if ended:
+            assert session.returncode == pytest.ExitCode.INTERRUPTED, output
+    finally:
+        if alive(run_pid):
+            os.kill(run_pid, signal.SIGKILL)  # the twin's run, which this test started

@@ -325,6 +325,29 @@ def test_where_fla_is_installed_no_fork_parent_imports_flash_s_modeling_ahead(mo
     assert flash not in procs.server_preload()
 
 
+@pytest.mark.parametrize("users", [None, "0"], ids=["unset", "set-by-the-user"])
+def test_the_warm_server_imports_with_device_counts_through_nvml_and_its_forks_do_not(monkeypatch, tmp_path, users):
+    """megatron-core's import asks `torch.cuda.is_available()`; through the CUDA runtime that initialized
+    the H200 server's driver (docs/runs/2026-12-03-h200-round-524e8a0/probe.txt), so every GPU run
+    started cold. The server's preload asks NVML instead; the variable is gone once it has imported, so
+    what it reports to an attaching session, and each fork's environment, is its caller's. A value the
+    user set is theirs throughout."""
+    from rlsmoke.engine.procs import NVML_DEVICE_COUNT
+    from rlsmoke.launch import warm
+
+    (tmp_path / "sees_the_switch.py").write_text(f"import os\nSEEN = os.environ.get({NVML_DEVICE_COUNT!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(warm, "PRELOAD", ("sees_the_switch",))
+    if users is None:
+        monkeypatch.delenv(NVML_DEVICE_COUNT, raising=False)
+    else:
+        monkeypatch.setenv(NVML_DEVICE_COUNT, users)
+    warm._preload()
+    assert sys.modules.pop("sees_the_switch").SEEN == (users or "1")
+    assert os.environ.get(NVML_DEVICE_COUNT) == users
+    assert warm.import_time_env(os.environ).get(NVML_DEVICE_COUNT) == users
+
+
 def test_where_proc_cannot_list_the_libraries_only_a_gpu_build_counts_as_initialized(monkeypatch):
     """No /proc (macOS): a CPU build of torch cannot have started a driver, so the warm server's forks
     and the driver's rank forks stay on; a GPU build's cannot be asked, so they go off."""

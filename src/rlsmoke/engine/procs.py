@@ -47,6 +47,26 @@ HEAVY_MODULES = (
 ASK_THE_DEVICE_WITH_FLA = ("transformers.models.glm5_next.modeling_glm5_next",)
 
 
+NVML_DEVICE_COUNT = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's own switch for processes that fork
+
+
+@contextlib.contextmanager
+def device_count_by_nvml():
+    """Imports inside the block that ask `torch.cuda.is_available()` (megatron-core's and torch's
+    inductor's do) are answered by NVML, which leaves the CUDA driver untouched; torch's default
+    answer initializes it, and a fork of the process then cannot use CUDA. The variable is gone after
+    the block (a value already set is kept): children get their caller's environment, as fresh
+    interpreters would."""
+    if NVML_DEVICE_COUNT in os.environ:
+        yield
+        return
+    os.environ[NVML_DEVICE_COUNT] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(NVML_DEVICE_COUNT, None)
+
+
 def preloadable(names) -> tuple[str, ...]:
     """`names` less what would initialize a GPU driver as it imports on this host: what a process that
     forks may import ahead of its children."""

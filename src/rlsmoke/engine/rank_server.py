@@ -7,4 +7,6 @@ Each rank gets its driver's environment back before it runs, so this setting sta
 
 import os
 
-os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+from rlsmoke.engine.procs import NVML_DEVICE_COUNT
+
+os.environ.setdefault(NVML_DEVICE_COUNT, "1")

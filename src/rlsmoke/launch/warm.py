@@ -40,7 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rlsmoke.engine.procs import HEAVY_MODULES, gpu_driver_initialized, preloadable
+from rlsmoke.engine.procs import HEAVY_MODULES, device_count_by_nvml, gpu_driver_initialized, preloadable
 
 _PARENT_VAR = "RLSMOKE_WARM_PARENT"
 SERVER_VAR = "RLSMOKE_RUN_SERVER"  # the socket of a session's server: nested sessions fork from it too
@@ -296,9 +296,11 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
 def _preload() -> None:
     import warnings
 
-    with warnings.catch_warnings():  # megatron-core's notes on missing extras: a fork that imports it says them
+    # megatron-core's notes on missing extras: a fork that imports it says them. Nothing here may start
+    # the GPU driver that the forks inherit: not fla's modeling, and no device count through the driver.
+    with warnings.catch_warnings(), device_count_by_nvml():
         warnings.simplefilter("ignore")
-        for name in preloadable(PRELOAD):  # nothing that would start the GPU driver its forks inherit
+        for name in preloadable(PRELOAD):
             try:
                 importlib.import_module(name)
             except ImportError:  # an optional part (megatron-core) that is not installed
