@@ -83,6 +83,29 @@ def test_a_checksum_is_paid_once_per_file_version(tmp_path):
         check_checksums(ckpt, cache_dir=tmp_path)  # and again: a failed file is never stamped
 
 
+def test_a_prepared_checkpoint_is_stamped_as_it_is_verified_and_its_first_use_hashes_nothing(tmp_path):
+    """The build's own verification hashed every shard: its first run reads the stamps (on an H200 host
+    each model's first run hashed 11 GB for 11 s). The stamps are the files' versions: a byte flipped
+    after the build is found all the same."""
+    cached = prepare(GLM45, tiny=True, cache_dir=tmp_path)
+    assert check_checksums(cached, cache_dir=tmp_path) == 0
+    flip_a_byte(cached)
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        check_checksums(cached, cache_dir=tmp_path)
+
+
+def test_a_file_that_changed_between_its_hash_and_the_rename_is_not_stamped(tmp_path):
+    """Twin of the stamp a build leaves: only the versions that were hashed are stamped."""
+    from rlsmoke.checkpoints.identity import file_versions, stamp_hashed
+
+    ckpt = copy_of(GLM45, tmp_path / "ckpt")
+    hashed = file_versions(ckpt)
+    flip_a_byte(ckpt)  # after the hash: its ctime moved
+    stamp_hashed(ckpt, hashed, cache_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        check_checksums(ckpt, cache_dir=tmp_path)  # stamped as it is now, it would have passed
+
+
 def test_the_identity_check_names_the_width_when_only_it_differs(tmp_path):
     from rlsmoke.checkpoints.identity import differences
 

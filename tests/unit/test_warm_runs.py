@@ -346,6 +346,8 @@ def test_the_warm_server_imports_with_device_counts_through_nvml_and_its_forks_d
     assert sys.modules.pop("sees_the_switch").SEEN == (users or "1")
     assert os.environ.get(NVML_DEVICE_COUNT) == users
     assert warm.import_time_env(os.environ).get(NVML_DEVICE_COUNT) == users
+    # the ranks' fork server sets the same switch for good (read, not imported: it would set it here)
+    assert f'"{NVML_DEVICE_COUNT}"' in Path(importlib.util.find_spec("rlsmoke.engine.rank_server").origin).read_text()
 
 
 def test_where_proc_cannot_list_the_libraries_only_a_gpu_build_counts_as_initialized(monkeypatch):

@@ -59,7 +59,7 @@ def prepare(
                 print(f"rlsmoke: cached checkpoint failed verification, rebuilding: {e}", file=sys.stderr)
         prepare_to(
             out, case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8, force=True, progress=progress,
-            say=say,
+            say=say, cache_dir=cache_dir,
         )
     return out
 
@@ -89,12 +89,15 @@ def prepare_to(
     force: bool = False,
     progress: bool = False,
     say=None,
+    cache_dir: Path | str | None = None,
 ) -> Path:
     """Build one checkpoint into `out` (atomically) and verify it: the body of `rlsmoke prepare`.
 
-    `say(line)`, when given, hears the size about to be written before anything is.
+    `say(line)`, when given, hears the size about to be written before anything is. The checksums the
+    verification computed are stamped (under `cache_dir`'s stamps), so the first use does not hash again.
     """
     from rlsmoke.checkpoints import dialects, pruning, quantize, synthesis
+    from rlsmoke.checkpoints.identity import file_versions, stamp_hashed
     from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight, sibling
     from rlsmoke.checkpoints.shards import DEFAULT_MAX_SHARD_BYTES
     from rlsmoke.checkpoints.verification import verify
@@ -137,7 +140,9 @@ def prepare_to(
                 shutil.rmtree(stage, ignore_errors=True)
         if dialect:
             dialects.patch(tmp, dialect)
+        hashed = file_versions(tmp)
         verify(tmp)
+    stamp_hashed(out, hashed, cache_dir=cache_dir)
     return out
 
 

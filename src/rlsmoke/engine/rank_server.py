@@ -7,6 +7,4 @@ Each rank gets its driver's environment back before it runs, so this setting sta
 
 import os
 
-from rlsmoke.engine.procs import NVML_DEVICE_COUNT
-
-os.environ.setdefault(NVML_DEVICE_COUNT, "1")
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # engine.procs.NVML_DEVICE_COUNT (procs imports this module)
