@@ -52,6 +52,23 @@ def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None =
     return given
 
 
+def process_settings(threads: int | None) -> None:
+    """Per-process settings, in the driver, a Ray actor or a rank: the same seed must give the same bits."""
+    import os
+
+    import transformers
+
+    if threads:
+        torch.set_num_threads(threads)
+    # CPU backward (MoE index ops) is otherwise nondeterministic in the last bits with more than one
+    # thread: measured, not assumed (a two-rank run at 8 threads a rank, bench/offload_bits_probe.py).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    without_cudnn_attention()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def without_cudnn_attention() -> None:
     """SDPA without its cuDNN backend: cuDNN builds a plan for every new shape (each group's length, each
     decode step's key length), which a seed pays again whenever its prompts differ, and its backward is

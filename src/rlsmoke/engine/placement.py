@@ -16,26 +16,12 @@ import torch
 
 from rlsmoke.engine import kda, reuse, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
-from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, derive_policy, load_policy, without_cudnn_attention
+from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, derive_policy, load_policy, process_settings
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
 from rlsmoke.engine.workers import Placement, TrainSide, phased
 from rlsmoke.errors import RlsmokeError, RunError
-
-
-def _setup(threads: int | None) -> None:
-    """Per-process settings, in the driver or a Ray actor: the same seed must give the same bits."""
-    import transformers
-
-    if threads:
-        torch.set_num_threads(threads)
-    # CPU backward (MoE index ops) is otherwise nondeterministic in the last bits; measured, not assumed.
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    without_cudnn_attention()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
 
 
 def _where() -> dict:
@@ -50,7 +36,7 @@ def _where() -> dict:
 
 class TrainWorker:
     def __init__(self, cfg: RunConfig, ckpt: Path, threads: int | None = None):
-        _setup(threads)
+        process_settings(threads)
         spec = cfg.spec
         self.cfg = cfg
         self.load_phases: dict[str, float] = {}
@@ -110,7 +96,7 @@ class RolloutWorker:
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, threads: int | None = None,
                  source=None):  # fmt: skip
         """`source`: the trainer's loaded weights on the same device, cast instead of a second read."""
-        _setup(threads)
+        process_settings(threads)
         spec = cfg.spec
         self.load_phases: dict[str, float] = {}
         lap = LoadLaps(self.load_phases)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from rlsmoke.engine import kda, reuse, signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
-from rlsmoke.engine.model import TORCH_DTYPES, load_policy, without_cudnn_attention
+from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
 from rlsmoke.engine.offload import Phases
 from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
@@ -182,8 +182,7 @@ class Rank:
 def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int) -> None:
     signals.in_rank()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(cpu_share(world))  # this run's budget (a pytest worker's share), split by rank
-    without_cudnn_attention()
+    process_settings(cpu_share(world))  # this run's thread budget (a pytest worker's share), split by rank
     backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
     try:
         dist.init_process_group(backend, rank=rank, world_size=world)
