@@ -102,15 +102,21 @@ def _stop_runs_on_sigterm(config: pytest.Config) -> None:
     """A CI job's timeout ends pytest with SIGTERM, which by default kills the interpreter before any
     teardown. The runs it launched lead sessions of their own, out of the signal's reach, and kept the
     GPU for the next job. The session turns SIGTERM into the Ctrl-C that ends them (`runner.Process.wait`),
-    then pytest's teardown. A second SIGTERM ends it at once; a handler someone else set is kept."""
+    then pytest's teardown. A second SIGTERM ends it at once; a handler someone else set is kept. A
+    process forked from the session (a multiprocessing pool's worker) inherits the handler: there
+    SIGTERM keeps its default, which `Pool.terminate` counts on."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return
+    session_pid = os.getpid()
 
     def interrupt(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if os.getpid() != session_pid:
+            os.kill(os.getpid(), signal.SIGTERM)  # the default: this process ends now
+            return
         raise KeyboardInterrupt("SIGTERM")
 
     signal.signal(signal.SIGTERM, interrupt)

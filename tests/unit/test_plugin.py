@@ -441,6 +441,31 @@ LONG_RUN = """
 """
 
 
+A_FORKED_CHILD = """
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    def test_a_forked_child_ends_on_sigterm():
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+        child.start()
+        time.sleep(0.5)
+        os.kill(child.pid, signal.SIGTERM)
+        child.join(20)
+        assert child.exitcode == -signal.SIGTERM
+"""
+
+
+def test_a_process_forked_from_the_session_keeps_sigterm_s_default(isolated):
+    """A multiprocessing pool's worker, forked from the session, inherits its SIGTERM handler; raising
+    there instead of ending left a pool's `terminate` waiting on a lock its dead sibling held (the
+    suite hung in test_plugin_lease). Only the session itself turns SIGTERM into an interrupt."""
+    isolated.makepyfile(test_fork=A_FORKED_CHILD)
+    result = isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=1)
+
+
 @pytest.mark.parametrize("plugin, ended", [("rlsmoke", True), ("no:rlsmoke", False)], ids=["plugin", "no-plugin"])
 def test_sigterm_to_the_session_ends_the_runs_it_launched(isolated, plugin, ended):
     """A CI job's timeout sends SIGTERM: the run (a session of its own) must not outlive pytest and keep
