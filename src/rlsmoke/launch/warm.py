@@ -1,15 +1,16 @@
 """Warm `rlsmoke run` processes: each one forked from a server that imported the engine once.
 
 A fresh `python -m rlsmoke.cli run` on a CPU host spends about 5 s importing torch and transformers
-before a tiny run that itself takes about 2 s; on an H200 host the imports took 11-20 s of a run. The server (`python -m rlsmoke.launch.warm SOCKET`)
-imports them once; a run is then a fork of it with the caller's argv, environment, working folder and
-output pipe, in a session of its own, and it exits with the status a fresh interpreter would give.
+before a tiny run that itself takes about 2 s; on an H200 host the imports took 11-20 s of a run. The
+server (`python -m rlsmoke.launch.warm SOCKET`) imports them once; a run is then a fork of it with the
+caller's argv, environment, working folder and output pipe, in a session of its own, and it exits
+with the status a fresh interpreter would give.
 `launch.runner` ends a forked run's tree as it ends a spawned one's (its session, then its token).
 
 A run is forked only where that gives the same run as a fresh interpreter (`WarmServer.accepts`):
 `-m rlsmoke.cli run` on the CPU or the NVIDIA platform, or `prepare` / `verify` (the checkpoint
-tools, which never touch a GPU), under the server's values of every variable read while
-modules import (thread counts, torch's, the hub's, Python's own). PYTHONPATH may differ: the fork
+tools, which never touch a GPU), under the server's values of every variable read while modules
+import (thread counts, torch's, the hub's, Python's own). PYTHONPATH may differ: the fork
 searches its cwd, then that PYTHONPATH, then the rest, as `python -m` does, unless a folder it adds
 holds a module the server imported (or a sitecustomize) or a folder it drops is one the server
 imported from; then it execs a fresh interpreter in place and says so. Any other command is spawned
