@@ -301,7 +301,7 @@ def test_artifacts_fixture_gives_a_fresh_folder(isolated, tmp_path):
     assert (out / "test_a.py_test_a" / "x.txt").is_file()
 
 
-@pytest.mark.skipif(detect().platform != "cpu", reason="a CPU host's sessions: on a GPU host the server's forks are GPU runs (tests/e2e)")
+@pytest.mark.skipif(detect().platform != "cpu", reason="a CPU host's warm runs (a GPU host's are the e2e suite's)")
 def test_cpu_runs_fork_from_the_session_s_warm_server_unless_cold_runs(isolated):
     isolated.makepyfile(test_a="""
         def test_a(artifacts, rlsmoke_run_server):
@@ -311,7 +311,7 @@ def test_cpu_runs_fork_from_the_session_s_warm_server_unless_cold_runs(isolated)
     isolated.runpytest("-s", "--cold-runs").stdout.fnmatch_lines(["*WARM NoneType True*"])
 
 
-@pytest.mark.skipif(detect().platform != "cpu", reason="a CPU host's sessions: on a GPU host the server's forks are GPU runs (tests/e2e)")
+@pytest.mark.skipif(detect().platform != "cpu", reason="a CPU host's warm runs (a GPU host's are the e2e suite's)")
 @pytest.mark.parametrize(("args", "kept"), [((), "WarmServer"), (("-k", "test_plain"), "NoneType")],
                          ids=["selected", "deselected"])  # fmt: skip
 def test_the_warm_server_starts_with_the_session_and_stays_only_for_a_selected_run(isolated, monkeypatch, args, kept):
@@ -335,7 +335,7 @@ def test_the_warm_server_starts_with_the_session_and_stays_only_for_a_selected_r
     assert "WarmServer" not in isolated.runpytest("-s", "--co", *args).stdout.str()  # a listing starts none
 
 
-@pytest.mark.skipif(detect().platform != "cpu", reason="a CPU host's sessions: on a GPU host the server's forks are GPU runs (tests/e2e)")
+@pytest.mark.skipif(detect().platform != "cpu", reason="a CPU host's warm runs (a GPU host's are the e2e suite's)")
 def test_xdist_workers_fork_from_the_one_warm_server_their_controller_started(isolated, monkeypatch, tmp_path):
     """One import for the whole session instead of one per worker; the controller stops it at the end."""
     monkeypatch.delenv("RLSMOKE_RUN_SERVER", raising=False)
