@@ -169,10 +169,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     selected test launches a run. An xdist controller starts the one its workers share: they start
     after this hook, with its address in their environment. A session that has one in its environment
     (a worker, a nested session) attaches to it when its tests are collected."""
-    from rlsmoke.launch.warm import FORKED_PLATFORMS, SERVER_VAR
+    from rlsmoke.launch.warm import SERVER_VAR
 
     config = session.config
-    if not _listing(config) and not os.environ.get(SERVER_VAR) and _host(config).platform in FORKED_PLATFORMS:
+    if not _listing(config) and not os.environ.get(SERVER_VAR) and _forks_runs(config):
         _warm_server(config)
 
 
@@ -183,15 +183,20 @@ def _listing(config: pytest.Config) -> bool:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Keep the warm run server only if a selected test will launch a run (it imports while others run)."""
-    from rlsmoke.launch.warm import FORKED_PLATFORMS
-
     config = session.config
-    if _host(config).platform not in FORKED_PLATFORMS or _listing(config):
+    if not _forks_runs(config) or _listing(config):
         return
     if any(_may_launch(item) for item in session.items):
         _warm_server(config)  # none with --cold-runs
     elif _WARM in config.stash:  # started during collection for a test that was then deselected or skipped
         _stop_warm_server(config)
+
+
+def _forks_runs(config: pytest.Config) -> bool:
+    """This host's runs may fork from a warm server (`launch.warm.FORKED_PLATFORMS`)."""
+    from rlsmoke.launch.warm import FORKED_PLATFORMS
+
+    return _host(config).platform in FORKED_PLATFORMS
 
 
 def _warm_server(config: pytest.Config):
@@ -203,9 +208,7 @@ def _warm_server(config: pytest.Config):
     run's fork initializes its own; where it has been initialized all the same, each run execs a
     fresh interpreter (`launch.warm.driver_refusal`). ROCm runs are spawned (`launch.warm` says why).
     """
-    from rlsmoke.launch.warm import FORKED_PLATFORMS
-
-    if config.getoption("cold_runs", False) or _host(config).platform not in FORKED_PLATFORMS:
+    if config.getoption("cold_runs", False) or not _forks_runs(config):
         return None
     if _WARM not in config.stash:
         from rlsmoke.launch.runner import clean_env

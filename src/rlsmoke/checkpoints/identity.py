@@ -126,25 +126,23 @@ def stamp_hashed(folder: Path | str, hashed: Mapping[str, tuple[int, int, int, i
     now = file_versions(folder)
     for digest, name in _manifest_files(folder):
         if name in hashed and now.get(name) == hashed[name]:
-            with contextlib.suppress(OSError):  # a stamp is a saving, never a requirement
-                stamps.mkdir(parents=True, exist_ok=True)
-                _stamp(folder / name, digest, stamps).write_text(f"{folder / name}\n")
+            _write_stamp(_stamp(folder / name, digest, stamps), folder / name)
+
+
+def _write_stamp(stamp: Path, path: Path) -> None:
+    with contextlib.suppress(OSError):  # a stamp is a saving, never a requirement
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(f"{path}\n")
 
 
 def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) -> int:
     """Every file of the folder's sha256 manifest matches its digest: read from a valid stamp, else
     hashed (and stamped when it matches). Returns the bytes hashed now (0 when every stamp held)."""
     folder = Path(folder)
-    manifest = folder / MANIFEST_NAME
-    if not manifest.is_file():
-        return 0  # nothing to check against: the headers and lengths are verify()'s
     stamps = stamp_dir(cache_dir)
     hashed = 0
     fix = "re-create the checkpoint (rlsmoke prepare ... --force) or restore the named file"
-    for line in manifest.read_text().splitlines():
-        digest, _, name = line.partition("  ")
-        if not name:
-            continue
+    for digest, name in _manifest_files(folder):  # none listed: the headers and lengths are verify()'s
         path = folder / name
         if os.sep in name or name in (".", "..") or not path.is_file():
             raise CheckpointError(f"{folder}/{name}: listed in {MANIFEST_NAME} but missing", rule="checkpoint.verify",
@@ -157,9 +155,7 @@ def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) 
             raise CheckpointError(f"{folder}/{name}: sha256 differs from {MANIFEST_NAME}", rule="checkpoint.verify",
                                   fix=fix)  # fmt: skip
         if _stamp(path, digest, stamps) == stamp:  # unchanged while it was read
-            with contextlib.suppress(OSError):  # a stamp is a saving, never a requirement
-                stamps.mkdir(parents=True, exist_ok=True)
-                stamp.write_text(f"{path}\n")
+            _write_stamp(stamp, path)
     return hashed
 
 

@@ -44,6 +44,11 @@ def _is_dtensor(t) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "to_local")
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank; any other tensor itself."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
 # Each of the two pinned staging buffers of a pageable offload; a tensor below one buffer's size
 # moves in one piece, as plain copies.
 STAGING_BYTES = 64 << 20
@@ -188,7 +193,7 @@ def host_memory_bytes() -> int:
 def _bytes(module: torch.nn.Module) -> int:
     total = 0
     for p in module.parameters():
-        local = p.to_local() if _is_dtensor(p) else p
+        local = local_shard(p)
         total += local.numel() * local.element_size()
     return total
 
@@ -328,7 +333,7 @@ class Phases:
         held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
                 if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
         # a DTensor's own is_pinned has no sharding rule in a CUDA build of torch: its shard answers
-        local = [t.local if isinstance(t, _HostShard) else t.to_local() if _is_dtensor(t) else t for t in held]
+        local = [t.local if isinstance(t, _HostShard) else local_shard(t) for t in held]
         return {**self.where, "offload": self.offload, "offload_train": self.offload_train, "phase": self.phase,
                 "pinned": self.copies.pin, "staged": self.copies.staged,
                 "optimizer_devices": sorted({str(t.device) for t in local}),

@@ -21,13 +21,9 @@ from collections.abc import Iterable
 
 import torch
 
-from rlsmoke.engine.offload import PIN_MAX_BYTES, host_memory_bytes
+from rlsmoke.engine.offload import PIN_MAX_BYTES, host_memory_bytes, local_shard
 
 CHUNK = 1 << 24  # elements cast at a time: no device temporary larger than 64 MiB in fp32
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _resharded(model: torch.nn.Module) -> torch.nn.Module:
@@ -69,7 +65,7 @@ class Snapshot:
 
     @torch.no_grad()
     def __init__(self, model: torch.nn.Module, *, narrow: torch.dtype | None = None, on_device: bool = False):
-        params = [(name, _local(p.detach())) for name, p in _resharded(model).named_parameters()]
+        params = [(name, local_shard(p.detach())) for name, p in _resharded(model).named_parameters()]
         dtypes = {name: _narrowest_exact(t, narrow) for name, t in params}
         nbytes = sum(t.numel() * dtypes[name].itemsize for name, t in params)
         device = params[0][1].device if params else torch.device("cpu")
@@ -87,7 +83,7 @@ class Snapshot:
     @torch.no_grad()
     def restore(self, model: torch.nn.Module) -> None:
         for name, p in _resharded(model).named_parameters():
-            _local(p.detach()).copy_(self.tensors[name], non_blocking=True)
+            local_shard(p.detach()).copy_(self.tensors[name], non_blocking=True)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 

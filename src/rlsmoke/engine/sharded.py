@@ -23,7 +23,7 @@ import torch.distributed as dist
 from rlsmoke.engine import kda, reuse, signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
-from rlsmoke.engine.offload import Phases
+from rlsmoke.engine.offload import Phases, local_shard
 from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
@@ -171,7 +171,7 @@ class Rank:
         return self.phases.state()
 
     def where(self) -> dict:
-        shards_on = {(p.to_local() if hasattr(p, "to_local") else p).device.type for p in self.trainer.model.parameters()}
+        shards_on = {local_shard(p).device.type for p in self.trainer.model.parameters()}
         info = {"pid": os.getpid(), "rank": self.rank, "world": self.world, "device": self.device,
                 "shards_on": sorted(shards_on), "threads": torch.get_num_threads()}
         if self.device.startswith("cuda"):

@@ -7,6 +7,7 @@ import math
 import torch
 
 from rlsmoke.engine import grpo, precision
+from rlsmoke.engine.offload import local_shard
 from rlsmoke.engine.rollout import Group
 from rlsmoke.errors import RunError
 
@@ -180,7 +181,7 @@ def checksums(model) -> dict[str, float]:
     # parameters are DTensor shards: each rank sums its shard, one all-reduce adds them up.
     names, sums, sharded = [], [], False
     for name, p in model.named_parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
+        local = local_shard(p)
         sharded |= local is not p
         flat = local.detach().reshape(-1)
         total = torch.zeros((), dtype=torch.float64, device=flat.device)
