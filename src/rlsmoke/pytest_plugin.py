@@ -102,9 +102,11 @@ def _stop_runs_on_sigterm(config: pytest.Config) -> None:
     """A CI job's timeout ends pytest with SIGTERM, which by default kills the interpreter before any
     teardown. The runs it launched lead sessions of their own, out of the signal's reach, and kept the
     GPU for the next job. The session turns SIGTERM into the Ctrl-C that ends them (`runner.Process.wait`),
-    then pytest's teardown. A second SIGTERM ends it at once; a handler someone else set is kept. A
-    process forked from the session (a multiprocessing pool's worker) inherits the handler: there
-    SIGTERM keeps its default, which `Pool.terminate` counts on."""
+    then pytest's teardown. A second SIGTERM ends it at once; a handler someone else set is kept.
+    A process forked from the session (a multiprocessing pool's worker) gets SIGTERM's default back as it
+    starts, which `Pool.terminate` counts on. Not only inside the handler: a Python handler runs between
+    bytecodes, so a signal that lands just before a blocking wait (a pool worker taking its queue's
+    lock) is noted and never acted on, and the pool waits for that worker forever."""
     import signal
     import threading
 
@@ -119,7 +121,12 @@ def _stop_runs_on_sigterm(config: pytest.Config) -> None:
             return
         raise KeyboardInterrupt("SIGTERM")
 
+    def default_in_forks() -> None:
+        if signal.getsignal(signal.SIGTERM) is interrupt:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     signal.signal(signal.SIGTERM, interrupt)
+    os.register_at_fork(after_in_child=default_in_forks)
 
     def restore() -> None:
         if signal.getsignal(signal.SIGTERM) is interrupt:

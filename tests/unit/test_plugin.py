@@ -447,6 +447,16 @@ A_FORKED_CHILD = """
     import signal
     import time
 
+    def report_sigterm_handler(conn):
+        conn.send(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+
+    def test_a_forked_child_starts_with_sigterm_s_default():
+        parent, child_end = multiprocessing.Pipe()
+        child = multiprocessing.get_context("fork").Process(target=report_sigterm_handler, args=(child_end,))
+        child.start()
+        assert parent.recv() is True
+        child.join(20)
+
     def test_a_forked_child_ends_on_sigterm():
         child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
         child.start()
@@ -458,12 +468,48 @@ A_FORKED_CHILD = """
 
 
 def test_a_process_forked_from_the_session_keeps_sigterm_s_default(isolated):
-    """A multiprocessing pool's worker, forked from the session, inherits its SIGTERM handler; raising
-    there instead of ending left a pool's `terminate` waiting on a lock its dead sibling held (the
-    suite hung in test_plugin_lease). Only the session itself turns SIGTERM into an interrupt."""
+    """A multiprocessing pool's worker, forked from the session, inherits its SIGTERM handler. Raising
+    there instead of ending left a pool's `terminate` waiting on a lock its dead sibling held; and a
+    handler that ends the process is not enough, since a SIGTERM that lands just before the worker's
+    blocking wait is never acted on (the suite hung in test_plugin_lease both ways). The fork starts
+    with the default, so the kernel ends it whatever it is doing."""
     isolated.makepyfile(test_fork=A_FORKED_CHILD)
     result = isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)
+
+
+A_HUNG_CHILD = """
+    import multiprocessing
+    import time
+    from pathlib import Path
+
+    def test_a_child_that_never_ends():
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,), daemon=True)
+        child.start()
+        Path("child.pid").write_text(str(child.pid))
+        child.join()
+"""
+
+
+@pytest.mark.parametrize("limit, outcome", [("3", "failed"), ("0", None)], ids=["ci-limit", "no-limit"])
+def test_ci_s_test_limit_turns_a_hang_into_a_failure_with_its_stack(isolated, monkeypatch, limit, outcome):
+    """.ci/run sets PYTEST_TIMEOUT: a test that hangs joining a child (as test_plugin_lease once did) fails
+    with where it waited, and the session goes on. Twin: without a limit the same test is still waiting."""
+    pytest.importorskip("pytest_timeout")
+    monkeypatch.setenv("PYTEST_TIMEOUT", limit)
+    isolated.makepyfile(test_hang=A_HUNG_CHILD)
+    try:
+        if outcome:
+            result = isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+            result.assert_outcomes(failed=1)
+            result.stdout.fnmatch_lines([">*child.join()", "*Timeout (>3.0s)*"])
+        else:
+            with pytest.raises(pytest.Pytester.TimeoutExpired):
+                isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=6)
+    finally:
+        pid_file = isolated.path / "child.pid"
+        if pid_file.exists() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the twin's child, which this test started
 
 
 @pytest.mark.parametrize("plugin, ended", [("rlsmoke", True), ("no:rlsmoke", False)], ids=["plugin", "no-plugin"])
