@@ -1,9 +1,9 @@
 """Which of the warm server's imports initializes the GPU driver (a fork's child then cannot use CUDA).
 
-Imports `launch.warm.PRELOAD` less what `engine.procs.preloadable` leaves to the runs, in order and
-with device counts through NVML, as the server does, then what it leaves to them, and writes after
-each whether the driver is initialized and how many threads the process has (a fork copies one), with
-the stack of every call that reaches torch's device count or lazy init.
+Runs the server's own preload (`launch.warm._preload`: its imports, with device counts through NVML),
+then imports what it leaves to the runs, and writes after each whether the driver is initialized and
+how many threads the process has (a fork copies one), with the stack of every call that reaches
+torch's device count or lazy init.
     python3 bench/warm_gpu_probe.py OUT_FILE
 """
 
@@ -16,12 +16,7 @@ out = open(sys.argv[1], "w", buffering=1)  # noqa: SIM115 - line by line: a cut 
 
 import torch  # noqa: E402
 
-from rlsmoke.engine.procs import (  # noqa: E402
-    ASK_THE_DEVICE_WITH_FLA,
-    device_count_by_nvml,
-    gpu_driver_initialized,
-    preloadable,
-)
+from rlsmoke.engine.procs import ASK_THE_DEVICE_WITH_FLA, gpu_driver_initialized  # noqa: E402
 
 
 def spy(name, fn):
@@ -46,20 +41,23 @@ def threads() -> str:
         return next(line.split()[1] for line in status if line.startswith("Threads:"))
 
 
-def imported(modules):
-    for module in modules:
-        t0 = time.perf_counter()
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            out.write(f"{module}: not installed ({exc})\n")
-            continue
-        seconds = time.perf_counter() - t0
+def report(module, seconds, missing):
+    if missing is not None:
+        out.write(f"{module}: not installed ({missing})\n")
+    else:
         out.write(f"{module}: {seconds:.1f} s, driver initialized {gpu_driver_initialized()}, threads {threads()}\n")
 
 
-with device_count_by_nvml():  # what the server imports
-    imported(preloadable(warm.PRELOAD))
-    warm._build_load_tables()
+def imported(modules):
+    for module in modules:
+        started, missing = time.perf_counter(), None
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            missing = exc
+        report(module, time.perf_counter() - started, missing)
+
+
+warm._preload(report)  # what the server imports, as it imports them
 out.write(f"load tables: driver initialized {gpu_driver_initialized()}, threads {threads()}\n")
 imported(ASK_THE_DEVICE_WITH_FLA)  # what it leaves to the runs where fla is installed

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from rlsmoke.engine.procs import distributed_leftovers  # torch only if this process imported it
+from rlsmoke.engine.procs import LIVE_GROUP, distributed_leftovers  # torch only if this process imported it
 
 
 @pytest.fixture(autouse=True)
@@ -22,6 +22,8 @@ def _no_process_group_left_in_the_pytest_process():
     before = distributed_leftovers()
     yield
     left = [what for what in distributed_leftovers() if what not in before]  # that test's, not every later one's
+    if before:  # a thread of what an earlier test left can start late (gloo's run loop, under load): that test's
+        left = [what for what in left if what == LIVE_GROUP]
     assert not left, (f"this test left {', '.join(left)} in the pytest process; run what needs a group in a "
                       "rank: run_ranks(fn, Parallel())")  # fmt: skip
 

@@ -167,13 +167,16 @@ def _native_thread_names() -> list[str]:
     return names
 
 
+LIVE_GROUP = "an initialized process group"
+
+
 def distributed_leftovers() -> list[str]:
     """What process groups left in this process: a live group, and torch's threads that outlive it."""
     torch = sys.modules.get("torch")
     left = sorted({name for name in _native_thread_names()
                    if name.startswith(DISTRIBUTED_THREADS) and not name.startswith(AUTOGRAD_DEVICE_THREADS)})
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        left.insert(0, "an initialized process group")
+        left.insert(0, LIVE_GROUP)
     return left
 
 

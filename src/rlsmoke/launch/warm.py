@@ -294,7 +294,9 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
 # --- the server ------------------------------------------------------------------------------------
 
 
-def _preload() -> None:
+def _preload(imported=lambda name, seconds, missing: None) -> None:
+    """`imported(name, seconds, ImportError or None)` hears of each import as it ends
+    (bench/warm_gpu_probe.py reports on the driver after each)."""
     import warnings
 
     # megatron-core's notes on missing extras: a fork that imports it says them. Nothing here may start
@@ -302,10 +304,12 @@ def _preload() -> None:
     with warnings.catch_warnings(), device_count_by_nvml():
         warnings.simplefilter("ignore")
         for name in preloadable(PRELOAD):
+            started, missing = time.perf_counter(), None
             try:
                 importlib.import_module(name)
-            except ImportError:  # an optional part (megatron-core) that is not installed
-                pass
+            except ImportError as exc:  # an optional part (megatron-core) that is not installed
+                missing = exc
+            imported(name, time.perf_counter() - started, missing)
     _build_load_tables()
 
 
