@@ -10,14 +10,9 @@
 set -uo pipefail
 dest=${1:?OUT_DIR}; budget=${2:-570}; shift; shift || true
 start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - start) )); }
 work=/root/round-out; runs=$work/runs; mkdir -p "$dest" "$runs"
 trap 'tar czf "$dest/round.tgz" -C "$work" --exclude "*.safetensors" . 2>/dev/null' EXIT
-timed() {  # timed NAME CMD...: its seconds and exit status into timing.txt, its output into NAME.txt
-  local name=$1 t0; shift; t0=$(date +%s)
-  "$@" > "$work/$name.txt" 2>&1; local rc=$?
-  echo "$name: $(( $(date +%s) - t0 )) s, exit $rc" | tee -a "$work/timing.txt"
-}
+steps_out=$work; . bench/steps.sh
 gpu_idle() {  # a step cut by its timeout may leave a run that still holds the GPU for a few seconds
   for _ in $(seq 60); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return; sleep 1; done
 }

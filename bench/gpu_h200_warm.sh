@@ -10,7 +10,6 @@ dest=${1:?OUT_DIR}; budget=${2:-560}
 . bench/gpu_h200_setup.sh
 runs=/root/runs; out=/root/warm-out; mkdir -p "$dest" "$runs" "$out"
 start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - start) )); }
 pack() {
   for d in "$runs"/*/; do [ -d "$d" ] && mkdir -p "$out/runs/$(basename "$d")" && cp "$d"/*.json* "$d"/run.log "$out/runs/$(basename "$d")/" 2>/dev/null; done
   tar czf "$dest/warm.tgz" -C "$out" . 2>/dev/null
@@ -18,11 +17,7 @@ pack() {
   du -sh "$RLSMOKE_CACHE/triton" "$dest"/* 2>/dev/null
 }
 trap pack EXIT
-timed() {  # timed NAME CMD...: its seconds and exit status into timing.txt, its output into NAME.txt
-  local name=$1 t0; shift; t0=$(date +%s)
-  "$@" > "$out/$name.txt" 2>&1; local rc=$?
-  echo "$name: $(( $(date +%s) - t0 )) s, exit $rc" | tee -a "$out/timing.txt"
-}
+steps_out=$out; . bench/steps.sh
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c 'import torch, transformers, sys; print(torch.__version__, transformers.__version__, sys.version)'
   python3 -c 'import fla, triton, megatron.core as m; print("fla", fla.__version__, "triton", triton.__version__, "megatron-core", m.__version__)'
