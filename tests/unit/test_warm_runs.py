@@ -487,7 +487,7 @@ A_GROUP_WHOSE_THREAD_STARTS_LATE = LEAVES_A_GROUP.replace("""def test_after_it()
 def test_the_suite_fails_only_the_test_that_left_the_group_whose_thread_starts_late(pytester):
     """Under load gloo's run loop thread started after its group's test had ended, and the check failed
     the next test too. What appears after a group was left is that group's, unless it is a new group.
-    (A thread that starts in a test with nothing left before it is that test's: the twin above.)"""
+    (A test that leaves a group where nothing was left before it still fails: the test above.)"""
     pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
     pytester.makepyfile(test_group=A_GROUP_WHOSE_THREAD_STARTS_LATE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
