@@ -98,41 +98,58 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)")
 
 
+# coreutils' `timeout` sends its signal to pytest, then to pytest's process group, so pytest gets it
+# twice; a runner that signals the group and the process does the same. Within this many seconds of the
+# first, another SIGTERM is that same request: it must not cut the teardown that ends the runs.
+REPEATED_SIGTERM_S = 5.0
+
+
 def _stop_runs_on_sigterm(config: pytest.Config) -> None:
     """A CI job's timeout ends pytest with SIGTERM, which by default kills the interpreter before any
     teardown. The runs it launched lead sessions of their own, out of the signal's reach, and kept the
     GPU for the next job. The session turns SIGTERM into the Ctrl-C that ends them (`runner.Process.wait`),
-    then pytest's teardown. A second SIGTERM ends it at once; a handler someone else set is kept.
+    then pytest's teardown. A SIGTERM more than REPEATED_SIGTERM_S after the first ends it at once; one
+    sooner is the same request again. A handler someone else set is kept.
     A process forked from the session (a multiprocessing pool's worker) gets SIGTERM's default back as it
     starts, which `Pool.terminate` counts on. Not only inside the handler: a Python handler runs between
     bytecodes, so a signal that lands just before a blocking wait (a pool worker taking its queue's
     lock) is noted and never acted on, and the pool waits for that worker forever."""
     import signal
     import threading
+    import time
 
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return
     session_pid = os.getpid()
+    ours = []
+
+    def end_now() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def interrupt(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if os.getpid() != session_pid:
-            os.kill(os.getpid(), signal.SIGTERM)  # the default: this process ends now
+        if os.getpid() != session_pid:  # a fork the signal reached before its reset below
+            end_now()
             return
+        first = time.monotonic()
+
+        def again(signum, frame):
+            if time.monotonic() - first > REPEATED_SIGTERM_S:
+                end_now()
+
+        ours.append(again)
+        signal.signal(signal.SIGTERM, again)
         raise KeyboardInterrupt("SIGTERM")
 
-    def default_in_forks() -> None:
-        if signal.getsignal(signal.SIGTERM) is interrupt:
+    ours.append(interrupt)
+
+    def back_to_default() -> None:
+        if signal.getsignal(signal.SIGTERM) in ours:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     signal.signal(signal.SIGTERM, interrupt)
-    os.register_at_fork(after_in_child=default_in_forks)
-
-    def restore() -> None:
-        if signal.getsignal(signal.SIGTERM) is interrupt:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    config.add_cleanup(restore)
+    os.register_at_fork(after_in_child=back_to_default)
+    config.add_cleanup(back_to_default)  # the session's end: this process's SIGTERM is the default again
 
 
 def _hold_threads(config: pytest.Config) -> None:

@@ -512,10 +512,12 @@ def test_ci_s_test_limit_turns_a_hang_into_a_failure_with_its_stack(isolated, mo
             os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the twin's child, which this test started
 
 
-@pytest.mark.parametrize("plugin, ended", [("rlsmoke", True), ("no:rlsmoke", False)], ids=["plugin", "no-plugin"])
-def test_sigterm_to_the_session_ends_the_runs_it_launched(isolated, plugin, ended):
+@pytest.mark.parametrize("plugin, sends, ended", [("rlsmoke", 1, True), ("rlsmoke", 2, True), ("no:rlsmoke", 1, False)],
+                         ids=["plugin", "plugin-twice", "no-plugin"])  # fmt: skip
+def test_sigterm_to_the_session_ends_the_runs_it_launched(isolated, plugin, sends, ended):
     """A CI job's timeout sends SIGTERM: the run (a session of its own) must not outlive pytest and keep
-    its GPU for the next job. Twin: without the plugin the default SIGTERM kills pytest alone."""
+    its GPU for the next job. coreutils' `timeout` sends it twice (to pytest, then to its group): the
+    second must not cut the teardown short. Twin: without the plugin the default SIGTERM kills pytest alone."""
     isolated.makepyfile(test_long=LONG_RUN)
     args = ["-p", plugin] if plugin.startswith("no:") else []
     session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "test_long.py"],
@@ -527,7 +529,9 @@ def test_sigterm_to_the_session_ends_the_runs_it_launched(isolated, plugin, ende
     assert pid_file.exists(), session.communicate(timeout=30)[0]
     run_pid = int(pid_file.read_text())
     time.sleep(1)  # into the wait
-    session.send_signal(signal.SIGTERM)
+    for _ in range(sends):
+        session.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # the handler has run: a repeat sent at once would merge into the first
     output = session.communicate(timeout=60)[0]
     try:
         assert alive(run_pid) is not ended, output
