@@ -586,6 +586,7 @@ def main() -> None:
         _end_with_parent()
         serve(sys.argv[1])
     finally:  # the socket and its folder (the client removes them too when it stops us)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # already ending: a late one would only break the exit
         shutil.rmtree(os.path.dirname(sys.argv[1]), ignore_errors=True)
 
 
