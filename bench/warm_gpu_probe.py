@@ -7,9 +7,7 @@ torch's device count or lazy init.
     python3 bench/warm_gpu_probe.py OUT_FILE
 """
 
-import importlib
 import sys
-import time
 import traceback
 
 out = open(sys.argv[1], "w", buffering=1)  # noqa: SIM115 - line by line: a cut run keeps what it found
@@ -48,16 +46,6 @@ def report(module, seconds, missing):
         out.write(f"{module}: {seconds:.1f} s, driver initialized {gpu_driver_initialized()}, threads {threads()}\n")
 
 
-def imported(modules):
-    for module in modules:
-        started, missing = time.perf_counter(), None
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            missing = exc
-        report(module, time.perf_counter() - started, missing)
-
-
 warm._preload(report)  # what the server imports, as it imports them
 out.write(f"load tables: driver initialized {gpu_driver_initialized()}, threads {threads()}\n")
-imported(ASK_THE_DEVICE_WITH_FLA)  # what it leaves to the runs where fla is installed
+warm.import_each(ASK_THE_DEVICE_WITH_FLA, report)  # what it leaves to the runs where fla is installed

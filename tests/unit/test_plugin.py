@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from procs import alive
@@ -496,6 +497,7 @@ def test_ci_s_test_limit_turns_a_hang_into_a_failure_with_its_stack(isolated, mo
     """.ci/run sets PYTEST_TIMEOUT: a test that hangs joining a child (as test_plugin_lease once did) fails
     with where it waited, and the session goes on. Twin: without a limit the same test is still waiting."""
     pytest.importorskip("pytest_timeout")
+    assert "\nexport PYTEST_TIMEOUT=" in (Path(__file__).parents[2] / ".ci/run").read_text()
     monkeypatch.setenv("PYTEST_TIMEOUT", limit)
     isolated.makepyfile(test_hang=A_HUNG_CHILD)
     try:

@@ -294,22 +294,28 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
 # --- the server ------------------------------------------------------------------------------------
 
 
+def import_each(names, imported=lambda name, seconds, missing: None) -> None:
+    """Import `names` in order, passing over an optional part that is not installed (megatron-core);
+    `imported(name, seconds, ImportError or None)` hears of each as it ends (bench/warm_gpu_probe.py
+    reports on the driver after each)."""
+    for name in names:
+        started, missing = time.perf_counter(), None
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing = exc
+        imported(name, time.perf_counter() - started, missing)
+
+
 def _preload(imported=lambda name, seconds, missing: None) -> None:
-    """`imported(name, seconds, ImportError or None)` hears of each import as it ends
-    (bench/warm_gpu_probe.py reports on the driver after each)."""
+    """What the server imports before it forks anything; `imported` as for `import_each`."""
     import warnings
 
     # megatron-core's notes on missing extras: a fork that imports it says them. Nothing here may start
     # the GPU driver that the forks inherit: not fla's modeling, and no device count through the driver.
     with warnings.catch_warnings(), device_count_by_nvml():
         warnings.simplefilter("ignore")
-        for name in preloadable(PRELOAD):
-            started, missing = time.perf_counter(), None
-            try:
-                importlib.import_module(name)
-            except ImportError as exc:  # an optional part (megatron-core) that is not installed
-                missing = exc
-            imported(name, time.perf_counter() - started, missing)
+        import_each(preloadable(PRELOAD), imported)
     _build_load_tables()
 
 
