@@ -13,7 +13,8 @@ import pytest
 from rlsmoke.shipped import RUNTIME_FOLDERS
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME_FILES = ["thresholds/builtin.json", "data/math.jsonl", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"]
+RUNTIME_FILES = ["thresholds/builtin.json", "data/math.jsonl", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json",
+                 "fla_configs/NVIDIA_H200/provenance.json"]
 
 
 @pytest.fixture(scope="module")

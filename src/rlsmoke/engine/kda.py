@@ -19,6 +19,7 @@ import importlib.util
 import inspect
 import os
 import time
+from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
 
@@ -29,6 +30,7 @@ KERNELS = {"chunk_kimi_delta_attention": "chunk_kda", "recurrent_kimi_delta_atte
 # What the layer passes that fla takes; the rest of its **kwargs (attention kwargs) is not fla's.
 FLA_KWARGS = ("g", "beta", "scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "cu_seqlens")
 _REFERENCE: dict = {}
+CONFIGS: dict = {}  # where fla's kernel configs came from (engine.fla_configs.use), for the summary
 
 
 def fla_available() -> bool:
@@ -70,8 +72,29 @@ def install(path: str) -> None:
             setattr(modeling, name, reference)
             continue
         triton_cache()
+        if not CONFIGS:
+            CONFIGS.update(_configs())
         kernel = getattr(importlib.import_module("fla.ops.kda"), fla_name)
         setattr(modeling, name, _fla_call(kernel, reference))
+
+
+def _configs() -> dict:
+    """Shipped kernel configs for this GPU, before fla's first import; RLSMOKE_FLA_RECORD=DIR records
+    the autotuner's choices there when the process ends (bench/gpu_fla_configs.sh)."""
+    import torch
+
+    from rlsmoke.engine import fla_configs
+
+    name = torch.cuda.get_device_name(0)
+    record = os.environ.get("RLSMOKE_FLA_RECORD")
+    if record:
+        import atexit
+
+        provenance = {"gpu": name, "fla": fla_configs.fla_version(), "torch": torch.__version__,
+                      "command": os.environ.get("RLSMOKE_FLA_RECORD_COMMAND", ""), "date": time.strftime("%Y-%m-%d"),
+                      "shapes": "each entry's autotune_key: the kernel's tuning arguments and dtypes"}  # fmt: skip
+        atexit.register(fla_configs.record, Path(record) / fla_configs.gpu_folder(name), provenance)
+    return fla_configs.use(name)
 
 
 def _generate_two(model, rows: int, length: int) -> None:

@@ -286,6 +286,7 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
                   "num_rollout": cfg.num_rollout,
                   "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family, kda_path)},  # fmt: skip
         "kda": kda_path or None,  # GLM-5.3-Flash's linear attention: "fla" (Triton kernels) or "reference" (PyTorch)
+        "fla_configs": dict(kda.CONFIGS) or None,  # fla's kernel configs: shipped for this GPU, or autotuned and why
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
         "repeat": repeat,

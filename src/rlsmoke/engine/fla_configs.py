@@ -1,0 +1,127 @@
+"""fla's tuned kernel configs for the GPUs rlsmoke was tuned on: there a run skips Triton's autotune.
+
+fla (>= 0.6, `fla/ops/utils/cache.py`) looks a kernel's config up in `$FLA_CONFIG_DIR/<kernel>.json`
+before it autotunes, when `FLA_CACHE_MODE` asks it to. On a fresh H200 the autotune was most of the
+Flash run's first five minutes. `bench/gpu_fla_configs.sh` records what the autotuner chose, and the
+files ship under `fixtures/fla_configs/<GPU>/` with a `provenance.json`. A run on that GPU, with the fla
+version the files were recorded with, points fla at them; anywhere else fla autotunes as before, and the
+summary's `fla_configs` says which and why. A user's own FLA_CONFIG_DIR or FLA_CACHE_MODE wins.
+
+`use` runs when the engine binds fla's KDA (`kda.install`).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import json
+import os
+import re
+from pathlib import Path
+
+from rlsmoke.shipped import FIXTURES
+
+SHIPPED = FIXTURES / "fla_configs"
+# exact key first, then a key of the same structure at other lengths (a rollout's prompt lengths vary
+# with the seed), then Triton's autotune: a miss costs time, never correctness
+MODE = "fuzzy"
+PROVENANCE = "provenance.json"
+
+
+def gpu_folder(device_name: str) -> str:
+    """fla's own folder name for a GPU (`sanitize_gpu_name`): "NVIDIA H200" -> "NVIDIA_H200"."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", device_name).strip("_") or "unknown_gpu"
+
+
+def fla_version() -> str:
+    for dist in ("fla-core", "flash-linear-attention"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def select(device_name: str, version: str, shipped: Path = SHIPPED) -> tuple[Path | None, str]:
+    """The shipped folder for this GPU and fla version, or None and why fla will autotune."""
+    folder = shipped / gpu_folder(device_name)
+    try:
+        recorded = json.loads((folder / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        tuned = sorted(p.name for p in shipped.iterdir() if p.is_dir()) if shipped.is_dir() else []
+        return None, f"no configs recorded for {gpu_folder(device_name)} (tuned: {', '.join(tuned) or 'none'})"
+    if recorded.get("fla") != version:
+        return None, f"configs for {folder.name} were recorded with fla {recorded.get('fla')}, this is fla {version}"
+    return folder, f"recorded on {recorded.get('gpu')} with fla {version} ({recorded.get('date')})"
+
+
+def use(device_name: str) -> dict:
+    """Point fla at the shipped configs for `device_name` if there are any; what the summary records."""
+    if "FLA_CONFIG_DIR" in os.environ or "FLA_CACHE_MODE" in os.environ:
+        return {"source": "user", "dir": os.environ.get("FLA_CONFIG_DIR"), "mode": os.environ.get("FLA_CACHE_MODE")}
+    folder, reason = select(device_name, fla_version())
+    if folder is None:
+        return {"source": "autotune", "reason": reason}
+    os.environ["FLA_CONFIG_DIR"], os.environ["FLA_CACHE_MODE"] = str(folder), MODE
+    import fla.ops.kda  # noqa: F401  (every KDA kernel decorated)
+    from fla.ops.utils import cache
+
+    # fla reads FLA_CACHE_MODE once, at its import, and transformers' modeling imports fla before a run
+    # can set it; the lookups read the module's value at each call.
+    cache.FLA_CACHE_MODE = cache.FlaCacheMode(MODE)
+    # Some of fla's kernels use Triton's plain autotuner, which never looks at the files: make them fla's
+    # cached one (a subclass that only adds the lookup, as fla's configure_fla_cache_autotune would have).
+    for tuner, kernel in autotuners():
+        if not isinstance(tuner, cache.CachedAutotuner):
+            tuner.__class__, tuner.kernel_name = cache.CachedAutotuner, kernel
+    return {"source": "shipped", "dir": folder.name, "mode": MODE, "reason": reason}
+
+
+def autotuners():
+    """fla's autotuned kernels in this process, with the name fla files their configs under."""
+    from triton.runtime.autotuner import Autotuner
+
+    for obj in gc.get_objects():
+        if isinstance(obj, Autotuner):
+            fn = obj.fn
+            while hasattr(fn, "fn"):
+                fn = fn.fn
+            if (getattr(fn, "__module__", "") or "").startswith("fla."):
+                yield obj, obj.fn.fn.__name__ if hasattr(obj.fn, "fn") else obj.fn.__name__  # as CachedAutotuner
+
+
+def chosen() -> dict[str, dict[tuple, object]]:
+    """Every fla autotuner's choices in this process, by kernel name: {kernel: {key: triton.Config}}."""
+    found: dict[str, dict[tuple, object]] = {}
+    for tuner, kernel in autotuners():
+        if tuner.cache:
+            found.setdefault(kernel, {}).update(tuner.cache)
+    return found
+
+
+def entry(key: tuple, config) -> tuple[str, dict]:
+    """One `autotune_entries` item in fla's file format (its hash of the key, the key, the config)."""
+    from fla.ops.utils.cache import AutotuneKey
+
+    cfg = {"kwargs": dict(config.kwargs), "num_warps": config.num_warps, "num_stages": config.num_stages,
+           "num_ctas": getattr(config, "num_ctas", 1), "maxnreg": getattr(config, "maxnreg", None)}  # fmt: skip
+    return AutotuneKey.key_hash(key), {"autotune_key": AutotuneKey.normalize_autotune_key(key), "config": cfg}
+
+
+def record(out: Path, provenance: dict) -> list[str]:
+    """Write this process's autotune choices as fla config files in `out`, merged with what is there."""
+    import triton
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kernel, choices in sorted(chosen().items()):
+        path = out / f"{kernel}.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        entries = data.get("autotune_entries", {})
+        entries.update(entry(key, cfg) for key, cfg in choices.items())
+        data = {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries}
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        written.append(kernel)
+    kernels = sorted(p.stem for p in out.glob("*.json") if p.name != PROVENANCE)
+    (out / PROVENANCE).write_text(json.dumps({**provenance, "kernels": kernels}, indent=1) + "\n")
+    return written
