@@ -129,7 +129,7 @@ def golden_from_run(run: Path, *, what: str, command: str, commit: str, machine:
                 "compute_copy": summary.get("trainer", "fsdp") != "megatron" and dtype["compute"] != dtype["train"]
                 and world == 1, "fused_adamw": world == 1,
                 "n_prompts": shape.get("n_prompts", 8), "n_samples": shape.get("n_samples", 8),
-                "response_len": shape.get("max_response_len", 100), "kda": summary.get("kda", "fla"),
+                "response_len": shape.get("max_response_len", 100), "kda": summary.get("kda") or "fla",
                 "initial_on_device": mem.get("initial_on_device", False)}  # fmt: skip
         golden["memory"] = {"plan": plan, "measured_peak_gib": max(mem["peak_gib_per_rank"])}
     golden["metrics"] = lines
