@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
-from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values, ray_head_train_only, train_only
 from rlsmoke.metrics import CI_HISTORY
 from rlsmoke.recipe import Recipe
@@ -305,9 +305,7 @@ def handler(args) -> int:
     verdict = gate(out)
     print(f"{case.name} launcher=miles train-only device={device} seed={args.seed} inject={args.inject}")
     print(verdict.table())
-    if not verdict.passed:
-        print(verdict.report())
-    print(f"artifacts: {out}")
+    print(verdict.report() if not verdict.passed else f"artifacts: {out}")  # the report names the artifacts
     return ExitCode.OK if verdict.passed else ExitCode.GATE_FAILED
 
 
