@@ -90,6 +90,10 @@ def shell_script(plan, steps) -> str:
 
 
 def cmd_plan(args) -> int:
+    if args.train_only:  # Miles' trainer alone on the built-in engine's rollout file
+        from rlsmoke.launch.train_only import plan_handler
+
+        return plan_handler(args)
     from rlsmoke.launch import flow
     from rlsmoke.launch.miles import Paths
     from rlsmoke.recipe import Recipe
@@ -174,6 +178,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "Miles' 0/1 deepscaler reward (grad_norm can then only be gated finite)")  # fmt: skip
     p.add_argument("--head-addr", metavar="ADDR", help="the head node's address, MASTER_ADDR, that the other nodes "
                    "reach (default env MASTER_ADDR on a plan across nodes, which needs one; 127.0.0.1 on one node)")
+    p.add_argument("--launcher", choices=("miles",), default="miles", help="the plan's launcher (Miles)")
+    p.add_argument("--train-only", action="store_true", help="Miles' trainer alone on the built-in engine's rollout "
+                   "file (--debug-train-only): the convert, the rollout file and the train-only launch")
     p.set_defaults(func=cmd_plan)
 
     modules = {EXTERNAL[only]} if only in EXTERNAL else (set(EXTERNAL.values()) if only is None else set())

@@ -65,6 +65,9 @@ flag = lambda name, default=None: argv[argv.index(name) + 1] if name in argv els
 record("train", [os.path.basename(sys.argv[0]), *argv])
 ref = flag("--ref-load")
 assert os.path.isdir(ref) and os.listdir(ref), f"--ref-load {{ref}} must exist and not be empty"
+if "--load-debug-rollout-data" in argv:  # Miles' train-only mode: no SGLang, the recorded rollout
+    import train_only_fake
+    sys.exit(0)
 
 # Ray prefixes every line an actor prints with its class and pid; Miles' logging adds its own prefix.
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%Y-%m-%d %H:%M:%S",
@@ -140,6 +143,83 @@ for rollout_id in range(int(flag("--num-rollout"))):
     log.info(f"step {{rollout_id}}: {{step}}")  # megatron_utils/model.py: the same dict again
 """
 
+# Train-only (`--load-debug-rollout-data`): what Miles does with the file, on the HF checkpoint in fp32 on CPU.
+# It joins the Ray head at RAY_ADDRESS (Miles' placement group does), reads the file as Miles' loader does
+# (`status` mandatory, `Sample.validate`'s lengths), takes the train log-probs of the response tokens from a
+# real forward at --rollout-temperature (logits / T, as Miles' logit processor), and logs Miles' metrics:
+# the rollout line, the step line twice, the CI JSONL. GRPO advantages per `group_index`, a real backward.
+TRAIN_ONLY = """
+import json, logging, math, os, sys, uuid
+import torch
+from transformers import AutoModelForCausalLM
+
+FAULT = {fault!r}
+argv = sys.argv[1:]
+flag = lambda name: argv[argv.index(name) + 1]
+import ray
+ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)  # the head the flow started, or an error
+ray.shutdown()
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%Y-%m-%d %H:%M:%S",
+                    format=f"(MegatronTrainRayActor pid={{os.getpid()}}) [%(asctime)s miles] %(filename)s:%(lineno)d - %(message)s")
+log = logging.getLogger("miles")
+payload = torch.load(flag("--load-debug-rollout-data").format(rollout_id=0), weights_only=False)
+samples = payload["samples"]
+for s in samples:
+    s["status"]  # Sample.from_dict: KeyError without it
+    n = s["response_length"]
+    assert len(s["tokens"]) >= n and len(s["loss_mask"]) == n and len(s["rollout_log_probs"]) == n, s["index"]
+assert len(samples) == int(flag("--rollout-batch-size")) * int(flag("--n-samples-per-prompt")), len(samples)
+T = float(flag("--rollout-temperature"))
+model = AutoModelForCausalLM.from_pretrained(flag("--hf-checkpoint"), dtype=torch.float32)
+model.train(False)
+
+
+def train_logprobs(s):
+    ids = torch.tensor([s["tokens"]])
+    n = s["response_length"]
+    logits = model(ids).logits[0, -n - 1:-1].float() / T
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, -n:, None])[:, 0]
+
+
+def sample_mean(values):  # per sample over its loss mask, then across samples
+    return sum((v * torch.tensor(s["loss_mask"])).sum() / max(1, sum(s["loss_mask"])) for v, s in zip(values, samples)) / len(samples)
+
+
+with torch.no_grad():
+    old = [train_logprobs(s) for s in samples]
+rollout_lp = [torch.tensor(s["rollout_log_probs"]) for s in samples]
+diff = sample_mean([(o - r).abs() for o, r in zip(old, rollout_lp)]).item()
+ratio = [torch.clamp(o - r, -20, 20) for o, r in zip(old, rollout_lp)]
+kl = sample_mean([torch.clamp(torch.exp(r) - 1 - r, -10, 10) for r in ratio]).item()
+rewards = torch.tensor([float(s["reward"]) for s in samples])
+advantages = torch.zeros_like(rewards)
+for g in {{s["group_index"] for s in samples}}:
+    rows = [i for i, s in enumerate(samples) if s["group_index"] == g]
+    group = rewards[rows]
+    advantages[rows] = (group - group.mean()) / (group.std() + 1e-6)
+new = [train_logprobs(s) for s in samples]
+loss = sample_mean([-a * torch.exp(n - o) for a, n, o in zip(advantages, new, old)])
+loss.backward()
+grad_norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)).item()
+ppo_kl = sample_mean([o - n.detach() for o, n in zip(old, new)]).item()
+rollout = {{"rollout/raw_reward": rewards.mean().item(), "rollout/rollout_log_probs": sample_mean(rollout_lp).item(),
+            "rollout/log_probs": sample_mean(old).item()}}
+step = {{"train/loss": loss.item(), "train/pg_loss": loss.item(), "train/ppo_kl": ppo_kl, "train/pg_clipfrac": 0.0,
+         "train/train_rollout_logprob_abs_diff": diff, "train/train_rollout_kl": kl, "train/grad_norm": grad_norm,
+         "train/step": 0}}
+log.info(f"rollout 0: {{rollout}}")
+log.info(f"step 0: {{step}}")
+log.info(f"step 0: {{step}}")
+folder = os.environ.get("MILES_CI_GATE_RECORD_DIR")
+if folder:
+    os.makedirs(folder, exist_ok=True)
+    series = {{k: [[0, v]] for k, v in {{**rollout, **step}}.items() if k in (
+        "train/grad_norm", "train/ppo_kl", "train/train_rollout_logprob_abs_diff", "train/train_rollout_kl",
+        "rollout/raw_reward")}}
+    with open(os.path.join(folder, f"{{os.getpid()}}-{{uuid.uuid4().hex}}.jsonl"), "w") as f:
+        f.writelines(json.dumps({{"metric": k, "series": v}}) + "\\n" for k, v in series.items())
+"""
+
 
 def write_root(folder: Path, fault: str | None = None) -> Path:
     """A fake Miles checkout in `folder`; its commands are recorded in `folder/commands.jsonl`."""
@@ -150,6 +230,7 @@ def write_root(folder: Path, fault: str | None = None) -> Path:
     (folder / "tools" / "convert_hf_to_torch_dist.py").write_text(CONVERT)
     train = TRAIN.format(fault=fault)
     (folder / "train.py").write_text(train)
+    (folder / "train_only_fake.py").write_text(TRAIN_ONLY.format(fault=fault))
     (folder / "train_async.py").write_text(train)
     return folder
 

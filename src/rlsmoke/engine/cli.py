@@ -119,6 +119,9 @@ def register(subparsers) -> None:
                         "(default: a new ./rlsmoke-runs/CASE/YYYYmmdd-HHMMSS)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace the records (run.log, metrics.jsonl, summary.json) of an earlier run in --out")
+    from rlsmoke.launch.train_only import add_run_args
+
+    add_run_args(p)  # --launcher miles --miles-root R --train-only: Miles' trainer on the engine's rollout
     p.set_defaults(func=handler)
 
 
@@ -315,6 +318,10 @@ class ProcessClock:
 
 
 def handler(args) -> int:
+    if getattr(args, "launcher", "builtin") == "miles":
+        from rlsmoke.launch import train_only
+
+        return train_only.handler(args)
     started = _process_started()
     with signals.stopping_run():  # before anything starts, until the records and the verdict are written
         return _handle(args, started)

@@ -123,6 +123,29 @@ def check(plan) -> None:
     torch_dist_done(Path(dst))
 
 
+def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], artifacts: Path,
+            timeout: float) -> runner.Result | None:  # fmt: skip
+    """The convert step unless done (the tracker reads `release`); its Result when it ran and failed, else
+    None. Logged in `artifacts/flow.log`, the converter's own output in `artifacts/convert.log`."""
+    step = convert_step(plan, paths)
+    dst = Path(checkpoint_dirs(plan.launch)[1])
+    with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
+        if torch_dist_done(dst):
+            log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")
+            return None
+        log.write(f"convert: {step.shell()}\n")
+    # Miles' own converter call keeps the caller's PYTHONPATH after the checkout and Megatron
+    search = os.pathsep.join(filter(None, [step.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
+    result = runner.run(step.command, env=runner.clean_env({**plan.launch.env, **env, "PYTHONPATH": search}),
+                        cwd=miles_root, log=artifacts / "convert.log", timeout=timeout)  # fmt: skip
+    if not result.ok:
+        return result
+    if not torch_dist_done(dst):
+        raise RunError(f"the converter exited 0 but {dst / TRACKER} does not read {RELEASE}; see "
+                       f"{result.log}", rule="miles.torch_dist")  # fmt: skip
+    return None
+
+
 def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
         echo: TextIO | None = None) -> runner.Result:  # fmt: skip
     """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
@@ -132,22 +155,10 @@ def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], 
     # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
     preflight.check_flags(plan.launch, miles_root)
     record_dir = artifacts / CI_HISTORY
-    convert = convert_step(plan, paths)
-    dst = Path(checkpoint_dirs(plan.launch)[1])
+    failed = convert(plan, paths, miles_root=miles_root, env=env, artifacts=artifacts, timeout=timeout)
+    if failed is not None:
+        return failed
     with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
-        if torch_dist_done(dst):
-            log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")
-        else:
-            log.write(f"convert: {convert.shell()}\n")
-            # Miles' own converter call keeps the caller's PYTHONPATH after the checkout and Megatron
-            search = os.pathsep.join(filter(None, [convert.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
-            result = runner.run(convert.command, env=runner.clean_env({**plan.launch.env, **env, "PYTHONPATH": search}),
-                                cwd=miles_root, log=artifacts / "convert.log", timeout=timeout)  # fmt: skip
-            if not result.ok:
-                return result
-            if not torch_dist_done(dst):
-                raise RunError(f"the converter exited 0 but {dst / TRACKER} does not read {RELEASE}; see "
-                               f"{result.log}", rule="miles.torch_dist")  # fmt: skip
         log.write(f"submit: {RECORD_DIR_VAR}={record_dir}\n")
     left = max(1.0, timeout - (time.monotonic() - started))
     return runner.run_miles(plan.launch, miles_root=miles_root, ports=ports, env={**env, RECORD_DIR_VAR: str(record_dir)},

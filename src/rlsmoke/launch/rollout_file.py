@@ -1,0 +1,214 @@
+"""Miles' debug-rollout file, written without Miles: what `--load-debug-rollout-data PATH` trains on.
+
+Miles main (31f1ca961) writes it in `miles/ray/rollout/debug_data.py` (`save_debug_rollout_data`) as
+`torch.save({"rollout_id": int, "metadata": dict, "samples": [Sample.to_dict(), ...]})` and reads it back
+with `torch.load(weights_only=False)` and `Sample.from_dict`. A sample dict is the dataclass's `__dict__`
+with `status` as its string and `spec_info` / `prefix_cache_info` as dicts (`miles/utils/types.py`).
+`from_dict` needs `status`; `Sample.validate` needs `loss_mask` and `rollout_log_probs` of
+`response_length` entries, the last `response_length` tokens being the response. Rewards are grouped for
+GRPO by `group_index`; siblings of one `index` must share a reward, so every sample has its own index.
+
+The format is pinned by `fixtures/miles_rollout/schema.json`, recorded from Miles' own `Sample` and
+writer (`record_schema`); `schema_of` is how both sides are described. Needs torch only to save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlsmoke.errors import RlsmokeError
+from rlsmoke.shipped import FIXTURES
+
+SCHEMA = FIXTURES / "miles_rollout" / "schema.json"
+FILE_KEYS = ("rollout_id", "metadata", "samples")
+STATUSES = ("completed", "truncated")  # what a finished generation is; Miles' other states are for retries
+TEMPLATE_FIELD = "{rollout_id}"  # Miles formats the path with the rollout's id
+
+
+@dataclass(frozen=True)
+class RolloutSample:
+    """One generated sample as the built-in engine has it: what Miles trains on."""
+
+    group_index: int  # the prompt's group: GRPO normalises rewards within it
+    index: int  # unique in the file
+    prompt: str
+    label: str
+    prompt_tokens: tuple[int, ...]
+    response_tokens: tuple[int, ...]
+    response_text: str
+    reward: float
+    rollout_log_probs: tuple[float, ...]  # log_softmax(logits / T) of each response token, T = --rollout-temperature
+    truncated: bool  # the response hit the length cap without EOS
+
+
+def sample_dict(s: RolloutSample) -> dict:
+    """The sample as `Sample.to_dict()` gives it at Miles 31f1ca961: every field, the unused at its default."""
+    n = len(s.response_tokens)
+    if len(s.rollout_log_probs) != n:
+        raise ValueError(f"sample {s.index}: {len(s.rollout_log_probs)} log-probs for {n} response tokens")
+    return {
+        "group_index": s.group_index, "index": s.index, "rollout_id": None, "prompt": s.prompt,
+        "tokens": [int(t) for t in (*s.prompt_tokens, *s.response_tokens)],
+        "multimodal_inputs": None, "multimodal_train_inputs": None,
+        "response": s.response_text, "response_length": n, "label": s.label, "reward": float(s.reward),
+        "loss_mask": [1] * n,  # the response up to and including EOS: what the engine trains on
+        "weight_versions": [], "rollout_log_probs": [float(x) for x in s.rollout_log_probs],
+        "rollout_routed_experts": None, "rollout_indexer_topk": None, "remove_sample": False,
+        "teacher_log_probs": None, "opd_reverse_kl": None,
+        "status": "truncated" if s.truncated else "completed",
+        "metadata": {}, "generate_function_path": None, "train_metadata": None, "adapter": None,
+        "reward_spec": None, "routing_key": None, "non_generation_time": 0.0,
+        "spec_info": {"spec_accept_token_num": 0, "spec_draft_token_num": 0, "spec_verify_ct": 0,
+                      "completion_token_num": 0},
+        "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 0},
+    }  # fmt: skip
+
+
+def path_for(template: str, rollout_id: int = 0) -> Path:
+    """The file Miles opens for `rollout_id`: `template.format(rollout_id=...)`, as its loader formats it."""
+    return Path(template.format(rollout_id=rollout_id))
+
+
+def check_template(template: str) -> None:
+    """A path Miles' `str.format` would break on (another brace) is refused before anything runs."""
+    try:
+        template.format(rollout_id=0)
+    except (KeyError, IndexError, ValueError):
+        raise RlsmokeError(f"rollout file {template} has braces Miles' loader would read as fields",
+                           rule="miles.rollout_file", fix="use an --out path without { or }") from None  # fmt: skip
+
+
+def write(path: Path, samples: list[RolloutSample], *, rollout_id: int = 0, metadata: dict | None = None) -> Path:
+    """The file, written whole (a temp file, then renamed): a reader never sees half of one."""
+    import torch
+
+    indices = [s.index for s in samples]
+    if len(set(indices)) != len(indices):
+        raise ValueError("two samples share an index: Miles would give them one reward")
+    payload = {"rollout_id": rollout_id, "metadata": dict(metadata or {}), "samples": [sample_dict(s) for s in samples]}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, weights_only=False)  # as Miles' loader does: the dicts hold plain Python values
+
+
+# --- the schema: what a file's layout is, in plain JSON ---------------------------------------------------
+
+
+def _type(value) -> str:
+    """A value's type as the schema writes it: `list[int]` for a non-empty list, `dict{keys}` for a dict."""
+    if isinstance(value, list) and value:
+        return f"list[{'|'.join(sorted({type(v).__name__ for v in value}))}]"
+    if isinstance(value, dict) and value:
+        return "dict{" + ",".join(sorted(value)) + "}"
+    return type(value).__name__
+
+
+def schema_of(payload: dict) -> dict:
+    """The layout of a loaded file: its keys and their types, and each sample field's type (one sample
+    with a response, as every file holds)."""
+    samples = payload["samples"]
+    return {
+        "file": {k: _type(payload[k]) if k != "samples" else "list" for k in payload},
+        "sample": {k: _type(v) for k, v in samples[0].items()},
+    }
+
+
+def recorded_schema() -> dict:
+    return json.loads(SCHEMA.read_text())
+
+
+def mismatches(payload: dict, schema: dict | None = None) -> list[str]:
+    """One line per difference between a loaded file and the recorded schema: a field missing, extra, or
+    of another type; plus what Miles' loader and `Sample.validate` refuse."""
+    want = schema or recorded_schema()
+    got = schema_of(payload)
+    out = []
+    for part in ("file", "sample"):
+        for key in sorted(want[part].keys() | got[part].keys()):
+            if key not in got[part]:
+                out.append(f"{part} field {key!r} is missing (Miles' Sample has it)")
+            elif key not in want[part]:
+                out.append(f"{part} field {key!r} is not one of Miles' Sample fields")
+            elif got[part][key] != want[part][key]:
+                out.append(f"{part} field {key!r} is {got[part][key]}, Miles writes {want[part][key]}")
+    for s in payload.get("samples", []):
+        n = s.get("response_length", -1)
+        for key in ("loss_mask", "rollout_log_probs"):
+            if len(s.get(key) or ()) != n:
+                out.append(f"sample {s.get('index')}: {key} has {len(s.get(key) or ())} entries, response_length {n}")
+        if s.get("status") not in STATUSES:
+            out.append(f"sample {s.get('index')}: status {s.get('status')!r} is not one of {', '.join(STATUSES)}")
+    return out
+
+
+# --- recording the schema from Miles' own code --------------------------------------------------------
+
+# Run with the checkout first on sys.path: Miles' own Sample, saved by Miles' own writer. Only torch and
+# numpy are imported (debug_data's parquet sidecar is skipped when polars is missing, with a warning).
+_RECORDER = """
+import argparse, sys
+from miles.ray.rollout.debug_data import save_debug_rollout_data
+from miles.utils.types import Sample
+
+sample = Sample(group_index=0, index=0, prompt="p", tokens=[1, 2, 3, 4], response="r", response_length=2,
+                label="l", reward=0.5, loss_mask=[1, 1], rollout_log_probs=[-0.5, -0.25],
+                status=Sample.Status.COMPLETED)
+sample.validate()
+args = argparse.Namespace(save_debug_rollout_data=sys.argv[1], save_debug_trajectory_data=None)
+save_debug_rollout_data(args, [sample], rollout_id=0, evaluation=False)
+"""
+
+
+def record_schema(miles_root: Path, python: str = sys.executable, commit: str | None = None) -> dict:
+    """The schema of a file that Miles' own writer made from Miles' own `Sample` in the checkout at
+    `miles_root` (its commit recorded with it)."""
+    miles_root = Path(miles_root).resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        template = f"{tmp}/rollout_data/{TEMPLATE_FIELD}.pt"
+        env = {**os.environ, "PYTHONPATH": str(miles_root)}
+        subprocess.run([python, "-c", _RECORDER, template], env=env, cwd=tmp, check=True, capture_output=True)
+        schema = schema_of(load(path_for(template)))
+    if commit is None:  # a checkout's own; an exported tree (git archive) has none and is told it
+        head = subprocess.run(["git", "-C", str(miles_root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        commit = head.stdout.strip() or "unknown (not a git checkout)"
+    return {"provenance": {"miles": commit,
+                           "command": "python -m rlsmoke.launch.rollout_file --record-schema MILES_ROOT"
+                                      + (f" --commit {commit}" if commit else ""),
+                           "how": "Miles' Sample(...).validate() saved by Miles' save_debug_rollout_data, then "
+                                  "described by rlsmoke.launch.rollout_file.schema_of"},
+            **schema}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m rlsmoke.launch.rollout_file",
+                                description="record Miles' debug-rollout file schema into " + str(SCHEMA))  # fmt: skip
+    p.add_argument("--record-schema", metavar="MILES_ROOT", type=Path, required=True)
+    p.add_argument("--commit", default=None, help="the checkout's Miles commit, when it is not a git checkout")
+    p.add_argument("--out", type=Path, default=SCHEMA)
+    args = p.parse_args(argv)
+    schema = record_schema(args.record_schema, commit=args.commit)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(schema, indent=2) + "\n")
+    print(f"recorded {len(schema['sample'])} sample fields from Miles {schema['provenance']['miles']} into {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
