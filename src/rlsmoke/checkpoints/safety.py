@@ -93,7 +93,7 @@ def not_built_here(folder: Path) -> list[str]:
     elif MANIFEST_NAME in names:
         allowed = BUILT_NAMES | {name for _, name in _manifest_files(folder)}
     else:
-        return [e.name for e in entries]
+        allowed = set()
     return [e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries
             if e.name not in allowed or not e.is_file(follow_symlinks=False)]  # fmt: skip
 
