@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
-from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError
+from rlsmoke.platforms import PLATFORMS
 from rlsmoke.topology import TARGETS
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
@@ -100,6 +101,9 @@ def cmd_plan(args) -> int:
     if args.diff:
         from rlsmoke.launch.diff import diff_platforms, diff_targets
 
+        if args.diff not in TARGETS and args.diff not in PLATFORMS:
+            raise UnknownNameError(f"--diff {args.diff} is neither a platform nor a target", rule="plan.diff",
+                                   fix=f"use a platform ({', '.join(PLATFORMS)}) or a target ({', '.join(TARGETS)})")  # fmt: skip
         print(diff_targets(case, args.diff) if args.diff in TARGETS else diff_platforms(case, args.diff))
         return ExitCode.OK
     head = _head_addr(args, plan.topology)

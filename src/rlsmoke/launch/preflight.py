@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.paths import check_dir
 
 TIMEOUT_S = 180.0  # an import of Miles, Megatron and SGLang; a parse takes well under a second
 
@@ -32,7 +33,7 @@ def _flags_in(message: str) -> list[str]:
 def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None:
     """Raise `[miles.flags]` when the Miles at `miles_root` refuses `launch.argv`; `[miles.preflight]` when
     its parser cannot run on this host's Python."""
-    miles_root = Path(miles_root).resolve()
+    miles_root = check_dir(miles_root, "--check-miles", fix="pass --check-miles the folder of a Miles checkout").resolve()
     target = launch.target or "?"
     # As the job has it (cwd first, then the plan's PYTHONPATH), then this rlsmoke for the driver itself.
     path = [str(miles_root), *launch.env.get("PYTHONPATH", "").split(os.pathsep),
