@@ -27,6 +27,7 @@ _BY_ERRNO = {
     errno.ELOOP: ("path.loop", "has too many levels of symbolic links"),
     errno.ENOSPC: ("disk.full", "is on a disk with no room left"),
     errno.EDQUOT: ("disk.full", "is on a disk whose quota is used up"),
+    errno.EFBIG: ("disk.full", "would grow past the file-size limit"),
     errno.EXDEV: ("path.cross_device", "cannot be renamed across file systems"),
 }
 
