@@ -69,7 +69,7 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
 
 
 def _parse_in_own_group(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """The parser in a process group of its own, which ends with it, whatever it started (a helper process
+    """The parser in a process group of its own, which ends with it, whatever it started (a child process
     an import spawns) and however the wait ends: a timeout, Ctrl-C, SIGTERM, or the parse itself."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
