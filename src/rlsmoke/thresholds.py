@@ -157,24 +157,18 @@ class Gates:
 # --- thresholds files -------------------------------------------------------------------------
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:  # a key twice: JSON's last would win unseen
-    doc: dict = {}
-    for key, value in pairs:
-        if key in doc:
-            raise _DuplicateKey(f"{key!r} twice in the object {json.dumps(dict(pairs))[:120]}")
-        doc[key] = value
-    return doc
+    keys = [k for k, _ in pairs]
+    for key in (k for k in keys if keys.count(k) > 1):
+        raise RlsmokeError(f"{key!r} twice in the object {json.dumps(dict(pairs))[:120]}", rule="thresholds.duplicate_key")
+    return dict(pairs)
 
 
 def load_json(path: Path) -> object:
     """A thresholds file's JSON, each object's keys unique (`thresholds.duplicate_key` otherwise)."""
     try:
         return json.loads(path.read_text(), object_pairs_hook=_unique_keys)
-    except _DuplicateKey as exc:
+    except RlsmokeError as exc:
         raise RlsmokeError(f"thresholds={path} has the key {exc}", rule="thresholds.duplicate_key",
                            fix="keep one of the two: JSON would silently take the last") from None  # fmt: skip
 
