@@ -8,12 +8,14 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.paths import check_name
 from rlsmoke.platforms import Host
 
 
@@ -50,6 +52,21 @@ class Artifacts:
 
 RECORDS = ("run.log", "metrics.jsonl", "summary.json")  # what a run writes into --out
 LOCK_NAME = ".rlsmoke.lock"
+STAGING_NAME = ".rlsmoke-new"  # an --overwrite run's records, inside --out until the run is complete
+_PROBE = ".rlsmoke-write-probe"
+_RECORD_NAME = re.compile(r"^(run\.log|metrics\.jsonl|summary\.json|\.(run\.log|metrics\.jsonl|summary\.json)\.\d+\.tmp"
+                          r"|\.rlsmoke-write-probe)$")
+
+
+def _is_record(path: Path) -> bool:
+    """A file a run writes: a record, a record's temporary file (write_atomic's), or the write probe."""
+    return path.is_file() and not path.is_symlink() and bool(_RECORD_NAME.match(path.name))
+
+
+def final_folder(records: Path) -> Path:
+    """The folder a run's records end up in: --out itself, also while an --overwrite run stages them."""
+    records = Path(records)
+    return records.parent if records.name == STAGING_NAME else records
 # No room to write: a full disk, a quota, a file-size limit. Each is the --out's, so bad input (exit 2).
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -100,30 +117,32 @@ class RunFolder:
 
     A lock file (`.rlsmoke.lock`, flock) makes a second run into the same folder fail at once
     (`run.out_locked`) without touching it. The earlier records of a folder are kept unless
-    `overwrite`; then the new records are written into a hidden sibling, `.NAME.rlsmoke-new`, and
-    replace the earlier ones only when the run is complete (`commit`): an interrupted or refused run
-    leaves the earlier records as they were.
+    `overwrite`; then the new records are written into a hidden folder inside it, `DIR/.rlsmoke-new`,
+    and replace the earlier ones only when the run is complete (`commit`): an interrupted or refused run
+    leaves the earlier records as they were. Inside, not beside: a rename reaches it even when DIR is a
+    mount point or a link to another file system.
     """
 
     def __init__(self, out: Path, *, overwrite: bool = False):
         self.out, self.overwrite = Path(out), overwrite
-        self.staging = self.out.parent / f".{self.out.name}.rlsmoke-new"
+        self.staging = self.out / STAGING_NAME
         self.records = self.out  # where this run writes: the folder itself, or the staging sibling
         self._lock: int | None = None
 
     def __enter__(self) -> RunFolder:
         out = self.out
         fix = "pass --out a new or existing folder (default: a new ./rlsmoke-runs/CASE/TIME)"
+        check_name(out, "--out")
         if out.exists() and not out.is_dir():
             raise RlsmokeError(f"--out {out} is a file, not a folder", rule="run.out", fix=fix)
         try:
             out.mkdir(parents=True, exist_ok=True)
             self._hold()
             if earlier_records(out, overwrite=self.overwrite):
-                shutil.rmtree(self.staging, ignore_errors=True)  # an earlier --overwrite's that did not finish
+                self._clear_staging()  # an earlier --overwrite's that did not finish
                 self.staging.mkdir()
                 self.records = self.staging
-            probe = self.records / ".rlsmoke-write-probe"
+            probe = self.records / _PROBE
             probe.touch()
             probe.unlink()
         except OSError as exc:
@@ -136,6 +155,19 @@ class RunFolder:
             self.release()
             raise
         return self
+
+    def _clear_staging(self) -> None:
+        """An earlier --overwrite's staged records go; a folder of that name holding anything else is not
+        the tool's to delete."""
+        if not self.staging.exists():
+            return
+        foreign = [p.name for p in self.staging.iterdir() if not _is_record(p)]
+        if foreign:
+            self.release()
+            raise RlsmokeError(f"--out {self.out} holds {STAGING_NAME}/ with files rlsmoke did not write "
+                               f"({', '.join(sorted(foreign)[:3])})", rule="run.not_ours",
+                               fix=f"move {self.staging} away, then run again")  # fmt: skip
+        shutil.rmtree(self.staging)
 
     def _hold(self) -> None:
         """The folder's lock, or `run.out_locked` at once. The lock file is removed when released, so the

@@ -18,7 +18,9 @@ from datetime import date
 from pathlib import Path
 
 from rlsmoke import metrics, thresholds
+from rlsmoke.artifacts import write_atomic
 from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.paths import check_dir, check_file, check_name, from_os_error
 from rlsmoke.runkey import RunKey
 
 DIFF_FACTOR = 2.0  # upper bounds: twice the worst seed
@@ -46,12 +48,62 @@ def definition(gate: dict) -> str:
     return re.sub(r"^(\d+ seeds: [^;]*; )+", "", gate["provenance"])
 
 
+KEY_TEXT_FIELDS = ("case", "platform", "device", "launcher", "width")  # RunKey's fields a summary names as text
+
+
 def summary_of(run: Path) -> dict:
-    path = Path(run) / "summary.json"
+    """The run's summary.json as an object whose key fields have the types a key needs."""
+    path = check_name(Path(run) / "summary.json", "run")
+    fix = "pass `rlsmoke run --out` folders or the suite's artifacts folders"
     if not path.is_file():
-        raise RlsmokeError(f"run={run} has no summary.json", rule="calibrate.summary",
-                           fix="pass `rlsmoke run --out` folders or the suite's artifacts folders")  # fmt: skip
-    return json.loads(path.read_text())
+        raise RlsmokeError(f"run={run} has no summary.json", rule="calibrate.summary", fix=fix)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RlsmokeError(f"run={run}: summary.json is not JSON ({exc})", rule="calibrate.summary",
+                           fix=f"{fix}; a run that was cut short wrote no complete summary: run it again") from None  # fmt: skip
+    if not isinstance(doc, dict):
+        raise RlsmokeError(f"run={run}: summary.json is a JSON {type(doc).__name__}, not an object",
+                           rule="calibrate.summary", fix=fix)  # fmt: skip
+    wrong = [f"{k}={doc[k]!r}" for k in KEY_TEXT_FIELDS if doc.get(k) is not None and not isinstance(doc[k], str)]
+    if wrong:
+        raise RlsmokeError(f"run={run}: summary.json has {', '.join(wrong)}, not text", rule="calibrate.summary",
+                           fix="write those fields as strings, as `rlsmoke run` does")  # fmt: skip
+    return doc
+
+
+def key_of(run: Path, summary: dict) -> RunKey:
+    try:
+        return RunKey.from_summary(summary)
+    except RlsmokeError:
+        raise
+    except (ValueError, TypeError) as exc:  # num_gpus "two" and the like
+        raise RlsmokeError(f"run={run}: summary.json does not make a run key ({exc})", rule="calibrate.summary",
+                           fix="write num_gpus as a count and the key fields as `rlsmoke run` does") from None  # fmt: skip
+
+
+def records_of(run: Path) -> list[metrics.Record]:
+    """Every seed's record of a run; a metrics.jsonl line that is not a JSON object (a cut last line)
+    or a line of the wrong shape is named, with its number."""
+    jsonl = Path(run) / "metrics.jsonl"
+    fix = "run it again (a run cut short leaves a partial last line), or remove the run from the list"
+    if jsonl.is_file():
+        for number, line in enumerate(jsonl.read_text(errors="replace").splitlines(), 1):
+            try:
+                ok = not line.strip() or isinstance(json.loads(line), dict)
+            except json.JSONDecodeError as exc:
+                raise RlsmokeError(f"run={run}: metrics.jsonl line {number} is not JSON ({exc.msg})",
+                                   rule="calibrate.metrics", fix=fix) from None  # fmt: skip
+            if not ok:
+                raise RlsmokeError(f"run={run}: metrics.jsonl line {number} is not an object", rule="calibrate.metrics",
+                                   fix=fix)  # fmt: skip
+    try:
+        return metrics.seed_records(run)
+    except RlsmokeError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # "index": "first", ...
+        raise RlsmokeError(f"run={run}: metrics.jsonl has a line of the wrong shape ({type(exc).__name__}: {exc})",
+                           rule="calibrate.metrics", fix=fix) from None  # fmt: skip
 
 
 def template_for(key: RunKey, target: list[dict]) -> list[dict]:
@@ -77,13 +129,19 @@ def template_for(key: RunKey, target: list[dict]) -> list[dict]:
 def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]]:
     """One entry from all the runs of one key (e.g. two `--repeat 5` runs with different --seed)."""
     summary = summary_of(runs[0])
-    key = RunKey.from_summary(summary)
-    records = [rec for run in runs for rec in metrics.seed_records(run)]
+    key = key_of(runs[0], summary)
+    records = [rec for run in runs for rec in records_of(run)]
     rows, gates, not_logged = [], [], []
     for tmpl in template:
         gate = {k: v for k, v in tmpl.items() if k not in ("max_observed", "provenance")}
         values = [r.value(gate["metric"], gate.get("reduce", "max")) for r in records]
         values = [v for v in values if v is not None]
+        bad = [f"seed {i}: {v}" for i, v in enumerate(values) if not math.isfinite(v)]
+        if bad:  # a bound from a NaN is NaN, which no run passes and strict JSON cannot hold
+            raise RlsmokeError(f"runs {', '.join(map(str, runs))} logged {gate['name']}'s metric "
+                               f"{thresholds.summary_key(gate['metric'], gate.get('reduce', 'max'))} as "
+                               f"{', '.join(bad[:3])}", rule="calibrate.finite",
+                               fix="calibrate from runs whose metrics are finite (a NaN is a broken run: see its run.log)")  # fmt: skip
         if not values:
             not_logged.append(gate["name"])  # no gate rather than a guessed one; the entry says so
             continue
@@ -112,7 +170,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
         "provenance": {
             "status": "calibrated" if len(records) >= MIN_CALIBRATED_RUNS else f"provisional ({len(records)} runs)",
             "runs": len(records),
-            "device": summary["device"],
+            "device": key.device,
             "date": date.today().isoformat(),
             "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) or "not recorded",
             "command": _command(key, len(records)),
@@ -152,10 +210,12 @@ def markdown(entry: dict, rows: list[tuple]) -> str:
 def read_target(path: Path) -> dict | None:
     """The thresholds file `--write` will update, or None when it does not exist yet."""
     path = Path(path)
+    check_name(path, "--write")
     if not path.exists():
         return None
+    check_file(path, "--write", fix="pass --write a thresholds .json file (created if missing)")
     try:
-        doc = json.loads(path.read_text())
+        doc = thresholds.load_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RlsmokeError(f"thresholds={path} cannot be read as JSON ({type(exc).__name__})",
                            rule="thresholds.schema", fix="write to a new file, or repair this one") from None  # fmt: skip
@@ -163,6 +223,16 @@ def read_target(path: Path) -> dict | None:
         raise RlsmokeError(f"thresholds={path} is not a schema {thresholds.SCHEMA_VERSION} thresholds file",
                            rule="thresholds.schema", fix="write to a new file or fix its schema_version")  # fmt: skip
     return doc
+
+
+def check_markdown(path: Path) -> None:
+    """--markdown appends to a file: checked before --write writes anything."""
+    path = check_name(path, "--markdown")
+    if path.exists():
+        check_file(path, "--markdown", fix="pass --markdown a file to append the tables to")
+    else:
+        check_dir(path.parent if str(path.parent) else Path("."), "--markdown's folder",
+                  fix="pass --markdown a file in a folder that exists")  # fmt: skip
 
 
 def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
@@ -175,32 +245,49 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
     keys = [e["key"] for e in new]
     kept = [e for e in doc["entries"] if not any(thresholds.same_key(e["key"], k) for k in keys)]
     doc["entries"] = kept + new
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")  # no temporary file left on failure
+    except OSError as exc:
+        raise from_os_error(exc, "--write", path) from None
 
 
-def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = None) -> list[dict]:
-    """Calibrate every key among `runs`; print the tables; write the entries when asked."""
+def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = None, *,
+        min_seeds: int = 1) -> list[dict]:  # fmt: skip
+    """Calibrate every key among `runs`; print the tables; write the entries when asked. A key with fewer
+    than `min_seeds` seeds is refused: its bounds would be one seed's noise."""
     by_key: dict[RunKey, list[Path]] = {}
     for folder in runs:
-        by_key.setdefault(RunKey.from_summary(summary_of(folder)), []).append(Path(folder))
+        by_key.setdefault(key_of(folder, summary_of(folder)), []).append(Path(folder))
     doc = read_target(write) if write else None  # checked before any work
+    if markdown_to:
+        check_markdown(markdown_to)
     target = doc["entries"] if doc else []
     entries, tables = [], []
     for key, folders in by_key.items():
         entry, rows = calibrate(folders, template_for(key, target))
+        if entry["provenance"]["runs"] < min_seeds:
+            raise RlsmokeError(f"{key.text()} has {entry['provenance']['runs']} seed(s), fewer than --min-seeds="
+                               f"{min_seeds}", rule="calibrate.seeds",
+                               fix=f"run more seeds (`{_command(key, 10)}`), or pass --min-seeds "
+                                   f"{entry['provenance']['runs']} to accept these")  # fmt: skip
         entries.append(entry)
         tables.append(markdown(entry, rows))
-        print(tables[-1])
+    for table in tables:
+        print(table)
     if write:
         write_entries(Path(write), entries, doc)
         print(f"wrote {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} to {write}")
     if markdown_to:
-        with Path(markdown_to).open("a") as f:
-            f.write("\n".join(tables) + "\n")
+        try:
+            with Path(markdown_to).open("a") as f:
+                f.write("\n".join(tables) + "\n")
+        except OSError as exc:
+            raise from_os_error(exc, "--markdown", markdown_to) from None
     return entries
+
+
+DEFAULT_MIN_SEEDS = 2
 
 
 def register(subparsers) -> None:
@@ -209,13 +296,25 @@ def register(subparsers) -> None:
                    help="`rlsmoke run --repeat K --out` folders, or the suite's artifacts folders")  # fmt: skip
     p.add_argument("--write", type=Path, metavar="FILE", help="replace these keys' entries in FILE (created if missing)")
     p.add_argument("--markdown", type=Path, metavar="FILE", help="append the distribution tables to FILE")
+    p.add_argument("--min-seeds", type=_count, default=DEFAULT_MIN_SEEDS, metavar="N",
+                   help=f"refuse a key with fewer seeds (default {DEFAULT_MIN_SEEDS}; "
+                        f"{MIN_CALIBRATED_RUNS} make an entry 'calibrated', fewer 'provisional')")  # fmt: skip
     p.set_defaults(func=handler)
+
+
+def _count(text: str) -> int:
+    import argparse
+
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of at least 1")
+    return int(text)
 
 
 def handler(args) -> int:
     for folder in args.runs:
+        check_name(folder, "run")
         if not folder.is_dir():
             raise RlsmokeError(f"run={folder} is not a folder", rule="calibrate.run",
                                fix="pass the --out folders of `rlsmoke run`")  # fmt: skip
-    run(args.runs, write=args.write, markdown_to=args.markdown)
+    run(args.runs, write=args.write, markdown_to=args.markdown, min_seeds=args.min_seeds)
     return ExitCode.OK

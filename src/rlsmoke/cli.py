@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
-from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError
+from rlsmoke.platforms import PLATFORMS
 from rlsmoke.topology import TARGETS
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
@@ -104,6 +105,9 @@ def cmd_plan(args) -> int:
     if args.diff:
         from rlsmoke.launch.diff import diff_platforms, diff_targets
 
+        if args.diff not in TARGETS and args.diff not in PLATFORMS:
+            raise UnknownNameError(f"--diff {args.diff} is neither a platform nor a target", rule="plan.diff",
+                                   fix=f"use a platform ({', '.join(PLATFORMS)}) or a target ({', '.join(TARGETS)})")  # fmt: skip
         print(diff_targets(case, args.diff) if args.diff in TARGETS else diff_platforms(case, args.diff))
         return ExitCode.OK
     head = _head_addr(args, plan.topology)
@@ -193,12 +197,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that read no path of the user's and load no library that needs the working folder.
+_NO_PATHS = ("cases", "plan")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every subcommand ends the same way: 0/1 its verdict, 2 and one `error: [rule] ... Fix:` line for bad
+    input (an OSError on a path the user gave included), 3 for a crash with its traceback in a log."""
+    from rlsmoke.paths import cwd_exists, from_os_error
+
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     try:
-        parser = build_parser(command if command in EXTERNAL or command in ("cases", "plan") else None)
+        parser = build_parser(command if command in EXTERNAL or command in _NO_PATHS else None)
         args = parser.parse_args(argv)
+        if args.command not in _NO_PATHS:
+            cwd_exists(args.command)
+            check_environment(args.command)
         return int(args.func(args))
     except RlsmokeError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
@@ -208,6 +223,46 @@ def main(argv: list[str] | None = None) -> int:
         name = "SIGTERM" if signum == 15 else "SIGINT"
         print(f"error: interrupted by {name}; the run stopped the workers it started", file=sys.stderr)
         return 128 + signum
+    except OSError as exc:
+        if exc.filename is None:  # no path of the user's to blame: a crash
+            return crashed(command, exc)
+        print(f"error: {from_os_error(exc).one_line()}", file=sys.stderr)
+        return ExitCode.USAGE
+    except Exception as exc:  # a bug: exit 3 (never 1, a failed gate), the traceback in a log
+        return crashed(command, exc)
+
+
+def check_environment(command: str) -> None:
+    """The folders the environment names, checked before anything loads: a cache that is a file, a name
+    too long. A read-only cache passes: one that already holds the checkpoint is still read."""
+    from rlsmoke.paths import check_dir
+
+    if os.environ.get("RLSMOKE_CACHE"):
+        check_dir(os.environ["RLSMOKE_CACHE"], "RLSMOKE_CACHE", must_exist=False,
+                  fix="point RLSMOKE_CACHE at a folder (or unset it: ~/.cache/rlsmoke)")  # fmt: skip
+    if command == "run":
+        from rlsmoke.thresholds import thresholds_dirs
+
+        thresholds_dirs()
+
+
+def crashed(command: str | None, exc: BaseException) -> int:
+    """Exit 3: the cause on one line, the traceback in a log file that the line names."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
+    try:
+        fd, log = tempfile.mkstemp(prefix=f"rlsmoke-{command or 'cli'}-crash-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"rlsmoke {command}: an unexpected exception\n{text}")
+        where = f"Traceback in {log}"
+    except OSError:  # nowhere to write it: the terminal is the only place left
+        sys.stderr.write(text)
+        where = "Traceback above"
+    print(f"error: [{command or 'cli'}.crashed] {cause}. {where}", file=sys.stderr)
+    return ExitCode.RUN_FAILED
 
 
 if __name__ == "__main__":

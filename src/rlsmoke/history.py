@@ -160,13 +160,39 @@ def report(failed: list[BandResult]) -> str:
     return "\n".join(lines)
 
 
+# The columns `rlsmoke report` reads; a history without them is another schema.
+REPORT_COLUMNS = ("id", *KEY, "trusted", "metrics", "gates")
+
+
 def runs(db: str | Path) -> list[dict]:
-    """Every run, oldest first, with metrics and gates decoded (for `rlsmoke report`)."""
-    with closing(connect(db)) as conn:
-        rows = conn.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    """Every run, oldest first, with metrics and gates decoded (for `rlsmoke report`). Read only: a report
+    never changes its input (an empty file stays empty), and any fault of the file is one line."""
+    from rlsmoke.errors import RlsmokeError
+
+    db = Path(db)
+    fix = "pass the sqlite file written by `pytest --history DB`"
+    try:
+        with closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True, timeout=60)) as conn:
+            conn.row_factory = sqlite3.Row
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+            missing = [c for c in REPORT_COLUMNS if c not in columns]
+            if missing:
+                what = "no runs table" if not columns else f"a runs table without {', '.join(missing)}"
+                raise RlsmokeError(f"history={db} has {what}", rule="history.schema",
+                                   fix=f"{fix} (this rlsmoke reads the columns {', '.join(REPORT_COLUMNS)})")  # fmt: skip
+            rows = conn.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    except sqlite3.DatabaseError as exc:  # not a database, encrypted, corrupt
+        raise RlsmokeError(f"history={db} is not a readable sqlite database ({exc})", rule="history.format",
+                           fix=fix) from None  # fmt: skip
     out = []
     for r in rows:
         d = dict(r)
-        d["metrics"], d["gates"] = json.loads(d["metrics"]), json.loads(d["gates"])
+        try:
+            d["metrics"], d["gates"] = json.loads(d["metrics"]), json.loads(d["gates"])
+            if not isinstance(d["metrics"], dict) or not isinstance(d["gates"], list):
+                raise ValueError("metrics is not an object or gates not a list")
+        except (TypeError, ValueError) as exc:
+            raise RlsmokeError(f"history={db} run id {d['id']}: its metrics or gates are not the JSON a run writes "
+                               f"({exc})", rule="history.row", fix="delete that row, or pass another history") from None  # fmt: skip
         out.append(d)
     return out

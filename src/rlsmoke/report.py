@@ -161,10 +161,14 @@ def plot_history(db: Path, out: Path) -> list[Path]:
 
 
 def handler(args) -> int:
-    db = Path(args.history)
+    from rlsmoke.paths import check_dir, check_name
+
+    db = check_name(args.history, "--history")
     if not db.is_file():
-        raise RlsmokeError(f"history={db} does not exist", rule="report.history",
+        what = "is not a file" if db.exists() else "does not exist"
+        raise RlsmokeError(f"history={db} {what}", rule="report.history",
                            fix="pass the sqlite file written by `pytest --history DB`")  # fmt: skip
+    check_dir(args.out, "--out", must_exist=False, fix="pass --out a folder for the PNGs (made if missing)")
     paths = plot_history(db, Path(args.out))
     for p in paths:
         print(p)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.metrics import Record
+from rlsmoke.paths import check_name
 from rlsmoke.runkey import FIELDS as KEY_FIELDS
 from rlsmoke.runkey import RunKey
 from rlsmoke.shipped import FIXTURES
@@ -24,7 +25,6 @@ THRESHOLDS_DIR = FIXTURES / "thresholds"
 SCHEMA_VERSION = 1
 OPS = ("<", "<=", ">", ">=", "abs<", "finite>")
 REDUCES = ("max", "min", "first", "last", "absmax")
-
 
 
 def summary_key(metric: str, reduce: str = "max") -> str:
@@ -157,11 +157,27 @@ class Gates:
 # --- thresholds files -------------------------------------------------------------------------
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:  # a key twice: JSON's last would win unseen
+    keys = [k for k, _ in pairs]
+    for key in (k for k in keys if keys.count(k) > 1):
+        raise RlsmokeError(f"{key!r} twice in the object {json.dumps(dict(pairs))[:120]}", rule="thresholds.duplicate_key")
+    return dict(pairs)
+
+
+def load_json(path: Path) -> object:
+    """A thresholds file's JSON, each object's keys unique (`thresholds.duplicate_key` otherwise)."""
+    try:
+        return json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+    except RlsmokeError as exc:
+        raise RlsmokeError(f"thresholds={path} has the key {exc}", rule="thresholds.duplicate_key",
+                           fix="keep one of the two: JSON would silently take the last") from None  # fmt: skip
+
+
 def read_entries(directory: Path) -> list[tuple[Path, dict]]:
     entries = []
     for path in sorted(Path(directory).glob("*.json")):
         try:
-            doc = json.loads(path.read_text())
+            doc = load_json(path)
         except (OSError, UnicodeDecodeError) as exc:
             raise RlsmokeError(f"thresholds={path} cannot be read ({exc})", rule="thresholds.json",
                                fix="make it readable, or move it out of the thresholds folder") from None  # fmt: skip
@@ -233,6 +249,7 @@ def thresholds_dirs() -> list[Path]:
     before the shipped `fixtures/thresholds/`, so at equal specificity the cluster's entry wins."""
     extra = [Path(d) for d in os.environ.get("RLSMOKE_THRESHOLDS_DIR", "").split(os.pathsep) if d]
     for d in extra:
+        check_name(d, "RLSMOKE_THRESHOLDS_DIR")  # a name too long, a loop: their own rule, not "not a folder"
         if not d.is_dir():
             raise RlsmokeError(f"RLSMOKE_THRESHOLDS_DIR={d} is not a folder", rule="thresholds.dir",
                                fix="point it at a folder of thresholds *.json files (`rlsmoke calibrate --write`)")  # fmt: skip

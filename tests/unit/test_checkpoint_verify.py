@@ -180,8 +180,11 @@ def test_existing_folder_needs_force(pristine, tmp_path):
     with pytest.raises(CheckpointError, match="exists and would be overwritten"):
         synthesize(CASE, out, tiny=True)
     assert (out / "mine.txt").exists()
+    with pytest.raises(CheckpointError, match="did not write"):  # --force replaces only what rlsmoke built
+        synthesize(CASE, out, tiny=True, force=True)
+    assert (out / "mine.txt").read_text() == "user data"
+    (out / "mine.txt").unlink()
     synthesize(CASE, out, tiny=True, force=True)
-    assert not (out / "mine.txt").exists()
     verify(out)
 
 

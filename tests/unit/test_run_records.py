@@ -89,7 +89,7 @@ def test_records_are_one_runs_complete_or_absent_a_held_out_is_refused_untouched
 def test_records_are_one_runs_complete_or_absent_an_interrupted_overwrite_keeps_the_earlier_records(tmp_path):
     out, earlier = tmp_path / "D", earlier_records(tmp_path / "D")
     proc = rlsmoke_run(out, "--overwrite")
-    staged = tmp_path / ".D.rlsmoke-new" / "run.log"
+    staged = out / ".rlsmoke-new" / "run.log"
     deadline = time.monotonic() + 240
     while not (staged.is_file() and "config: " in staged.read_text()) and proc.poll() is None:
         assert time.monotonic() < deadline, "the run never began"

@@ -46,22 +46,45 @@ def prepare(
 
     _check_dialect(case_name, tiny, dialect)
     root = cache_root(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
     key = cache_key(case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8)
     out = root / key
-    with FileLock(str(root / f"{key}.lock")):
-        if out.exists():
-            try:
-                verify(out, checksums=False)
-                check_checksums(out, cache_dir=cache_dir)  # hashed once, then a stamp that a write invalidates
-                return out
-            except CheckpointError as e:
+
+    def intact(say_why: bool) -> bool:
+        if not out.is_dir():
+            return False
+        try:
+            verify(out, checksums=False)
+            check_checksums(out, cache_dir=cache_dir)  # hashed once, then a stamp that a write invalidates
+            return True
+        except CheckpointError as e:
+            if say_why:
                 print(f"rlsmoke: cached checkpoint failed verification, rebuilding: {e}", file=sys.stderr)
-        prepare_to(
-            out, case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8, force=True, progress=progress,
-            say=say, cache_dir=cache_dir,
-        )
+            return False
+
+    if intact(say_why=False):  # read without the lock, which a read-only cache could not even open
+        return out
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(root / f"{key}.lock"))
+        lock.acquire()
+    except OSError as exc:
+        raise _unwritable(exc, root, key) from None
+    try:
+        if not intact(say_why=True):  # else another process built it meanwhile
+            prepare_to(out, case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8, force=True, progress=progress,
+                       say=say, cache_dir=cache_dir)  # fmt: skip
+    finally:
+        lock.release()
     return out
+
+
+def _unwritable(exc: OSError, root: Path, key: str) -> CheckpointError:
+    from rlsmoke.paths import from_os_error
+
+    why = from_os_error(exc, "RLSMOKE_CACHE", cache_home())
+    return CheckpointError(f"{why} and holds no intact {key} to read (the cache's checkpoints: {root})", rule=why.rule,
+                           fix="point RLSMOKE_CACHE at a folder you can write, or prepare the checkpoint into it "
+                               "first (`rlsmoke prepare CASE [--tiny]` with the cache writable)")  # fmt: skip
 
 
 def _check_dialect(case: str, tiny: bool, dialect: str | None) -> None:

@@ -22,7 +22,10 @@ def parse_size(text: str) -> int:
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size like 5GB, 512MiB or 1000000")
     unit = (m.group(2) or "").lower().rstrip("b")
-    return int(float(m.group(1)) * _UNITS[unit])
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if size < 1:  # a 0 would otherwise fall back to the 5GB default without a word
+        raise argparse.ArgumentTypeError(f"{text!r} is less than one byte: a shard holds at least one tensor byte")
+    return size
 
 
 def register(subparsers) -> None:
@@ -101,7 +104,9 @@ def _say(line: str) -> None:
 
 def verify_handler(args: argparse.Namespace) -> int:
     from rlsmoke.checkpoints.verification import verify
+    from rlsmoke.paths import check_name
 
+    check_name(args.dir, "DIR")  # too long a name is its own line; a missing folder is verify's
     rep = verify(args.dir, checksums=not args.no_checksums, dialect=args.dialect, progress=not args.no_progress)
     sums = "sha256 ok" if rep.checksummed else "no sha256 manifest checked"
     print(

@@ -8,7 +8,9 @@ which the next run removes; it never leaves a half-written checkpoint that looks
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -41,15 +43,64 @@ def preflight(out: Path, needed_bytes: int) -> None:
         )
 
 
+# The file that lists what a build wrote, so that `--force` can tell a checkpoint it may replace from a
+# folder of the user's. Checkpoints built before it existed are told by their sha256 manifest instead.
+OWNED_NAME = ".rlsmoke-checkpoint"
+# What a synthesized checkpoint holds besides the shards its manifest lists.
+BUILT_NAMES = frozenset({"config.json", "generation_config.json", "model.safetensors.index.json", "model.safetensors",
+                         "checksums.sha256", "tokenizer.json", "tokenizer_config.json", OWNED_NAME})  # fmt: skip
+_TMP = re.compile(r"\.tmp-(\d+)-(new|old|bf16)-[0-9a-f]{8}$")
+
+
 def check_target(out: Path, force: bool) -> None:
-    if out.exists() and not force:
+    """`out` may be written: it does not exist, or `force` and it is empty or a checkpoint rlsmoke built.
+    Anything else is refused untouched, whatever --force says: the current folder or a home holds a
+    user's files, and replacing the folder would delete them."""
+    from rlsmoke.paths import check_dir
+
+    check_dir(out, "--out", must_exist=False, fix="pass --out a folder, or a path that does not exist yet")
+    if not out.exists():
+        return
+    if not force:
         raise CheckpointError(
             f"{out}: exists and would be overwritten",
             rule="checkpoint.exists",
             fix="pass --force to replace it, or choose another --out",
         )
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out}: exists and is not a folder", rule="checkpoint.exists", fix="remove it")
+    foreign = not_built_here(out)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" (+{len(foreign) - 3} more)" if len(foreign) > 3 else "")
+        raise CheckpointError(f"{out}: holds what rlsmoke did not write ({shown}), so --force does not replace it",
+                              rule="checkpoint.not_ours",
+                              fix="choose another --out (an empty or new folder), or remove the folder yourself "
+                                  "if nothing in it is needed")  # fmt: skip
+
+
+def not_built_here(folder: Path) -> list[str]:
+    """The entries of `folder` that no rlsmoke build wrote ([] for an empty folder or one of its checkpoints).
+
+    A build lists its files in OWNED_NAME; an older build is recognized by its sha256 manifest and the
+    names a synthesized checkpoint has. A subfolder, a link or an unlisted file is someone else's."""
+    from rlsmoke.checkpoints.identity import _manifest_files
+    from rlsmoke.checkpoints.shards import MANIFEST_NAME
+
+    entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    if not entries:
+        return []
+    names = {e.name for e in entries}
+    if OWNED_NAME in names:
+        allowed = set((folder / OWNED_NAME).read_text(errors="replace").splitlines()) | {OWNED_NAME}
+    elif MANIFEST_NAME in names:
+        allowed = BUILT_NAMES | {name for _, name in _manifest_files(folder)}
+    else:
+        allowed = set()
+    return [e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries
+            if e.name not in allowed or not e.is_file(follow_symlinks=False)]  # fmt: skip
+
+
+def _record_owned(folder: Path) -> None:
+    names = sorted(e.name for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
+    (folder / OWNED_NAME).write_text("".join(f"{n}\n" for n in names if n != OWNED_NAME))
 
 
 @contextlib.contextmanager
@@ -58,13 +109,14 @@ def atomic_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
     out = Path(out).absolute()
     check_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):
-        if not _owner_alive(stale):
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
+        if _TMP.search(stale.name) and not _owner_alive(stale):  # only a build's own leftovers
             shutil.rmtree(stale, ignore_errors=True)
     tmp = sibling(out, "new")
     tmp.mkdir()
     try:
         yield tmp
+        _record_owned(tmp)
         _fsync_dir(tmp)
         if out.exists():
             # Rename first, delete after: there is never a moment without a complete folder at `out`

@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-from rlsmoke.artifacts import RunFolder, disk_full, earlier_records, no_room
+from rlsmoke.artifacts import RunFolder, disk_full, earlier_records, final_folder, no_room
 from rlsmoke.cases import add_case_args, add_tiny_arg, case_from_args
 from rlsmoke.engine import limits, signals
 from rlsmoke.engine.config import (
@@ -434,6 +434,6 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
         log(f"{header}; gates of {verdict.source}:", block=table)
         if not verdict.passed:
             print(verdict.report(), file=sys.stderr)
-        print(f"artifacts: {out}")
+        print(f"artifacts: {final_folder(out)}")
         passed = passed and verdict.passed
     return ExitCode.OK if passed else ExitCode.GATE_FAILED

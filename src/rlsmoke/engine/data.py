@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.paths import check_file
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,12 @@ def prompt_rows(path: Path, n: int) -> list[dict]:
     """The rows of a prompt file, each checked: JSON lines, each an object with a string prompt and a
     label, at least `n` of them. No torch: `rlsmoke run` calls it before anything loads."""
     path = Path(path)
-    if not path.is_file():
-        raise RlsmokeError(f"prompt_data={path} is missing{' (a folder)' if path.is_dir() else ''}",
-                           rule="data.exists", fix="pass --prompt-data FILE.jsonl")  # fmt: skip
+    try:
+        check_file(path, "prompt_data", fix="pass --prompt-data FILE.jsonl")
+    except RlsmokeError as exc:
+        if exc.rule == "path.missing":  # the rule a missing prompt file has always had
+            exc.rule = "data.exists"
+        raise
     fix = 'one JSON object per line: {"prompt": "...", "label": "..."}'
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

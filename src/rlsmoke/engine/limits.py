@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlsmoke.errors import RlsmokeError
+from rlsmoke.errors import CheckpointError, RlsmokeError
 from rlsmoke.shipped import FIXTURES
 
 # torch.Generator.manual_seed takes an unsigned 64-bit seed.
@@ -158,9 +158,13 @@ def context_limits(spec, checkpoint: Path | None = None) -> dict[str, int]:
     if checkpoint is not None and (Path(checkpoint) / "config.json").is_file():
         try:
             doc = json.loads((Path(checkpoint) / "config.json").read_text())
-            cfg = doc.get("text_config") or doc
         except (OSError, ValueError):
-            pass  # checkpoint.verify names it
+            doc = {}  # checkpoint.verify names it, with the line and column
+        if not isinstance(doc, dict) or not isinstance(doc.get("text_config") or {}, dict):
+            raise CheckpointError(f"checkpoint={checkpoint}: config.json is not a JSON object of a model's config",
+                                  rule="checkpoint.verify",
+                                  fix="re-create the checkpoint (rlsmoke prepare ... --force), or pass another")  # fmt: skip
+        cfg = doc.get("text_config") or doc
     return {k: int(cfg[k]) for k in ("max_position_embeddings", "index_topk") if isinstance(cfg.get(k), int)}
 
 

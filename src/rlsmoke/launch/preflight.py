@@ -8,15 +8,18 @@ after a Ray cluster was started and the job submitted. The pre-flight runs that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.paths import check_dir
 
 TIMEOUT_S = 180.0  # an import of Miles, Megatron and SGLang; a parse takes well under a second
 
@@ -32,7 +35,7 @@ def _flags_in(message: str) -> list[str]:
 def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None:
     """Raise `[miles.flags]` when the Miles at `miles_root` refuses `launch.argv`; `[miles.preflight]` when
     its parser cannot run on this host's Python."""
-    miles_root = Path(miles_root).resolve()
+    miles_root = check_dir(miles_root, "--check-miles", fix="pass --check-miles the folder of a Miles checkout").resolve()
     target = launch.target or "?"
     # As the job has it (cwd first, then the plan's PYTHONPATH), then this rlsmoke for the driver itself.
     path = [str(miles_root), *launch.env.get("PYTHONPATH", "").split(os.pathsep),
@@ -43,7 +46,7 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
         args_file.write_text(json.dumps(launch.argv[2:]))
         cmd = [sys.executable, "-m", "rlsmoke.launch.miles_parser_driver", str(args_file), str(result_file)]
         try:
-            proc = subprocess.run(cmd, cwd=miles_root, env=env, capture_output=True, text=True, timeout=timeout)
+            proc = _parse_in_own_group(cmd, miles_root, env, timeout)
         except subprocess.TimeoutExpired:
             raise RlsmokeError(f"the Miles at {miles_root} did not parse the argv in {timeout:.0f} s",
                                rule="miles.preflight", fix="check that its imports work on this Python") from None  # fmt: skip
@@ -63,6 +66,21 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
             fix=f"use a Miles at {target}'s commit{_commit(target)}, or render for the target that matches "
                 "yours (`rlsmoke plan CASE --target T --check-miles DIR`; `--diff T` shows what changes)",
         )
+
+
+def _parse_in_own_group(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """The parser in a process group of its own, which ends with it, whatever it started (a child process
+    an import spawns) and however the wait ends: a timeout, Ctrl-C, SIGTERM, or the parse itself."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:
+            proc.communicate()  # reaped, its pipes closed
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _commit(target: str) -> str:
