@@ -91,7 +91,7 @@ def not_built_here(folder: Path) -> list[str]:
     if OWNED_NAME in names:
         allowed = set((folder / OWNED_NAME).read_text(errors="replace").splitlines()) | {OWNED_NAME}
     elif MANIFEST_NAME in names:
-        allowed = BUILT_NAMES | {name for _, name in _manifest_files(folder)}
+        allowed = set(BUILT_NAMES) | {name for _, name in _manifest_files(folder)}
     else:
         allowed = set()
     return [e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries

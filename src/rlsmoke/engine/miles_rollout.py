@@ -45,7 +45,7 @@ def roll_out(case: str, checkpoint: Path, *, tiny: bool, n_prompts: int, n_sampl
                            inject=parse_inject(inject), batch=batch_for("auto", device, spec.family))  # fmt: skip
     groups = engine.generate([p.ids for p in prompts], n_samples, seed=seed * 100)  # `rlsmoke run`'s rollout 0
     score = REWARDS["target"]
-    samples = []
+    samples: list[RolloutSample] = []
     for g, p in zip(groups, prompts, strict=True):
         for row in range(g.tokens.shape[0]):
             length = int(g.mask[row].sum().item())  # up to and including the first EOS

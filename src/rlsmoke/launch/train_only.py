@@ -25,6 +25,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import ExitCode, RlsmokeError
@@ -33,6 +34,9 @@ from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values, ray_h
 from rlsmoke.metrics import CI_HISTORY
 from rlsmoke.recipe import Recipe
 from rlsmoke.shipped import FIXTURES
+
+if TYPE_CHECKING:
+    from rlsmoke.cases import Plan
 
 TARGET = "miles-2026-08-21"  # Miles main at 31f1ca961: the commit whose train-only mode this drives
 ROLLOUT_TEMPLATE = "rollout_data/{rollout_id}.pt"  # under the run's folder; Miles fills in the rollout's id
@@ -43,7 +47,7 @@ STEP_TIMEOUT_S = 3600.0
 
 @dataclass(frozen=True)
 class TrainOnlyPlan:
-    plan: object  # rlsmoke.cases.Plan: the case's rendered launch
+    plan: Plan  # the case's rendered launch
     launch: Launch  # the train-only launch
     paths: Paths
     out: str  # the run's folder: the rollout file, the records
