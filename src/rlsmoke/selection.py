@@ -14,10 +14,10 @@ from rlsmoke import memory
 from rlsmoke.engine import megatron
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.facts import DEFAULT_TRAINER, GPU_PLATFORMS
 from rlsmoke.models import ONE_GPU_VARIANT
 from rlsmoke.platforms import Host
 
-GPU_PLATFORMS = ("nvidia", "rocm")
 VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
 
 
@@ -55,7 +55,7 @@ def requirement(markers: Iterable[str], gpus_marker: int | None, override: int |
 
 
 def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", miles_root: str | None = None,
-           case=None, num_gpus: int | None = None, trainer: str = "fsdp") -> Decision:  # fmt: skip
+           case=None, num_gpus: int | None = None, trainer: str = DEFAULT_TRAINER) -> Decision:  # fmt: skip
     """Whether a test with requirement `req` (running `case` at `num_gpus`, when known) runs on `host`;
     the reason names what was needed and found."""
     if req is not None:

@@ -13,11 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rlsmoke.errors import RlsmokeError, TopologyError, UnknownNameError
+from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, MODES
 from rlsmoke.models import ModelSpec
 from rlsmoke.platforms import get_platform
 
-MODES = ("colocate", "async")
-DEFAULT_GPUS_PER_NODE = 8
 # Upper bounds on the sizes a user gives: no plan loop may run in time linear in an unbounded number.
 # Far past the seeds (64 GPUs) and any one Miles job; a node of more than 64 GPUs does not exist.
 MAX_NUM_GPUS = 65536

@@ -10,8 +10,9 @@ import pytest
 from rlsmoke import memory
 from rlsmoke.cases import Case
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.memory import GIB, Plan, estimate, parameter_count
+from rlsmoke.memory import GIB, Plan, estimate
 from rlsmoke.models import model_spec
+from rlsmoke.models.params import parameter_count
 from rlsmoke.platforms import Host
 
 MODELS = ["glm5-744b-a40b-4layer", "glm5-744b-a40b-4layer-1gpu", "glm5.3-flash-4layer", "glm4.5-355b-a32b-4layer",

@@ -34,6 +34,15 @@ from rlsmoke.engine.config import (
 )
 from rlsmoke.engine.data import prompt_rows
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
+from rlsmoke.facts import (
+    DEFAULT_REWARD,
+    DEFAULT_TRAINER,
+    OFFLOAD_DEFAULT,
+    RESIDENT_FRACTION,
+    REWARDS,
+    TRAINERS,
+    faults_text,
+)
 from rlsmoke.metrics import seed_records, update_summary
 from rlsmoke.platforms import detect, get_platform
 from rlsmoke.recipe import BatchShape
@@ -47,6 +56,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run one GRPO step on the built-in engine and check its gates")
     add_case_args(p, detect_platform=True)
     g = p.add_argument_group("engine")
+    cpu, gpu = BatchShape.for_platform("cpu"), BatchShape.for_platform("nvidia")
     add_tiny_arg(g, "on for --platform cpu, off otherwise")
     g.add_argument(
         "--rollout-dtype", default=None, help="float32 | bfloat16 (default: float32 on CPU, bfloat16 on GPU)"
@@ -58,8 +68,7 @@ def register(subparsers) -> None:
         "--inject",
         default=None,
         metavar="FAULT",
-        help="temperature-mismatch | stale-weights | rollout-noise=SIGMA | train-dropout=P | "
-             "bridge-kv-order | bridge-expert-swap | bridge-gate-up-order (with --trainer megatron)",
+        help=f"{faults_text()} (bridge-*: with --trainer megatron)",
     )
     g.add_argument("--compute-dtype", default=None,
                    help="the trainer's forward/backward dtype over the master weights (default: the rollout "
@@ -81,34 +90,38 @@ def register(subparsers) -> None:
         "--num-rollout", type=int, default=2, help="rollouts; every one but the last is trained on"
     )
     g.add_argument("--n-prompts", type=int, default=None,
-                   help="prompts per rollout (default on GPUs: seed 004's 8; on CPU: 2, or one per data-parallel "
-                        "rank when more)")
+                   help=f"prompts per rollout (default on GPUs: seed 004's {gpu.prompts}; on CPU: {cpu.prompts}, or "
+                        "one per data-parallel rank when more)")
     g.add_argument("--n-samples", type=int, default=None,
-                   help="samples per prompt, the GRPO group (default on GPUs: seed 004's 8; on CPU: 4)")
+                   help=f"samples per prompt, the GRPO group (default on GPUs: seed 004's {gpu.n_samples}; on CPU: "
+                        f"{cpu.n_samples})")
     g.add_argument("--max-response-len", type=int, default=None,
-                   help="response cap in tokens (default on GPUs: seed 004's 100; on CPU: 16, for speed)")
+                   help=f"response cap in tokens (default on GPUs: seed 004's {gpu.max_response_len}; on CPU: "
+                        f"{cpu.max_response_len}, for speed)")
     g.add_argument("--rollout-batch", default="auto", choices=ROLLOUT_BATCHES,
                    help="generate calls: rank, a rank's groups in one call, left-padded; group, one call per group; "
                         "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
                         "model with KDA layers, which left padding would pass through)")
-    g.add_argument("--reward", default="target", help="target (dense, for untrained models) | math")
+    g.add_argument("--reward", default=DEFAULT_REWARD, choices=REWARDS,
+                   help=f"target: dense, for untrained models; deepscaler: Miles' 0/1 math reward (default "
+                        f"{DEFAULT_REWARD})")
     g.add_argument("--gradient-checkpointing", action="store_true")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
                    help="colocate: keep the train state in host memory while rolling out and the rollout copy "
-                        "there while training (default on GPUs: on, unless the run is on one device and fits "
-                        "resident in 80%% of it; off on CPU, where it frees nothing)")
+                        f"there while training (default: {OFFLOAD_DEFAULT})".replace("%", "%%"))
     g.add_argument("--offload-train", action=argparse.BooleanOptionalAction, default=None,
                    help="with the offload on, the train state leaves the device during the rollout too (default: "
                         "on with --offload; otherwise on unless the rollout fits beside the resident train state "
-                        "in 80%% of the device, so only the rollout copy moves)")
+                        f"in {RESIDENT_FRACTION:.0%}% of the device, so only the rollout copy moves)")
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
     g.add_argument("--prompt-data", type=Path, default=None,
                    help="a JSONL of prompts and labels (default the shipped data/math.jsonl)")
-    g.add_argument("--trainer", default="fsdp", choices=("fsdp", "megatron"),
+    g.add_argument("--trainer", default=DEFAULT_TRAINER, choices=TRAINERS,
                    help="fsdp: HF modeling code (FSDP2 on several GPUs); megatron: a megatron-core GPTModel "
-                        "loaded and synced through the HF <-> Megatron bridge (pip install 'rlsmoke[megatron]')")
+                        "loaded and synced through the HF <-> Megatron bridge (pip install 'rlsmoke[megatron]'; "
+                        f"default {DEFAULT_TRAINER})")
     g.add_argument("--launcher-label", default=None,
                    help="the launcher field of the thresholds key (default: builtin; builtin-megatron with "
                         "--trainer megatron)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlsmoke.models.base import ModelSpec, frozen, moe_layer_freq
+from rlsmoke.models.base import ModelSpec, frozen, moe_layer_freq, tiny
 
 
 def glm45_megatron_args(spec: ModelSpec) -> list[str]:
@@ -81,15 +81,4 @@ def glm45_air() -> ModelSpec:
 
 
 def glm45_tiny(spec: ModelSpec) -> ModelSpec:
-    return spec.replace(
-        width="tiny",
-        hidden_size=256,
-        ffn_hidden_size=512,
-        moe_ffn_hidden_size=128,
-        num_attention_heads=8,
-        num_query_groups=2,
-        num_experts=16,
-        moe_topk=4,
-        vocab_size=4096,
-        hf_extra=frozen({**spec.hf_extra, "head_dim": 32, "max_position_embeddings": 4096}),
-    )
+    return tiny(spec, heads=8, query_groups=2, head_dim=32)

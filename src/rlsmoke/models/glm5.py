@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlsmoke.models.base import ModelSpec, frozen, moe_layer_freq
+from rlsmoke.models.base import TINY_MLA, ModelSpec, frozen, moe_layer_freq, tiny
 
 
 def dsa_moe_args(spec: ModelSpec) -> list[str]:
@@ -98,27 +98,4 @@ def glm5_tiny(spec: ModelSpec) -> ModelSpec:
     (every head's ReLU clipped), which top-k breaks differently for one query and for all of them.
     Below it both paths attend to every key, as seed 004's shape does on the real model.
     """
-    return spec.replace(
-        width="tiny",
-        hidden_size=256,
-        ffn_hidden_size=512,
-        moe_ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=4,
-        num_experts=16,
-        moe_topk=4,
-        vocab_size=4096,
-        hf_extra=frozen(
-            {
-                **spec.hf_extra,
-                "q_lora_rank": 64,
-                "kv_lora_rank": 32,
-                "qk_nope_head_dim": 32,
-                "qk_rope_head_dim": 16,
-                "v_head_dim": 32,
-                "index_head_dim": 32,
-                "index_n_heads": 4,
-                "max_position_embeddings": 4096,
-            }
-        ),
-    )
+    return tiny(spec, heads=4, query_groups=4, **TINY_MLA, qk_rope_head_dim=16)
