@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 
 from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, MODES, PLATFORMS, default_mode_text
 from rlsmoke.models import MODEL_NAMES, ModelSpec, model_spec
+from rlsmoke.overrides import parse_num_gpus, parse_overrides
 from rlsmoke.recipe import Recipe
-from rlsmoke.topology import DEFAULT_TARGET, TARGETS, Topology, parse_num_gpus, parse_overrides, plan_topology
+from rlsmoke.targets import DEFAULT_TARGET, TARGETS
+from rlsmoke.topology import Topology, plan_topology
 
 if TYPE_CHECKING:  # the launch is rendered by plan() only: `rlsmoke run` never imports it
     from rlsmoke.launch.miles import Launch, Paths

@@ -9,7 +9,7 @@ import pytest
 from rlsmoke import facts
 from rlsmoke.cli import build_parser
 from rlsmoke.recipe import BatchShape
-from rlsmoke.topology import DEFAULT_TARGET, TARGETS
+from rlsmoke.targets import DEFAULT_TARGET, TARGETS
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:

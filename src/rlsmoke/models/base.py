@@ -35,6 +35,26 @@ def tiny(spec: ModelSpec, *, heads: int, query_groups: int, **extra) -> ModelSpe
 
 
 @dataclass(frozen=True)
+class ParallelGrid:
+    """A family's default layout on NVIDIA in colocate mode, from its seed, as caps: each size is the
+    largest up to its cap that divides the GPUs (and the heads, or the experts). "Long": more than 8 layers."""
+
+    tp: int  # divides the actor GPUs and the heads (GQA: the query groups)
+    ep: int  # divides the GPUs of a pipeline stage and the experts
+    pp: int = 1  # a long model's stages ...
+    pp_from: int = 0  # ... from this many GPUs
+    cp: int = 1  # seed 004's launcher: this CP once the GPUs left after TP number at least as many
+    main_cp_from: int = 0  # Miles main's launcher: CP `cp` only for a long model from this many GPUs (0: never)
+    whole_from: int = 0  # a long model from this many GPUs takes `whole` as it stands
+    whole: Mapping = field(default_factory=frozen)
+    engine_gpus: int = 8  # the rollout's GPUs per engine, at most the rollout GPUs
+    rollout_dp: bool = True  # dp-attention over every GPU of an engine (else dp 1)
+    dense_tp_lm_head: bool = True  # --sglang-moe-dense-tp-size 1 --sglang-enable-dp-lm-head
+    rollout_whole_from: int = 0  # from this many rollout GPUs the engines take `rollout_whole`
+    rollout_whole: Mapping = field(default_factory=frozen)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str  # e.g. "glm5-744b-a40b"
     family: str  # "glm5" | "glm5.3-flash" | "glm4.5"
@@ -56,6 +76,7 @@ class ModelSpec:
     # Kwargs of the composite top-level config (vision tower of a multimodal model).
     hf_outer: Mapping = field(default_factory=frozen)
     megatron_args_fn: Callable[[ModelSpec], list[str]] | None = field(default=None, compare=False, repr=False)
+    grid: ParallelGrid = field(default_factory=lambda: ParallelGrid(tp=1, ep=1), repr=False)
     width: str = "full"  # "full" | "tiny"
     reduction: str = ""  # "" | "4layer" | "4layer-1gpu"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlsmoke.models.base import TINY_MLA, ModelSpec, frozen, moe_layer_freq, tiny
+from rlsmoke.models.base import TINY_MLA, ModelSpec, ParallelGrid, frozen, moe_layer_freq, tiny
 
 
 def dsa_moe_args(spec: ModelSpec) -> list[str]:
@@ -54,6 +54,11 @@ def glm5_megatron_args(spec: ModelSpec) -> list[str]:
     ]  # fmt: skip
 
 
+# Seed 004 NVIDIA: 8 GPUs as TP4+SP, CP2, EP8, one rollout engine of 8 (dp 8, ep 8); PP4 from 32 GPUs.
+# Miles main's launcher trains CP1 (600ac7452), CP2 only for the full model on 16+ nodes.
+GLM5_GRID = ParallelGrid(tp=4, ep=8, pp=4, pp_from=32, cp=2, main_cp_from=128)
+
+
 def glm5_744b_a40b() -> ModelSpec:
     return ModelSpec(
         name="glm5-744b-a40b",
@@ -87,6 +92,7 @@ def glm5_744b_a40b() -> ModelSpec:
             rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
         ),
         megatron_args_fn=glm5_megatron_args,
+        grid=GLM5_GRID,
     )
 
 

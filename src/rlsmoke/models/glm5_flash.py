@@ -5,7 +5,7 @@ The top-level HF config is multimodal (text_config + vision_config); rlsmoke tra
 
 from __future__ import annotations
 
-from rlsmoke.models.base import TINY_MLA, ModelSpec, frozen, tiny
+from rlsmoke.models.base import TINY_MLA, ModelSpec, ParallelGrid, frozen, tiny
 from rlsmoke.models.glm5 import dsa_moe_args, mla_args
 
 
@@ -20,6 +20,10 @@ def glm5_flash_megatron_args(spec: ModelSpec) -> list[str]:
         "--vocab-size", str(spec.vocab_size),
         "--enable-experimental",
     ]  # fmt: skip
+
+
+# Seed 000: 32 GPUs as TP8 / PP4 / EP8 / CP1 (stages 11/11/11/12); 8-GPU rollout engines, TP8 / EP8.
+FLASH_GRID = ParallelGrid(tp=8, ep=8, pp=4, pp_from=32, rollout_dp=False, dense_tp_lm_head=False)
 
 
 def glm5_3_flash() -> ModelSpec:
@@ -57,6 +61,7 @@ def glm5_3_flash() -> ModelSpec:
             hc_mult=4,
         ),
         megatron_args_fn=glm5_flash_megatron_args,
+        grid=FLASH_GRID,
     )
 
 
