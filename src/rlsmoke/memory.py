@@ -21,11 +21,10 @@ different GPUs: the estimate per GPU is the larger of the two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from rlsmoke.facts import CPU_MAX_RESPONSE_LEN, CPU_N_PROMPTS, CPU_N_SAMPLES, RESIDENT_FRACTION
+from rlsmoke.facts import CPU_MAX_RESPONSE_LEN, CPU_N_PROMPTS, CPU_N_SAMPLES
 from rlsmoke.models.params import kda_layers, parameter_count
-from rlsmoke.recipe import BatchShape
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -234,25 +233,6 @@ def estimate(spec, plan: Plan) -> Estimate:
     return Estimate(phases, terms, p.total)
 
 
-def plan_for(case, *, offload: bool | None = None, **batch) -> Plan:
-    """The plan the built-in engine runs for a GPU case with its default flags (what the suite launches)."""
-    mode = case.mode or ("async" if case.platform == "rocm" else "colocate")
-    world = case.num_gpus if mode == "colocate" else 1
-    shape = BatchShape.for_platform(case.platform)  # what `rlsmoke run` defaults to
-    batch.setdefault("n_prompts", shape.n_prompts(mode, case.num_gpus))
-    batch.setdefault("n_samples", shape.n_samples)
-    batch.setdefault("response_len", shape.max_response_len)
-    batch.setdefault("kda", "fla" if _fla_importable() else "reference")
-    return Plan(world=world, mode=mode, offload=mode == "colocate" if offload is None else offload,
-                compute_copy=world == 1, fused_adamw=world == 1, **batch)  # fmt: skip
-
-
-def _fla_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("fla") is not None
-
-
 def plan_of_run(cfg) -> Plan:
     """The plan of an engine `RunConfig` (read by field name, so this module stays free of the engine)."""
     return Plan(world=cfg.num_gpus if cfg.mode == "colocate" else 1, mode=cfg.mode, train_dtype=cfg.train_dtype,
@@ -272,83 +252,7 @@ def _kda_env() -> str:
     return os.environ.get("RLSMOKE_KDA", "").strip().lower()
 
 
-def offload_needed(cfg, spec) -> bool:
-    """`--offload`'s default for a colocated GPU run: on unless the run fits resident with room to spare.
+def _fla_importable() -> bool:
+    import importlib.util
 
-    Only a one-device run goes without: that is where the estimate has met the measured peak (FSDP2
-    ranks keep the offload until theirs is measured). An unknown device keeps it too; CPU runs and
-    async runs have nothing to offload."""
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    if cfg.mode != "colocate" or not cfg.device.startswith("cuda"):
-        return False
-    if cfg.num_gpus > 1:
-        return True
-    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
-    resident = estimate(spec, replace(plan_of_run(cfg), offload=False))
-    return not have or resident.peak > RESIDENT_FRACTION * have * GIB
-
-
-def offload_train_needed(cfg, spec) -> bool:
-    """With the offload on, whether the train state must leave the device for the rollout too: not when
-    the rollout and the sync fit beside it in RESIDENT_FRACTION of the device (the step's phase is the
-    same either way). Then only the rollout copy moves (GLM-4.5 4-layer on one H200: its 12 GiB each way
-    a seed, not the master weights and the moments too)."""
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
-    if cfg.num_gpus > 1 or not have:
-        return True  # FSDP2 ranks keep the whole offload until theirs is measured, as `offload_needed`
-    copy_only = estimate(spec, replace(plan_of_run(cfg), offload=True, offload_train=False))
-    return max(copy_only.phases["rollout"], copy_only.phases["sync"]) > RESIDENT_FRACTION * have * GIB
-
-
-def initial_on_device(cfg, spec) -> bool:
-    """Whether --repeat or --variants keeps its initial weights on the device: when the estimate with
-    that copy still fits the device's usable memory. Host memory costs more than the copies: pinning a
-    GLM-5 4-layer's 11 GiB took about 14 s on an H200 host, against milliseconds for a device copy."""
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    if not cfg.device.startswith("cuda") or not DEVICE_MEMORY_GIB.get(cfg.device_class, 0):
-        return False
-    with_copy = estimate(spec, replace(plan_of_run(cfg), initial_on_device=True))
-    return with_copy.peak <= usable_gib(cfg.device_class) * GIB
-
-
-def check_run_fits(cfg, spec, *, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
-    """Refuse a run whose estimate exceeds its devices, before anything loads; return the estimate.
-    `prompt_tokens`: the prompt file's longest prompt, budgeted when longer than PROMPT_TOKENS."""
-    from rlsmoke.errors import RlsmokeError
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    est = estimate(spec, replace(plan_of_run(cfg), prompt_len=max(PROMPT_TOKENS, prompt_tokens)))
-    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
-    if have and est.peak > usable_gib(cfg.device_class) * GIB:
-        hint = "" if cfg.offload_active or cfg.mode != "colocate" else "--offload, "
-        raise RlsmokeError(
-            f"case={cfg.case} needs {est.describe()} over {cfg.num_gpus} GPU(s); a {cfg.device_class} has "
-            f"{have} GiB ({usable_gib(cfg.device_class):.0f} usable)", rule="memory.fits",
-            fix=f"use {hint}more GPUs (--num-gpus), a smaller batch (--n-samples, --max-response-len), or --tiny",
-        )  # fmt: skip
-    return est
-
-
-def usable_gib(device: str) -> float:
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    return DEVICE_MEMORY_GIB.get(device, 0) * USABLE_FRACTION
-
-
-def shortfall(case, host) -> str:
-    """Why a full-width GPU case cannot fit this host's devices ("" when it fits), as a skip reason."""
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    have = DEVICE_MEMORY_GIB.get(host.device, 0)
-    if case.platform not in ("nvidia", "rocm") or case.tiny or not have:
-        return ""
-    est = estimate(case.spec(), plan_for(case))
-    if est.peak <= usable_gib(host.device) * GIB:
-        return ""
-    gpus = f"{case.num_gpus} GPU{'s' if case.num_gpus > 1 else ''}"
-    return (f"needs {est.describe()} for {case.name} over {gpus}; {host.describe()} has {have} GiB each "
-            f"({usable_gib(host.device):.0f} usable). Run with more GPUs (--num-gpus)")  # fmt: skip
+    return importlib.util.find_spec("fla") is not None

@@ -117,7 +117,7 @@ def test_plan_imports_no_torch():
 def test_run_config_imports_neither_the_engine_nor_the_launch():
     """`rlsmoke run` checks its flags before the engine's clock starts: the launch (Miles' argv, the plan's
     diff) and the engine's heavy packages are not imported for it."""
-    code = ("import sys; from rlsmoke.cli import build_parser; from rlsmoke.engine.cli import config_from_args; "
+    code = ("import sys; from rlsmoke.cli import build_parser; from rlsmoke.run_flags import config_from_args; "
             "config_from_args(build_parser('run').parse_args(['run', 'glm5-744b-a40b-4layer', '--platform', 'cpu'])); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'ray', 'megatron', "
             "'fla', 'triton') or m.startswith(('rlsmoke.launch', 'rlsmoke.conformance', 'rlsmoke.engine.run'))))")  # fmt: skip

@@ -16,9 +16,9 @@ from procs import alive
 
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
-from rlsmoke.engine.cli import gate_run
 from rlsmoke.errors import ExitCode
 from rlsmoke.launch.warm import run_captured
+from rlsmoke.run_command import gate_run
 from rlsmoke.suite import CaseRun
 
 CASE = "glm5-744b-a40b-4layer"

@@ -137,12 +137,13 @@ def test_flash_s_estimate_meets_its_measured_peak_on_each_kda_path(run):
 
     from rlsmoke import memory
     from rlsmoke.cases import Case
+    from rlsmoke.resolve import plan_for
 
     summary = json.loads((FLASH_RUNS / run / "summary.json").read_text())
     recorded, (peak,) = summary["memory"]["estimate_gib_per_gpu"]["peak"], summary["memory"]["peak_gib_per_rank"]
     assert -0.05 <= (recorded - peak) / peak <= 0.15, (run, recorded, peak)
     case = Case(summary["case"], platform="nvidia", num_gpus=1)
-    plan = dataclasses.replace(memory.plan_for(case, offload=summary["memory"]["offload"]), kda=summary["kda"])
+    plan = dataclasses.replace(plan_for(case, offload=summary["memory"]["offload"]), kda=summary["kda"])
     assert round(memory.estimate(case.spec(), plan).peak / 2**30, 2) == recorded
 
 

@@ -187,10 +187,10 @@ class RunConfig:
     offload: bool | None = None
     # With the offload on, whether the train state leaves the device for the rollout too (Miles'
     # --offload-train; the rollout copy's turn is --offload-rollout). None: yes, as Miles' --offload,
-    # until `rlsmoke.resolve` decides it (memory.offload_train_needed).
+    # until `rlsmoke.resolve` decides it (residency.offload_train_needed).
     offload_train: bool | None = None
     # Where --repeat and --variants keep the weights each further run starts from: a device copy when the
-    # memory estimate leaves room for it (`memory.initial_on_device`), else host memory (engine.reuse).
+    # memory estimate leaves room for it (`residency.initial_on_device`), else host memory (engine.reuse).
     initial_on_device: bool = False
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
