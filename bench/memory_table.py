@@ -4,7 +4,7 @@
 
 Each cell is `estimate / measured` in GiB per GPU. The estimate is recomputed by this checkout's
 `rlsmoke.memory` from what summary.json records (case, GPU count, mode, dtypes, offload) and the
-suite's GPU batch (`memory.plan_for`: seed 004's 8 prompts x 8 samples x 100 response tokens), not
+suite's GPU batch (`resolve.plan_for`: seed 004's 8 prompts x 8 samples x 100 response tokens), not
 read from the summary, which holds the estimate of the code that ran. The measured figure is
 `torch.cuda.max_memory_allocated` per phase window, the max over ranks. The peak error is
 (estimate - measured) / measured over all phases. `--estimate CASE@GPUS` adds a row with no run behind it.
@@ -20,14 +20,14 @@ import dataclasses
 import json
 from pathlib import Path
 
-from rlsmoke import memory
+from rlsmoke import memory, resolve
 from rlsmoke.cases import Case
 
 PHASES = memory.PHASES
 
 
 def _plan(case: Case, mem: dict, dtype: dict) -> memory.Plan:
-    plan = memory.plan_for(case, offload=mem.get("offload"))
+    plan = resolve.plan_for(case, offload=mem.get("offload"))
     return dataclasses.replace(plan, train_dtype=dtype.get("train", plan.train_dtype),
                                rollout_dtype=dtype.get("rollout", plan.rollout_dtype),
                                compute_dtype=dtype.get("compute", plan.compute_dtype))  # fmt: skip
@@ -88,7 +88,7 @@ def rows(folders: list[Path], extra: list[str] = ()) -> list[str]:
     for item in extra:
         name, _, gpus = item.partition("@")
         case = Case(name, platform="nvidia", num_gpus=int(gpus or 1))
-        plan = memory.plan_for(case)
+        plan = resolve.plan_for(case)
         out.append(_row(case, memory.estimate(case.spec(), plan), None, False, plan.offload)[0])
     if notes:
         out += ["", "\\* measured before `memory.meter`: the rollout window also held the return of the train "

@@ -37,13 +37,14 @@ def main() -> None:
     timed("nvidia-smi --query-gpu=name", lambda: subprocess.run(
         ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, check=False))
     timed("import rlsmoke.cli", lambda: importlib.import_module("rlsmoke.cli"))
-    from rlsmoke.engine import cli as engine_cli
+    from rlsmoke import run_command as engine_cli
+    from rlsmoke import run_flags
 
     parser_run = argparse.ArgumentParser()
     engine_cli.register(parser_run.add_subparsers())
     for case in args.cases:
         argv = ["run", case, "--platform", args.platform, "--num-gpus", "1", "--records-only"]
-        timed(f"config_from_args {case}", lambda argv=argv: engine_cli.config_from_args(parser_run.parse_args(argv)))
+        timed(f"config_from_args {case}", lambda argv=argv: run_flags.config_from_args(parser_run.parse_args(argv)))
     timed("import torch", lambda: importlib.import_module("torch"))
     import torch
 

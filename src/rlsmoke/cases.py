@@ -7,9 +7,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, MODES, PLATFORMS, default_mode_text
 from rlsmoke.models import MODEL_NAMES, ModelSpec, model_spec
+from rlsmoke.overrides import parse_num_gpus, parse_overrides
 from rlsmoke.recipe import Recipe
-from rlsmoke.topology import DEFAULT_TARGET, Topology, parse_num_gpus, parse_overrides, plan_topology
+from rlsmoke.targets import DEFAULT_TARGET, TARGETS
+from rlsmoke.topology import Topology, plan_topology
 
 if TYPE_CHECKING:  # the launch is rendered by plan() only: `rlsmoke run` never imports it
     from rlsmoke.launch.miles import Launch, Paths
@@ -71,7 +74,7 @@ def add_case_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("case", metavar="CASE", help="case name (see `rlsmoke cases`)")
 
 
-def add_tiny_arg(p: argparse.ArgumentParser, default: str) -> None:
+def add_tiny_arg(p: argparse._ActionsContainer, default: str) -> None:
     p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
                    help=f"the tiny width of the case, seconds on a CPU (default: {default})")  # fmt: skip
 
@@ -81,15 +84,17 @@ def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) 
     add_case_arg(p)
     if detect_platform:
         p.add_argument("--platform", default=None,
-                       help="nvidia | rocm | cpu (default: detected: nvidia-smi, then rocm-smi, else cpu)")  # fmt: skip
+                       help=f"{' | '.join(PLATFORMS)} (default: detected: nvidia-smi, then rocm-smi, else cpu)")
     else:
-        p.add_argument("--platform", required=True, help="nvidia | rocm | cpu")
+        p.add_argument("--platform", required=True, help=" | ".join(PLATFORMS))
     p.add_argument("--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it")
-    p.add_argument("--mode", default=None, help="colocate | async (default: colocate on NVIDIA and CPU, async on ROCm)")
+    p.add_argument("--mode", default=None, help=f"{' | '.join(MODES)} (default: {default_mode_text()})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
-    p.add_argument("--gpus-per-node", type=int, default=None, help="default: 8, or NUM_GPUS when smaller")
-    p.add_argument("--target", default=None, help="Miles/SGLang versions to render flags for (default miles-0.0.2)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help=f"default: {DEFAULT_GPUS_PER_NODE}, or NUM_GPUS when smaller")
+    p.add_argument("--target", default=None,
+                   help=f"Miles/SGLang versions to render flags for: {' | '.join(TARGETS)} (default {DEFAULT_TARGET})")
 
 
 def case_from_args(args, *, tiny: bool = False) -> Case:

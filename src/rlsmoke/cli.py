@@ -23,7 +23,7 @@ from rlsmoke.topology import TARGETS
 EXTERNAL = {
     "prepare": "rlsmoke.checkpoints.cli",
     "verify": "rlsmoke.checkpoints.cli",
-    "run": "rlsmoke.engine.cli",
+    "run": "rlsmoke.run_command",
     "report": "rlsmoke.report",
     "calibrate": "rlsmoke.calibration",
 }

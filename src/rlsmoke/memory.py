@@ -1,8 +1,6 @@
 """Device memory per GPU, estimated from the plan before anything loads. No torch here.
 
-Parameter counts are exact: each family's tensors are counted from the same config dims the HF
-config is built from (`models/`), and tests pin the sum against transformers' own modules on the
-meta device and against a synthesized checkpoint's safetensors header.
+Parameter counts are exact and live in `rlsmoke.models.params`.
 
 The estimate follows what the built-in engine keeps resident in each phase of a colocated run:
 
@@ -23,9 +21,10 @@ different GPUs: the estimate per GPU is the larger of the two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from rlsmoke.recipe import BatchShape
+from rlsmoke.facts import CPU_MAX_RESPONSE_LEN, CPU_N_PROMPTS, CPU_N_SAMPLES
+from rlsmoke.models.params import kda_layers, parameter_count
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -35,125 +34,6 @@ PROMPT_TOKENS = 64
 # What a device can hold of its nominal memory: the CUDA context, NCCL buffers and the allocator's
 # fragmentation are not in `max_memory_allocated`, which the estimate predicts.
 USABLE_FRACTION = 0.92
-# A colocated GPU run skips the offload only when everything stays resident within this fraction of
-# the device: the moves are exact but slow (pageable copies of the whole train state, each phase), and
-# the estimate counts allocated bytes, not what the allocator loses to fragmentation.
-RESIDENT_FRACTION = 0.8
-
-
-@dataclass(frozen=True)
-class ParamCount:
-    """Parameters of a model, exact, in the groups memory depends on."""
-
-    blocks: tuple[int, ...]  # each decoder layer (FSDP2 shards and gathers one at a time)
-    root: int  # everything outside the decoder layers: embeddings, final norm, lm_head, vision tower
-    experts: int  # routed expert weights, included in `blocks`
-    largest_tensor: int  # the biggest single parameter (the sync gathers one at a time)
-    embedding: int  # the input embedding (autocast does not cast a lookup)
-    buffers: int = 0  # persistent buffers saved in the checkpoint (router expert bias)
-
-    @property
-    def total(self) -> int:
-        return self.root + sum(self.blocks)
-
-    @property
-    def dense(self) -> int:
-        return self.total - self.experts
-
-    @property
-    def checkpoint_numel(self) -> int:
-        return self.total + self.buffers
-
-
-def _mla(h: int, heads: int, x: dict) -> int:
-    q_rank, kv_rank = x["q_lora_rank"], x["kv_lora_rank"]
-    nope, rope, v = x["qk_nope_head_dim"], x["qk_rope_head_dim"], x["v_head_dim"]
-    n = h * q_rank + q_rank + q_rank * heads * (nope + rope)  # q_a, q_a_layernorm, q_b
-    n += h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)  # kv_a_proj_with_mqa, kv_a_layernorm, kv_b
-    n += heads * v * h  # o_proj
-    return n
-
-
-def _indexer(h: int, x: dict, *, kpool: int = 0) -> int:
-    """DSA indexer: wq_b, wk, k_norm (LayerNorm: weight and bias), weights_proj; GLM-5.3's key pooling."""
-    n_heads, dim = x["index_n_heads"], x["index_head_dim"]
-    n = x["q_lora_rank"] * n_heads * dim + h * dim + 2 * dim + h * n_heads
-    if kpool:
-        n += kpool * dim + dim * h  # index_kpool_compress_ape, index_kpool_compress_gate
-    return n
-
-
-def _kda(h: int, x: dict) -> int:
-    """GLM-5.3-Flash's linear attention: q/k/v, depthwise conv, forget gate, beta, output gate and norm, o."""
-    heads, dim, kernel = x["linear_num_heads"], x["linear_head_dim"], x.get("linear_conv_kernel_dim", 4)
-    qkv = heads * dim
-    n = 3 * h * qkv + 3 * qkv * kernel  # q/k/v projections, conv1d (groups = channels, no bias)
-    n += h * dim + dim * qkv + qkv + heads  # forget gate: f_a, f_b, dt_bias, A_log
-    n += h * heads  # b_proj
-    n += h * dim + dim * qkv + dim  # g_a, g_b, o_norm
-    n += qkv * h  # o_proj
-    return n
-
-
-def _hyper_connection(h: int, mult: int) -> int:
-    width = (2 + mult) * mult
-    return width * mult * h + width + 3  # fn, base, scale
-
-
-# transformers' Glm5NextVisionConfig defaults, used where the spec leaves the vision tower unset.
-GLM5_NEXT_VISION = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "in_channels": 3, "patch_size": 14,
-                    "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 1536,
-                    "intermediate_size": 4096, "projection_intermediate_size": 10240}  # fmt: skip
-
-
-def _glm5_next_vision(outer: dict) -> int:
-    v = {**GLM5_NEXT_VISION, **outer.get("vision_config", {})}
-    d, heads, out = v["hidden_size"], v["num_heads"], v["out_hidden_size"]
-    head_dim = d // heads
-    block = 2 * d  # norm1, norm2
-    block += 3 * d * d + 3 * d + d * d + d + 2 * head_dim  # qkv and proj with bias, q_norm, k_norm
-    block += 3 * d * v["intermediate_size"] + 2 * v["intermediate_size"] + d  # gate/up/down with bias
-    n = v["depth"] * block
-    n += v["in_channels"] * d * v["temporal_patch_size"] * v["patch_size"] ** 2 + d  # patch_embed (Conv3d)
-    ctx = v["projection_intermediate_size"]
-    n += out * out + 2 * out + 3 * out * ctx  # merger: proj, LayerNorm, gate/up/down
-    n += d * out * v["spatial_merge_size"] ** 2 + out  # downsample (Conv2d)
-    n += d  # post_layernorm
-    return n
-
-
-def parameter_count(spec) -> ParamCount:
-    """The exact parameter count of `spec`'s transformers model (text tower and, where present, vision)."""
-    h, x = spec.hidden_size, dict(spec.hf_extra)
-    norm = 2 * h  # input_layernorm, post_attention_layernorm
-    dense_mlp = 3 * h * spec.ffn_hidden_size
-    experts = spec.num_experts * 3 * h * spec.moe_ffn_hidden_size  # gate_up_proj (E, 2I, h), down_proj (E, h, I)
-    shared = x.get("n_shared_experts", 1) * 3 * h * spec.moe_ffn_hidden_size
-    moe_mlp = experts + shared + spec.num_experts * h  # + the router weight
-    embedding = spec.vocab_size * h
-    root = 2 * embedding + h  # embed_tokens, lm_head (untied), final norm
-    largest = max(embedding, experts * 2 // 3)  # gate_up_proj holds two of the three expert matrices
-    if spec.hf_model_type == "glm_moe_dsa":
-        attn = [_mla(h, spec.num_attention_heads, x) + _indexer(h, x)] * spec.num_layers
-    elif spec.hf_model_type == "glm5_next":
-        # Every 4th layer (index 3, 7, ...) is MLA with the indexer; the others are linear attention.
-        kpool = x.get("index_kpool", 16)
-        attn = [_mla(h, spec.num_attention_heads, x) + _indexer(h, x, kpool=kpool) if i % 4 == 3 else _kda(h, x)
-                for i in range(spec.num_layers)]  # fmt: skip
-        norm += 2 * _hyper_connection(h, x.get("hc_mult", 4))  # attn_hc, ffn_hc
-        root += _glm5_next_vision(dict(spec.hf_outer))
-    elif spec.hf_model_type == "glm4_moe":
-        heads, groups = spec.num_attention_heads, spec.num_query_groups
-        d = x.get("head_dim", h // heads)
-        bias = x.get("attention_bias", False)
-        attn_one = h * d * (heads + 2 * groups) + heads * d * h + (heads + 2 * groups) * d * bias
-        attn_one += 2 * d * bool(x.get("use_qk_norm", False))
-        attn = [attn_one] * spec.num_layers
-    else:
-        raise ValueError(f"no parameter count for hf_model_type={spec.hf_model_type!r}")
-    blocks = tuple(a + norm + (dense_mlp if i < spec.first_k_dense else moe_mlp) for i, a in enumerate(attn))
-    return ParamCount(blocks=blocks, root=root, experts=experts * spec.num_moe_layers, largest_tensor=largest,
-                      embedding=embedding, buffers=spec.num_experts * spec.num_moe_layers)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -172,10 +52,10 @@ class Plan:
     compute_copy: bool = False
     # The fused AdamW step (one CUDA device) needs no state-sized temporary; foreach (FSDP2, CPU) does.
     fused_adamw: bool = False
-    n_prompts: int = 2
-    n_samples: int = 4
+    n_prompts: int = CPU_N_PROMPTS
+    n_samples: int = CPU_N_SAMPLES
     prompt_len: int = PROMPT_TOKENS
-    response_len: int = 16
+    response_len: int = CPU_MAX_RESPONSE_LEN
     kda: str = "fla"  # GLM-5.3-Flash's KDA: "fla" (Triton kernels) or "reference" (PyTorch, engine.kda)
     # --repeat / --variants: the initial weights kept on the device, in the narrowest exact dtype, from
     # the end of the load to the end of the run (engine.reuse)
@@ -212,11 +92,6 @@ class Estimate:
         worst = self.terms.get(self.peak_phase, {})
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in worst.items() if v)
         return f"{self.peak / GIB:.0f} GiB per GPU at {self.peak_phase} ({parts})"
-
-
-# KDA layers: every layer of GLM-5.3-Flash but each 4th (index 3, 7, ...), which is MLA with the indexer.
-def kda_layers(spec) -> int:
-    return sum(1 for i in range(spec.num_layers) if i % 4 != 3) if spec.hf_model_type == "glm5_next" else 0
 
 
 # float32 tensors of (rows, heads, chunks, 64, 64, head_dim) that transformers' reference chunked KDA keeps
@@ -358,25 +233,6 @@ def estimate(spec, plan: Plan) -> Estimate:
     return Estimate(phases, terms, p.total)
 
 
-def plan_for(case, *, offload: bool | None = None, **batch) -> Plan:
-    """The plan the built-in engine runs for a GPU case with its default flags (what the suite launches)."""
-    mode = case.mode or ("async" if case.platform == "rocm" else "colocate")
-    world = case.num_gpus if mode == "colocate" else 1
-    shape = BatchShape.for_platform(case.platform)  # what `rlsmoke run` defaults to
-    batch.setdefault("n_prompts", shape.n_prompts(mode, case.num_gpus))
-    batch.setdefault("n_samples", shape.n_samples)
-    batch.setdefault("response_len", shape.max_response_len)
-    batch.setdefault("kda", "fla" if _fla_importable() else "reference")
-    return Plan(world=world, mode=mode, offload=mode == "colocate" if offload is None else offload,
-                compute_copy=world == 1, fused_adamw=world == 1, **batch)  # fmt: skip
-
-
-def _fla_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("fla") is not None
-
-
 def plan_of_run(cfg) -> Plan:
     """The plan of an engine `RunConfig` (read by field name, so this module stays free of the engine)."""
     return Plan(world=cfg.num_gpus if cfg.mode == "colocate" else 1, mode=cfg.mode, train_dtype=cfg.train_dtype,
@@ -396,83 +252,7 @@ def _kda_env() -> str:
     return os.environ.get("RLSMOKE_KDA", "").strip().lower()
 
 
-def offload_needed(cfg, spec) -> bool:
-    """`--offload`'s default for a colocated GPU run: on unless the run fits resident with room to spare.
+def _fla_importable() -> bool:
+    import importlib.util
 
-    Only a one-device run goes without: that is where the estimate has met the measured peak (FSDP2
-    ranks keep the offload until theirs is measured). An unknown device keeps it too; CPU runs and
-    async runs have nothing to offload."""
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    if cfg.mode != "colocate" or not cfg.device.startswith("cuda"):
-        return False
-    if cfg.num_gpus > 1:
-        return True
-    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
-    resident = estimate(spec, replace(plan_of_run(cfg), offload=False))
-    return not have or resident.peak > RESIDENT_FRACTION * have * GIB
-
-
-def offload_train_needed(cfg, spec) -> bool:
-    """With the offload on, whether the train state must leave the device for the rollout too: not when
-    the rollout and the sync fit beside it in RESIDENT_FRACTION of the device (the step's phase is the
-    same either way). Then only the rollout copy moves (GLM-4.5 4-layer on one H200: its 12 GiB each way
-    a seed, not the master weights and the moments too)."""
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
-    if cfg.num_gpus > 1 or not have:
-        return True  # FSDP2 ranks keep the whole offload until theirs is measured, as `offload_needed`
-    copy_only = estimate(spec, replace(plan_of_run(cfg), offload=True, offload_train=False))
-    return max(copy_only.phases["rollout"], copy_only.phases["sync"]) > RESIDENT_FRACTION * have * GIB
-
-
-def initial_on_device(cfg, spec) -> bool:
-    """Whether --repeat or --variants keeps its initial weights on the device: when the estimate with
-    that copy still fits the device's usable memory. Host memory costs more than the copies: pinning a
-    GLM-5 4-layer's 11 GiB took about 14 s on an H200 host, against milliseconds for a device copy."""
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    if not cfg.device.startswith("cuda") or not DEVICE_MEMORY_GIB.get(cfg.device_class, 0):
-        return False
-    with_copy = estimate(spec, replace(plan_of_run(cfg), initial_on_device=True))
-    return with_copy.peak <= usable_gib(cfg.device_class) * GIB
-
-
-def check_run_fits(cfg, spec, *, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
-    """Refuse a run whose estimate exceeds its devices, before anything loads; return the estimate.
-    `prompt_tokens`: the prompt file's longest prompt, budgeted when longer than PROMPT_TOKENS."""
-    from rlsmoke.errors import RlsmokeError
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    est = estimate(spec, replace(plan_of_run(cfg), prompt_len=max(PROMPT_TOKENS, prompt_tokens)))
-    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
-    if have and est.peak > usable_gib(cfg.device_class) * GIB:
-        hint = "" if cfg.offload_active or cfg.mode != "colocate" else "--offload, "
-        raise RlsmokeError(
-            f"case={cfg.case} needs {est.describe()} over {cfg.num_gpus} GPU(s); a {cfg.device_class} has "
-            f"{have} GiB ({usable_gib(cfg.device_class):.0f} usable)", rule="memory.fits",
-            fix=f"use {hint}more GPUs (--num-gpus), a smaller batch (--n-samples, --max-response-len), or --tiny",
-        )  # fmt: skip
-    return est
-
-
-def usable_gib(device: str) -> float:
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    return DEVICE_MEMORY_GIB.get(device, 0) * USABLE_FRACTION
-
-
-def shortfall(case, host) -> str:
-    """Why a full-width GPU case cannot fit this host's devices ("" when it fits), as a skip reason."""
-    from rlsmoke.platforms import DEVICE_MEMORY_GIB
-
-    have = DEVICE_MEMORY_GIB.get(host.device, 0)
-    if case.platform not in ("nvidia", "rocm") or case.tiny or not have:
-        return ""
-    est = estimate(case.spec(), plan_for(case))
-    if est.peak <= usable_gib(host.device) * GIB:
-        return ""
-    gpus = f"{case.num_gpus} GPU{'s' if case.num_gpus > 1 else ''}"
-    return (f"needs {est.describe()} for {case.name} over {gpus}; {host.describe()} has {have} GiB each "
-            f"({usable_gib(host.device):.0f} usable). Run with more GPUs (--num-gpus)")  # fmt: skip
+    return importlib.util.find_spec("fla") is not None

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from rlsmoke.errors import UnknownNameError
+from rlsmoke.facts import DEFAULT_MODE
 
 
 @dataclass(frozen=True)
@@ -18,15 +19,18 @@ class Platform:
     name: str  # "nvidia" | "rocm" | "cpu"
     devices: tuple[str, ...]  # device classes rlsmoke knows thresholds and memory for
     visible_devices_var: str | None
-    default_mode: str  # seed 004: colocate on NVIDIA, async on ROCm
     torch_device: str
+
+    @property
+    def default_mode(self) -> str:
+        return DEFAULT_MODE[self.name]
 
 
 PLATFORMS = {
-    "nvidia": Platform("nvidia", ("H100", "H200", "B200", "B300"), "CUDA_VISIBLE_DEVICES", "colocate", "cuda"),
+    "nvidia": Platform("nvidia", ("H100", "H200", "B200", "B300"), "CUDA_VISIBLE_DEVICES", "cuda"),
     # ROCm torch still calls its devices "cuda"; HIP_VISIBLE_DEVICES is what SGLang's probe reads.
-    "rocm": Platform("rocm", ("MI300X", "MI355X"), "HIP_VISIBLE_DEVICES", "async", "cuda"),
-    "cpu": Platform("cpu", ("CPU",), None, "colocate", "cpu"),
+    "rocm": Platform("rocm", ("MI300X", "MI355X"), "HIP_VISIBLE_DEVICES", "cuda"),
+    "cpu": Platform("cpu", ("CPU",), None, "cpu"),
 }
 
 # Memory per device (GiB) for the OOM estimate and the case-fits checks.

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlsmoke.errors import RlsmokeError
-
-REWARDS = ("target", "deepscaler")
+from rlsmoke.facts import CPU_MAX_RESPONSE_LEN, CPU_N_PROMPTS, CPU_N_SAMPLES, DEFAULT_REWARD, REWARDS
 
 
 @dataclass(frozen=True)
@@ -37,11 +36,10 @@ class Recipe:
     # must be given (`launch.miles.head_addr` renders HEAD_PLACEHOLDER until it is).
     master_addr: str | None = None
     prompt_file: str = "dapo-math-17k/dapo-math-17k.jsonl"
-    # "target": the built-in engine's dense reward, loaded by Miles through --custom-rm-path, so an
-    # untrained model's group has reward variance and grad_norm > 0 means the step learned something.
-    # "deepscaler": Miles' own 0/1 math reward; a 4-layer model earns 0 everywhere, so the gradient is 0
-    # and grad_norm can only be gated finite.
-    reward: str = "target"
+    # "target" (rlsmoke.facts.REWARDS) reaches Miles through --custom-rm-path, so grad_norm > 0 means the
+    # step learned something; under "deepscaler" a 4-layer model earns 0 everywhere, the gradient is 0 and
+    # grad_norm can only be gated finite.
+    reward: str = DEFAULT_REWARD
 
     def __post_init__(self):
         if self.reward not in REWARDS:
@@ -67,7 +65,7 @@ class BatchShape:
     @classmethod
     def for_platform(cls, platform: str) -> BatchShape:
         if platform == "cpu":
-            return cls(2, 4, 16)  # the tiny CPU cases stay seconds long on 2 cores
+            return cls(CPU_N_PROMPTS, CPU_N_SAMPLES, CPU_MAX_RESPONSE_LEN)
         # seed 004's per-rollout shape: what the GPU gates are calibrated on (docs/calibration.md)
         r = SEED_RECIPE
         return cls(r.rollout_batch_size, r.n_samples_per_prompt, r.rollout_max_response_len)

@@ -6,18 +6,17 @@ names one) into a `Decision` that the plugin applies as a skip at collection. No
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rlsmoke import memory
+from rlsmoke import resolve
 from rlsmoke.engine import megatron
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.models import ONE_GPU_VARIANT
+from rlsmoke.facts import DEFAULT_TRAINER, GPU_PLATFORMS
 from rlsmoke.platforms import Host
+from rlsmoke.resolve import effective_case
 
-GPU_PLATFORMS = ("nvidia", "rocm")
 VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
 
 
@@ -55,7 +54,7 @@ def requirement(markers: Iterable[str], gpus_marker: int | None, override: int |
 
 
 def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", miles_root: str | None = None,
-           case=None, num_gpus: int | None = None, trainer: str = "fsdp") -> Decision:  # fmt: skip
+           case=None, num_gpus: int | None = None, trainer: str = DEFAULT_TRAINER) -> Decision:  # fmt: skip
     """Whether a test with requirement `req` (running `case` at `num_gpus`, when known) runs on `host`;
     the reason names what was needed and found."""
     if req is not None:
@@ -94,20 +93,6 @@ def trainer_refusal(trainer: str, case=None, inject: str | None = None) -> str:
     return megatron.refusal(case.spec(), case.num_gpus, case.mode) or megatron.unwired(inject=inject or "")
 
 
-def effective_case(case, num_gpus: int | None):
-    """The case at the session's GPU count, when one was given (GPU cases only: CPU runs one device).
-
-    On one GPU a case whose full width does not fit runs its one-GPU variant (`ONE_GPU_VARIANT`).
-    """
-    if case.platform not in GPU_PLATFORMS:
-        return case
-    if num_gpus is not None and case.num_gpus != num_gpus:
-        case = dataclasses.replace(case, num_gpus=num_gpus)
-    if case.num_gpus == 1 and case.name in ONE_GPU_VARIANT and not case.tiny:
-        case = dataclasses.replace(case, name=ONE_GPU_VARIANT[case.name])
-    return case
-
-
 def memory_shortfall(case, host: Host) -> str:
     """Why a full-width GPU case cannot fit this host's devices ("" when it fits), as a skip reason."""
-    return memory.shortfall(case, host)
+    return resolve.shortfall(case, host)

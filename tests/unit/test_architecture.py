@@ -1,5 +1,6 @@
-"""The package's import graph, read from the source with `ast`: no loops, the engine below the suite and
-the CLI, pytest only in the plugin, no module that starts a pytest session, and `rlsmoke plan` without torch."""
+"""The package's import graph, read from the source with `ast`: no loops, the layers in pipeline order (case,
+plan, checkpoint, launch, run, verdict) with the engine below `cases` and the front ends, pytest only in the
+plugin, no module that starts a pytest session, and `rlsmoke plan` without torch."""
 
 import ast
 import subprocess
@@ -70,11 +71,62 @@ def test_the_import_graph_has_no_loops(graph):
         visit(m)
 
 
-def test_the_engine_imports_no_layer_above_it(graph):
-    above = ("rlsmoke.cli", "rlsmoke.launch", "rlsmoke.suite", "rlsmoke.pytest_plugin", "rlsmoke.gating",
-             "rlsmoke.selection")  # fmt: skip
-    wrong = {m: sorted(n for n in graph[m] if n.startswith(above)) for m in graph if m.startswith("rlsmoke.engine")}
-    assert not {m: n for m, n in wrong.items() if n}, wrong
+# The pipeline, in order: a case is planned, its checkpoint prepared, its launch rendered, its run executed,
+# its verdict judged. The front ends (the commands, the suite, the plugin) come after and read them all.
+PIPELINE = (
+    ("case", ("rlsmoke.facts", "rlsmoke.models", "rlsmoke.platforms", "rlsmoke.recipe", "rlsmoke.cases")),
+    ("plan", ("rlsmoke.targets", "rlsmoke.overrides", "rlsmoke.topology", "rlsmoke.topology_rules", "rlsmoke.memory",
+              "rlsmoke.residency", "rlsmoke.resolve")),
+    ("checkpoint", ("rlsmoke.checkpoints", "rlsmoke.bridge")),
+    ("launch", ("rlsmoke.launch",)),
+    ("run", ("rlsmoke.engine",)),
+    ("verdict", ("rlsmoke.metrics", "rlsmoke.thresholds", "rlsmoke.repeats", "rlsmoke.gating")),
+)  # fmt: skip
+FRONT = ("rlsmoke.cli", "rlsmoke.run_flags", "rlsmoke.run_command", "rlsmoke.miles_rollout", "rlsmoke.selection", "rlsmoke.suite",
+         "rlsmoke.pytest_plugin")  # fmt: skip
+# What a plan is made of: no torch, nothing of a later layer (`cases` renders its launch lazily, in Case.plan).
+PURE_PLAN = ("rlsmoke.facts", "rlsmoke.models", "rlsmoke.platforms", "rlsmoke.recipe", "rlsmoke.targets",
+             "rlsmoke.overrides", "rlsmoke.topology", "rlsmoke.topology_rules", "rlsmoke.memory", "rlsmoke.residency")
+
+
+def _layer(module: str) -> str | None:
+    found = [(len(p), name) for name, prefixes in PIPELINE for p in prefixes if module == p or module.startswith(p + ".")]
+    return max(found)[1] if found else None
+
+
+def test_every_layer_and_front_end_names_modules_that_exist():
+    prefixes = [p for _, ps in PIPELINE for p in ps] + list(FRONT)
+    assert [p for p in prefixes if not any(m == p or m.startswith(p + ".") for m in MODULES)] == []
+
+
+def engine_arrows_up(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The engine runs a decided RunConfig: its arrows to `cases` (the case layer's flags and rendering),
+    `resolve`, the launch or a front end."""
+    above = ("rlsmoke.cases", "rlsmoke.resolve", "rlsmoke.launch", "rlsmoke.gating", *FRONT)
+    found = {m: sorted(n for n in to if n.startswith(above)) for m, to in graph.items() if m.startswith("rlsmoke.engine")}
+    return {m: n for m, n in found.items() if n}
+
+
+def plan_arrows_later(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """A plan module's arrows to a later layer (checkpoint, launch, run, verdict)."""
+    later = ("checkpoint", "launch", "run", "verdict")
+    found = {m: sorted(n for n in to if _layer(n) in later) for m, to in graph.items() if m.startswith(PURE_PLAN)}
+    return {m: n for m, n in found.items() if n}
+
+
+def test_the_engine_imports_no_case_nor_what_decides_or_reads_a_run(graph):
+    assert engine_arrows_up(graph) == {}
+
+
+def test_the_plan_imports_no_later_layer(graph):
+    assert plan_arrows_later(graph) == {}
+
+
+def test_the_layer_checks_see_a_wrong_arrow():
+    """The twin: an engine module that imported `cases`, or a plan module that imported the engine, is found."""
+    twin = {"rlsmoke.engine.run": {"rlsmoke.cases", "rlsmoke.memory"}, "rlsmoke.memory": {"rlsmoke.engine.config"}}
+    assert engine_arrows_up(twin) == {"rlsmoke.engine.run": ["rlsmoke.cases"]}
+    assert plan_arrows_later(twin) == {"rlsmoke.memory": ["rlsmoke.engine.config"]}
 
 
 def test_the_library_never_imports_pytest():
@@ -117,7 +169,7 @@ def test_plan_imports_no_torch():
 def test_run_config_imports_neither_the_engine_nor_the_launch():
     """`rlsmoke run` checks its flags before the engine's clock starts: the launch (Miles' argv, the plan's
     diff) and the engine's heavy packages are not imported for it."""
-    code = ("import sys; from rlsmoke.cli import build_parser; from rlsmoke.engine.cli import config_from_args; "
+    code = ("import sys; from rlsmoke.cli import build_parser; from rlsmoke.run_flags import config_from_args; "
             "config_from_args(build_parser('run').parse_args(['run', 'glm5-744b-a40b-4layer', '--platform', 'cpu'])); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'ray', 'megatron', "
             "'fla', 'triton') or m.startswith(('rlsmoke.launch', 'rlsmoke.conformance', 'rlsmoke.engine.run'))))")  # fmt: skip

@@ -16,9 +16,9 @@ from procs import alive
 
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
-from rlsmoke.engine.cli import gate_run
 from rlsmoke.errors import ExitCode
 from rlsmoke.launch.warm import run_captured
+from rlsmoke.run_command import gate_run
 from rlsmoke.suite import CaseRun
 
 CASE = "glm5-744b-a40b-4layer"
@@ -112,7 +112,7 @@ def test_same_seed_gives_identical_metrics(main_job, case_record):
     assert (Path(case_record.artifacts) / "metrics.jsonl").read_text() == (out / "metrics.jsonl").read_text()
 
 
-@pytest.mark.parametrize("case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True), flags=("--reward", "math"))],
+@pytest.mark.parametrize("case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True), flags=("--reward", "deepscaler"))],
                          indirect=True, ids=["math-reward"])  # fmt: skip
 def test_math_reward_on_an_untrained_model_fails_grad_norm_and_reward_range(case_record):
     """The twin of the grad_norm and reward gates: no reward variance, no gradient."""

@@ -1,18 +1,21 @@
 """The memory estimate: exact parameter counts (against transformers and a synthesized checkpoint),
 the per-phase arithmetic against hand computations, and the fit decision the suite and `rlsmoke run` use."""
 
+import dataclasses
 import json
 import math
 import struct
 
 import pytest
 
-from rlsmoke import memory
+from rlsmoke import memory, residency
 from rlsmoke.cases import Case
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.memory import GIB, Plan, estimate, parameter_count
+from rlsmoke.memory import GIB, Plan, estimate
 from rlsmoke.models import model_spec
+from rlsmoke.models.params import parameter_count
 from rlsmoke.platforms import Host
+from rlsmoke.resolve import plan_for, resolve, shortfall
 
 MODELS = ["glm5-744b-a40b-4layer", "glm5-744b-a40b-4layer-1gpu", "glm5.3-flash-4layer", "glm4.5-355b-a32b-4layer",
           "glm4.5-air"]  # fmt: skip
@@ -30,18 +33,21 @@ def meta_model(spec):
         return cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
 
 
-def h200_run_config(monkeypatch, gpus: int = 1):
+def h200_run_config(gpus: int = 1):
     """`rlsmoke run ... --platform nvidia`'s RunConfig on a host of `gpus` H200s: the host is the one thing
-    stood in for (there is no GPU here)."""
+    stood in for (there is no GPU here), given to `resolve` as the session's."""
     import argparse
 
-    from rlsmoke import platforms
-    from rlsmoke.engine import cli as engine_cli
+    from rlsmoke.run_flags import add_run_args, case_and_session
 
-    monkeypatch.setattr(engine_cli, "detect", lambda: platforms.Host(platform="nvidia", device="H200", count=gpus))
     parser = argparse.ArgumentParser()
-    engine_cli.register(parser.add_subparsers())
-    return lambda *argv: engine_cli.config_from_args(parser.parse_args(["run", *argv, "--platform", "nvidia"]))
+    add_run_args(parser)
+
+    def config(*argv):
+        case, session = case_and_session(parser.parse_args([*argv, "--platform", "nvidia"]))
+        return resolve(case, dataclasses.replace(session, host=Host("nvidia", "H200", gpus)))
+
+    return config
 
 
 @pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "full"])
@@ -176,13 +182,13 @@ def test_async_is_the_larger_of_trainer_and_rollout_gpu():
 
 def test_shortfall_names_the_numbers():
     h200 = Host("nvidia", "H200", 1)
-    reason = memory.shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=1), h200)
+    reason = shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=1), h200)
     assert "GiB per GPU at train" in reason and "141 GiB" in reason and "--num-gpus" in reason
-    assert memory.shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=2), h200) == ""
-    assert memory.shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=2), h200) == ""
-    assert memory.shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=1), h200) != ""
-    assert memory.shortfall(Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia", num_gpus=1), h200) == ""
-    assert memory.shortfall(Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True), h200) == ""
+    assert shortfall(Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=2), h200) == ""
+    assert shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=2), h200) == ""
+    assert shortfall(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=1), h200) != ""
+    assert shortfall(Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia", num_gpus=1), h200) == ""
+    assert shortfall(Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True), h200) == ""
 
 
 def test_no_torch_import():
@@ -200,12 +206,12 @@ def test_rlsmoke_run_refuses_a_case_that_cannot_fit_before_loading():
     gpu = RunConfig(case="glm5-744b-a40b-4layer", tiny=False, platform="nvidia", device="cuda", device_class="H200",
                     rollout_dtype="bfloat16")  # fmt: skip
     with pytest.raises(RlsmokeError) as err:
-        memory.check_run_fits(gpu, model_spec(gpu.case))
+        residency.check_run_fits(gpu, model_spec(gpu.case))
     assert err.value.rule == "memory.fits" and "GiB per GPU" in str(err.value) and "--num-gpus" in err.value.fix
     two = gpu.replace(num_gpus=2, n_prompts=2)
-    assert memory.check_run_fits(two, model_spec(two.case)).peak < 141 * GIB
+    assert residency.check_run_fits(two, model_spec(two.case)).peak < 141 * GIB
     with pytest.raises(RlsmokeError) as err:  # the measured OOM: two H200s without offload
-        memory.check_run_fits(two.replace(offload=False), model_spec(two.case))
+        residency.check_run_fits(two.replace(offload=False), model_spec(two.case))
     assert "--offload" in err.value.fix
 
 
@@ -219,20 +225,20 @@ def test_offload_is_skipped_only_when_the_run_fits_resident_with_room():
                          rollout_dtype="bfloat16", n_prompts=8, n_samples=8, max_response_len=100, **kw)  # fmt: skip
 
     glm5, glm45 = h200("glm5-744b-a40b-4layer-1gpu"), h200("glm4.5-355b-a32b-4layer")
-    resident = memory.estimate(model_spec(glm5.case), memory.replace(memory.plan_of_run(glm5), offload=False))
-    assert resident.peak < memory.RESIDENT_FRACTION * 141 * GIB
-    assert not memory.offload_needed(glm5, model_spec(glm5.case))
-    assert memory.offload_needed(glm45, model_spec(glm45.case))
-    assert memory.offload_needed(glm5.replace(device_class="GPU-not-in-the-table"), model_spec(glm5.case))
-    assert not memory.offload_needed(glm5.replace(mode="async", num_gpus=2), model_spec(glm5.case))
+    resident = memory.estimate(model_spec(glm5.case), dataclasses.replace(memory.plan_of_run(glm5), offload=False))
+    assert resident.peak < residency.RESIDENT_FRACTION * 141 * GIB
+    assert not residency.offload_needed(glm5, model_spec(glm5.case))
+    assert residency.offload_needed(glm45, model_spec(glm45.case))
+    assert residency.offload_needed(glm5.replace(device_class="GPU-not-in-the-table"), model_spec(glm5.case))
+    assert not residency.offload_needed(glm5.replace(mode="async", num_gpus=2), model_spec(glm5.case))
     two = h200("glm4.5-355b-a32b-4layer", num_gpus=2)  # 72 GiB resident, but FSDP2's peak is unmeasured
-    assert memory.offload_needed(two, model_spec(two.case))
-    assert not memory.offload_needed(glm5.replace(device="cpu"), model_spec(glm5.case))
+    assert residency.offload_needed(two, model_spec(two.case))
+    assert not residency.offload_needed(glm5.replace(device="cpu"), model_spec(glm5.case))
 
 
 def test_rlsmoke_run_resolves_the_offload_default_before_loading(monkeypatch):
     """`rlsmoke run`'s config has a concrete offload before anything loads (the summary records it)."""
-    run_config = h200_run_config(monkeypatch)
+    run_config = h200_run_config()
 
     def offload(*argv):
         return run_config(*argv).offload
@@ -249,15 +255,15 @@ def test_where_the_rollout_fits_beside_the_train_state_only_the_rollout_copy_mov
     phase (99 GiB) holds the train state beside the copy. `rlsmoke run` resolves that before loading; --offload
     keeps Miles' meaning (both sides move), and --no-offload-train asks for the copy's turns alone."""
     spec = model_spec("glm4.5-355b-a32b-4layer")
-    plan = memory.plan_for(Case("glm4.5-355b-a32b-4layer", platform="nvidia"), kda="reference")
-    full, copy_only = memory.estimate(spec, plan), memory.estimate(spec, memory.replace(plan, offload_train=False))
-    assert copy_only.peak == full.peak <= memory.RESIDENT_FRACTION * 141 * GIB
+    plan = plan_for(Case("glm4.5-355b-a32b-4layer", platform="nvidia"), kda="reference")
+    full, copy_only = memory.estimate(spec, plan), memory.estimate(spec, dataclasses.replace(plan, offload_train=False))
+    assert copy_only.peak == full.peak <= residency.RESIDENT_FRACTION * 141 * GIB
     assert copy_only.peak_phase == "train"
     assert {"master", "compute copy", "AdamW moments"} <= copy_only.terms["rollout"].keys()
     assert "master" not in full.terms["rollout"]
     assert copy_only.phases["rollout"] > full.phases["rollout"]
 
-    run_config = h200_run_config(monkeypatch)
+    run_config = h200_run_config()
 
     def offloads(*argv):
         cfg = run_config(*argv)
@@ -268,7 +274,7 @@ def test_where_the_rollout_fits_beside_the_train_state_only_the_rollout_copy_mov
     assert offloads("glm4.5-355b-a32b-4layer", "--offload", "--no-offload-train") == (True, False)
     assert offloads("glm5-744b-a40b-4layer-1gpu") == (False, False)
     # where the rollout beside the train state (99 GiB) would pass the resident fraction, both sides move
-    monkeypatch.setattr(memory, "RESIDENT_FRACTION", 0.7)
+    monkeypatch.setattr(residency, "RESIDENT_FRACTION", 0.7)
     assert offloads("glm4.5-355b-a32b-4layer") == (True, True)
 
 
@@ -276,8 +282,8 @@ def test_where_the_rollout_fits_beside_the_train_state_only_the_rollout_copy_mov
 def test_the_suite_s_estimate_and_rlsmoke_run_s_read_the_same_batch(monkeypatch, gpus):
     """The suite decides a skip from `plan_for`; `rlsmoke run` refuses from its RunConfig: one shape."""
     name = "glm4.5-355b-a32b-4layer"
-    cfg = h200_run_config(monkeypatch, gpus)(name, "--num-gpus", str(gpus), "--set", "train.cp=1")
-    run, suite = memory.plan_of_run(cfg), memory.plan_for(Case(name, platform="nvidia", num_gpus=gpus))
+    cfg = h200_run_config(gpus)(name, "--num-gpus", str(gpus), "--set", "train.cp=1")
+    run, suite = memory.plan_of_run(cfg), plan_for(Case(name, platform="nvidia", num_gpus=gpus))
     assert (run.n_prompts, run.n_samples, run.response_len) == (suite.n_prompts, suite.n_samples, suite.response_len)
 
 
@@ -286,12 +292,12 @@ def test_initial_weights_on_the_device_are_counted_in_every_phase_and_kept_there
     copy, 2 bytes a parameter, in every phase's estimate); a batch that leaves no room keeps them in host
     memory; `rlsmoke run` resolves it with the offload, before anything loads, and only when it keeps them."""
     spec = model_spec("glm5-744b-a40b-4layer-1gpu")
-    plan = memory.plan_for(Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia"), offload=False)
-    without, kept = memory.estimate(spec, plan), memory.estimate(spec, memory.replace(plan, initial_on_device=True))
+    plan = plan_for(Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia"), offload=False)
+    without, kept = memory.estimate(spec, plan), memory.estimate(spec, dataclasses.replace(plan, initial_on_device=True))
     assert all(kept.phases[p] - without.phases[p] == 2 * without.params for p in memory.PHASES)
     assert all(kept.terms[p]["initial weights"] == 2 * without.params for p in memory.PHASES)
 
-    run_config = h200_run_config(monkeypatch)
+    run_config = h200_run_config()
 
     def on_device(*argv):
         return run_config(*argv).initial_on_device
@@ -303,5 +309,5 @@ def test_initial_weights_on_the_device_are_counted_in_every_phase_and_kept_there
     long = ("--repeat", "2", "--max-response-len", "1700")
     cfg = run_config("glm5-744b-a40b-4layer-1gpu", *long)
     est = memory.estimate(spec, memory.plan_of_run(cfg))
-    assert cfg.offload and est.peak <= memory.usable_gib("H200") * GIB < est.peak + 2 * est.params
+    assert cfg.offload and est.peak <= residency.usable_gib("H200") * GIB < est.peak + 2 * est.params
     assert cfg.initial_on_device is False

@@ -10,7 +10,9 @@ import torch
 
 from rlsmoke import memory
 from rlsmoke.cases import Case
+from rlsmoke.facts import RESIDENT_FRACTION
 from rlsmoke.models import model_spec
+from rlsmoke.resolve import plan_for
 
 GIB = 2**30
 
@@ -63,7 +65,7 @@ REFERENCE_PEAKS = [
 @pytest.mark.parametrize(("name", "experts", "gpus", "offload", "measured"), REFERENCE_PEAKS)
 def test_the_reference_kda_estimate_meets_its_measured_peaks(name, experts, gpus, offload, measured):
     spec = model_spec(name).replace(num_experts=experts)
-    plan = dataclasses.replace(memory.plan_for(Case(name, platform="nvidia", num_gpus=gpus), offload=offload),
+    plan = dataclasses.replace(plan_for(Case(name, platform="nvidia", num_gpus=gpus), offload=offload),
                                kda="reference")  # fmt: skip
     est = memory.estimate(spec, plan)
     assert est.peak_phase == "train"
@@ -75,15 +77,15 @@ def test_without_the_reference_kda_term_the_estimate_falls_short(name, experts, 
     """The twin: the same estimate without the chunk temporaries is more than 5 % under one of the peaks."""
     monkeypatch.setattr(memory, "REFERENCE_KDA_TEMPORARIES", 0)
     spec = model_spec(name).replace(num_experts=experts)
-    plan = dataclasses.replace(memory.plan_for(Case(name, platform="nvidia", num_gpus=gpus), offload=offload),
+    plan = dataclasses.replace(plan_for(Case(name, platform="nvidia", num_gpus=gpus), offload=offload),
                                kda="reference")  # fmt: skip
     assert (memory.estimate(spec, plan).peak / GIB - measured) / measured < -0.05
 
 
 def test_the_one_gpu_variant_fits_an_h200_resident_on_either_kda_path():
     spec = model_spec("glm5.3-flash-4layer-1gpu")
-    plan = memory.plan_for(Case("glm5.3-flash-4layer-1gpu", platform="nvidia", num_gpus=1), offload=False)
+    plan = plan_for(Case("glm5.3-flash-4layer-1gpu", platform="nvidia", num_gpus=1), offload=False)
     fla, ref = (memory.estimate(spec, dataclasses.replace(plan, kda=k)).peak / GIB for k in ("fla", "reference"))
-    assert fla < ref < memory.RESIDENT_FRACTION * 141  # offload stays off: the moves cost seconds a seed
+    assert fla < ref < RESIDENT_FRACTION * 141  # offload stays off: the moves cost seconds a seed
     more = model_spec("glm5.3-flash-4layer-1gpu").replace(num_experts=128)
-    assert memory.estimate(more, dataclasses.replace(plan, kda="reference")).peak / GIB > memory.RESIDENT_FRACTION * 141
+    assert memory.estimate(more, dataclasses.replace(plan, kda="reference")).peak / GIB > RESIDENT_FRACTION * 141

@@ -80,7 +80,7 @@ def test_plan_prints_the_convert_the_rollout_file_and_the_train_only_launch(caps
     script = capsys.readouterr().out
     names = [line.split(":")[0][2:] for line in script.splitlines() if line.startswith("# ") and ":" in line]
     assert names == ["prepare", "convert", "rollout", "ray-head", "train"]
-    assert "tools/convert_hf_to_torch_dist.py" in script and "rlsmoke.engine.miles_rollout" in script
+    assert "tools/convert_hf_to_torch_dist.py" in script and "rlsmoke.miles_rollout" in script
     assert "--include-dashboard=false" in script and "export RAY_ADDRESS=127.0.0.1:6379" in script
     assert "--debug-train-only --load-debug-rollout-data" in script and "ray job submit" not in script
     assert main(["plan", GLM5, "--platform", "nvidia", "--num-gpus", "1", "--train-only", "--format", "json"]) == 0

@@ -10,6 +10,16 @@ from pathlib import Path
 
 from rlsmoke.engine import megatron
 from rlsmoke.errors import RlsmokeError
+from rlsmoke.facts import (
+    CPU_MAX_RESPONSE_LEN,
+    CPU_N_PROMPTS,
+    CPU_N_SAMPLES,
+    DEFAULT_REWARD,
+    DEFAULT_TRAINER,
+    FAULTS,
+    REWARDS,
+    TRAINERS,
+)
 from rlsmoke.models import ModelSpec, model_spec
 from rlsmoke.recipe import SEED_RECIPE
 from rlsmoke.runkey import RunKey, gpu_count
@@ -20,23 +30,12 @@ from rlsmoke.shipped import FIXTURES
 BUILTIN_ASYNC_GPUS = 2
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-REWARDS = ("target", "math")
 COMPUTE_PATHS = ("params", "autocast")
 # The rollout's generate calls (engine.rollout.batch_for): auto; group, one per group; rank, one per rank,
 # the groups left-padded; length, one per prompt length (no padding through KDA's recurrent layers)
 ROLLOUT_BATCHES = ("auto", "group", "rank", "length")
 # name -> whether it takes a value (`rollout-noise=0.01`)
-INJECTIONS = {
-    "temperature-mismatch": False,
-    "stale-weights": False,
-    "rollout-noise": True,
-    "train-dropout": True,
-    # the megatron trainer's bridge defects (rlsmoke.bridge.convert.DEFECTS)
-    "bridge-kv-order": False,
-    "bridge-expert-swap": False,
-    "bridge-gate-up-order": False,
-}
-TRAINERS = ("fsdp", "megatron")  # HF modeling code (FSDP2 on several GPUs) | megatron-core GPTModel
+INJECTIONS = {name: value is not None for name, value in FAULTS.items()}
 # Every metric the built-in engine logs (both trainers; sync/ranks with several ranks), and the one
 # `metrics.Record` derives from them: a thresholds gate on any other is refused before a run.
 BUILTIN_METRICS = frozenset({
@@ -162,10 +161,10 @@ class RunConfig:
     rollout_temperature: float = 1.0
     inject: Inject = field(default_factory=Inject)
     num_rollout: int = 2  # the last rollout is scored, not trained on: it gates the post-sync drift
-    n_prompts: int = 2
-    n_samples: int = 4
-    max_response_len: int = 16  # the CLI's default is BatchShape.for_platform's
-    reward: str = "target"  # a random-weight model scores 0 on math, which leaves GRPO no signal
+    n_prompts: int = CPU_N_PROMPTS  # a GPU run's are seed 004's (`rlsmoke.resolve`)
+    n_samples: int = CPU_N_SAMPLES
+    max_response_len: int = CPU_MAX_RESPONSE_LEN
+    reward: str = DEFAULT_REWARD  # a random-weight model scores 0 on math, which leaves GRPO no signal
     lr: float = SEED_RECIPE.lr
     betas: tuple[float, float] = SEED_RECIPE.adam_betas
     weight_decay: float = SEED_RECIPE.weight_decay
@@ -183,21 +182,20 @@ class RunConfig:
     # weights (measured 5-10x noisier against a bf16 rollout: docs/calibration.md).
     compute_path: str = "params"
     # Colocate offload (Miles' --colocate): the train state waits in host memory while the rollout
-    # copy samples, the rollout copy while the trainer steps. None: on for GPU colocate; `rlsmoke run`
-    # resolves it first (memory.offload_needed: off when one device holds everything with room to spare).
+    # copy samples, the rollout copy while the trainer steps. None: on for GPU colocate, until
+    # `rlsmoke.resolve` decides it (facts.OFFLOAD_DEFAULT).
     offload: bool | None = None
     # With the offload on, whether the train state leaves the device for the rollout too (Miles'
-    # --offload-train; the rollout copy's turn is --offload-rollout). None: yes, as Miles' --offload;
-    # `rlsmoke run` resolves it with the offload (memory.offload_train_needed: no when the rollout fits
-    # beside the resident train state, so only the rollout copy moves).
+    # --offload-train; the rollout copy's turn is --offload-rollout). None: yes, as Miles' --offload,
+    # until `rlsmoke.resolve` decides it (residency.offload_train_needed).
     offload_train: bool | None = None
     # Where --repeat and --variants keep the weights each further run starts from: a device copy when the
-    # memory estimate leaves room for it (`memory.initial_on_device`), else host memory (engine.reuse).
+    # memory estimate leaves room for it (`residency.initial_on_device`), else host memory (engine.reuse).
     initial_on_device: bool = False
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"
     launcher: str = "builtin"
-    trainer: str = "fsdp"
+    trainer: str = DEFAULT_TRAINER
     # auto: a rank's groups in one generate call on a GPU, one call per group on CPU (engine.rollout.batch_for)
     rollout_batch: str = "auto"
 

@@ -8,7 +8,7 @@ loop or exhaust the host:
 - run.context: the longest sequence (the prompt file's longest prompt through the chat template, plus
   --max-response-len) within the model's max_position_embeddings and DSA's index_topk;
 - memory.host: the batch (prompts x samples x (prompt + response)) within the host's memory on CPU,
-  by the memory estimate (`rlsmoke.memory`); on GPUs `memory.check_run_fits` holds it to the devices.
+  by the memory estimate (`rlsmoke.memory`); on GPUs `residency.check_run_fits` holds it to the devices.
 
 The topology's own bounds (gpus.range, gpus.per_node, set.range) are `rlsmoke.topology`'s.
 """

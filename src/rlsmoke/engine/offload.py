@@ -39,6 +39,8 @@ from collections import defaultdict
 
 import torch
 
+from rlsmoke.engine.meter import MemoryMeter
+
 
 def _is_dtensor(t) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "to_local")
@@ -204,37 +206,6 @@ class _HostShard:
     def __init__(self, local: torch.Tensor, like):
         self.local, self.mesh, self.placements = local, like.device_mesh, like.placements
         self.shape, self.stride = like.shape, like.stride()
-
-
-class MemoryMeter:
-    """Peak allocated device memory per phase (`torch.cuda.max_memory_allocated`); None off CUDA."""
-
-    def __init__(self, device: str):
-        self.device = torch.device(device)
-        self.on = self.device.type == "cuda"
-        self.peaks: dict[str, int] = {}
-        self.phase = "load"  # measured from the last reset: process start, or `reset_peak_memory_stats` before loading
-
-    def enter(self, phase: str) -> None:
-        self.close()
-        self.phase = phase
-        if self.on:
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def close(self) -> None:
-        if self.on:
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), peak)
-
-    def report(self) -> dict[str, float] | None:
-        """The peaks since the last report, then a new window: each run of `--variants` on the same
-        workers reports its own phases (the first one the load too), not the runs before it."""
-        if not self.on:
-            return None
-        self.close()
-        peaks, self.peaks = {k: round(v / 2**30, 2) for k, v in self.peaks.items()}, {}
-        torch.cuda.reset_peak_memory_stats(self.device)
-        return peaks
 
 
 class Phases:

@@ -61,7 +61,7 @@ def _device_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class Snapshot:
     """Parameters (FSDP2's local shards included) as they are now: in host memory, or on their own device
-    when `on_device` (the memory estimate has counted the copy: `memory.initial_on_device`)."""
+    when `on_device` (the memory estimate has counted the copy: `residency.initial_on_device`)."""
 
     @torch.no_grad()
     def __init__(self, model: torch.nn.Module, *, narrow: torch.dtype | None = None, on_device: bool = False):

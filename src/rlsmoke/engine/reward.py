@@ -34,6 +34,6 @@ def target_reward(response: str, response_ids: Sequence[int], label: str) -> flo
 
 
 REWARDS: dict[str, Callable[[str, Sequence[int], str], float]] = {
-    "math": math_reward,
+    "deepscaler": math_reward,  # Miles' name (rlsmoke.facts.REWARDS)
     "target": target_reward,
 }

@@ -3,7 +3,7 @@
 The rule: argv is `python3 <script>` followed by the groups in `GROUP_ORDER`; each group is a list of
 flags; when a later group sets a flag an earlier one set, the later one wins and the earlier is
 dropped, so each flag appears once. No GPU count is a literal: every one is read off the topology.
-Fields of `Recipe` that are not flags (`LAUNCHER_ONLY`) never reach the command line.
+The one field of `Recipe` that is not a flag, `master_addr`, goes to the env (`head_addr`), never to argv.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class Paths:
         return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>", "<MILES_ROOT>", "<RLSMOKE_REWARD_DIR>")
 
 
-LAUNCHER_ONLY = frozenset({"master_addr"})
 LOOPBACK = "127.0.0.1"
 HEAD_PLACEHOLDER = "<HEAD_ADDR>"
 RAY_GCS_PORT = 6379  # `ray start --head`'s default, which the joining nodes dial

@@ -18,7 +18,6 @@ Miles main's `--load-debug-rollout-data PATH` trains on a recorded rollout and s
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import socket
@@ -86,7 +85,7 @@ def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tin
 def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
     hf, _ = flow.checkpoint_dirs(tp.plan.launch)
     launch = tp.launch
-    argv = ("python3", "-m", "rlsmoke.engine.miles_rollout", tp.plan.case.name, "--checkpoint", hf,
+    argv = ("python3", "-m", "rlsmoke.miles_rollout", tp.plan.case.name, "--checkpoint", hf,
             "--out", tp.rollout_template, "--n-prompts", value(launch, "--rollout-batch-size"),
             "--n-samples", value(launch, "--n-samples-per-prompt"),
             "--max-response-len", value(launch, "--rollout-max-response-len"),
@@ -253,26 +252,13 @@ def gate(out: Path):
     return verdict
 
 
-def add_run_args(p: argparse.ArgumentParser) -> None:
-    """`rlsmoke run`'s flags for Miles' train-only step."""
-    g = p.add_argument_group("Miles (train-only)")
-    g.add_argument("--launcher", choices=("builtin", "miles"), default="builtin",
-                   help="builtin: the built-in engine; miles: Miles' own train.py (with --train-only)")
-    g.add_argument("--train-only", action="store_true", help="with --launcher miles: the built-in engine rolls out, "
-                   "Miles trains one step on its rollout file (--debug-train-only), no SGLang")  # fmt: skip
-    g.add_argument("--miles-root", type=Path, default=None, help="a Miles checkout (train.py in it)")
-    g.add_argument("--megatron-root", default=None, help="Miles' Megatron-LM checkout (default /root/Megatron-LM)")
-    g.add_argument("--model-dir", type=Path, default=None, help="where <case> and <case>_torch_dist live "
-                   "(default: rlsmoke's cache, miles-models/)")  # fmt: skip
-
-
 def handler(args) -> int:
     """`rlsmoke run ... --launcher miles --train-only`: exit 0 every gate passed, 1 a gate failed, 2 bad
     input, 3 a step broke (its log named)."""
     from rlsmoke.artifacts import earlier_records
     from rlsmoke.cases import case_from_args
     from rlsmoke.checkpoints.cache_paths import cache_home
-    from rlsmoke.engine.miles_rollout import check_inject
+    from rlsmoke.miles_rollout import check_inject
     from rlsmoke.platforms import detect
 
     if not args.train_only:

@@ -18,6 +18,42 @@ def frozen(d: Mapping | None = None, **kwargs) -> Mapping:
     return MappingProxyType({**(d or {}), **kwargs})
 
 
+# Every family's tiny width: the same layer structure, seconds to train on 2 CPU cores. Each family's
+# `*_tiny` adds its heads and attention ranks.
+TINY_WIDTH = dict(hidden_size=256, ffn_hidden_size=512, moe_ffn_hidden_size=128, num_experts=16, moe_topk=4,
+                  vocab_size=4096)  # fmt: skip
+TINY_MAX_POSITIONS = 4096
+# GLM-5 and GLM-5.3-Flash: MLA and the DSA indexer at the tiny width
+TINY_MLA = dict(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim=32, index_head_dim=32,
+                index_n_heads=4)  # fmt: skip
+
+
+def tiny(spec: ModelSpec, *, heads: int, query_groups: int, **extra) -> ModelSpec:
+    """`spec` at TINY_WIDTH with `heads` attention heads over `query_groups` KV heads, and `extra` config kwargs."""
+    return spec.replace(width="tiny", num_attention_heads=heads, num_query_groups=query_groups, **TINY_WIDTH,
+                        hf_extra=frozen({**spec.hf_extra, **extra, "max_position_embeddings": TINY_MAX_POSITIONS}))
+
+
+@dataclass(frozen=True)
+class ParallelGrid:
+    """A family's default layout on NVIDIA in colocate mode, from its seed, as caps: each size is the
+    largest up to its cap that divides the GPUs (and the heads, or the experts). "Long": more than 8 layers."""
+
+    tp: int  # divides the actor GPUs and the heads (GQA: the query groups)
+    ep: int  # divides the GPUs of a pipeline stage and the experts
+    pp: int = 1  # a long model's stages ...
+    pp_from: int = 0  # ... from this many GPUs
+    cp: int = 1  # seed 004's launcher: this CP once the GPUs left after TP number at least as many
+    main_cp_from: int = 0  # Miles main's launcher: CP `cp` only for a long model from this many GPUs (0: never)
+    whole_from: int = 0  # a long model from this many GPUs takes `whole` as it stands
+    whole: Mapping = field(default_factory=frozen)
+    engine_gpus: int = 8  # the rollout's GPUs per engine, at most the rollout GPUs
+    rollout_dp: bool = True  # dp-attention over every GPU of an engine (else dp 1)
+    dense_tp_lm_head: bool = True  # --sglang-moe-dense-tp-size 1 --sglang-enable-dp-lm-head
+    rollout_whole_from: int = 0  # from this many rollout GPUs the engines take `rollout_whole`
+    rollout_whole: Mapping = field(default_factory=frozen)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str  # e.g. "glm5-744b-a40b"
@@ -40,6 +76,7 @@ class ModelSpec:
     # Kwargs of the composite top-level config (vision tower of a multimodal model).
     hf_outer: Mapping = field(default_factory=frozen)
     megatron_args_fn: Callable[[ModelSpec], list[str]] | None = field(default=None, compare=False, repr=False)
+    grid: ParallelGrid = field(default_factory=lambda: ParallelGrid(tp=1, ep=1), repr=False)
     width: str = "full"  # "full" | "tiny"
     reduction: str = ""  # "" | "4layer" | "4layer-1gpu"
 
@@ -78,24 +115,10 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
     def parameter_count(self) -> int:
-        """Approximate parameter count from the shape (embeddings, attention, MLPs, experts)."""
-        h, v = self.hidden_size, self.vocab_size
-        embed = 2 * v * h
-        x = dict(self.hf_extra)
-        if self.attention == "mla":
-            q_rank, kv_rank = x.get("q_lora_rank", 0), x.get("kv_lora_rank", 0)
-            qk = x.get("qk_nope_head_dim", 0) + x.get("qk_rope_head_dim", 0)
-            heads = self.num_attention_heads
-            attn = h * q_rank + q_rank * heads * qk + h * (kv_rank + x.get("qk_rope_head_dim", 0))
-            attn += kv_rank * heads * (x.get("qk_nope_head_dim", 0) + x.get("v_head_dim", 0))
-            attn += heads * x.get("v_head_dim", 0) * h
-        else:
-            head_dim = x.get("head_dim", h // self.num_attention_heads)
-            attn = h * head_dim * (self.num_attention_heads * 2 + self.num_query_groups * 2)
-        dense_mlp = 3 * h * self.ffn_hidden_size
-        n_shared = x.get("n_shared_experts", 1)
-        moe_mlp = 3 * h * self.moe_ffn_hidden_size * (self.num_experts + n_shared) + h * self.num_experts
-        return embed + self.num_layers * attn + self.first_k_dense * dense_mlp + self.num_moe_layers * moe_mlp
+        """The exact parameter count of the spec's transformers model (`rlsmoke.models.params`)."""
+        from rlsmoke.models.params import parameter_count
+
+        return parameter_count(self).total
 
 
 def moe_layer_freq(spec: ModelSpec) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlsmoke.models.base import ModelSpec, frozen, moe_layer_freq
+from rlsmoke.models.base import ModelSpec, ParallelGrid, frozen, moe_layer_freq, tiny
 
 
 def glm45_megatron_args(spec: ModelSpec) -> list[str]:
@@ -36,6 +36,12 @@ def glm45_megatron_args(spec: ModelSpec) -> list[str]:
     ]  # fmt: skip
 
 
+# Seed 003: up to 32 GPUs TP4 PP1 CP1 EP4 (debug), 64 GPUs TP8 PP4 CP2 EP16; from 32 rollout GPUs
+# engines of 32, dp 4, ep 32.
+GLM45_GRID = ParallelGrid(tp=4, ep=4, whole_from=64, whole=frozen(tp=8, pp=4, cp=2, ep=16),
+                          rollout_whole_from=32, rollout_whole=frozen(gpus_per_engine=32, dp=4, ep=32))  # fmt: skip
+
+
 def _glm45(name: str, **shape) -> ModelSpec:
     extra = dict(
         n_shared_experts=1,
@@ -56,6 +62,7 @@ def _glm45(name: str, **shape) -> ModelSpec:
         attention="gqa",
         hf_extra=frozen(extra),
         megatron_args_fn=glm45_megatron_args,
+        grid=GLM45_GRID,
         **shape,
     )
 
@@ -81,15 +88,4 @@ def glm45_air() -> ModelSpec:
 
 
 def glm45_tiny(spec: ModelSpec) -> ModelSpec:
-    return spec.replace(
-        width="tiny",
-        hidden_size=256,
-        ffn_hidden_size=512,
-        moe_ffn_hidden_size=128,
-        num_attention_heads=8,
-        num_query_groups=2,
-        num_experts=16,
-        moe_topk=4,
-        vocab_size=4096,
-        hf_extra=frozen({**spec.hf_extra, "head_dim": 32, "max_position_embeddings": 4096}),
-    )
+    return tiny(spec, heads=8, query_groups=2, head_dim=32)

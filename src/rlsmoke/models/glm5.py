@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlsmoke.models.base import ModelSpec, frozen, moe_layer_freq
+from rlsmoke.models.base import TINY_MLA, ModelSpec, ParallelGrid, frozen, moe_layer_freq, tiny
 
 
 def dsa_moe_args(spec: ModelSpec) -> list[str]:
@@ -54,6 +54,11 @@ def glm5_megatron_args(spec: ModelSpec) -> list[str]:
     ]  # fmt: skip
 
 
+# Seed 004 NVIDIA: 8 GPUs as TP4+SP, CP2, EP8, one rollout engine of 8 (dp 8, ep 8); PP4 from 32 GPUs.
+# Miles main's launcher trains CP1 (600ac7452), CP2 only for the full model on 16+ nodes.
+GLM5_GRID = ParallelGrid(tp=4, ep=8, pp=4, pp_from=32, cp=2, main_cp_from=128)
+
+
 def glm5_744b_a40b() -> ModelSpec:
     return ModelSpec(
         name="glm5-744b-a40b",
@@ -87,6 +92,7 @@ def glm5_744b_a40b() -> ModelSpec:
             rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
         ),
         megatron_args_fn=glm5_megatron_args,
+        grid=GLM5_GRID,
     )
 
 
@@ -98,27 +104,4 @@ def glm5_tiny(spec: ModelSpec) -> ModelSpec:
     (every head's ReLU clipped), which top-k breaks differently for one query and for all of them.
     Below it both paths attend to every key, as seed 004's shape does on the real model.
     """
-    return spec.replace(
-        width="tiny",
-        hidden_size=256,
-        ffn_hidden_size=512,
-        moe_ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=4,
-        num_experts=16,
-        moe_topk=4,
-        vocab_size=4096,
-        hf_extra=frozen(
-            {
-                **spec.hf_extra,
-                "q_lora_rank": 64,
-                "kv_lora_rank": 32,
-                "qk_nope_head_dim": 32,
-                "qk_rope_head_dim": 16,
-                "v_head_dim": 32,
-                "index_head_dim": 32,
-                "index_n_heads": 4,
-                "max_position_embeddings": 4096,
-            }
-        ),
-    )
+    return tiny(spec, heads=4, query_groups=4, **TINY_MLA, qk_rope_head_dim=16)

@@ -5,7 +5,7 @@ The top-level HF config is multimodal (text_config + vision_config); rlsmoke tra
 
 from __future__ import annotations
 
-from rlsmoke.models.base import ModelSpec, frozen
+from rlsmoke.models.base import TINY_MLA, ModelSpec, ParallelGrid, frozen, tiny
 from rlsmoke.models.glm5 import dsa_moe_args, mla_args
 
 
@@ -20,6 +20,10 @@ def glm5_flash_megatron_args(spec: ModelSpec) -> list[str]:
         "--vocab-size", str(spec.vocab_size),
         "--enable-experimental",
     ]  # fmt: skip
+
+
+# Seed 000: 32 GPUs as TP8 / PP4 / EP8 / CP1 (stages 11/11/11/12); 8-GPU rollout engines, TP8 / EP8.
+FLASH_GRID = ParallelGrid(tp=8, ep=8, pp=4, pp_from=32, rollout_dp=False, dense_tp_lm_head=False)
 
 
 def glm5_3_flash() -> ModelSpec:
@@ -57,41 +61,14 @@ def glm5_3_flash() -> ModelSpec:
             hc_mult=4,
         ),
         megatron_args_fn=glm5_flash_megatron_args,
+        grid=FLASH_GRID,
     )
 
 
 def glm5_flash_tiny(spec: ModelSpec) -> ModelSpec:
-    return spec.replace(
-        width="tiny",
-        hidden_size=256,
-        ffn_hidden_size=512,
-        moe_ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=4,
-        num_experts=16,
-        moe_topk=4,
-        vocab_size=4096,
-        hf_extra=frozen(
-            {
-                **spec.hf_extra,
-                "q_lora_rank": 64,
-                "kv_lora_rank": 32,
-                "qk_nope_head_dim": 32,
-                "v_head_dim": 32,
-                "index_head_dim": 32,
-                "index_n_heads": 4,
-                "linear_num_heads": 4,
-                "linear_head_dim": 32,
-                "hc_mult": 2,
-                "max_position_embeddings": 4096,
-                "pad_token_id": None,  # the full model's pad id lies outside the tiny vocab
-            }
-        ),
-        # A vision tower is mandatory in the composite config; make it negligible.
-        hf_outer=frozen(
-            vision_config={
-                "depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
-                "out_hidden_size": 256, "projection_intermediate_size": 64,
-            }
-        ),  # fmt: skip
-    )
+    small = tiny(spec, heads=4, query_groups=4, **TINY_MLA, linear_num_heads=4, linear_head_dim=32, hc_mult=2)
+    # A vision tower is mandatory in the composite config; make it negligible.
+    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 256,
+              "projection_intermediate_size": 64}  # fmt: skip
+    # pad_token_id: the full model's pad id lies outside the tiny vocab
+    return small.replace(hf_extra=frozen(small.hf_extra, pad_token_id=None), hf_outer=frozen(vision_config=vision))

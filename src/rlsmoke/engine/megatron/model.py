@@ -23,7 +23,6 @@ MoE runs megatron-core's `SequentialMLP` experts (the local spec; `--moe-grouped
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 
@@ -31,6 +30,10 @@ from rlsmoke.bridge.convert import Parallel, padded_vocab
 from rlsmoke.conformance.mcore import config_kwargs
 from rlsmoke.conformance.verdict import flag_value
 from rlsmoke.engine.megatron import refusal
+from rlsmoke.engine.megatron.layers import (
+    core_attention_cls,
+    sequence_parallel_norms,
+)
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
@@ -94,112 +97,6 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
     return (MLATransformerConfig if mla else TransformerConfig)(**kw)
 
 
-def _core_attention_cls():
-    from megatron.core.transformer.module import MegatronModule
-
-    class CausalCoreAttention(MegatronModule):
-        """Causal SDPA over [s, b, h, d] (keys may have fewer heads: GQA) -> [s, b, h * dv]."""
-
-        def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
-                     softmax_scale=None, k_channels=None, v_channels=None, cp_comm_type=None,
-                     pg_collection=None, **_):  # fmt: skip
-            super().__init__(config=config)
-            head_dim = k_channels if k_channels is not None else config.kv_channels
-            self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-            self.index_topk = None
-            if getattr(config, "dsa_indexer_topk", None):
-                from megatron.core.transformer.experimental_attention_variant.dsa import (
-                    DSAIndexer,
-                    DSAIndexerSubmodules,
-                )
-                from megatron.core.transformer.spec_utils import ModuleSpec
-                from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-                linear = _duplicated_linear_cls()
-                norm = SequenceParallelNorm if config.sequence_parallel else WrappedTorchNorm
-                spec = ModuleSpec(module=DSAIndexer, submodules=DSAIndexerSubmodules(
-                    linear_wq_b=linear, linear_wk=linear, k_norm=norm,
-                    linear_weights_proj=linear))  # fmt: skip
-                from megatron.core.transformer.spec_utils import build_module
-
-                self.indexer = build_module(spec, config=config, pg_collection=pg_collection)
-                self.index_topk = config.dsa_indexer_topk
-
-        def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
-                    packed_seq_params=None, **_):  # fmt: skip
-            s = query.shape[0]
-            if self.index_topk is not None and s > self.index_topk:
-                raise RlsmokeError(
-                    f"sequence length {s} exceeds the DSA index top-k {self.index_topk}; dense causal "
-                    "attention equals DSA only within it",
-                    rule="megatron.dsa_topk", fix="lower --max-response-len or shorten the prompts",
-                )
-            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
-            if k.shape[1] != q.shape[1]:
-                rep = q.shape[1] // k.shape[1]
-                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                   scale=self.softmax_scale)  # fmt: skip
-            b, h, _, dv = out.shape
-            return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
-
-    return CausalCoreAttention
-
-
-def _duplicated_linear_cls():
-    class DuplicatedLinear(torch.nn.Linear):
-        """A Linear held whole on every TP rank, returning (out, bias) as megatron-core's linears do."""
-
-        def __init__(self, input_size, output_size, *, config, init_method=None, bias=False, **_):
-            super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
-            for p in self.parameters():  # a sequence chunk's partial grad: finalize_model_grads sums it over TP
-                p.sequence_parallel = config.sequence_parallel
-
-        def forward(self, x):
-            return super().forward(x), None
-
-    return DuplicatedLinear
-
-
-class SequenceParallelNorm:
-    """megatron-core's torch norm (`WrappedTorchNorm`) for sequence parallelism.
-
-    `WrappedTorchNorm` asserts `not config.sequence_parallel` (megatron-core 0.16.1: "sequence parallel
-    not supported by torch LayerNorm"); TransformerEngine's and Apex's norms support it by marking their
-    weights `sequence_parallel`, which `finalize_model_grads` reads to all-reduce the partial grads of
-    each TP rank's sequence chunk. This is the same torch norm with that mark."""
-
-    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_):
-        norm_cls = torch.nn.LayerNorm if config.normalization == "LayerNorm" else torch.nn.RMSNorm
-        norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
-        for p in norm.parameters():
-            p.sequence_parallel = config.sequence_parallel
-        return norm
-
-
-def _sequence_parallel_norms(spec) -> None:
-    """Swap every `WrappedTorchNorm` in a (nested) layer spec for `SequenceParallelNorm`."""
-    import dataclasses
-
-    from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    if isinstance(spec, ModuleSpec):
-        if spec.module is WrappedTorchNorm:
-            spec.module = SequenceParallelNorm
-        _sequence_parallel_norms(spec.submodules)
-    elif dataclasses.is_dataclass(spec):
-        for f in dataclasses.fields(spec):
-            value = getattr(spec, f.name)
-            if value is WrappedTorchNorm:
-                setattr(spec, f.name, SequenceParallelNorm)
-            else:
-                _sequence_parallel_norms(value)
-    elif isinstance(spec, list):
-        for item in spec:
-            _sequence_parallel_norms(item)
-
-
 def layer_spec(config):
     """megatron-core's local decoder block spec with our core attention in every layer, and MLA's down
     projections duplicated on every TP rank, as its TransformerEngine spec builds them.
@@ -213,7 +110,7 @@ def layer_spec(config):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
-    core = _core_attention_cls()
+    core = core_attention_cls()
     for layer in block.layer_specs:
         attention = layer.submodules.self_attention.submodules
         attention.core_attention = core
@@ -224,7 +121,7 @@ def layer_spec(config):
             if getattr(attention, "linear_q_down_proj", None) is not None:
                 attention.linear_q_down_proj = Linear
     if config.sequence_parallel:
-        _sequence_parallel_norms(block)
+        sequence_parallel_norms(block)
     return block
 
 

@@ -1,6 +1,6 @@
 """The built-in engine's rollout as Miles' debug-rollout file: the step that stands where SGLang stands.
 
-`python -m rlsmoke.engine.miles_rollout CASE --checkpoint HF --out FILE ...` loads the HF checkpoint
+`python -m rlsmoke.miles_rollout CASE --checkpoint HF --out FILE ...` loads the HF checkpoint
 (transformers, the rollout dtype), samples each prompt's group with the engine's `RolloutEngine` (the
 same sampler and log-prob recorder as `rlsmoke run`'s rollout 0), scores every sample with the dense
 target reward and writes the file (`launch.rollout_file`). Its own process, so the rollout's device
@@ -81,7 +81,7 @@ def summary_of(samples: list[RolloutSample]) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rlsmoke.engine.miles_rollout",
+    p = argparse.ArgumentParser(prog="python -m rlsmoke.miles_rollout",
                                 description="one rollout of the built-in engine, written as Miles' debug-rollout "
                                 "file (--load-debug-rollout-data)")  # fmt: skip
     p.add_argument("case")

@@ -1,0 +1,121 @@
+"""The two workers of a step as plain classes: the trainer and the rollout engine. Colocated they share a
+process and a device; async each is a Ray actor (`engine.placement`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from rlsmoke.engine import kda, reuse, sync
+from rlsmoke.engine.config import RunConfig
+from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, derive_policy, load_policy, process_settings
+from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
+from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
+
+
+def worker_location() -> dict:
+    """Process and accelerator ids of this worker (Ray's only when Ray is already running it)."""
+    info: dict[str, object] = {"pid": os.getpid()}
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        ray = sys.modules["ray"]
+        info["gpu_ids"] = [str(i) for i in ray.get_gpu_ids()]
+        info["placement_group"] = ray.get_runtime_context().get_placement_group_id()
+    return info
+
+
+class TrainWorker:
+    def __init__(self, cfg: RunConfig, ckpt: Path, threads: int | None = None):
+        process_settings(threads)
+        spec = cfg.spec
+        self.cfg = cfg
+        self.load_phases: dict[str, float] = {}
+        lap = LoadLaps(self.load_phases)
+        model = load_policy(ckpt, spec, cfg.train_dtype, cfg.device)
+        lap("read")
+        # Megatron's bf16 params: a compute copy as the rollout engine loads its own (rlsmoke.engine.precision),
+        # cast from the master weights rather than read again
+        compute = derive_policy(model, spec, cfg.train_compute_dtype) if cfg.separate_compute_copy else None
+        if cfg.inject.kind == "train-dropout":
+            set_dropout(compute or model, cfg.inject.value)
+        ref = derive_policy(model, spec, cfg.train_dtype) if cfg.kl_coef else None
+        lap("compute copy")
+        self.trainer = Trainer(
+            model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+            eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
+            kl_coef=cfg.kl_coef, ref_model=ref, gradient_checkpointing=cfg.gradient_checkpointing,
+            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], compute_model=compute,
+            temperature=cfg.rollout_temperature,
+        )  # fmt: skip
+        lap("trainer setup")
+
+    def forward_only(self, groups: list[Group]):
+        return self.trainer.forward_only(groups)
+
+    def step(self, groups, old, advantages) -> dict[str, float]:
+        return self.trainer.step(groups, old, advantages)
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def rollout_weights(self, model, dtype: torch.dtype):
+        """What the rollout engine `model` should hold after a sync: the fp32 main weights, cast."""
+        return sync.rollout_weights(self.trainer.master, dtype)
+
+    def weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The update as it crosses a process boundary: CPU tensors in the rollout dtype."""
+        return [(n, t.cpu()) for n, t in self.rollout_weights(None, TORCH_DTYPES[self.cfg.rollout_dtype])]
+
+    def keep_initial(self) -> None:
+        self.initial = reuse.InitialState(self.trainer, reuse.narrow_for(self.cfg), self.cfg.initial_on_device)
+
+    def set_variant(self, inject, temperature: float) -> None:
+        self.trainer.set_variant(inject, temperature)
+
+    def restore_initial(self) -> None:
+        self.initial.restore(self.trainer)
+
+    def drop_optimizer_state(self) -> None:
+        drop_moments(self.trainer)
+
+    def where(self) -> dict:
+        return worker_location()
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, threads: int | None = None,
+                 source=None):  # fmt: skip
+        """`source`: the trainer's loaded weights on the same device, cast instead of a second read."""
+        process_settings(threads)
+        spec = cfg.spec
+        self.load_phases: dict[str, float] = {}
+        lap = LoadLaps(self.load_phases)
+        if source is not None:
+            self.model = derive_policy(source, spec, cfg.rollout_dtype)
+        else:
+            self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device)
+        lap("rollout copy")
+        self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
+                                    max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
+                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, cfg.device, spec.family,
+                                                                    kda.choose(cfg.device, spec.family)))  # fmt: skip
+
+    def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
+        return self.engine.generate(prompt_ids, n, seed)
+
+    def load(self, weights) -> int:
+        return sync.load_weights(self.model, weights)
+
+    def compare(self, weights) -> dict[str, float]:
+        return sync.compare(self.model, weights)
+
+    def keep_initial(self, weights) -> None:
+        self.kept = reuse.DerivedCopy(self.model, weights)
+
+    def restore_initial(self, weights) -> None:
+        self.kept.restore(self.model, weights)
+
+    def where(self) -> dict:
+        return worker_location()

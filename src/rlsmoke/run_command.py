@@ -1,0 +1,245 @@
+"""`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates (evaluated here, once;
+with --records-only the caller gates).
+
+Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing checkpoint and OOM),
+3 the run broke (NaN, a crashed worker, any unexpected exception: its traceback goes to run.log),
+143 stopped by SIGTERM (130 by Ctrl-C): the workers and the Ray cluster the run started are stopped
+and run.log ends with "interrupted".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from rlsmoke.artifacts import RunFolder, disk_full, earlier_records, final_folder, no_room
+from rlsmoke.engine import signals
+from rlsmoke.engine.config import RunConfig, Variant
+from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
+from rlsmoke.facts import TOKENIZER_MODULE, modeling_module
+from rlsmoke.metrics import seed_records, update_summary
+from rlsmoke.repeats import SeedVerdicts
+from rlsmoke.run_flags import add_run_args, add_train_only_args, config_from_args, variants_from_args
+from rlsmoke.runkey import RunKey
+from rlsmoke.thresholds import Verdict, lookup_gates
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="run one GRPO step on the built-in engine and check its gates")
+    add_run_args(p)
+    add_train_only_args(p)  # --launcher miles --miles-root R --train-only: Miles' trainer on the engine's rollout
+    p.set_defaults(func=handler)
+
+
+def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
+    """A new folder per run, so that no run replaces an earlier one: rlsmoke-runs/CASE/YYYYmmdd-HHMMSS."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = runs / case / stamp, 1
+    while out.exists():
+        n += 1
+        out = runs / case / f"{stamp}-{n}"
+    return out
+
+
+class CommandLog:
+    """What the command itself adds to the run's run.log, after the engine closed it: the interrupt or
+    crash that cut the run short, and the gates. Lines are timed from the process's start."""
+
+    def __init__(self, out: Path, started: float):
+        self.path, self.started = out / "run.log", started
+
+    def __call__(self, text: str, *, block: str = "") -> None:
+        with self.path.open("a") as f:
+            f.write(f"[{time.perf_counter() - self.started:7.2f}s] {text}\n" + (block + "\n" if block else ""))
+
+    def interrupted(self, exc: KeyboardInterrupt) -> None:
+        """Unless the engine said so already: an interrupt before the run began, or after it ended."""
+        name = signals.interrupted_by(exc)
+        last = self.path.read_text().rstrip().splitlines()[-1:] if self.path.exists() else []
+        if not (last and f"] interrupted by {name}" in last[0]):
+            self(f"interrupted by {name}")
+
+
+def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
+    """The thresholds' verdict on a finished run folder, written into its summary.json.
+
+    --repeat K: every seed is its own record and is gated; each gate shows its worst seed, and any
+    failing seed fails the run.
+    """
+    records = seed_records(out)
+    try:
+        gates = lookup_gates(RunKey.from_summary(records[0].meta))
+    except RlsmokeError as exc:
+        # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
+        values = [{k: rec.value(k) for k in rec.keys()} for rec in records]
+        update_summary(out, ({"metrics": values[0]} if len(records) == 1 else {"per_repeat": values})
+                       | {"gates": [], "verdict": "FAIL", "error": exc.one_line()})  # fmt: skip
+        raise
+    first = int(records[0].meta.get("seed", 0))
+    seeds = SeedVerdicts(tuple(first + r for r in range(len(records))), tuple(gates.check(rec) for rec in records))
+    verdict = seeds.verdicts[0] if len(records) == 1 else seeds.worst()
+    fields = verdict.summary_fields()  # --repeat K: each gate's worst seed
+    if len(records) > 1:
+        for gate_json, (_, seed, failing) in zip(fields["gates"], seeds.per_gate(), strict=True):
+            gate_json |= {"seed": seed, "failing_seeds": failing}
+        fields["seeds"] = list(seeds.seeds)
+        fields["failed_seeds"] = seeds.failed_seeds()
+        # each seed's gated values and verdict
+        fields["per_repeat"] = [{g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records]
+        fields["per_repeat_verdict"] = ["PASS" if v.passed else "FAIL" for v in seeds.verdicts]
+    update_summary(out, fields)
+    return verdict, seeds
+
+
+def _process_started() -> float:
+    """When this process began, on the perf_counter clock (Linux: from /proc, so the interpreter's start
+    counts as `time` counts it); elsewhere, now."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.perf_counter() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter()
+
+
+class ProcessClock:
+    """The process's seconds before the engine's own clock starts, by phase: `start` (the interpreter and
+    rlsmoke's import, from the process's start), `config` (the flags checked into RunConfigs), `engine
+    import` (torch, transformers, the case's modeling code). On a GPU host these cost more than a seed's
+    phases did once loads were cut, and a run's `seconds` does not hold them."""
+
+    def __init__(self, started: float):
+        self.last = time.perf_counter()
+        self.seconds = {"start": round(self.last - started, 3)}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = round(now - self.last, 3)
+        self.last = now
+
+
+def handler(args) -> int:
+    if getattr(args, "launcher", "builtin") == "miles":
+        from rlsmoke.launch import train_only
+
+        return train_only.handler(args)
+    started = _process_started()
+    with signals.stopping_run():  # before anything starts, until the records and the verdict are written
+        return _handle(args, started)
+
+
+def _handle(args, started: float) -> int:
+    before = ProcessClock(started)  # what the process spends before the engine runs: its own phases in timing
+    if args.variants is None:
+        cfgs = [config_from_args(args)]
+        outs = [args.out or default_out(cfgs[0].case)]
+    else:  # each variant its own run folder under --out
+        cfgs = variants_from_args(args)
+        root = args.out or default_out(cfgs[0].case)
+        outs = [root / Variant(c.inject, c.rollout_temperature).slug for c in cfgs]
+        for out in outs:  # refused before any of them is created or locked
+            earlier_records(out, overwrite=args.overwrite)
+    before.lap("config")
+    with contextlib.ExitStack() as held:
+        folders = [held.enter_context(RunFolder(out, overwrite=args.overwrite)) for out in outs]
+        runs = [(cfg, folder.records) for cfg, folder in zip(cfgs, folders, strict=True)]  # --overwrite: staging
+        logs = [CommandLog(out, started) for _, out in runs]
+        try:
+            code = _run_and_gate(runs, args, logs, started, before)
+            if signals.received() is not None:  # a stop whose exception a finalizer swallowed: stopped all the same
+                raise Interrupted(signals.received())
+            if code in (ExitCode.OK, ExitCode.GATE_FAILED):
+                for folder in folders:
+                    folder.commit()
+            return code
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
+            if signals.received() is not None and getattr(exc, "signum", None) != signals.received():
+                exc = Interrupted(signals.received())
+            for log, folder in zip(logs, folders, strict=True):
+                with contextlib.suppress(OSError):
+                    log.interrupted(exc)
+                folder.discard()
+            raise exc from None
+        except RlsmokeError as exc:  # the cause stays with the artifacts, not only on the terminal
+            for log in logs:
+                with contextlib.suppress(OSError):
+                    if log.path.exists() and exc.one_line() not in log.path.read_text():
+                        log(f"error: {exc.one_line()}")
+            raise
+        except Exception as exc:
+            if no_room(exc):  # the disk, not the run: one line, never a traceback or exit 1
+                raise disk_full(runs[0][1], exc) from None
+            # a bug: exit 3, never 1 (a gate failed); the traceback goes to run.log
+            for log in logs:
+                with contextlib.suppress(OSError):
+                    log("error: [run.crashed] the run raised an unexpected exception",
+                        block=traceback.format_exc().rstrip())  # fmt: skip
+            cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
+            print(f"error: [run.crashed] {cause}. Traceback in {logs[0].path}", file=sys.stderr)
+            return ExitCode.RUN_FAILED
+
+
+def _load_engine(cfg: RunConfig, log: CommandLog):
+    """The engine, after validation, and what it would import lazily (the case's modeling code, the
+    tokenizers, Ray). Nothing has started yet, so an interrupt meanwhile ends the process at once
+    rather than in the middle of an import (which would leave half a module behind)."""
+
+    def say(signum: int) -> None:
+        log.interrupted(Interrupted(signum))
+        print(f"error: interrupted by {signal.Signals(signum).name}; nothing had started yet", file=sys.stderr,
+              flush=True)  # fmt: skip
+
+    with signals.exit_at_once(say):
+        from rlsmoke.engine.run import describe_timing, execute, execute_variants  # torch and transformers
+
+        lazy = [TOKENIZER_MODULE, modeling_module(cfg.spec.hf_model_type)]
+        for name in lazy + (["ray", "ray.util.placement_group"] if cfg.mode == "async" else []):
+            with contextlib.suppress(ImportError):  # the engine says what is missing, where it needs it
+                importlib.import_module(name)
+    return describe_timing, execute, execute_variants
+
+
+def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLog], started: float,
+                  before: ProcessClock) -> int:  # fmt: skip
+    """The run (or each of --variants on one load), then each run's gates; exit 1 if any gate failed."""
+    describe_timing, execute, execute_variants = _load_engine(runs[0][0], logs[0])
+    before.lap("engine import")
+    try:
+        if args.variants is None:
+            summaries = [execute(runs[0][0], runs[0][1], repeat=args.repeat, process_s=before.seconds)]
+        else:
+            summaries = execute_variants(runs, process_s=before.seconds)
+    except RunError as exc:
+        print(f"error: [{exc.rule}] {exc}. Artifacts: {runs[0][1] if len(runs) == 1 else runs[0][1].parent}",
+              file=sys.stderr)  # fmt: skip
+        return ExitCode.RUN_FAILED
+    passed = True
+    for (cfg, out), log, summary in zip(runs, logs, summaries, strict=True):
+        shared = " (the load shared with the other variants, counted in the first)" if len(runs) > 1 else ""
+        header = (f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} trainer={cfg.trainer} "
+                  f"dtype={cfg.dtype_key} seed={cfg.seed} inject={cfg.inject}"
+                  + (f" rollout_temperature={cfg.rollout_temperature:g}" if args.variants is not None else "")
+                  + f" ({summary['seconds']:.1f} s run{shared}, {time.perf_counter() - started:.1f} s since the "
+                  "process began)")  # fmt: skip
+        timing = f"timing: {describe_timing(summary['timing'])}"
+        print(header)
+        print(timing)
+        if args.records_only:
+            print(f"records (not gated): {out}")
+            log(f"{header}; records only, not gated")
+            continue
+        verdict, seeds = gate_run(out)
+        table = verdict.table() if len(seeds.seeds) == 1 else seeds.table()
+        print(table)
+        log(f"{header}; gates of {verdict.source}:", block=table)
+        if not verdict.passed:
+            print(verdict.report(), file=sys.stderr)
+        print(f"artifacts: {final_folder(out)}")
+        passed = passed and verdict.passed
+    return ExitCode.OK if passed else ExitCode.GATE_FAILED

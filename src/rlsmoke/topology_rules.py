@@ -1,0 +1,159 @@
+"""The topology's rules: a table of (id, predicate, message, fix) that one loop evaluates."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlsmoke.models import ModelSpec
+
+Topology = Any  # rlsmoke.topology.Topology, which imports this table (so no import back)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    ok: Callable[[Topology, ModelSpec], bool]
+    message: Callable[[Topology, ModelSpec], str]
+    fix: str
+
+
+def _divides(a: int, b: int) -> bool:
+    return a > 0 and b % a == 0
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "nodes.whole",
+        lambda t, s: t.gpus_per_node > 0 and t.num_gpus % t.gpus_per_node == 0,
+        lambda t, s: f"num_gpus={t.num_gpus} is not a whole number of nodes of gpus_per_node={t.gpus_per_node}",
+        "Adjust --num-gpus or --gpus-per-node.",
+    ),
+    Rule(
+        "async.even_split",
+        lambda t, s: t.mode != "async" or t.explicit_split or t.num_gpus % 2 == 0,
+        lambda t, s: f"num_gpus={t.num_gpus} is odd: async mode cannot split it evenly between training and "
+        f"rollout (actor_gpus={t.actor_gpus}, rollout_gpus={t.rollout_gpus})",
+        "Use an even --num-gpus, set actor_gpus and rollout_gpus explicitly, or use --mode colocate.",
+    ),
+    Rule(
+        "async.parts_positive",
+        lambda t, s: t.mode != "async" or (t.actor_gpus >= 1 and t.rollout_gpus >= 1),
+        lambda t, s: f"async mode needs GPUs on both sides: actor_gpus={t.actor_gpus}, rollout_gpus={t.rollout_gpus}",
+        "Use --num-gpus >= 2, or --mode colocate.",
+    ),
+    Rule(
+        "async.fits_nodes",
+        lambda t, s: t.mode != "async" or t.actor_gpus + t.rollout_gpus <= t.num_gpus,
+        lambda t, s: f"actor_gpus={t.actor_gpus} + rollout_gpus={t.rollout_gpus} exceed num_gpus={t.num_gpus}",
+        "Adjust actor_gpus or rollout_gpus so that they fit the GPUs.",
+    ),
+    Rule(
+        "colocate.same_gpus",
+        lambda t, s: t.mode != "colocate" or t.actor_gpus == t.rollout_gpus == t.num_gpus,
+        lambda t, s: f"colocate time-shares the same GPUs, but actor_gpus={t.actor_gpus}, "
+        f"rollout_gpus={t.rollout_gpus}, num_gpus={t.num_gpus}",
+        "Drop the actor_gpus/rollout_gpus overrides, or use --mode async.",
+    ),
+    Rule(
+        "rollout.engine_multiple",
+        lambda t, s: _divides(t.rollout.gpus_per_engine, t.rollout_gpus),
+        lambda t, s: f"rollout_gpus={t.rollout_gpus} is not a multiple of "
+        f"rollout.gpus_per_engine={t.rollout.gpus_per_engine}",
+        "Adjust rollout.gpus_per_engine to divide the rollout GPUs.",
+    ),
+    Rule(
+        "sglang.tp_is_engine_gpus",
+        lambda t, s: t.rollout.tp == t.rollout.gpus_per_engine,
+        lambda t, s: f"rollout.tp={t.rollout.tp} differs from rollout.gpus_per_engine={t.rollout.gpus_per_engine}; "
+        "SGLang's tp_size is the GPUs of one engine",
+        "Drop rollout.tp, or set rollout.gpus_per_engine instead.",
+    ),
+    Rule(
+        "sglang.dp_needs_dp_attention",
+        lambda t, s: t.rollout.dp <= 1 or t.rollout.dp_attention,
+        lambda t, s: f"rollout.dp={t.rollout.dp} > 1 requires dp-attention, but rollout.dp_attention=false",
+        "Set rollout.dp_attention=true, or rollout.dp=1.",
+    ),
+    Rule(
+        "sglang.dp_divides_engine_gpus",
+        lambda t, s: not t.rollout.dp_attention or _divides(t.rollout.dp, t.rollout.gpus_per_engine),
+        lambda t, s: f"rollout.dp={t.rollout.dp} does not divide rollout.gpus_per_engine={t.rollout.gpus_per_engine}; "
+        "under dp-attention each dp rank takes tp/dp GPUs (TPxDPxEP is not a GPU count)",
+        "Adjust rollout.dp to a divisor of the GPUs per engine.",
+    ),
+    Rule(
+        "sglang.ep_divides_engine_gpus",
+        lambda t, s: _divides(t.rollout.ep, t.rollout.gpus_per_engine),
+        lambda t, s: f"rollout.ep={t.rollout.ep} does not divide rollout.gpus_per_engine={t.rollout.gpus_per_engine}",
+        "Adjust rollout.ep to a divisor of the GPUs per engine.",
+    ),
+    Rule(
+        "megatron.tp_divides_heads",
+        # Under GQA, TP may also be a multiple of the query groups (megatron-core replicates KV heads).
+        lambda t, s: _divides(t.train.tp, s.num_attention_heads) and (
+            s.attention != "gqa" or _divides(t.train.tp, s.num_query_groups)
+            or (t.train.tp > 0 and t.train.tp % s.num_query_groups == 0)),
+        lambda t, s: f"train.tp={t.train.tp} does not divide the attention heads ({s.num_attention_heads})"
+        + (f", or neither divides nor is a multiple of the query groups ({s.num_query_groups})"
+           if s.attention == "gqa" else ""),
+        "Adjust train.tp to a divisor of the heads (under GQA: one that divides or is a multiple of the query groups).",
+    ),
+    Rule(
+        "megatron.ep_divides_experts",
+        lambda t, s: _divides(t.train.ep, s.num_experts),
+        lambda t, s: f"train.ep={t.train.ep} does not divide the experts ({s.num_experts})",
+        "Adjust train.ep to a divisor of the number of experts.",
+    ),
+    Rule(
+        "megatron.sp_needs_tp",
+        lambda t, s: not t.train.sp or t.train.tp > 1,
+        lambda t, s: f"train.sp=true needs train.tp > 1, but train.tp={t.train.tp}",
+        "Set train.sp=false, or raise train.tp.",
+    ),
+    Rule(
+        "megatron.pp_stages_nonempty",
+        lambda t, s: t.train.pp >= 1 and len(t.train.pp_layers) == t.train.pp and min(t.train.pp_layers, default=0) >= 1,
+        lambda t, s: f"train.pp={t.train.pp} over {s.num_layers} layers leaves a stage empty "
+        f"(pp_layers={list(t.train.pp_layers)})",
+        "Lower train.pp to at most the layer count, or give every stage a layer in train.pp_layers.",
+    ),
+    Rule(
+        "megatron.pp_layers_sum",
+        lambda t, s: sum(t.train.pp_layers) == s.num_layers,
+        lambda t, s: f"train.pp_layers={list(t.train.pp_layers)} sums to {sum(t.train.pp_layers)}, "
+        f"not the {s.num_layers} layers",
+        "Make train.pp_layers add up to the layer count.",
+    ),
+    Rule(
+        "megatron.world_tp_cp_pp",
+        lambda t, s: _divides(t.train.tp * t.train.cp * t.train.pp, t.actor_gpus),
+        lambda t, s: f"actor_gpus={t.actor_gpus} is not divisible by train.tp*cp*pp="
+        f"{t.train.tp}*{t.train.cp}*{t.train.pp}={t.train.tp * t.train.cp * t.train.pp}",
+        "Adjust train.tp, train.cp or train.pp so that their product divides the actor GPUs.",
+    ),
+    Rule(
+        "megatron.world_etp_ep_pp",
+        lambda t, s: _divides(t.train.etp * t.train.ep * t.train.pp, t.actor_gpus),
+        lambda t, s: f"actor_gpus={t.actor_gpus} is not divisible by train.etp*ep*pp="
+        f"{t.train.etp}*{t.train.ep}*{t.train.pp}={t.train.etp * t.train.ep * t.train.pp}",
+        "Adjust train.ep, train.etp or train.pp so that their product divides the actor GPUs.",
+    ),
+    Rule(
+        "train.positive",
+        lambda t, s: min(t.train.tp, t.train.cp, t.train.ep, t.train.etp, t.rollout.gpus_per_engine, t.rollout.dp,
+                         t.rollout.ep) >= 1,
+        lambda t, s: f"parallel sizes must be >= 1: train={dataclasses.asdict(t.train)}, "
+        f"rollout={dataclasses.asdict(t.rollout)}",
+        "Set every size to a positive integer.",
+    ),
+)  # fmt: skip
+
+RULE_IDS = ("gpus.positive",) + tuple(r.id for r in RULES)
+
+
+def violations(topo: Topology, spec: ModelSpec) -> list[tuple[str, str, str]]:
+    """Every rule that fails, as (rule id, message, fix)."""
+    return [(r.id, r.message(topo, spec), r.fix) for r in RULES if not r.ok(topo, spec)]
