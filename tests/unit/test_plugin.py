@@ -348,15 +348,15 @@ def test_a_second_session_on_the_same_artifacts_is_refused_at_once(isolated, tmp
             first.wait()
 
 
-def test_the_artifacts_fixture_leaves_a_folder_a_live_run_holds(isolated, tmp_path):
+def test_the_artifacts_fixture_leaves_a_folder_a_live_run_holds(isolated):
     """A run that holds its folder's lock (`RunFolder`) keeps its records: the test fails, nothing removed."""
     from rlsmoke.artifacts import RunFolder
 
-    root = tmp_path / "art"
-    folder = root / "test_a.py_test_a"
-    folder.mkdir(parents=True)
-    (folder / "mine").write_text("x")
+    root = isolated.path / "art"  # inside the rootdir: the test's folder is named alike in each session
     isolated.makepyfile(test_a="def test_a(artifacts):\n    pass\n")
+    isolated.runpytest("--artifacts-dir", str(root)).assert_outcomes(passed=1)
+    folder = root / "test_a.py_test_a"
+    (folder / "mine").write_text("x")
     with RunFolder(folder / "out", overwrite=False):
         held = isolated.runpytest("--artifacts-dir", str(root))
     held.assert_outcomes(errors=1)
