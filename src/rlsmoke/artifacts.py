@@ -38,7 +38,6 @@ class Artifacts:
     trusted: bool = False
     history_shadow: bool = False  # report the band (a warning, the summary) but never fail on it: PR runs
     commit: str = "unknown"
-    warm: object | None = None  # launch.warm.WarmServer: CPU runs fork from it instead of starting cold
     record_property: Callable[[str, object], None] = field(default=lambda k, v: None, repr=False)
 
     def __fspath__(self) -> str:

@@ -218,10 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     except RlsmokeError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return ExitCode.USAGE
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in `run` (errors.Interrupted)
-        signum = getattr(exc, "signum", 2)
-        name = "SIGTERM" if signum == 15 else "SIGINT"
-        print(f"error: interrupted by {name}; the run stopped the workers it started", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM, SIGHUP, SIGQUIT in `run` (errors.Interrupted)
+        import signal
+
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"error: interrupted by {signal.Signals(signum).name}; the run stopped the workers it started",
+              file=sys.stderr)  # fmt: skip
         return 128 + signum
     except OSError as exc:
         if exc.filename is None:  # no path of the user's to blame: a crash

@@ -7,7 +7,7 @@ at module level: this module loads in every pytest session of every user of the 
 
 from __future__ import annotations
 
-import contextlib
+import math
 import os
 import re
 import shutil
@@ -31,11 +31,9 @@ TINY_THREADS = 1
 
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
-_WARM = pytest.StashKey["object"]()
-_SHARED = pytest.StashKey["object"]()
-# The session's id for the runs its tests share (`rlsmoke.suite.SharedVariants`): set by the session that
-# starts first (an xdist controller, before its workers start), inherited by its workers.
-SHARED_RUNS_VAR = "RLSMOKE_SHARED_RUNS"
+_SESSION_LOCK = pytest.StashKey["object"]()
+SESSION_LOCK = ".pytest-session.lock"  # in the artifacts root: one session's at a time
+SUMMARY_HEADER = "# rlsmoke runs"  # the first line of the summary.md the session writes (`report`)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -67,9 +65,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="mark passing runs as trusted baselines for the history band (default off)")
     g.addoption("--run-timeout", type=float, default=None, metavar="S",
                 help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)")
-    g.addoption("--cold-runs", action="store_true", default=False,
-                help="start each CPU run as a fresh interpreter instead of forking it from the session's warm one "
-                     "(default off: forked)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,71 +80,57 @@ def pytest_configure(config: pytest.Config) -> None:
     if n is not None and n < 0:  # 0 means "no GPUs": the CPU cases run, the GPU ones skip with a reason
         raise pytest.UsageError(f"--num-gpus={n} must be >= 0. Adjust --num-gpus or NUM_GPUS")
     config.option.num_gpus = n
+    _check_options(config)
     _hold_threads(config)
-    _stop_runs_on_sigterm(config)
-    if not os.environ.get(SHARED_RUNS_VAR):  # this session owns its shared runs' folder: it removes it at the end
-        import uuid
+    from rlsmoke.engine.signals import sigterm_interrupts_session
 
-        os.environ[SHARED_RUNS_VAR] = uuid.uuid4().hex[:12]
-        config.stash[_SHARED] = os.environ[SHARED_RUNS_VAR]
+    back_to_default = sigterm_interrupts_session()  # the runs' teardown on a CI job's timeout
+    if back_to_default is not None:
+        config.add_cleanup(back_to_default)
     if config.getoption("launcher", "builtin") == "miles" and config.getoption("miles_root"):
         root = Path(config.getoption("miles_root"))
         if not root.is_dir():
             raise pytest.UsageError(f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)")
+    if not hasattr(config, "workerinput") and not _listing(config):  # xdist workers share their controller's
+        _hold_artifacts_root(config)
 
 
-# coreutils' `timeout` sends its signal to pytest, then to pytest's process group, so pytest gets it
-# twice; a runner that signals the group and the process does the same. Within this many seconds of the
-# first, another SIGTERM is that same request: it must not cut the teardown that ends the runs.
-REPEATED_SIGTERM_S = 5.0
+def _check_options(config: pytest.Config) -> None:
+    """Bad option values end the session before any test runs."""
+    timeout = config.getoption("run_timeout", None)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise pytest.UsageError(f"--run-timeout={timeout} must be a number of seconds > 0. Drop it for the "
+                                "default (900 on CPU, 3600 on GPUs)")  # fmt: skip
+    history = config.getoption("history", None)
+    if history:
+        path = Path(history)
+        if path.is_dir():
+            raise pytest.UsageError(f"--history={path} is a folder. Pass a sqlite file (made if missing)")
+        if path.is_file() and path.stat().st_size:
+            with path.open("rb") as f:
+                if f.read(16) != b"SQLite format 3\x00":
+                    raise pytest.UsageError(f"--history={path} is not a sqlite database. Pass another file "
+                                            "(made if missing)")  # fmt: skip
 
 
-def _stop_runs_on_sigterm(config: pytest.Config) -> None:
-    """A CI job's timeout ends pytest with SIGTERM, which by default kills the interpreter before any
-    teardown. The runs it launched lead sessions of their own, out of the signal's reach, and kept the
-    GPU for the next job. The session turns SIGTERM into the Ctrl-C that ends them (`runner.Process.wait`),
-    then pytest's teardown. A SIGTERM more than REPEATED_SIGTERM_S after the first ends it at once; one
-    sooner is the same request again. A handler someone else set is kept.
-    A process forked from the session (a multiprocessing pool's worker) gets SIGTERM's default back as it
-    starts, which `Pool.terminate` counts on. Not only inside the handler: a Python handler runs between
-    bytecodes, so a signal that lands just before a blocking wait (a pool worker taking its queue's
-    lock) is noted and never acted on, and the pool waits for that worker forever."""
-    import signal
-    import threading
-    import time
+def _hold_artifacts_root(config: pytest.Config) -> None:
+    """The artifacts root is this session's until it ends: a second session on it is refused at once
+    (its `artifacts` fixture would empty folders this one's runs write)."""
+    import fcntl
 
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        return
-    session_pid = os.getpid()
-    ours = []
-
-    def end_now() -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    def interrupt(signum, frame):
-        if os.getpid() != session_pid:  # a fork the signal reached before its reset below
-            end_now()
-            return
-        first = time.monotonic()
-
-        def again(signum, frame):
-            if time.monotonic() - first > REPEATED_SIGTERM_S:
-                end_now()
-
-        ours.append(again)
-        signal.signal(signal.SIGTERM, again)
-        raise KeyboardInterrupt("SIGTERM")
-
-    ours.append(interrupt)
-
-    def back_to_default() -> None:
-        if signal.getsignal(signal.SIGTERM) in ours:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    signal.signal(signal.SIGTERM, interrupt)
-    os.register_at_fork(after_in_child=back_to_default)
-    config.add_cleanup(back_to_default)  # the session's end: this process's SIGTERM is the default again
+    root = _artifacts_root(config)
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise pytest.UsageError(f"the artifacts folder {root} is in use by another pytest session (pid {holder}). "
+                                "Pass --artifacts-dir DIR, or wait for it to end") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    config.stash[_SESSION_LOCK] = fd
 
 
 def _hold_threads(config: pytest.Config) -> None:
@@ -180,104 +161,19 @@ def _host(config: pytest.Config):
     return config.stash[_HOST]
 
 
-_RUN_FIXTURES = frozenset({"artifacts", "rlsmoke_run_server"})
-
-
-def _may_launch(item: pytest.Item) -> bool:
-    return bool(_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))) and not item.get_closest_marker("skip")
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """The warm run server starts with the session on a CPU or NVIDIA host: it imports (8 s) on the core that
-    collection (single-threaded, 4-5 s) leaves idle, and is stopped at the end of collection if no
-    selected test launches a run. An xdist controller starts the one its workers share: they start
-    after this hook, with its address in their environment. A session that has one in its environment
-    (a worker, a nested session) attaches to it when its tests are collected."""
-    from rlsmoke.launch.warm import SERVER_VAR
-
-    config = session.config
-    if not _listing(config) and not os.environ.get(SERVER_VAR) and _forks_runs(config):
-        _warm_server(config)
-
-
 def _listing(config: pytest.Config) -> bool:
     """--collect-only, --fixtures: the session runs no test."""
     return bool(config.option.collectonly or config.getoption("showfixtures", False))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Keep the warm run server only if a selected test will launch a run (it imports while others run)."""
-    config = session.config
-    if not _forks_runs(config) or _listing(config):
-        return
-    if any(_may_launch(item) for item in session.items):
-        _warm_server(config)  # none with --cold-runs
-    elif _WARM in config.stash:  # started during collection for a test that was then deselected or skipped
-        _stop_warm_server(config)
-
-
-def _forks_runs(config: pytest.Config) -> bool:
-    """This host's runs may fork from a warm server (`launch.warm.FORKED_PLATFORMS`)."""
-    from rlsmoke.launch.warm import FORKED_PLATFORMS
-
-    return _host(config).platform in FORKED_PLATFORMS
-
-
-def _warm_server(config: pytest.Config):
-    """The session's `launch.warm.WarmServer` on a CPU or NVIDIA host (an outer session's, when nested);
-    else None.
-
-    A GPU run's imports took 11-20 s of each 35-75 s test on an H200. The server never initializes
-    the GPU driver (fla's import would: `engine.procs.preloadable` leaves it to the runs), so a GPU
-    run's fork initializes its own; where it has been initialized all the same, each run execs a
-    fresh interpreter (`launch.warm.driver_refusal`). ROCm runs are spawned (`launch.warm` says why).
-    """
-    if config.getoption("cold_runs", False) or not _forks_runs(config):
-        return None
-    if _WARM not in config.stash:
-        from rlsmoke.launch.runner import clean_env
-        from rlsmoke.launch.warm import SERVER_VAR, WarmServer
-
-        server = None
-        if os.environ.get(SERVER_VAR):
-            try:
-                server = WarmServer.attach(os.environ[SERVER_VAR])
-            except OSError:  # the outer session's server is gone: start our own
-                server = None
-        if server is None:
-            server = WarmServer.start(clean_env())
-            server.outer_var = os.environ.get(SERVER_VAR)  # put back at the end
-            os.environ[SERVER_VAR] = server.socket_path  # a nested session (pytester) forks from it too
-        config.stash[_WARM] = server
-    return config.stash[_WARM]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     ports = config.stash.get(_PORTS, None)
     if ports is not None:
         ports.release()
-    _stop_warm_server(config)
-    if config.stash.get(_SHARED, None) is not None and os.environ.get(SHARED_RUNS_VAR) == config.stash[_SHARED]:
-        del os.environ[SHARED_RUNS_VAR]
-
-
-def _shared_runs(config: pytest.Config) -> Path:
-    """Where this session's shared runs go: hidden under the artifacts root (each test copies what it gates)."""
-    return _artifacts_root(config) / ".shared-runs" / os.environ.get(SHARED_RUNS_VAR, "none")
-
-
-def _stop_warm_server(config: pytest.Config) -> None:
-    server = config.stash.get(_WARM, None)
-    if server is not None and server.proc is not None:  # ours, not an outer session's
-        from rlsmoke.launch.warm import SERVER_VAR
-
-        if os.environ.get(SERVER_VAR) == server.socket_path:
-            if server.outer_var:
-                os.environ[SERVER_VAR] = server.outer_var
-            else:
-                del os.environ[SERVER_VAR]
-        server.stop()
-    config.stash[_WARM] = None
+    fd = config.stash.get(_SESSION_LOCK, None)
+    if fd is not None:
+        os.close(fd)  # the lock goes with it
+        config.stash[_SESSION_LOCK] = None
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -350,21 +246,14 @@ def _ports(config: pytest.Config):
     return config.stash[_PORTS]
 
 
-@pytest.fixture(scope="session")
-def rlsmoke_run_server(pytestconfig: pytest.Config):
-    """The session's warm run server (`rlsmoke.launch.warm.WarmServer`) on a CPU host, else None.
+@pytest.fixture(scope="module")
+def rlsmoke_variant_runs(request: pytest.FixtureRequest):
+    """The module's SHARED_RUN (`rlsmoke.suite.VariantRuns`): its one-step test and its fault twins take
+    their records from one run of all its variants, one load; None for a module that declares none."""
+    from rlsmoke.suite import VariantRuns
 
-    `run_case` forks from it; a test that starts `rlsmoke run` itself may too, with its `run`
-    (`subprocess.run` with captured output, forked where that gives the same run).
-    """
-    return _warm_server(pytestconfig)
-
-
-@pytest.fixture(scope="session")
-def rlsmoke_shared_runs(pytestconfig: pytest.Config) -> Path:
-    """A folder every xdist worker of this session shares, for runs several tests take their records from
-    (`rlsmoke.suite.SharedVariants`); removed when the session ends."""
-    return _shared_runs(pytestconfig)
+    variants = tuple(getattr(request.module, "SHARED_RUN", ()))
+    return VariantRuns(variants) if variants else None
 
 
 @pytest.fixture
@@ -402,6 +291,7 @@ def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
     from rlsmoke.artifacts import Artifacts
 
     folder = _artifacts_root(config) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid).strip("_")
+    _refuse_a_live_run(folder)
     shutil.rmtree(folder, ignore_errors=True)  # a stale summary.json from an earlier run must not be read
     folder.mkdir(parents=True, exist_ok=True)
     history = config.getoption("history")
@@ -415,19 +305,39 @@ def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
         timeout=config.getoption("run_timeout"),
         update_golden=config.getoption("update_golden"), history=Path(history) if history else None,
         trusted=config.getoption("history_trusted"), history_shadow=config.getoption("history_shadow"),
-        commit=_commit(config) if history else "unknown", warm=_warm_server(config), record_property=record_property,
+        commit=_commit(config) if history else "unknown", record_property=record_property,
     )  # fmt: skip
 
 
+def _refuse_a_live_run(folder: Path) -> None:
+    """A run that still holds its folder's lock (`artifacts.RunFolder`) keeps its folder: the test fails."""
+    import fcntl
+
+    from rlsmoke.artifacts import LOCK_NAME
+
+    for lock in folder.rglob(LOCK_NAME) if folder.is_dir() else ():
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:  # released meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.fail(f"{lock.parent} is held by a live run; this test's artifacts folder is left as it is. "
+                        "End that run, or pass --artifacts-dir DIR", pytrace=False)  # fmt: skip
+        finally:
+            os.close(fd)
+
+
 @pytest.fixture
-def case_record(request: pytest.FixtureRequest, artifacts, rlsmoke_shared_runs):
+def case_record(request: pytest.FixtureRequest, artifacts, rlsmoke_variant_runs):
     """The record of the test's declared run (`rlsmoke.suite.CaseRun`): its `case_record` parameter
     (`indirect=True`), else its module's CASE (with its SHARED_RUN, when it declares one)."""
     spec = _declared_run(request.node)
     if spec is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses case_record without a run: parametrize it with "
                                 "rlsmoke.suite.CaseRun values (indirect=True) or give its module a CASE")  # fmt: skip
-    return spec.run(artifacts, shared_runs=rlsmoke_shared_runs)
+    return spec.run(artifacts, variant_runs=rlsmoke_variant_runs)
 
 
 def _declared_run(item: pytest.Item):
@@ -457,12 +367,15 @@ def pytest_runtest_call(item: pytest.Item):
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: the controller writes it once
-    if session.config.stash.get(_SHARED, None) is not None:  # each test kept a copy of what it gated
-        shutil.rmtree(_shared_runs(session.config), ignore_errors=True)
-        with contextlib.suppress(OSError):
-            _shared_runs(session.config).parent.rmdir()  # when no other session's is left in it
     root = _artifacts_root(session.config)
-    if root.is_dir():
-        from rlsmoke.report import write_session_summary
+    if not root.is_dir():
+        return
+    summary = root / "summary.md"
+    if summary.is_file() and not summary.read_text(errors="replace").startswith(SUMMARY_HEADER):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"rlsmoke: {summary} was not written by rlsmoke: left as it is, no session summary")
+        return
+    from rlsmoke.report import write_session_summary
 
-        write_session_summary(root)
+    write_session_summary(root)

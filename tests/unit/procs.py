@@ -1,9 +1,13 @@
-"""What the process tests read from /proc (a process's state, whether it lives, its descendants), and a
-call in a child process of its own."""
+"""What the process tests read from /proc (a process's state, whether it lives, its descendants), a
+call in a child process of its own, and `rlsmoke ...` run in this process (`run_cli`)."""
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 from pathlib import Path
+
+from rlsmoke.launch import here
 
 
 def stat_fields(pid: int | str) -> list[str]:
@@ -61,3 +65,17 @@ def in_a_child(ctx, fn, *args, timeout: float = 120):
     """`fn(conn, *args)` in a process of its own, waited for. For what must not happen in the pytest
     process: a process group, a changed sys.path."""
     return InAChild(ctx, fn, *args).reply(timeout)
+
+
+def run_cli(argv, *, env, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)` for
+    `python -m rlsmoke.cli ...`, run in this process (`rlsmoke.launch.here`) where it can be."""
+    if not here.can_run_here(argv):
+        return subprocess.run(list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        result = here.run_here(argv, env=env, log=out, errors=err, timeout=timeout)
+        if result.timed_out:
+            raise subprocess.TimeoutExpired(list(argv), timeout)
+        stdout = out.read_text(errors="replace").split("\n", 1)[1]  # less the `$ argv` line
+        return subprocess.CompletedProcess(list(argv), result.returncode, stdout, err.read_text(errors="replace"))

@@ -10,21 +10,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import run_cli
 
 import rlsmoke
-from rlsmoke.launch.warm import run_captured
 
 ROOT = Path(__file__).resolve().parents[2]
 GLM5 = "glm5-744b-a40b-4layer"
 
 
 @pytest.fixture
-def rlsmoke_cli(rlsmoke_run_server):
-    """`rlsmoke ARGS`: forked from the session's warm interpreter where that gives the same run, else spawned."""
+def rlsmoke_cli():
+    """`rlsmoke ARGS`, run in this process."""
 
     def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        return run_captured([sys.executable, "-m", "rlsmoke.cli", *args], env={**os.environ, **(env or {})},
-                            timeout=120, server=rlsmoke_run_server)  # fmt: skip
+        return run_cli([sys.executable, "-m", "rlsmoke.cli", *args], env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
 
     return cli
 

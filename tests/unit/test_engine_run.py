@@ -8,6 +8,7 @@ tests/e2e/test_fault_twins_cpu.py; this module covers the gates those faults can
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +18,6 @@ from procs import alive
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
 from rlsmoke.errors import ExitCode
-from rlsmoke.launch.warm import run_captured
 from rlsmoke.run_command import gate_run
 from rlsmoke.suite import CaseRun
 
@@ -38,22 +38,22 @@ def _gated(out: Path) -> tuple[dict, object]:
     return json.loads((out / "summary.json").read_text()), verdict
 
 
-def _without_ray(out: Path, shadow: Path, server, *flags: str) -> tuple[object, bool]:
-    """`rlsmoke run CASE --platform cpu FLAGS` as a user types it (forked from the session's warm
-    interpreter where there is one), with NO_RAY first on its path: (the process, whether it imported Ray)."""
+def _without_ray(out: Path, shadow: Path, *flags: str) -> tuple[object, bool]:
+    """`rlsmoke run CASE --platform cpu FLAGS` as a user types it (a fresh interpreter), with NO_RAY first
+    on its path: (the process, whether it imported Ray)."""
     (shadow / "ray").mkdir()
     (shadow / "ray" / "__init__.py").write_text(NO_RAY)
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))}
-    proc = run_captured([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out),
-                         *flags], env=env, timeout=300, server=server)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out),
+                           *flags], env=env, timeout=300, capture_output=True, text=True)  # fmt: skip
     return proc, (shadow / "ray" / "imported").exists()
 
 
 @pytest.fixture(scope="module")
-def main_job(tmp_path_factory, rlsmoke_run_server):
+def main_job(tmp_path_factory):
     """The README's main job: (its process, its folder, whether it imported Ray)."""
     out = tmp_path_factory.mktemp("main-job")
-    proc, ray_imported = _without_ray(out, tmp_path_factory.mktemp("no-ray"), rlsmoke_run_server)
+    proc, ray_imported = _without_ray(out, tmp_path_factory.mktemp("no-ray"))
     return proc, out, ray_imported
 
 
@@ -64,10 +64,9 @@ def test_main_job_passes_and_prints_the_table(main_job):
     assert not ray_imported, "the single-process mode imported ray"
 
 
-def test_the_ray_check_sees_a_run_that_imports_ray(tmp_path, rlsmoke_run_server):
+def test_the_ray_check_sees_a_run_that_imports_ray(tmp_path):
     """The main job's Ray check, tripped: an async run imports Ray, and is told it is missing."""
-    proc, ray_imported = _without_ray(tmp_path / "out", tmp_path, rlsmoke_run_server, "--mode", "async",
-                                      "--num-gpus", "2")  # fmt: skip
+    proc, ray_imported = _without_ray(tmp_path / "out", tmp_path, "--mode", "async", "--num-gpus", "2")
     assert ray_imported and proc.returncode == ExitCode.USAGE and "[engine.ray]" in proc.stderr, proc.stderr
 
 
@@ -107,7 +106,7 @@ def test_run_log_parses_like_a_miles_log_into_the_same_record(main_job):
 
 @pytest.mark.parametrize("case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True))], indirect=True, ids=[CASE])
 def test_same_seed_gives_identical_metrics(main_job, case_record):
-    """Another process (forked from the session's warm interpreter where there is one), the same seed."""
+    """The same seed in this process (`launch.here`, as the suite runs it) as in a fresh interpreter."""
     _, out, _ = main_job
     assert (Path(case_record.artifacts) / "metrics.jsonl").read_text() == (out / "metrics.jsonl").read_text()
 

@@ -11,20 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import run_cli
 
 from rlsmoke.errors import ExitCode
-from rlsmoke.launch.warm import run_captured
 
 CASE = "glm4.5-355b-a32b-4layer"
 
 
 @pytest.fixture
-def rlsmoke_run(rlsmoke_run_server):
-    """`rlsmoke run CASE --platform cpu ARGS`, forked from the session's warm interpreter on a CPU host."""
+def rlsmoke_run():
+    """`rlsmoke run CASE --platform cpu ARGS`, run in this process."""
 
     def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *args]
-        return run_captured(argv, env=os.environ, timeout=timeout, server=rlsmoke_run_server)
+        return run_cli(argv, env=os.environ, timeout=timeout)
 
     return run
 

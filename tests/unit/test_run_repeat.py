@@ -10,11 +10,11 @@ import os
 import sys
 
 import pytest
+from procs import run_cli
 
 from rlsmoke import metrics, thresholds
 from rlsmoke.cli import main
 from rlsmoke.errors import ExitCode, RlsmokeError
-from rlsmoke.launch.warm import run_captured
 
 CASE = "glm5-744b-a40b-4layer"
 KEY = {"case": CASE, "platform": "cpu", "device": "CPU", "launcher": "builtin", "dtype": "float32/float32",
@@ -33,7 +33,7 @@ def measured(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def failing_seed_0(measured, tmp_path_factory, rlsmoke_run_server):
+def failing_seed_0(measured, tmp_path_factory):
     """The shipped entry with one upper bound halfway between seed 0's value and seed 1's lower one."""
     tmp_path = tmp_path_factory.mktemp("seed-0-fails")
     _, summary = measured
@@ -49,8 +49,7 @@ def failing_seed_0(measured, tmp_path_factory, rlsmoke_run_server):
     out = tmp_path / "run"
     env = os.environ | {"RLSMOKE_THRESHOLDS_DIR": str(tmp_path / "thresholds")}
     argv = [sys.executable, "-m", "rlsmoke.cli", *_argv(out)]
-    # forked from the session's warm interpreter: the thresholds folder is read at run time
-    proc = run_captured(argv, env=env, timeout=300, server=rlsmoke_run_server)
+    proc = run_cli(argv, env=env, timeout=300)  # in this process: the thresholds folder is read at run time
     return proc.returncode, gate, first, last, json.loads((out / "summary.json").read_text()), proc
 
 

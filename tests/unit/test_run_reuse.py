@@ -13,7 +13,7 @@ from rlsmoke.engine import megatron
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute, phase_seconds
-from rlsmoke.launch import runner
+from rlsmoke.launch import here, runner
 from rlsmoke.suite import CaseRun, builtin_argv
 
 CASE = "glm5-744b-a40b-4layer"
@@ -36,18 +36,17 @@ def _seed_lines(out, repeat: int | None = None) -> list[dict]:
     return [{k: v for k, v in line.items() if k != "repeat"} for line in lines if line["repeat"] == repeat]
 
 
-def _run(spec: CaseRun, out: Path, server, *, seed: int, more=()) -> runner.Process:
-    """`rlsmoke run` of the declared run at another seed, as a user starts it (forked from the session's
-    warm interpreter where there is one)."""
-    argv = builtin_argv(spec.case, out, seed=seed, trainer=spec.trainer or "fsdp") + [*spec.flags, *more]
-    return runner.Process(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", warm=server)
+def _argv(spec: CaseRun, out: Path, *, seed: int, more=()) -> list[str]:
+    """`rlsmoke run` of the declared run at another seed, as a user types it."""
+    return builtin_argv(spec.case, out, seed=seed, trainer=spec.trainer or "fsdp") + [*spec.flags, *more]
 
 
 @pytest.mark.parametrize("case_record", FRESH_SEED_1, indirect=True)
-def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path, rlsmoke_run_server):
+def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path):
     spec = request.node.callspec.params["case_record"]
     repeat, fresh = tmp_path / "repeat", Path(case_record.artifacts)
-    result = _run(spec, repeat, rlsmoke_run_server, seed=0, more=("--repeat", "2")).wait(300)
+    result = here.run_here(_argv(spec, repeat, seed=0, more=("--repeat", "2")), env=runner.clean_env(),
+                           log=tmp_path / "repeat.log", timeout=300)  # fmt: skip
     assert result.ok, result.log.read_text()[-3000:]
 
     assert _seed_lines(repeat, 1) == _seed_lines(fresh)
@@ -64,7 +63,7 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path
         if spec.trainer == "megatron" else ["read", "compute copy", "trainer setup"]  # fmt: skip
     one_process = [*trained_by, "rollout copy"] if spec.case.num_gpus == 1 else []
     assert list(timing["load_phases_s"]) == [*one_process, "keep initial"]
-    # the process's own seconds before the engine's clock, by phase (a forked run's start is the fork's)
+    # the process's own seconds before the engine's clock, by phase
     assert list(timing["process_s"]) == ["start", "config", "engine import"]
     assert all(v >= 0 for v in timing["process_s"].values())
     assert summary["kda"] == ("reference" if spec.case.spec().family == "glm5.3-flash" else None)
@@ -73,9 +72,10 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path
     assert summary["parallel"]["dp"] == spec.case.num_gpus  # the executed layout: data parallel over the ranks
 
 
-def test_without_the_restore_seed_1_starts_from_trained_weights(tmp_path, monkeypatch, rlsmoke_run_server):
+def test_without_the_restore_seed_1_starts_from_trained_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(Colocated, "restore_initial", lambda self: None)  # in this process only: the repeat
-    fresh = _run(CaseRun(ONE, flags=SHAPE_FLAGS), tmp_path / "fresh", rlsmoke_run_server, seed=1)
+    fresh = runner.Process(_argv(CaseRun(ONE, flags=SHAPE_FLAGS), tmp_path / "fresh", seed=1), env=runner.clean_env(),
+                           log=tmp_path / "fresh.log")  # another process: the monkeypatch stays in this one
     execute(RunConfig(case=CASE, tiny=True, **SHAPE), tmp_path / "repeat", repeat=2)
     assert fresh.wait(300).ok
 

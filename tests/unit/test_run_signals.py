@@ -52,46 +52,17 @@ def _moment_reached(moment: str, out: Path, seen: dict[int, str]) -> bool:
     return any(cmd.startswith(("ray::TrainWorker", "ray::RolloutWorker")) for cmd in seen.values())
 
 
-class Forked:
-    """The part of `subprocess.Popen` this test uses, for a run forked from the warm server."""
-
-    def __init__(self, server, argv, folder: Path):
-        self._out, self._err = (open(folder / name, "w+") for name in ("stdout", "stderr"))  # noqa: SIM115
-        self._run = server.fork(argv, os.environ, None, outputs=(self._out.fileno(), self._err.fileno()))
-        self.pid = self._run.pid
-
-    @property
-    def returncode(self):
-        return self._run.returncode
-
-    def poll(self):
-        return self._run.poll()
-
-    def wait(self, timeout=None):
-        return self._run.wait(timeout)
-
-    def send_signal(self, sig):
-        os.kill(self.pid, sig)
-
-    def communicate(self, timeout=None):
-        self._run.wait(timeout)
-        for f in (self._out, self._err):
-            f.close()
-        return tuple(Path(f.name).read_text() for f in (self._out, self._err))
-
-
 # SIGTERM while the actors load: Ray's wait re-raises it as a bare KeyboardInterrupt, which must not read as SIGINT
+# SIGHUP (the terminal closed) and SIGQUIT end the run as SIGTERM does: 129 and 131, everything stopped
 @pytest.mark.parametrize("moment, sig", [("torch loading", signal.SIGINT), ("ray starting", signal.SIGINT),
-                                         ("ray starting", signal.SIGTERM), ("actors loading", signal.SIGTERM)])  # fmt: skip
-def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_path, moment, sig, rlsmoke_run_server):
+                                         ("ray starting", signal.SIGTERM), ("actors loading", signal.SIGTERM),
+                                         ("actors loading", signal.SIGHUP), ("actors loading", signal.SIGQUIT)])  # fmt: skip
+def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_path, moment, sig):
     pytest.importorskip("ray")
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--mode", "async", "--num-gpus", "2",
             "--num-rollout", "8", "--out", str(out)]  # fmt: skip
-    if moment == "torch loading" or rlsmoke_run_server is None:  # the import's moment needs a fresh interpreter
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    else:  # later moments: the same run from the CLI's first line, forked from the session's warm interpreter
-        proc = Forked(rlsmoke_run_server, argv, tmp_path)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     seen: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 240
@@ -155,3 +126,40 @@ def test_signals_ctrl_c_on_a_run_of_several_ranks_is_one_line_without_a_rank_s_t
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
     said = [line for line in (out / "run.log").read_text().splitlines() if "interrupted by" in line]
     assert len(said) == 1 and "interrupted by SIGINT" in said[0], said
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL])
+def test_a_run_of_ranks_signalled_alone_leaves_no_process_behind(tmp_path, sig):
+    """The terminal closing (SIGHUP) or SIGQUIT stops the run as SIGTERM does (128 + N, run.log says so);
+    SIGKILL cannot be handled, but the ranks, the fork server and its resource tracker die with the run
+    (the parent-death signal) instead of running on."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "2", "--tiny",
+            "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(descendants(proc.pid)) < 2 or not (out / "run.log").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # the ranks at work
+        seen = descendants(proc.pid)
+        assert len(seen) >= 2, seen
+        proc.send_signal(sig)  # the driver alone: nothing else is told
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    ended = time.monotonic()
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 128 + sig, (proc.returncode, stderr[-3000:])
+        assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(f"error: interrupted by {sig.name}")
+        last = (out / "run.log").read_text().splitlines()[-1]
+        assert last.split("] ", 1)[1].startswith(f"interrupted by {sig.name}"), last
+    while time.monotonic() < ended + OUTLIVE_S and [pid for pid in seen if alive(pid)]:
+        time.sleep(0.1)
+    assert not [pid for pid in seen if alive(pid)], [_cmdline(pid)[:120] for pid in seen if alive(pid)]

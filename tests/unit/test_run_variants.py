@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import run_cli
 
 from rlsmoke.cases import Case
 from rlsmoke.engine import megatron, train
@@ -20,8 +21,7 @@ from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute_variants
 from rlsmoke.engine.train import set_dropout
 from rlsmoke.errors import ExitCode
-from rlsmoke.launch import runner
-from rlsmoke.launch.warm import run_captured
+from rlsmoke.launch import here, runner
 from rlsmoke.suite import builtin_argv
 
 CASE = "glm5-744b-a40b-4layer"
@@ -42,49 +42,44 @@ def _lines(out: Path) -> list[dict]:
 
 
 class FreshRuns:
-    """Each (layout, variant)'s fresh `rlsmoke run --inject ... --rollout-temperature ...`, started once
-    per module (forked from the session's warm interpreter) and awaited when read."""
+    """Each (layout, variant)'s own `rlsmoke run --inject ... --rollout-temperature ...`, run once per module
+    when first read (in this process, as the suite runs it: test_engine_run pins that to a fresh
+    interpreter's bits)."""
 
-    def __init__(self, root: Path, server):
-        self.root, self.server, self.procs = root, server, {}
+    def __init__(self, root: Path):
+        self.root, self.runs = root, {}
 
-    def start(self, layout: str, variant: Variant) -> None:
-        if (layout, variant.slug) in self.procs:
-            return
+    def lines(self, layout: str, variant: Variant) -> list[dict]:
+        if (layout, variant.slug) not in self.runs:
+            self.runs[layout, variant.slug] = self._run(layout, variant)
+        return _lines(self.runs[layout, variant.slug])
+
+    def _run(self, layout: str, variant: Variant) -> Path:
         case, flags, _ = LAYOUTS[layout]
         out = self.root / layout / variant.slug
         argv = builtin_argv(case, out, inject=str(variant.inject) if variant.inject.kind else None,
                             rollout_temperature=variant.rollout_temperature,
                             trainer=TRAINERS.get(layout, "fsdp")) + list(flags)  # fmt: skip
-        proc = runner.Process(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", warm=self.server)
-        self.procs[layout, variant.slug] = (proc, out)
-
-    def lines(self, layout: str, variant: Variant) -> list[dict]:
-        self.start(layout, variant)
-        proc, out = self.procs[layout, variant.slug]
-        result = proc.wait(300)
+        result = here.run_here(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", timeout=300)
         assert result.ok, result.log.read_text()[-3000:]
-        return _lines(out)
+        return out
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory, rlsmoke_run_server):
-    return FreshRuns(tmp_path_factory.mktemp("fresh"), rlsmoke_run_server)
+def fresh(tmp_path_factory):
+    return FreshRuns(tmp_path_factory.mktemp("fresh"))
 
 
 @pytest.mark.parametrize("layout", [
     pytest.param(name, marks=pytest.mark.skipif(name == "megatron" and not megatron.available(),
                                                 reason="megatron-core is not installed"))
     for name in LAYOUTS])  # fmt: skip
-def test_each_variant_is_a_fresh_run_of_its_fault(layout, fresh, tmp_path, rlsmoke_run_server):
+def test_each_variant_is_a_fresh_run_of_its_fault(layout, fresh, tmp_path):
     case, flags, text = LAYOUTS[layout]
     variants = parse_variants(text, 1.0)
     out = tmp_path / "variants"
     argv = builtin_argv(case, out, trainer=TRAINERS.get(layout, "fsdp")) + [*flags, "--variants", text]
-    shared = runner.Process(argv, env=runner.clean_env(), log=tmp_path / "variants.log", warm=rlsmoke_run_server)
-    for variant in variants:
-        fresh.start(layout, variant)
-    result = shared.wait(300)
+    result = here.run_here(argv, env=runner.clean_env(), log=tmp_path / "variants.log", timeout=300)
     assert result.ok, result.log.read_text()[-3000:]
 
     assert sorted(p.name for p in out.iterdir()) == sorted(v.slug for v in variants)
@@ -125,17 +120,16 @@ LEAKS = {  # what is taken away, how, and the order that shows it
 def test_without_the_reset_the_next_variant_is_not_a_fresh_run(leak, fresh, tmp_path, monkeypatch):
     take_away, text = LEAKS[leak]
     clean = parse_variants("clean", 1.0)[0]
-    fresh.start("fsdp", clean)
     assert _in_process(tmp_path / "whole", text)["clean"] == fresh.lines("fsdp", clean)  # the same run, in here
     take_away(monkeypatch)
     assert _in_process(tmp_path / "leaky", text)["clean"] != fresh.lines("fsdp", clean)
 
 
-def test_each_variant_is_gated_as_its_own_run(tmp_path, rlsmoke_run_server):
+def test_each_variant_is_gated_as_its_own_run(tmp_path):
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--variants", "clean,stale-weights",
             "--out", str(out)]  # fmt: skip
-    proc = run_captured(argv, env=os.environ, timeout=300, server=rlsmoke_run_server)
+    proc = run_cli(argv, env=os.environ, timeout=300)
     assert proc.returncode == ExitCode.GATE_FAILED, proc.stderr[-3000:]  # one variant failed: the command fails
     clean, stale = (json.loads((out / name / "summary.json").read_text()) for name in ("clean", "stale-weights"))
     assert clean["verdict"] == "PASS" and stale["verdict"] == "FAIL"
@@ -143,12 +137,12 @@ def test_each_variant_is_gated_as_its_own_run(tmp_path, rlsmoke_run_server):
     assert (out / "clean" / "run.log").read_text().splitlines()[-1] == "verdict: PASS"
     assert (out / "stale-weights" / "run.log").read_text().splitlines()[-1] == "verdict: FAIL"
 
-    again = run_captured(argv, env=os.environ, timeout=300, server=rlsmoke_run_server)  # --out's rules hold
+    again = run_cli(argv, env=os.environ, timeout=300)  # --out's rules hold
     assert again.returncode == ExitCode.USAGE and "[run.out_used]" in again.stderr, again.stderr[-2000:]
     assert json.loads((out / "clean" / "summary.json").read_text()) == clean
 
     (out / "clean" / "run.log").write_text("an earlier run\n")
-    replaced = run_captured([*argv, "--overwrite"], env=os.environ, timeout=300, server=rlsmoke_run_server)
+    replaced = run_cli([*argv, "--overwrite"], env=os.environ, timeout=300)
     assert replaced.returncode == ExitCode.GATE_FAILED, replaced.stderr[-3000:]
     assert "an earlier run" not in (out / "clean" / "run.log").read_text()
     summary = json.loads((out / "clean" / "summary.json").read_text())
@@ -174,23 +168,23 @@ BAD = [  # (flags, the rule named)
 
 
 @pytest.mark.parametrize(("flags", "rule"), BAD, ids=[f"{' '.join(f)}" for f, _ in BAD])
-def test_a_bad_variant_is_one_error_line_before_anything_loads(flags, rule, tmp_path, rlsmoke_run_server):
+def test_a_bad_variant_is_one_error_line_before_anything_loads(flags, rule, tmp_path):
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", *flags, "--out", str(out)]
-    proc = run_captured(argv, env=os.environ, timeout=120, server=rlsmoke_run_server)
+    proc = run_cli(argv, env=os.environ, timeout=120)
     err = proc.stderr.strip()
     assert proc.returncode == ExitCode.USAGE, (proc.returncode, err[-2000:])
     assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith(f"error: [{rule}]"), err
     assert "Fix:" in err and not out.exists()  # nothing written
 
 
-def test_an_out_with_one_variant_s_earlier_records_is_refused_before_any_folder_is_made(tmp_path, rlsmoke_run_server):
+def test_an_out_with_one_variant_s_earlier_records_is_refused_before_any_folder_is_made(tmp_path):
     out = tmp_path / "out"
     (out / "stale-weights").mkdir(parents=True)
     (out / "stale-weights" / "summary.json").write_text('{"verdict": "PASS"}\n')
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--variants", "clean,stale-weights",
             "--out", str(out)]  # fmt: skip
-    proc = run_captured(argv, env=os.environ, timeout=120, server=rlsmoke_run_server)
+    proc = run_cli(argv, env=os.environ, timeout=120)
     assert proc.returncode == ExitCode.USAGE and "[run.out_used]" in proc.stderr, proc.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["stale-weights"]
 

@@ -105,12 +105,12 @@ def test_a_history_band_failure_fails_the_run_unless_shadowed(tmp_path, shadow):
 
 
 @pytest.mark.slow
-def test_a_builtin_run_is_gated_once_by_the_suite(tmp_path, monkeypatch, rlsmoke_run_server):
-    """The engine process only records; the suite's `check` is the one evaluation of the thresholds."""
+def test_a_builtin_run_is_gated_once_by_the_suite(tmp_path, monkeypatch):
+    """The engine only records (in this process too); the suite's `check` is the one evaluation of the thresholds."""
     evaluated = []
     check = thresholds.Gates.check
     monkeypatch.setattr(thresholds.Gates, "check", lambda gates, record: evaluated.append(record.artifacts) or check(gates, record))
-    art = Artifacts(tmp_path / "run", warm=rlsmoke_run_server)
+    art = Artifacts(tmp_path / "run")
     record = run_case(CASE, art)
     summary = json.loads((art.path / "summary.json").read_text())
     assert "verdict" not in summary and "gates" not in summary, "the engine process gated the run as well"

@@ -10,8 +10,9 @@ not, it is handed: the driver's environment and its stdout/stderr as of the rank
 
 CPU ranks of a driver that holds nothing a fork could break (`fork_is_safe`: one Python thread,
 torch on one thread so no OpenMP team, no initialized GPU driver, no process group or its threads)
-fork from the driver itself: no server to start, which is most of a tiny CPU run's ranks' start (the
-driver is often itself a fork of `launch.warm`'s server).
+fork from the driver itself: no server to start, which is most of a tiny CPU run's ranks' start.
+Every rank dies with its parent (`signals.in_child`): the driver, or the fork server, which ends
+when the driver does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import threading
 from multiprocessing import context as mp_context
 from multiprocessing import reduction
 from pathlib import Path
+
+from rlsmoke.engine import signals
 
 SERVER_SETUP = "rlsmoke.engine.rank_server"  # first in the server: keeps torch's CUDA probe off the driver
 HEAVY_MODULES = (
@@ -45,26 +48,6 @@ HEAVY_MODULES = (
 # ahead of a fork (a fork server's preload, a driver's before its ranks fork), they would leave every child
 # unable to use CUDA; the process that runs them imports them itself.
 ASK_THE_DEVICE_WITH_FLA = ("transformers.models.glm5_next.modeling_glm5_next",)
-
-
-NVML_DEVICE_COUNT = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's own switch for processes that fork
-
-
-@contextlib.contextmanager
-def device_count_by_nvml():
-    """Imports inside the block that ask `torch.cuda.is_available()` (megatron-core's and torch's
-    inductor's do) are answered by NVML, which leaves the CUDA driver untouched; torch's default
-    answer initializes it, and a fork of the process then cannot use CUDA. The variable is gone after
-    the block (a value already set is kept): children get their caller's environment, as fresh
-    interpreters would."""
-    if NVML_DEVICE_COUNT in os.environ:
-        yield
-        return
-    os.environ[NVML_DEVICE_COUNT] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(NVML_DEVICE_COUNT, None)
 
 
 def preloadable(names) -> tuple[str, ...]:
@@ -97,21 +80,39 @@ def _is_open(fd: int) -> bool:
     return True
 
 
+class ForkedRank(mp_context.ForkProcess):
+    """A rank forked from its driver; it dies with the driver."""
+
+    def start(self) -> None:
+        self._driver = os.getpid()
+        super().start()
+
+    def run(self) -> None:
+        signals.in_child(self._driver)
+        super().run()
+
+
 class RankProcess(mp_context.ForkServerProcess):
     """A forkserver process that runs with its driver's environment and stdout/stderr of its start."""
 
     def start(self) -> None:
+        self._driver = os.getpid()
         self._driver_environ = dict(os.environ)
         self._driver_stdio = {fd: _DriverFd(fd) for fd in (1, 2) if _is_open(fd)}
         super().start()
 
     def run(self) -> None:
+        signals.in_child(self._driver)
         os.environ.clear()
         os.environ.update(self._driver_environ)
         for target, received in self._driver_stdio.items():
             os.dup2(received.fd, target)
             os.close(received.fd)
         super().run()
+
+
+class ForkContext(mp_context.ForkContext):
+    Process = ForkedRank
 
 
 class RankContext(mp_context.ForkServerContext):
@@ -257,7 +258,7 @@ def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> 
         for name in preloadable((*HEAVY_MODULES, *rank_modules)):
             if megatron or not name.startswith("megatron"):
                 _import_if_installed(name)
-        return mp_context._default_context.get_context("fork")
+        return ForkContext()
     ctx = RankContext()
     ctx.set_forkserver_preload(server_preload(rank_modules))
     return ctx

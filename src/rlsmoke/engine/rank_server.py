@@ -7,4 +7,4 @@ Each rank gets its driver's environment back before it runs, so this setting sta
 
 import os
 
-os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # engine.procs.NVML_DEVICE_COUNT, spelled out: procs names this module
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch: device counts through NVML

@@ -1,21 +1,25 @@
-"""Which signal does what in an `rlsmoke run` process, and when. Every handler the engine sets is set here.
+"""Which signal does what, and when. Every signal disposition rlsmoke sets is set here.
 
-    when                                  SIGINT and SIGTERM
+    when                                  SIGINT, SIGTERM, SIGHUP and SIGQUIT (`STOP`)
     ------------------------------------  ----------------------------------------------------------------
     loading the engine (`exit_at_once`)   nothing has started: run.log and stderr name the signal, the
-                                          process exits 128 + N at once
+                                          process exits 128 + N at once (not a run `hosted` in-process)
     the run (`stopping_run`)              `Interrupted(N)` in the main thread, so every `finally` stops
                                           what it started (workers, ranks, the Ray cluster). Inside an
                                           import it waits for the import's end (half a module would stay
-                                          behind). The first one counts: both are ignored afterwards, so a
-                                          second cannot cut the cleanup short (SIGKILL still can)
+                                          behind). The first one counts: the others are ignored afterwards,
+                                          so a second cannot cut the cleanup short (SIGKILL still can)
     Ray starts, connects, shuts down      blocked until Ray is done, then the run's handlers are put back:
     (`held`)                              Ray installs its own (an abort with a stack dump, or death)
-    the Ray cluster's head process        unblocked again in the head (it inherits the mask); it ends
-                                          with the run (the parent-death signal), by `LocalCluster.stop`
-    a rank process (`in_rank`)            SIGINT ends the rank quietly: a terminal's Ctrl-C reaches the
-                                          whole group, and the driver, which got it too, stops the run.
-                                          SIGTERM: the default action
+    a child of the run (`in_child`)       unblocked again (the mask is inherited); killed when its parent
+                                          dies, even by SIGKILL (Linux's parent-death signal)
+    a rank process (`in_rank`)            a child; SIGINT ends the rank quietly (a terminal's Ctrl-C
+                                          reaches the whole group, and the driver, which got it too, stops
+                                          the run); the others: the default action
+    a run in the caller's process         a stop outside the run's own handlers is `Interrupted` too; the
+    (`hosted`)                            caller re-raises the signal once the run is done (`raise_again`)
+    a pytest session                      SIGTERM is Ctrl-C once, so the teardown ends what it launched
+    (`sigterm_interrupts_session`)        (`sigterm_interrupts_session` says more)
     after the records and the verdict     the caller's handlers again
 
 The signal received first is the one the run reports (`interrupted_by`): Ray's wait re-raises a
@@ -35,8 +39,9 @@ from collections.abc import Callable, Iterator
 
 from rlsmoke.errors import Interrupted
 
-STOP = (signal.SIGINT, signal.SIGTERM)
+STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _received: list[int] = []
+_hosted: list[bool] = []  # non-empty while a run is hosted in its caller's process: never exit it
 
 # The import machinery's frames: an interrupt raised inside an import leaves half a module behind, which
 # the importer may swallow (torch imports numpy under a bare try) or trip over later ("cannot load module
@@ -56,7 +61,7 @@ def received() -> int | None:
 
 @contextlib.contextmanager
 def _handling(handler) -> Iterator[None]:
-    """`handler` for SIGINT and SIGTERM inside the block, the caller's again after it."""
+    """`handler` for every STOP signal inside the block, the caller's again after it."""
     before = {signum: signal.signal(signum, handler) for signum in STOP}
     try:
         yield
@@ -75,7 +80,11 @@ def stopping_run() -> Iterator[None]:
 
 @contextlib.contextmanager
 def exit_at_once(say: Callable[[int], None]) -> Iterator[None]:
-    """While nothing has started: `say(signum)`, then exit 128 + signum without unwinding."""
+    """While nothing has started: `say(signum)`, then exit 128 + signum without unwinding. A hosted run
+    keeps the run's handlers: its process is its caller's."""
+    if _hosted:
+        yield
+        return
 
     def exit_now(signum, frame):
         _received.append(signum)
@@ -88,8 +97,8 @@ def exit_at_once(say: Callable[[int], None]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait (in the main thread) until the block ends; the handlers in place as it
-    began are put back before they arrive. Threads and processes started inside inherit the mask."""
+    """STOP signals wait (in the main thread) until the block ends; the handlers in place as it began are
+    put back before they arrive. Threads and processes started inside inherit the mask."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -104,10 +113,25 @@ def held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+def in_child(parent: int) -> None:
+    """At the start of a process the run started: STOP unblocked, and SIGKILL once `parent` is gone."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:  # it ended before the prctl: nobody would send the signal
+        os._exit(128 + signal.SIGKILL)
+    except PermissionError:
+        pass
+
+
 def in_rank() -> None:
-    """At a rank process's start: it may have been forked from its driver, with the driver's handlers."""
-    signal.signal(signal.SIGINT, _rank_interrupted)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """At a rank process's start, after `in_child` (`engine.procs` calls that for every rank)."""
+    for signum in STOP:
+        signal.signal(signum, _rank_interrupted if signum == signal.SIGINT else signal.SIG_DFL)
 
 
 def _rank_interrupted(signum, frame) -> None:
@@ -137,3 +161,92 @@ def _deliver_after_import(signum: int) -> None:
     while _inside_import(sys._current_frames().get(main)):
         time.sleep(0.02)
     _thread.interrupt_main(signum)  # the handler again, in the main thread, now outside the import
+
+
+# --- a run in its caller's process ---------------------------------------------------------------
+
+
+def can_host() -> bool:
+    """Handlers can be set only in the main thread."""
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def hosted(got: list[int]) -> Iterator[None]:
+    """A run inside the block runs in this process: a stop signal is `Interrupted` wherever it lands
+    (the run's own handlers take over inside `stopping_run`). `got` gets the signals received."""
+
+    def interrupt(signum, frame):
+        got.append(signum)
+        raise Interrupted(signum)
+
+    _hosted.append(True)
+    try:
+        with _handling(interrupt):
+            yield
+    finally:
+        _hosted.pop()
+        got.extend(_received)
+        _received.clear()
+
+
+def stop_main_thread() -> None:
+    """From another thread: ask the main thread's run to stop as SIGTERM does."""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+
+def raise_again(signum: int) -> None:
+    """The stop signal a hosted run received, for this process's own handler (pytest's) to act on."""
+    signal.raise_signal(signum)
+
+
+# --- a pytest session ----------------------------------------------------------------------------
+
+# coreutils' `timeout` sends its signal to pytest, then to pytest's process group, so pytest gets it
+# twice; a runner that signals the group and the process does the same. Within this many seconds of the
+# first, another SIGTERM is that same request: it must not cut the teardown that ends the runs.
+REPEATED_SIGTERM_S = 5.0
+
+
+def sigterm_interrupts_session() -> Callable[[], None] | None:
+    """A CI job's timeout ends pytest with SIGTERM, which by default kills the interpreter before any
+    teardown. The runs it spawned lead sessions of their own, out of the signal's reach, and kept the
+    GPU for the next job. So SIGTERM becomes the Ctrl-C that ends them (`runner.Process.wait`), then
+    pytest's teardown. A SIGTERM more than REPEATED_SIGTERM_S after the first ends it at once; one
+    sooner is the same request again. A handler someone else set is kept (None is returned).
+    A process forked from the session (a multiprocessing pool's worker) gets SIGTERM's default back as it
+    starts, which `Pool.terminate` counts on; not only inside the handler: a Python handler runs between
+    bytecodes, so a signal that lands just before a blocking wait is noted and never acted on.
+    Returns what puts the default back."""
+    if not can_host() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+    session_pid = os.getpid()
+    ours = []
+
+    def end_now() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def interrupt(signum, frame):
+        if os.getpid() != session_pid:  # a fork the signal reached before its reset below
+            end_now()
+            return
+        first = time.monotonic()
+
+        def again(signum, frame):
+            if time.monotonic() - first > REPEATED_SIGTERM_S:
+                end_now()
+
+        ours.append(again)
+        signal.signal(signal.SIGTERM, again)
+        raise KeyboardInterrupt("SIGTERM")
+
+    ours.append(interrupt)
+
+    def back_to_default() -> None:
+        if signal.getsignal(signal.SIGTERM) in ours:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    os.register_at_fork(after_in_child=back_to_default)
+    return back_to_default

@@ -124,14 +124,11 @@ def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
 class Process:
     """One launched command in its own session, logged to `log`. Use as a context manager.
 
-    With `warm` (a `launch.warm.WarmServer`), a command the server accepts is forked from it instead
-    of spawned: the same run without the interpreter's start-up. Without `echo` the command writes
-    to the log itself: no reader thread here, so a process that waits on runs stays one that may fork.
+    Without `echo` the command writes to the log itself: no reader thread here.
     """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
-                 token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S,
-                 warm=None):  # fmt: skip
+                 token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S):  # fmt: skip
         self.grace = grace
         self.argv = tuple(str(a) for a in argv)
         self.token = token or uuid.uuid4().hex
@@ -141,23 +138,12 @@ class Process:
         self._logf.write(f"$ {' '.join(self.argv)}\n")
         self._logf.flush()
         self.started = time.monotonic()
-        env = {**env, TOKEN_VAR: self.token}
-        cold = warm.refusal(self.argv, env) if warm is not None else "no warm server"
         out = self._logf.fileno()  # opened for appending: the command's lines and ours interleave whole
-        self.proc = None
-        if cold is None:
-            try:
-                self.proc = warm.fork(self.argv, env, cwd, outputs=None if echo else (out, out))
-            except OSError as exc:  # the server died (killed, out of memory): the run still runs, cold
-                cold = f"the warm run server did not answer ({type(exc).__name__}: {exc})"
-        if cold is not None and warm is not None and self.argv[1:3] == ("-m", "rlsmoke.cli"):  # could have been warm
-            self._logf.write(f"rlsmoke: started cold: {cold}\n")
-            self._logf.flush()
-        if self.proc is None:
-            self.proc = subprocess.Popen(
-                self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if echo else out,
-                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, start_new_session=True,
-            )  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.argv, env={**env, TOKEN_VAR: self.token}, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if echo else out, stderr=subprocess.STDOUT, text=True, errors="replace",
+            bufsize=1, start_new_session=True,
+        )  # fmt: skip
         self._reader = None
         if echo is not None:
             self._reader = threading.Thread(target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True)
@@ -198,9 +184,9 @@ class Process:
 
 
 def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None, cwd=None,
-        token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S, warm=None) -> Result:  # fmt: skip
+        token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S) -> Result:  # fmt: skip
     """Run `argv` to completion (or `timeout` s), tee'd to `log`; leaves no process behind."""
-    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace, warm=warm).wait(timeout)
+    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace).wait(timeout)
 
 
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------

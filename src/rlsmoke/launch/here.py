@@ -1,0 +1,125 @@
+"""`python -m rlsmoke.cli ARGS` run in this process: a suite's CPU run in the pytest worker, which has
+imported the engine once (a fresh interpreter spends about 5 s importing torch and transformers for a
+tiny run that itself takes about 2 s).
+
+The same run as a spawned one: `rlsmoke.cli.main(ARGS)` under the run's environment, its output (Python's
+and the file descriptors', which its ranks inherit) appended to the log, its exit code. A timeout asks
+the run to stop as SIGTERM does. A stop signal that reaches the run (Ctrl-C, a CI job's SIGTERM) stops
+it as it stops a spawned run, then is raised again here for the caller's own handler (pytest's).
+What stays with the caller: a hang in native code, which only a process boundary can cut (GPU runs
+are spawned, `runner.run`), and the string-hash seed, on which nothing in a run depends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from rlsmoke.launch.runner import Result
+
+MODULE_ARGV = ("-m", "rlsmoke.cli")
+
+
+def can_run_here(argv: Sequence[str]) -> bool:
+    """`argv` is this interpreter's `-m rlsmoke.cli ...`, and this is the main thread (signal handlers)."""
+    from rlsmoke.engine import signals
+
+    return len(argv) > 3 and argv[0] == sys.executable and tuple(argv[1:3]) == MODULE_ARGV and signals.can_host()
+
+
+def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None,
+             errors: Path | None = None) -> Result:  # fmt: skip
+    """Run `argv` (`can_run_here`) to completion or `timeout` s, in this process, its output appended to
+    `log` (its stderr to `errors` when given)."""
+    import rlsmoke.engine.run  # noqa: F401  torch and transformers: an interrupt now is the caller's own
+    from rlsmoke.cli import main
+    from rlsmoke.engine import signals
+
+    argv = tuple(str(a) for a in argv)
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    expired, done = threading.Event(), threading.Event()
+    lock = threading.Lock()
+
+    def expire() -> None:
+        with lock:
+            if not done.is_set():
+                expired.set()
+                signals.stop_main_thread()
+
+    timer = threading.Timer(timeout, expire) if timeout else None
+    code, got = None, []  # got: the stop signals the run received
+    with log.open("a", encoding="utf-8") as out, contextlib.ExitStack() as stack:
+        err = stack.enter_context(Path(errors).open("a", encoding="utf-8")) if errors else out
+        out.write(f"$ {' '.join(argv)}\n")
+        out.flush()
+        try:
+            with _environment(env), _output_to(out, err), signals.hosted(got):
+                if timer is not None:
+                    timer.start()
+                try:
+                    code = _exit_code(main, list(argv[3:]))
+                finally:
+                    with lock:
+                        done.set()
+                    if timer is not None:
+                        timer.cancel()
+        except KeyboardInterrupt:  # a stop that landed outside `main`: `got` has it
+            pass
+        if expired.is_set():
+            out.write(f"rlsmoke: timed out after {time.monotonic() - started:.0f} s; stopped the run\n")
+    timed_out = expired.is_set()
+    if got and not timed_out:
+        signals.raise_again(got[0])  # the caller's handler: pytest's ends the session
+    return Result(argv, None if timed_out else code, timed_out, time.monotonic() - started, log)
+
+
+def _exit_code(main, args: list[str]) -> int:
+    """`main(args)` as an interpreter ends it: SystemExit's code, a traceback and 1 for an exception."""
+    try:
+        return int(main(args) or 0)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception:  # noqa: BLE001 - as `python -m` would: the traceback, exit 1
+        traceback.print_exc()
+        return 1
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    before = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+@contextlib.contextmanager
+def _output_to(out, err) -> Iterator[None]:
+    """sys.stdout and file descriptor 1 into `out`, sys.stderr and 2 into `err`, inside the block."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    saved = [os.dup(fd) for fd in (1, 2)]
+    try:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield
+    finally:
+        for stream in (out, err):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
