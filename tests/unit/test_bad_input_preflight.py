@@ -42,3 +42,15 @@ def test_a_hanging_parsers_child_is_ended_with_it(tmp_path):
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(child), f"the parser's child {child} is still running"
+
+
+def test_a_parser_that_crashes_is_not_reported_as_a_refusal(tmp_path):
+    """M7: `sys.exit(3)` in Miles' parse_args is the parser ending, not Miles refusing a flag."""
+    pkg = tmp_path / "miles" / "utils"
+    pkg.mkdir(parents=True)
+    (tmp_path / "miles" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "arguments.py").write_text("import sys\ndef parse_args():\n    sys.exit(3)\n")
+    with pytest.raises(RlsmokeError) as crashed:
+        check_flags(CASE.plan().launch, tmp_path, timeout=30)
+    assert crashed.value.rule == "miles.preflight" and "exit 3" in str(crashed.value)

@@ -52,10 +52,12 @@ def parse(args: list[str]) -> dict:
     try:
         with contextlib.redirect_stderr(stderr):
             parser = miles_parser(args)
-    except SystemExit:  # Miles' first, Miles-only parser refused a value already (argparse printed why)
+    except SystemExit as exc:  # Miles' first, Miles-only parser refused a value already (argparse printed why)
         errors = [line for line in stderr.getvalue().splitlines() if ": error: " in line]
         sys.stderr.write(stderr.getvalue())
-        return {"accepted": False, "message": errors[-1].split(": error: ", 1)[1] if errors else "exit 2"}
+        if not errors:  # not argparse's refusal: the parser itself ended (a crash, its own exit code)
+            raise
+        return {"accepted": False, "message": errors[-1].split(": error: ", 1)[1]}
     sys.stderr.write(stderr.getvalue())
 
     def refuse(message: str):
