@@ -38,7 +38,6 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
     """Run `argv` (`can_run_here`) to completion or `timeout` s, in this process, its output appended to
     `log` (its stderr to `errors` when given)."""
     import rlsmoke.engine.run  # noqa: F401  torch and transformers: an interrupt now is the caller's own
-    from rlsmoke.cli import main
     from rlsmoke.engine import signals
 
     argv = tuple(str(a) for a in argv)
@@ -65,7 +64,7 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
                 if timer is not None:
                     timer.start()
                 try:
-                    code = _exit_code(main, list(argv[3:]))
+                    code = _exit_code(list(argv[3:]))
                 finally:
                     with lock:
                         done.set()
@@ -81,8 +80,10 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
     return Result(argv, None if timed_out else code, timed_out, time.monotonic() - started, log)
 
 
-def _exit_code(main, args: list[str]) -> int:
-    """`main(args)` as an interpreter ends it: SystemExit's code, a traceback and 1 for an exception."""
+def _exit_code(args: list[str]) -> int:
+    """`python -m rlsmoke.cli ARGS` as an interpreter ends it: SystemExit's code, or a traceback and 1."""
+    from rlsmoke.cli import main
+
     try:
         return int(main(args) or 0)
     except SystemExit as exc:
@@ -174,8 +175,6 @@ def start_forked(argv: Sequence[str], env: Mapping[str, str], log: Path) -> Fork
 
 
 def _forked_main(args: list[str], env: dict, log: str, ready) -> None:
-    from rlsmoke.cli import main
-
     os.setsid()
     ready.send(True)
     ready.close()
@@ -185,7 +184,7 @@ def _forked_main(args: list[str], env: dict, log: str, ready) -> None:
     for target in (1, 2):
         os.dup2(fd, target)
     os.close(fd)
-    code = _exit_code(main, args)
+    code = _exit_code(args)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
