@@ -130,13 +130,14 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
 
 
 def _run_builtin(launch: CaseLaunch, echo) -> runner.Result:
-    """A CPU run in this process where it can (`launch.here`), else spawned. Spawned: GPU runs (a hang in a
-    GPU kernel needs a process to kill, a GPU driver a process of its own), megatron's (its process group
-    stays for the process's later runs), and a run whose output is echoed."""
+    """A CPU run in this process where it can (`launch.here`); megatron's forked from the fork server (its
+    process group would stay in this one); the others spawned: GPU runs (a hang in a GPU kernel needs a
+    process to kill, a GPU driver a process of its own) and a run whose output is echoed."""
     log = launch.art.path / "pytest-run.log"
-    in_process = launch.case.platform == "cpu" and launch.art.trainer != "megatron" and echo is None
-    if in_process and here.can_run_here(launch.argv):
-        return here.run_here(launch.argv, env=launch.env, log=log, timeout=launch.timeout)
+    if launch.case.platform == "cpu" and echo is None and here.can_run_here(launch.argv):
+        if launch.art.trainer != "megatron":
+            return here.run_here(launch.argv, env=launch.env, log=log, timeout=launch.timeout)
+        return runner.run(launch.argv, env=launch.env, log=log, timeout=launch.timeout, start=here.start_forked)
     return runner.run(launch.argv, env=launch.env, log=log, timeout=launch.timeout, echo=echo)
 
 

@@ -52,13 +52,14 @@ def test_plan_help_states_the_format_default(rlsmoke_cli):
     assert re.search(r"--format \{shell,json\} [^-]*\(default shell\)", text), text
 
 
-def test_run_detects_the_platform(rlsmoke_cli, tmp_path):
+def test_run_detects_the_platform(tmp_path):
     """No --platform: the host's GPUs decide. A fake nvidia-smi with 8 H200s makes it an NVIDIA run."""
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\n" + "echo 'NVIDIA H200'\n" * 8)
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
-    out = rlsmoke_cli("run", GLM5, "--num-gpus", "16", "--out", str(tmp_path / "o"),
-                      env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""})
+    out = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", GLM5, "--num-gpus", "16", "--out", str(tmp_path / "o")],
+                         env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""},
+                         capture_output=True, text=True, timeout=120)  # a fresh process: it detects its host once  # fmt: skip
     assert out.returncode == 2 and "platform=nvidia, but this host has 8 NVIDIA H200" in out.stderr, out.stderr
 
 

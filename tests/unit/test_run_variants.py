@@ -43,8 +43,7 @@ def _lines(out: Path) -> list[dict]:
 
 class FreshRuns:
     """Each (layout, variant)'s own `rlsmoke run --inject ... --rollout-temperature ...`, run once per module
-    when first read (in this process, as the suite runs it: test_engine_run pins that to a fresh
-    interpreter's bits)."""
+    when first read (forked from the fork server, as the suite runs megatron's)."""
 
     def __init__(self, root: Path):
         self.root, self.runs = root, {}
@@ -60,7 +59,8 @@ class FreshRuns:
         argv = builtin_argv(case, out, inject=str(variant.inject) if variant.inject.kind else None,
                             rollout_temperature=variant.rollout_temperature,
                             trainer=TRAINERS.get(layout, "fsdp")) + list(flags)  # fmt: skip
-        result = here.run_here(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", timeout=300)
+        result = runner.run(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", timeout=300,
+                            start=here.start_forked)  # a process of its own: megatron's group stays there
         assert result.ok, result.log.read_text()[-3000:]
         return out
 
@@ -79,7 +79,7 @@ def test_each_variant_is_a_fresh_run_of_its_fault(layout, fresh, tmp_path):
     variants = parse_variants(text, 1.0)
     out = tmp_path / "variants"
     argv = builtin_argv(case, out, trainer=TRAINERS.get(layout, "fsdp")) + [*flags, "--variants", text]
-    result = here.run_here(argv, env=runner.clean_env(), log=tmp_path / "variants.log", timeout=300)
+    result = runner.run(argv, env=runner.clean_env(), log=tmp_path / "variants.log", timeout=300, start=here.start_forked)
     assert result.ok, result.log.read_text()[-3000:]
 
     assert sorted(p.name for p in out.iterdir()) == sorted(v.slug for v in variants)

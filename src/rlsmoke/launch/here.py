@@ -38,7 +38,6 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
     """Run `argv` (`can_run_here`) to completion or `timeout` s, in this process, its output appended to
     `log` (its stderr to `errors` when given)."""
     import rlsmoke.engine.run  # noqa: F401  torch and transformers: an interrupt now is the caller's own
-    from rlsmoke.cli import main
     from rlsmoke.engine import signals
 
     argv = tuple(str(a) for a in argv)
@@ -65,7 +64,7 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
                 if timer is not None:
                     timer.start()
                 try:
-                    code = _exit_code(main, list(argv[3:]))
+                    code = _exit_code(list(argv[3:]))
                 finally:
                     with lock:
                         done.set()
@@ -81,8 +80,10 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
     return Result(argv, None if timed_out else code, timed_out, time.monotonic() - started, log)
 
 
-def _exit_code(main, args: list[str]) -> int:
-    """`main(args)` as an interpreter ends it: SystemExit's code, a traceback and 1 for an exception."""
+def _exit_code(args: list[str]) -> int:
+    """`python -m rlsmoke.cli ARGS` as an interpreter ends it: SystemExit's code, or a traceback and 1."""
+    from rlsmoke.cli import main
+
     try:
         return int(main(args) or 0)
     except SystemExit as exc:
@@ -123,3 +124,68 @@ def _output_to(out, err) -> Iterator[None]:
         for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
+
+
+# --- forked from multiprocessing's fork server -------------------------------------------------
+
+# What the fork server imports once (less what would start a GPU driver: `engine.procs.preloadable`)
+PRELOAD = ("rlsmoke.engine.cli", "rlsmoke.engine.run", "rlsmoke.engine.sharded", "rlsmoke.engine.megatron.trainer")
+
+
+class ForkedRun:
+    """A run forked by multiprocessing's fork server, with the part of `subprocess.Popen` the runner uses."""
+
+    def __init__(self, process):
+        self.process, self.pid = process, process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            import subprocess
+
+            raise subprocess.TimeoutExpired(str(self.pid), timeout)
+        return self.process.exitcode
+
+
+def start_forked(argv: Sequence[str], env: Mapping[str, str], log: Path) -> ForkedRun:
+    """`argv` (`can_run_here`) forked from the fork server, which imported the engine once per process:
+    a run in a process of its own (its own session, as `runner.Process` ends it) without an
+    interpreter's start. For `runner.Process(start=...)`."""
+    from rlsmoke.engine import procs
+
+    ctx = procs.RankContext()
+    ctx.set_forkserver_preload([procs.SERVER_SETUP, *procs.preloadable((*procs.HEAVY_MODULES, *PRELOAD))])
+    ready_r, ready_w = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_forked_main, args=(list(argv[3:]), dict(env), str(log), ready_w), daemon=False)
+    process.start()
+    ready_w.close()
+    try:
+        ready_r.recv()  # it leads its own session now: the runner may stop it by group
+    except EOFError:
+        pass
+    ready_r.close()
+    return ForkedRun(process)
+
+
+def _forked_main(args: list[str], env: dict, log: str, ready) -> None:
+    os.setsid()
+    ready.send(True)
+    ready.close()
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    for target in (1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
+    code = _exit_code(args)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    sys.exit(code)

@@ -124,11 +124,13 @@ def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
 class Process:
     """One launched command in its own session, logged to `log`. Use as a context manager.
 
-    Without `echo` the command writes to the log itself: no reader thread here.
+    Without `echo` the command writes to the log itself: no reader thread here. `start(argv, env, log)`,
+    when given, starts the command instead of a spawn (`launch.here.start_forked`), the log its output.
     """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
-                 token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S):  # fmt: skip
+                 token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S,
+                 start=None):  # fmt: skip
         self.grace = grace
         self.argv = tuple(str(a) for a in argv)
         self.token = token or uuid.uuid4().hex
@@ -139,12 +141,15 @@ class Process:
         self._logf.flush()
         self.started = time.monotonic()
         out = self._logf.fileno()  # opened for appending: the command's lines and ours interleave whole
+        self._reader = None
+        if start is not None:
+            self.proc = start(self.argv, {**env, TOKEN_VAR: self.token}, self.log)
+            return
         self.proc = subprocess.Popen(
             self.argv, env={**env, TOKEN_VAR: self.token}, cwd=cwd, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if echo else out, stderr=subprocess.STDOUT, text=True, errors="replace",
             bufsize=1, start_new_session=True,
         )  # fmt: skip
-        self._reader = None
         if echo is not None:
             self._reader = threading.Thread(target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True)
             self._reader.start()
@@ -184,9 +189,9 @@ class Process:
 
 
 def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None, cwd=None,
-        token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S) -> Result:  # fmt: skip
+        token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S, start=None) -> Result:  # fmt: skip
     """Run `argv` to completion (or `timeout` s), tee'd to `log`; leaves no process behind."""
-    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace).wait(timeout)
+    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace, start=start).wait(timeout)
 
 
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------
