@@ -43,7 +43,9 @@ def heavy_imports(paths: list[str]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("paths", nargs="*", help="test paths (default: the whole suite, pyproject's testpaths)")
+    parser.add_argument(
+        "paths", nargs="*", help="test paths (default: the whole suite, pyproject's testpaths)"
+    )
     args = parser.parse_args()
     collect_once(args.paths)  # warm the filesystem and bytecode caches, as every run after the first is
     runs = [collect_once(args.paths) for _ in range(args.repeat)]

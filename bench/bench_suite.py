@@ -48,36 +48,58 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--before", type=Path, help="the other checkout (its src/ and tests/)")
-    which.add_argument("--adding", metavar="ARGS", help='pytest arguments "after" adds on this checkout, e.g. "-n 2"')
+    which.add_argument(
+        "--adding", metavar="ARGS", help='pytest arguments "after" adds on this checkout, e.g. "-n 2"'
+    )
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--logs", type=Path, default=None,
-                        help="where each session's whole output goes (default a new temporary folder)")
-    parser.add_argument("pytest_args", nargs="*", help="after --: what pytest gets (default: the whole suite)")
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        help="where each session's whole output goes (default a new temporary folder)",
+    )
+    parser.add_argument(
+        "pytest_args", nargs="*", help="after --: what pytest gets (default: the whole suite)"
+    )
     args = parser.parse_args()
     added = shlex.split(args.adding or "")
-    runs = {"before": (args.before.resolve() if args.before else ROOT, args.pytest_args),
-            "after": (ROOT, [*args.pytest_args, *added])}
+    runs = {
+        "before": (args.before.resolve() if args.before else ROOT, args.pytest_args),
+        "after": (ROOT, [*args.pytest_args, *added]),
+    }
     logs = args.logs or Path(tempfile.mkdtemp(prefix="bench-suite-"))
     logs.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {platform.machine()} {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}")
-    print(f"command: python -m pytest -q -p no:cacheprovider {' '.join(args.pytest_args)}"
-          + (f"; after adds {' '.join(added)}" if added else "") + f"; each session's output in {logs}")
+    print(
+        f"machine: {platform.machine()} {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}"
+    )
+    print(
+        f"command: python -m pytest -q -p no:cacheprovider {' '.join(args.pytest_args)}"
+        + (f"; after adds {' '.join(added)}" if added else "")
+        + f"; each session's output in {logs}"
+    )
     ratios = []
     for n in range(args.rounds):
         seconds = {}
-        order = list(runs) if n % 2 == 0 else list(reversed(runs))  # neither always runs on a machine the other warmed
+        order = (
+            list(runs) if n % 2 == 0 else list(reversed(runs))
+        )  # neither always runs on a machine the other warmed
         for name in order:
             tree, pytest_args = runs[name]
             log = logs / f"round{n + 1}-{name}.log"
             seconds[name], outcome, load0, load1 = run_once(tree, pytest_args, log)
-            print(f"round {n + 1} {name:6s} {seconds[name]:7.1f} s  load {load0:.1f} -> {load1:.1f}  {outcome}", flush=True)
+            print(
+                f"round {n + 1} {name:6s} {seconds[name]:7.1f} s  load {load0:.1f} -> {load1:.1f}  {outcome}",
+                flush=True,
+            )
             for line in log.read_text().splitlines():
                 if line.startswith(("FAILED ", "ERROR ")):
                     print(f"    {line}", flush=True)
         ratios.append(seconds["after"] / seconds["before"])
         print(f"round {n + 1} after/before {ratios[-1]:.2f}", flush=True)
     if len(ratios) > 1:
-        print(f"after/before: median {statistics.median(ratios):.2f}, rounds {' '.join(f'{r:.2f}' for r in ratios)}")
+        print(
+            f"after/before: median {statistics.median(ratios):.2f}, rounds {' '.join(f'{r:.2f}' for r in ratios)}"
+        )
     return 0
 
 

@@ -67,12 +67,16 @@ def main() -> None:
     print(f"pageable allocation and first touch: {gbps(nbytes, allocation_seconds(n, pin=False)):.1f} GB/s")
     from rlsmoke.engine.offload import PIN_MAX_BYTES, HostCopies
 
-    staged = HostCopies("cuda", park_bytes=PIN_MAX_BYTES + 1)  # past the pin budget: the offload's staged moves
+    staged = HostCopies(
+        "cuda", park_bytes=PIN_MAX_BYTES + 1
+    )  # past the pin budget: the offload's staged moves
     assert staged.staged
     start = time.perf_counter()
     parked = staged.to_host(dev)
     torch.cuda.synchronize()
-    print(f"staged device to host (fresh pageable pages): {gbps(nbytes, time.perf_counter() - start):.1f} GB/s")
+    print(
+        f"staged device to host (fresh pageable pages): {gbps(nbytes, time.perf_counter() - start):.1f} GB/s"
+    )
     start = time.perf_counter()
     staged.to_device(parked)
     torch.cuda.synchronize()
@@ -82,7 +86,7 @@ def main() -> None:
 def allocation_seconds(n: int, *, pin: bool) -> float:
     start = time.perf_counter()
     host = torch.empty(n, dtype=torch.bfloat16, pin_memory=pin)
-    host.view(torch.uint8)[:: 4096].fill_(1)  # one byte a page: the first touch of every page
+    host.view(torch.uint8)[::4096].fill_(1)  # one byte a page: the first touch of every page
     return time.perf_counter() - start
 
 

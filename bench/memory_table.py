@@ -37,8 +37,14 @@ def _gib(b: int) -> float:
     return b / memory.GIB
 
 
-def _row(case: Case, est: memory.Estimate, measured: dict[str, float] | None, old_meter: bool, offload: bool,
-         inject: str = "none"):
+def _row(
+    case: Case,
+    est: memory.Estimate,
+    measured: dict[str, float] | None,
+    old_meter: bool,
+    offload: bool,
+    inject: str = "none",
+):
     cells, notes = [], []
     for phase in PHASES:
         e = _gib(est.phases[phase])
@@ -61,8 +67,11 @@ def _row(case: Case, est: memory.Estimate, measured: dict[str, float] | None, ol
     else:
         shown, err = "not measured", "-"
     label = case.name if inject in ("none", "", None) else f"{case.name}, inject {inject}"
-    line = (f"| {label} | {case.num_gpus} | {'on' if offload else 'off'} | " + " | ".join(cells)
-            + f" | {_gib(est.peak):.1f} ({est.peak_phase}) | {shown} | {err} |")
+    line = (
+        f"| {label} | {case.num_gpus} | {'on' if offload else 'off'} | "
+        + " | ".join(cells)
+        + f" | {_gib(est.peak):.1f} ({est.peak_phase}) | {shown} | {err} |"
+    )
     return line, notes
 
 
@@ -81,8 +90,14 @@ def rows(folders: list[Path], extra: list[str] = ()) -> list[str]:
             est = memory.estimate(case.spec(), _plan(case, mem, s.get("dtype") or {}))
             ranks = [p for p in mem.get("peak_gib_per_rank_by_phase") or [] if p]
             measured = {k: max(r.get(k, 0.0) for r in ranks) for k in PHASES if any(k in r for r in ranks)}
-            line, more = _row(case, est, measured or None, "meter" not in mem, bool(mem.get("offload")),
-                              s.get("inject", "none"))
+            line, more = _row(
+                case,
+                est,
+                measured or None,
+                "meter" not in mem,
+                bool(mem.get("offload")),
+                s.get("inject", "none"),
+            )
             out.append(line)
             notes += [n for n in more if n not in notes]
     for item in extra:
@@ -99,7 +114,12 @@ def rows(folders: list[Path], extra: list[str] = ()) -> list[str]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="*", type=Path, default=[Path(".")])
-    ap.add_argument("--estimate", action="append", default=[], metavar="CASE@GPUS",
-                    help="a row with the estimate only (no run measured it)")
+    ap.add_argument(
+        "--estimate",
+        action="append",
+        default=[],
+        metavar="CASE@GPUS",
+        help="a row with the estimate only (no run measured it)",
+    )
     args = ap.parse_args()
     print("\n".join(rows(args.folders, args.estimate)))

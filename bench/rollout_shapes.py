@@ -72,8 +72,11 @@ def main() -> None:
     t0 = time.perf_counter()
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     model = load_policy(ckpt, spec, dtype, args.device)
-    print(f"load {time.perf_counter() - t0:.1f} s; prompt lengths {sorted(len(p) for p in prompts)}; "
-          f"experts {getattr(model, 'get_experts_implementation', lambda: '?')()}", flush=True)
+    print(
+        f"load {time.perf_counter() - t0:.1f} s; prompt lengths {sorted(len(p) for p in prompts)}; "
+        f"experts {getattr(model, 'get_experts_implementation', lambda: '?')()}",
+        flush=True,
+    )
     decode_switch = getattr(model, "_optimize_model_for_decode", None)
     for option in args.options.split(","):
         shape, _, kernel = option.partition("+")
@@ -92,8 +95,11 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
         best = min(times[1:])
         steps = args.tokens * (len(prompts) if shape == "per_group" else 1)
-        print(f"{option:24s} first {times[0]:6.2f} s  best {best:6.2f} s  {1000 * best / steps:6.1f} ms/step  "
-              f"{generated / best:8.0f} tokens/s", flush=True)
+        print(
+            f"{option:24s} first {times[0]:6.2f} s  best {best:6.2f} s  {1000 * best / steps:6.1f} ms/step  "
+            f"{generated / best:8.0f} tokens/s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

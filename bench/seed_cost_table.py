@@ -41,7 +41,9 @@ def _flag(summary: dict, name: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
-    print("| case | trainer | load s | seeds s | " + " | ".join(f"{p} s" for p in PHASES) + " | tokens/s/GPU |")
+    print(
+        "| case | trainer | load s | seeds s | " + " | ".join(f"{p} s" for p in PHASES) + " | tokens/s/GPU |"
+    )
     print("|---" * (len(PHASES) + 5) + "|")
     for run in ap.parse_args().runs:
         r = row(run)

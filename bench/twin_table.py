@@ -18,8 +18,12 @@ from rlsmoke.metrics import seed_records
 from rlsmoke.runkey import RunKey
 from rlsmoke.thresholds import lookup_gates
 
-COLUMNS = {"abs diff": "logprob_abs_diff", "KL": "train_rollout_kl", "mean diff": "logprob_mean_diff",
-           "slope": "logprob_slope"}  # header: gate name (its value as the gate reads it)
+COLUMNS = {
+    "abs diff": "logprob_abs_diff",
+    "KL": "train_rollout_kl",
+    "mean diff": "logprob_mean_diff",
+    "slope": "logprob_slope",
+}  # header: gate name (its value as the gate reads it)
 
 
 def rows(run: Path) -> list[dict]:
@@ -42,7 +46,9 @@ def rows(run: Path) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
-    all_rows = sorted((row for run in ap.parse_args().runs for row in rows(run)), key=lambda x: (x["run"], x["seed"]))
+    all_rows = sorted(
+        (row for run in ap.parse_args().runs for row in rows(run)), key=lambda x: (x["run"], x["seed"])
+    )
     print("| run | seed | " + " | ".join(COLUMNS) + " | verdict | failed gates |")
     print("|---" * (len(COLUMNS) + 4) + "|")
     for row in all_rows:

@@ -21,8 +21,12 @@ from rlsmoke.engine.procs import LIVE_GROUP, distributed_leftovers  # torch only
 def _no_process_group_left_in_the_pytest_process():
     before = distributed_leftovers()
     yield
-    left = [what for what in distributed_leftovers() if what not in before]  # that test's, not every later one's
-    if before:  # a thread of what an earlier test left can start late (gloo's run loop, under load): that test's
+    left = [
+        what for what in distributed_leftovers() if what not in before
+    ]  # that test's, not every later one's
+    if (
+        before
+    ):  # a thread of what an earlier test left can start late (gloo's run loop, under load): that test's
         left = [what for what in left if what == LIVE_GROUP]
     assert not left, (f"this test left {', '.join(left)} in the pytest process; run what needs a group in a "
                       "rank: run_ranks(fn, Parallel())")  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from rlsmoke.facts import VERSION as __version__
 
 _LAZY = {
     "Case": "rlsmoke.cases",

@@ -53,8 +53,10 @@ RECORDS = ("run.log", "metrics.jsonl", "summary.json")  # what a run writes into
 LOCK_NAME = ".rlsmoke.lock"
 STAGING_NAME = ".rlsmoke-new"  # an --overwrite run's records, inside --out until the run is complete
 _PROBE = ".rlsmoke-write-probe"
-_RECORD_NAME = re.compile(r"^(run\.log|metrics\.jsonl|summary\.json|\.(run\.log|metrics\.jsonl|summary\.json)\.\d+\.tmp"
-                          r"|\.rlsmoke-write-probe)$")
+_RECORD_NAME = re.compile(
+    r"^(run\.log|metrics\.jsonl|summary\.json|\.(run\.log|metrics\.jsonl|summary\.json)\.\d+\.tmp"
+    r"|\.rlsmoke-write-probe)$"
+)
 
 
 def _is_record(path: Path) -> bool:
@@ -66,6 +68,8 @@ def final_folder(records: Path) -> Path:
     """The folder a run's records end up in: --out itself, also while an --overwrite run stages them."""
     records = Path(records)
     return records.parent if records.name == STAGING_NAME else records
+
+
 # No room to write: a full disk, a quota, a file-size limit. Each is the --out's, so bad input (exit 2).
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 

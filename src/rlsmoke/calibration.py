@@ -40,7 +40,9 @@ def round_sig(x: float, up: bool) -> float:
         return x
     exp = math.floor(math.log10(abs(x))) - 1
     scaled = round(x / 10**exp, 9)  # 0.10000000000000009 is 0.1: float noise must not round up a digit
-    return float(f"{(math.ceil(scaled) if up else math.floor(scaled)) * 10**exp:.3g}")  # no 0.35000000000000003
+    return float(
+        f"{(math.ceil(scaled) if up else math.floor(scaled)) * 10**exp:.3g}"
+    )  # no 0.35000000000000003
 
 
 def definition(gate: dict) -> str:
@@ -48,7 +50,13 @@ def definition(gate: dict) -> str:
     return re.sub(r"^(\d+ seeds: [^;]*; )+", "", gate["provenance"])
 
 
-KEY_TEXT_FIELDS = ("case", "platform", "device", "launcher", "width")  # RunKey's fields a summary names as text
+KEY_TEXT_FIELDS = (
+    "case",
+    "platform",
+    "device",
+    "launcher",
+    "width",
+)  # RunKey's fields a summary names as text
 
 
 def summary_of(run: Path) -> dict:
@@ -65,7 +73,9 @@ def summary_of(run: Path) -> dict:
     if not isinstance(doc, dict):
         raise RlsmokeError(f"run={run}: summary.json is a JSON {type(doc).__name__}, not an object",
                            rule="calibrate.summary", fix=fix)  # fmt: skip
-    wrong = [f"{k}={doc[k]!r}" for k in KEY_TEXT_FIELDS if doc.get(k) is not None and not isinstance(doc[k], str)]
+    wrong = [
+        f"{k}={doc[k]!r}" for k in KEY_TEXT_FIELDS if doc.get(k) is not None and not isinstance(doc[k], str)
+    ]
     if wrong:
         raise RlsmokeError(f"run={run}: summary.json has {', '.join(wrong)}, not text", rule="calibrate.summary",
                            fix="write those fields as strings, as `rlsmoke run` does")  # fmt: skip
@@ -146,7 +156,9 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
             not_logged.append(gate["name"])  # no gate rather than a guessed one; the entry says so
             continue
         lo, med, hi = min(values), statistics.median(values), max(values)
-        rows.append((gate["name"], thresholds.summary_key(gate["metric"], gate.get("reduce", "max")), lo, med, hi))
+        rows.append(
+            (gate["name"], thresholds.summary_key(gate["metric"], gate.get("reduce", "max")), lo, med, hi)
+        )
         if gate["name"] in DEFINITIONAL:
             pass
         elif gate["op"] in ("<=", "<"):
@@ -168,7 +180,9 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
     entry = {
         "key": key.to_json(),
         "provenance": {
-            "status": "calibrated" if len(records) >= MIN_CALIBRATED_RUNS else f"provisional ({len(records)} runs)",
+            "status": "calibrated"
+            if len(records) >= MIN_CALIBRATED_RUNS
+            else f"provisional ({len(records)} runs)",
             "runs": len(records),
             "device": key.device,
             "date": date.today().isoformat(),
@@ -219,7 +233,11 @@ def read_target(path: Path) -> dict | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RlsmokeError(f"thresholds={path} cannot be read as JSON ({type(exc).__name__})",
                            rule="thresholds.schema", fix="write to a new file, or repair this one") from None  # fmt: skip
-    if not isinstance(doc, dict) or doc.get("schema_version") != thresholds.SCHEMA_VERSION or "entries" not in doc:
+    if (
+        not isinstance(doc, dict)
+        or doc.get("schema_version") != thresholds.SCHEMA_VERSION
+        or "entries" not in doc
+    ):
         raise RlsmokeError(f"thresholds={path} is not a schema {thresholds.SCHEMA_VERSION} thresholds file",
                            rule="thresholds.schema", fix="write to a new file or fix its schema_version")  # fmt: skip
     return doc
@@ -247,7 +265,9 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
     doc["entries"] = kept + new
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")  # no temporary file left on failure
+        write_atomic(
+            path, json.dumps(doc, indent=2, allow_nan=False) + "\n"
+        )  # no temporary file left on failure
     except OSError as exc:
         raise from_os_error(exc, "--write", path) from None
 
@@ -291,10 +311,14 @@ DEFAULT_MIN_SEEDS = 2
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("calibrate", help="thresholds entries from repeated runs, by the stated margin rule")
+    p = subparsers.add_parser(
+        "calibrate", help="thresholds entries from repeated runs, by the stated margin rule"
+    )
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
                    help="`rlsmoke run --repeat K --out` folders, or the suite's artifacts folders")  # fmt: skip
-    p.add_argument("--write", type=Path, metavar="FILE", help="replace these keys' entries in FILE (created if missing)")
+    p.add_argument(
+        "--write", type=Path, metavar="FILE", help="replace these keys' entries in FILE (created if missing)"
+    )
     p.add_argument("--markdown", type=Path, metavar="FILE", help="append the distribution tables to FILE")
     p.add_argument("--min-seeds", type=_count, default=DEFAULT_MIN_SEEDS, metavar="N",
                    help=f"refuse a key with fewer seeds (default {DEFAULT_MIN_SEEDS}; "

@@ -38,7 +38,9 @@ class Case:
         merged = dict(self.overrides) | parse_overrides(items)
         return dataclasses.replace(self, overrides=tuple(merged.items()))
 
-    def plan(self, *, validate: bool = True, paths: Paths | None = None, recipe: Recipe | None = None) -> Plan:
+    def plan(
+        self, *, validate: bool = True, paths: Paths | None = None, recipe: Recipe | None = None
+    ) -> Plan:
         from rlsmoke.launch.miles import Paths, render
 
         spec = model_spec(self.name)  # plans are always rendered at full width: that is what Miles runs
@@ -68,7 +70,6 @@ class Plan:
         } | ({"nodes": self.launch.nodes()} if self.launch.num_nodes > 1 else {})
 
 
-
 def add_case_arg(p: argparse.ArgumentParser) -> None:
     """The case positional, spelled alike by every verb; an unknown name is the `case.known` error."""
     p.add_argument("case", metavar="CASE", help="case name (see `rlsmoke cases`)")
@@ -83,18 +84,30 @@ def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) 
     """The case flags shared by `plan` and `run`. `run` detects the platform; a plan never does."""
     add_case_arg(p)
     if detect_platform:
-        p.add_argument("--platform", default=None,
-                       help=f"{' | '.join(PLATFORMS)} (default: detected: nvidia-smi, then rocm-smi, else cpu)")
+        p.add_argument(
+            "--platform",
+            default=None,
+            help=f"{' | '.join(PLATFORMS)} (default: detected: nvidia-smi, then rocm-smi, else cpu)",
+        )
     else:
         p.add_argument("--platform", required=True, help=" | ".join(PLATFORMS))
-    p.add_argument("--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it")
+    p.add_argument(
+        "--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it"
+    )
     p.add_argument("--mode", default=None, help=f"{' | '.join(MODES)} (default: {default_mode_text()})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
-    p.add_argument("--gpus-per-node", type=int, default=None,
-                   help=f"default: {DEFAULT_GPUS_PER_NODE}, or NUM_GPUS when smaller")
-    p.add_argument("--target", default=None,
-                   help=f"Miles/SGLang versions to render flags for: {' | '.join(TARGETS)} (default {DEFAULT_TARGET})")
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help=f"default: {DEFAULT_GPUS_PER_NODE}, or NUM_GPUS when smaller",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help=f"Miles/SGLang versions to render flags for: {' | '.join(TARGETS)} (default {DEFAULT_TARGET})",
+    )
 
 
 def case_from_args(args, *, tiny: bool = False) -> Case:

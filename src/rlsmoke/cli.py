@@ -118,7 +118,9 @@ def cmd_plan(args) -> int:
 
         recipe = dataclasses.replace(recipe, master_addr=head)
         plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
-    if args.check_miles:  # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
+    if (
+        args.check_miles
+    ):  # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
         from rlsmoke.launch.preflight import check_flags
 
         check_flags(plan.launch, args.check_miles)
@@ -159,10 +161,10 @@ def _check(plan) -> int:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    from rlsmoke import __version__
+    from rlsmoke.facts import VERSION
 
     parser = _Parser(prog="rlsmoke", description="One-step end-to-end tests for GRPO on large MoE models.")
-    parser.add_argument("--version", action="version", version=f"rlsmoke {__version__}")
+    parser.add_argument("--version", action="version", version=f"rlsmoke {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("cases", help="list the cases, one line each: model, layers, experts, width")
@@ -170,21 +172,38 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="validate a case's topology and render its Miles launch")
     add_case_args(p)
-    p.add_argument("--format", choices=("shell", "json"), default="shell", help="the launch as (default shell)")
-    p.add_argument("--diff", metavar="PLATFORM|TARGET",
-                   help="print the flags and env that differ on another platform, or for another target")
-    p.add_argument("--check-miles", metavar="DIR", type=Path,
-                   help="parse the launch with the Miles checkout at DIR (its own parser, this Python)")
+    p.add_argument(
+        "--format", choices=("shell", "json"), default="shell", help="the launch as (default shell)"
+    )
+    p.add_argument(
+        "--diff",
+        metavar="PLATFORM|TARGET",
+        help="print the flags and env that differ on another platform, or for another target",
+    )
+    p.add_argument(
+        "--check-miles",
+        metavar="DIR",
+        type=Path,
+        help="parse the launch with the Miles checkout at DIR (its own parser, this Python)",
+    )
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
     p.add_argument("--reward", choices=("target", "deepscaler"), default="target",
                    help="the job's reward: rlsmoke's dense target reward through --custom-rm-path (default), or "
                    "Miles' 0/1 deepscaler reward (grad_norm can then only be gated finite)")  # fmt: skip
-    p.add_argument("--head-addr", metavar="ADDR", help="the head node's address, MASTER_ADDR, that the other nodes "
-                   "reach (default env MASTER_ADDR on a plan across nodes, which needs one; 127.0.0.1 on one node)")
+    p.add_argument(
+        "--head-addr",
+        metavar="ADDR",
+        help="the head node's address, MASTER_ADDR, that the other nodes "
+        "reach (default env MASTER_ADDR on a plan across nodes, which needs one; 127.0.0.1 on one node)",
+    )
     p.add_argument("--launcher", choices=("miles",), default="miles", help="the plan's launcher (Miles)")
-    p.add_argument("--train-only", action="store_true", help="Miles' trainer alone on the built-in engine's rollout "
-                   "file (--debug-train-only): the convert, the rollout file and the train-only launch")
+    p.add_argument(
+        "--train-only",
+        action="store_true",
+        help="Miles' trainer alone on the built-in engine's rollout "
+        "file (--debug-train-only): the convert, the rollout file and the train-only launch",
+    )
     p.set_defaults(func=cmd_plan)
 
     modules = {EXTERNAL[only]} if only in EXTERNAL else (set(EXTERNAL.values()) if only is None else set())

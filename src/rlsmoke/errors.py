@@ -44,7 +44,11 @@ class TopologyError(RlsmokeError):
     def __init__(self, violations: list[tuple[str, str, str]]):
         self.violations = violations
         rule, message, fix = violations[0]
-        extra = f" (+{len(violations) - 1} more: {', '.join(v[0] for v in violations[1:])})" if len(violations) > 1 else ""
+        extra = (
+            f" (+{len(violations) - 1} more: {', '.join(v[0] for v in violations[1:])})"
+            if len(violations) > 1
+            else ""
+        )
         super().__init__(message + extra, rule=rule, fix=fix)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+VERSION = "0.1.0"  # the package's; pyproject.toml's `version` says the same (tests/unit/test_packaging.py)
+
 # --- where a case runs ---------------------------------------------------------------------------
 
 PLATFORMS = ("nvidia", "rocm", "cpu")

@@ -43,7 +43,9 @@ class CaseGates:
         verdict = self.verdict(record, artifacts)
         bands = []
         if art is not None and art.history is not None and not art.update_golden:
-            bands = history.record_and_check(art.history, record, verdict, commit=art.commit, trusted=art.trusted)
+            bands = history.record_and_check(
+                art.history, record, verdict, commit=art.commit, trusted=art.trusted
+            )
         if art is not None:
             metrics.update_summary(art.path, verdict.summary_fields())
             for r in verdict.results:

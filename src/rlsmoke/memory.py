@@ -46,7 +46,9 @@ class Plan:
     rollout_dtype: str = "bfloat16"
     compute_dtype: str = "bfloat16"  # the trainer's autocast dtype (FSDP2's param dtype)
     offload: bool = True  # train state in host memory during rollout, rollout copy during the train step
-    offload_train: bool = True  # with the offload: the train state does leave for the rollout (else only the copy)
+    offload_train: bool = (
+        True  # with the offload: the train state does leave for the rollout (else only the copy)
+    )
     # One device: the trainer forwards a copy of the weights in the compute dtype over the fp32 master
     # weights (engine.precision), and backward fills that copy's grads before they reach the master's.
     compute_copy: bool = False
@@ -174,7 +176,9 @@ def _rollout_working(spec, plan: Plan) -> int:
     attention_layers = spec.num_layers - kda_layers(spec)
     kv = n * seq * _kv_elements(spec) * r * (attention_layers + 1)
     kv += n * _kda_state(spec, r) * kda_layers(spec) if kda_layers(spec) else 0
-    experts = n * spec.moe_topk * 3 * spec.moe_ffn_hidden_size * spec.hidden_size * r if spec.num_moe_layers else 0
+    experts = (
+        n * spec.moe_topk * 3 * spec.moe_ffn_hidden_size * spec.hidden_size * r if spec.num_moe_layers else 0
+    )
     logits = n * spec.vocab_size * (r + 4 * 4)
     return kv + experts + logits
 
@@ -187,7 +191,9 @@ def estimate(spec, plan: Plan) -> Estimate:
         rollout = p.total * BYTES[plan.rollout_dtype] + _rollout_working(spec, plan)
         phases = {"load": max(train.phases["load"], rollout), "rollout": rollout, "train": train.phases["train"],
                   "sync": max(train.phases["sync"], rollout)}  # fmt: skip
-        return Estimate(phases, {"train": train.terms["train"], "rollout": {"rollout copy": rollout}}, p.total)
+        return Estimate(
+            phases, {"train": train.terms["train"], "rollout": {"rollout copy": rollout}}, p.total
+        )
     w, t, r, c = plan.world, BYTES[plan.train_dtype], BYTES[plan.rollout_dtype], BYTES[plan.compute_dtype]
     has_rollout = plan.mode != "train-only"
     master = -(-p.total * t // w)  # ceil: FSDP2 pads the shards
@@ -196,7 +202,9 @@ def estimate(spec, plan: Plan) -> Estimate:
     act = _activations(spec, plan)
     compute = p.total * c if plan.compute_copy and w == 1 else 0
     if compute:
-        unsharded = 0  # the compute copy is resident (below); its grads live until they are added to the master's
+        unsharded = (
+            0  # the compute copy is resident (below); its grads live until they are added to the master's
+        )
         loading = {"master": master, "compute copy": compute}
     elif w == 1:
         # autocast saves a compute-dtype cast of every matmul weight for backward (the lookup stays fp32)
@@ -227,7 +235,9 @@ def estimate(spec, plan: Plan) -> Estimate:
     if sum(backward.values()) > sum(terms["train"].values()):
         terms["train"] = backward
     if plan.initial_on_device:
-        kept = {"initial weights": -(-p.total * min(t, r) // w)}  # a bf16 checkpoint's fp32 master fits in bf16
+        kept = {
+            "initial weights": -(-p.total * min(t, r) // w)
+        }  # a bf16 checkpoint's fp32 master fits in bf16
         terms = {phase: parts | kept for phase, parts in terms.items()}
     phases = {k: sum(v.values()) for k, v in terms.items()}
     return Estimate(phases, terms, p.total)

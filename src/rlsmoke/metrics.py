@@ -158,7 +158,9 @@ def load_record(path: str | Path) -> Record:
         raise RlsmokeError(f"log={path} has no `step N: {{...}}` or `rollout N: {{...}}` lines", rule="metrics.log",
                            fix="point at the Miles job log (ray job logs) or a run folder")  # fmt: skip
     lines = [{"kind": kind, "index": i, "metrics": m} for kind, i, m in _fold_repeats(parsed, path)]
-    record = Record.from_lines(lines, source=str(path), artifacts=str(folder), meta=meta or {"launcher": "miles"})
+    record = Record.from_lines(
+        lines, source=str(path), artifacts=str(folder), meta=meta or {"launcher": "miles"}
+    )
     history = folder / CI_HISTORY
     return _with_ci_history(record, history) if history.is_dir() else record
 
@@ -195,7 +197,11 @@ def _fold_repeats(parsed: list[tuple[str, int, dict]], path: Path) -> list[tuple
 CI_HISTORY = "ci_history"  # the run's MILES_CI_GATE_RECORD_DIR, under its artifacts (launch.flow)
 CI_HISTORY_METRICS = ("train/grad_norm", "train/ppo_kl", "train/train_rollout_logprob_abs_diff",
                       "train/train_rollout_kl", "rollout/raw_reward")  # fmt: skip
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}  # how it writes them: strict JSON
+_NONFINITE = {
+    "NaN": math.nan,
+    "Infinity": math.inf,
+    "-Infinity": -math.inf,
+}  # how it writes them: strict JSON
 
 
 def read_ci_history(folder: Path) -> dict[str, dict[int, float]]:
@@ -268,7 +274,10 @@ def seed_records(run: str | Path) -> list[Record]:
             line = json.loads(line)
             by_seed.setdefault(line.get("repeat", 0), []).append(line)
     meta = load_meta(Path(run))
-    return [Record.from_lines(by_seed[k], source=str(jsonl), artifacts=str(run), meta=meta) for k in sorted(by_seed)]
+    return [
+        Record.from_lines(by_seed[k], source=str(jsonl), artifacts=str(run), meta=meta)
+        for k in sorted(by_seed)
+    ]
 
 
 def update_summary(folder: str | Path, fields: Mapping[str, object]) -> None:

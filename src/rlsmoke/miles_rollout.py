@@ -43,7 +43,9 @@ def roll_out(case: str, checkpoint: Path, *, tiny: bool, n_prompts: int, n_sampl
     torch.manual_seed(seed)
     engine = RolloutEngine(model, temperature=temperature, max_new_tokens=max_response_len, eos_id=eos, pad_id=pad,
                            inject=parse_inject(inject), batch=batch_for("auto", device, spec.family))  # fmt: skip
-    groups = engine.generate([p.ids for p in prompts], n_samples, seed=seed * 100)  # `rlsmoke run`'s rollout 0
+    groups = engine.generate(
+        [p.ids for p in prompts], n_samples, seed=seed * 100
+    )  # `rlsmoke run`'s rollout 0
     score = REWARDS["target"]
     samples: list[RolloutSample] = []
     for g, p in zip(groups, prompts, strict=True):
@@ -86,15 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
                                 "file (--load-debug-rollout-data)")  # fmt: skip
     p.add_argument("case")
     p.add_argument("--checkpoint", type=Path, required=True, help="the HF checkpoint folder")
-    p.add_argument("--out", required=True, help="the file template, {rollout_id} filled with 0 (as Miles does)")
+    p.add_argument(
+        "--out", required=True, help="the file template, {rollout_id} filled with 0 (as Miles does)"
+    )
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--n-prompts", type=int, required=True, help="Miles' --rollout-batch-size")
     p.add_argument("--n-samples", type=int, required=True, help="Miles' --n-samples-per-prompt")
     p.add_argument("--max-response-len", type=int, required=True, help="Miles' --rollout-max-response-len")
-    p.add_argument("--temperature", type=float, required=True, help="Miles' --rollout-temperature: sampling and "
-                   "the log-probs' temperature")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        required=True,
+        help="Miles' --rollout-temperature: sampling and the log-probs' temperature",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default bfloat16 on a GPU, float32 on CPU)")
+    p.add_argument(
+        "--dtype", default=None, help="float32 | bfloat16 (default bfloat16 on a GPU, float32 on CPU)"
+    )
     p.add_argument("--device", default=None, help="default cuda when there is one, else cpu")
     p.add_argument("--prompt-data", type=Path, required=True)
     p.add_argument("--inject", default=None,

@@ -39,7 +39,9 @@ def parse_overrides(items: list[str] | Mapping[str, object]) -> dict[str, object
 
 def _split_kv(item: str) -> tuple[str, str]:
     if "=" not in item:
-        raise RlsmokeError(f"--set {item!r} is not KEY=VALUE", rule="set.syntax", fix="write e.g. --set rollout.dp=4")
+        raise RlsmokeError(
+            f"--set {item!r} is not KEY=VALUE", rule="set.syntax", fix="write e.g. --set rollout.dp=4"
+        )
     key, value = item.split("=", 1)
     return key.strip(), value.strip()
 
@@ -48,7 +50,11 @@ def _coerce(key: str, kind: str, raw: Any) -> object:
     if not isinstance(raw, str):
         if kind == _LAYERS:
             return tuple(_in_range(key, int(n)) for n in raw)
-        return _in_range(key, raw) if kind == _INT and isinstance(raw, int) and not isinstance(raw, bool) else raw
+        return (
+            _in_range(key, raw)
+            if kind == _INT and isinstance(raw, int) and not isinstance(raw, bool)
+            else raw
+        )
     try:
         if kind == _INT:
             number = int(raw)
@@ -68,7 +74,9 @@ def _coerce(key: str, kind: str, raw: Any) -> object:
         return True
     if raw.lower() in ("0", "false", "no", "off"):
         return False
-    raise RlsmokeError(f"--set {key}={raw} is not a boolean", rule="set.value", fix=f"use {key}=true or false")
+    raise RlsmokeError(
+        f"--set {key}={raw} is not a boolean", rule="set.value", fix=f"use {key}=true or false"
+    )
 
 
 def _in_range(key: str, value: int) -> int:
@@ -88,7 +96,9 @@ def parse_num_gpus(value: object) -> int:
         ok = n > 0
     if not ok:
         raise RlsmokeError(
-            f"num_gpus={value!r} must be a positive integer", rule="gpus.positive", fix="pass --num-gpus N with N >= 1"
+            f"num_gpus={value!r} must be a positive integer",
+            rule="gpus.positive",
+            fix="pass --num-gpus N with N >= 1",
         )
     if n > MAX_NUM_GPUS:
         raise RlsmokeError(f"num_gpus={n} is past the largest plan, {MAX_NUM_GPUS} GPUs", rule="gpus.range",

@@ -86,7 +86,9 @@ def check_file(path: Path | str, what: str, *, fix: str = "") -> Path:
     path = Path(path)
     st = _stat(path, what)
     if st is None:
-        raise RlsmokeError(f"{what}={path} does not exist", rule="path.missing", fix=fix or _fix("path.missing", what))
+        raise RlsmokeError(
+            f"{what}={path} does not exist", rule="path.missing", fix=fix or _fix("path.missing", what)
+        )
     if not stat.S_ISREG(st.st_mode):
         raise RlsmokeError(f"{what}={path} is {_kind(st.st_mode)}, not a regular file", rule="path.kind",
                            fix=fix or f"give {what} a regular file")  # fmt: skip

@@ -86,7 +86,11 @@ def detect() -> Host:
     names = _query(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
     if names:
         return Host("nvidia", _device_class("nvidia", names[0]), _visible_count("nvidia", len(names)))
-    names = [line for line in _query(["rocm-smi", "--showproductname"]) if "Card series" in line or "Card SKU" in line]
+    names = [
+        line
+        for line in _query(["rocm-smi", "--showproductname"])
+        if "Card series" in line or "Card SKU" in line
+    ]
     if names:
         count = len([n for n in names if "Card series" in n]) or len(names)
         return Host("rocm", _device_class("rocm", names[0].split(":")[-1]), _visible_count("rocm", count))

@@ -31,40 +31,89 @@ TINY_THREADS = 1
 
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
-_SESSION_LOCK = pytest.StashKey["object"]()
+_SESSION_LOCK = pytest.StashKey["int | None"]()
 SESSION_LOCK = ".pytest-session.lock"  # in the artifacts root: one session's at a time
 SUMMARY_HEADER = "# rlsmoke runs"  # the first line of the summary.md the session writes (`report`)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("rlsmoke", "rlsmoke one-step GRPO end-to-end tests")
-    g.addoption("--num-gpus", type=int, default=None, metavar="N",
-                help="GPUs a GPU case runs on, replacing its NUM_GPUS; 0 skips the GPU cases (default env NUM_GPUS, "
-                     "else the module's)")
-    g.addoption("--platform", choices=("nvidia", "rocm", "cpu"), default=None,
-                help="the host's platform when detection cannot see it (default detected by nvidia-smi/rocm-smi)")
-    g.addoption("--launcher", choices=("builtin", "miles"), default="builtin",
-                help="what runs GPU cases: the built-in engine or Miles under --miles-root (default builtin)")
-    g.addoption("--trainer", choices=("fsdp", "megatron"), default="fsdp",
-                help="the built-in engine's trainer: fsdp (HF modeling code, FSDP2 over several GPUs) or "
-                     "megatron (a megatron-core GPTModel through the HF <-> Megatron bridge; one device)")
-    g.addoption("--miles-root", default=os.environ.get("MILES_ROOT"), metavar="DIR",
-                help="a Miles checkout to launch from (default env MILES_ROOT)")
-    g.addoption("--model-dir", default=None, metavar="DIR",
-                help="prepared HF checkpoints, one folder per case, verified before launch (default the cache)")
-    g.addoption("--artifacts-dir", default=None, metavar="DIR",
-                help="where each test writes its logs, metrics and summaries (default <rootdir>/artifacts)")
-    g.addoption("--update-golden", action="store_true", default=False,
-                help="record each run's values as a thresholds candidate instead of gating (default off)")
-    g.addoption("--history", default=os.environ.get("RLSMOKE_HISTORY"), metavar="DB",
-                help="sqlite history to store runs in and band-gate against (default env RLSMOKE_HISTORY, else none)")
-    g.addoption("--history-shadow", action="store_true",
-                default=os.environ.get("RLSMOKE_HISTORY_SHADOW", "") not in ("", "0"),
-                help="report history-band failures as warnings, not failures (PR runs; default env RLSMOKE_HISTORY_SHADOW)")
-    g.addoption("--history-trusted", action="store_true", default=False,
-                help="mark passing runs as trusted baselines for the history band (default off)")
-    g.addoption("--run-timeout", type=float, default=None, metavar="S",
-                help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)")
+    g.addoption(
+        "--num-gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GPUs a GPU case runs on, replacing its NUM_GPUS; 0 skips the GPU cases (default env NUM_GPUS, "
+        "else the module's)",
+    )
+    g.addoption(
+        "--platform",
+        choices=("nvidia", "rocm", "cpu"),
+        default=None,
+        help="the host's platform when detection cannot see it (default detected by nvidia-smi/rocm-smi)",
+    )
+    g.addoption(
+        "--launcher",
+        choices=("builtin", "miles"),
+        default="builtin",
+        help="what runs GPU cases: the built-in engine or Miles under --miles-root (default builtin)",
+    )
+    g.addoption(
+        "--trainer",
+        choices=("fsdp", "megatron"),
+        default="fsdp",
+        help="the built-in engine's trainer: fsdp (HF modeling code, FSDP2 over several GPUs) or "
+        "megatron (a megatron-core GPTModel through the HF <-> Megatron bridge; one device)",
+    )
+    g.addoption(
+        "--miles-root",
+        default=os.environ.get("MILES_ROOT"),
+        metavar="DIR",
+        help="a Miles checkout to launch from (default env MILES_ROOT)",
+    )
+    g.addoption(
+        "--model-dir",
+        default=None,
+        metavar="DIR",
+        help="prepared HF checkpoints, one folder per case, verified before launch (default the cache)",
+    )
+    g.addoption(
+        "--artifacts-dir",
+        default=None,
+        metavar="DIR",
+        help="where each test writes its logs, metrics and summaries (default <rootdir>/artifacts)",
+    )
+    g.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="record each run's values as a thresholds candidate instead of gating (default off)",
+    )
+    g.addoption(
+        "--history",
+        default=os.environ.get("RLSMOKE_HISTORY"),
+        metavar="DB",
+        help="sqlite history to store runs in and band-gate against (default env RLSMOKE_HISTORY, else none)",
+    )
+    g.addoption(
+        "--history-shadow",
+        action="store_true",
+        default=os.environ.get("RLSMOKE_HISTORY_SHADOW", "") not in ("", "0"),
+        help="report history-band failures as warnings, not failures (PR runs; default env RLSMOKE_HISTORY_SHADOW)",
+    )
+    g.addoption(
+        "--history-trusted",
+        action="store_true",
+        default=False,
+        help="mark passing runs as trusted baselines for the history band (default off)",
+    )
+    g.addoption(
+        "--run-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,7 +125,9 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             n = int(env)
         except ValueError:
-            raise pytest.UsageError(f"NUM_GPUS={env!r} is not an integer. Adjust NUM_GPUS or pass --num-gpus N") from None
+            raise pytest.UsageError(
+                f"NUM_GPUS={env!r} is not an integer. Adjust NUM_GPUS or pass --num-gpus N"
+            ) from None
     if n is not None and n < 0:  # 0 means "no GPUs": the CPU cases run, the GPU ones skip with a reason
         raise pytest.UsageError(f"--num-gpus={n} must be >= 0. Adjust --num-gpus or NUM_GPUS")
     config.option.num_gpus = n
@@ -90,7 +141,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("launcher", "builtin") == "miles" and config.getoption("miles_root"):
         root = Path(config.getoption("miles_root"))
         if not root.is_dir():
-            raise pytest.UsageError(f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)")
+            raise pytest.UsageError(
+                f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)"
+            )
     if not hasattr(config, "workerinput") and not _listing(config):  # xdist workers share their controller's
         _hold_artifacts_root(config)
 
@@ -154,7 +207,9 @@ def _host(config: pytest.Config):
         host, forced = detect(), config.getoption("platform")
         if forced and forced != host.platform:
             if host.platform != "cpu":
-                raise pytest.UsageError(f"--platform={forced} but this host has {host.describe()}. Drop --platform")
+                raise pytest.UsageError(
+                    f"--platform={forced} but this host has {host.describe()}. Drop --platform"
+                )
             host = Host(forced, "CPU" if forced == "cpu" else "unknown",
                         0 if forced == "cpu" else (config.getoption("num_gpus") or 0))  # fmt: skip
         config.stash[_HOST] = host
@@ -187,14 +242,18 @@ def _gpus_marker(item: pytest.Item) -> int | None:
     if mark is None:
         return None
     if len(mark.args) != 1 or not isinstance(mark.args[0], int) or mark.args[0] < 1:
-        raise pytest.UsageError(f"{item.nodeid}: gpus{mark.args} is wrong. Write @pytest.mark.gpus(N) with N >= 1")
+        raise pytest.UsageError(
+            f"{item.nodeid}: gpus{mark.args} is wrong. Write @pytest.mark.gpus(N) with N >= 1"
+        )
     return mark.args[0]
 
 
 def _requirement(item: pytest.Item):
     from rlsmoke.selection import requirement
 
-    return requirement((m.name for m in item.iter_markers()), _gpus_marker(item), item.config.getoption("num_gpus"))
+    return requirement(
+        (m.name for m in item.iter_markers()), _gpus_marker(item), item.config.getoption("num_gpus")
+    )
 
 
 @pytest.hookimpl(trylast=True)
@@ -215,6 +274,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                           num_gpus=config.getoption("num_gpus"), trainer=config.getoption("trainer"))  # fmt: skip
         if not decision.run:
             item.add_marker(pytest.mark.skip(reason=decision.reason))
+
+
 def _artifacts_root(config: pytest.Config) -> Path:
     value = config.getoption("artifacts_dir")
     return Path(value).resolve() if value else Path(config.rootpath) / "artifacts"
@@ -266,7 +327,9 @@ def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
         yield GpuLease("cpu", ())
         return
     timeout = float(os.environ.get("RLSMOKE_LEASE_TIMEOUT", 3600))
-    lease = lease_gpus(req.platform, visible_gpu_ids(req.platform, rlsmoke_host.count), req.gpus, timeout=timeout)
+    lease = lease_gpus(
+        req.platform, visible_gpu_ids(req.platform, rlsmoke_host.count), req.gpus, timeout=timeout
+    )
     yield lease
     lease.release()
 
@@ -349,7 +412,9 @@ def _declared_run(item: pytest.Item):
         spec = callspec.params["case_record"]
     else:
         case = getattr(getattr(item, "module", None), "CASE", None)
-        spec = CaseRun(case, shared=tuple(getattr(item.module, "SHARED_RUN", ()))) if case is not None else None
+        spec = (
+            CaseRun(case, shared=tuple(getattr(item.module, "SHARED_RUN", ()))) if case is not None else None
+        )
     return spec if isinstance(spec, CaseRun) else None
 
 
@@ -374,7 +439,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if summary.is_file() and not summary.read_text(errors="replace").startswith(SUMMARY_HEADER):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(f"rlsmoke: {summary} was not written by rlsmoke: left as it is, no session summary")
+            reporter.write_line(
+                f"rlsmoke: {summary} was not written by rlsmoke: left as it is, no session summary"
+            )
         return
     from rlsmoke.report import write_session_summary
 

@@ -100,7 +100,9 @@ def series(runs: list[dict]) -> dict[tuple, dict[str, list[tuple[int, float, boo
             metrics.setdefault(metric, []).append((run["id"], value, bool(run["trusted"])))
         for gate in run["gates"]:
             if gate.get("value") is not None and gate["metric"] not in run["metrics"]:
-                metrics.setdefault(gate["metric"], []).append((run["id"], gate["value"], bool(run["trusted"])))
+                metrics.setdefault(gate["metric"], []).append(
+                    (run["id"], gate["value"], bool(run["trusted"]))
+                )
     return out
 
 
@@ -133,7 +135,9 @@ def plot_history(db: Path, out: Path) -> list[Path]:
                        color="tab:blue", label="trusted", zorder=2)  # fmt: skip
             ax.scatter([x for x, p in zip(xs, points, strict=True) if not p[2]], [p[1] for p in points if not p[2]],
                        color="tab:orange", marker="x", label="untrusted", zorder=2)  # fmt: skip
-            if history.band_metric(metric) in BANDS:  # the band each run was judged against: its trusted predecessors
+            if (
+                history.band_metric(metric) in BANDS
+            ):  # the band each run was judged against: its trusted predecessors
                 lo, hi, bx = [], [], []
                 for i in range(len(points)):
                     past = [{metric: v} for _, v, t in points[:i] if t][-20:]
@@ -177,7 +181,13 @@ def handler(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("report", help="plot each gated metric of a history DB over time, with its threshold")
-    p.add_argument("--history", required=True, metavar="DB", help="sqlite history written by `pytest --history DB`")
-    p.add_argument("--out", default="rlsmoke-report", metavar="DIR", help="folder for the PNGs (default rlsmoke-report)")
+    p = subparsers.add_parser(
+        "report", help="plot each gated metric of a history DB over time, with its threshold"
+    )
+    p.add_argument(
+        "--history", required=True, metavar="DB", help="sqlite history written by `pytest --history DB`"
+    )
+    p.add_argument(
+        "--out", default="rlsmoke-report", metavar="DIR", help="folder for the PNGs (default rlsmoke-report)"
+    )
     p.set_defaults(func=handler)

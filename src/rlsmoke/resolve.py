@@ -42,7 +42,9 @@ class Session:
     suite's options). None: the default, decided by `resolve`."""
 
     host: Host | None = None  # None: detected (a CPU run needs none)
-    gpus: int | None = None  # the session's GPU count (the suite's --num-gpus / NUM_GPUS): the case runs at it
+    gpus: int | None = (
+        None  # the session's GPU count (the suite's --num-gpus / NUM_GPUS): the case runs at it
+    )
     one_gpu_variant: bool = False  # on one GPU a case too wide for it runs its ONE_GPU_VARIANT (the suite)
     trainer: str = DEFAULT_TRAINER
     launcher: str | None = None  # the thresholds key's launcher: builtin, or builtin-megatron
@@ -91,7 +93,11 @@ def _defaults(case: Case, session: Session, host: Host, *, validate: bool = True
     platform = get_platform(case.platform)
     topo = plan_topology(case.spec(), platform.name, case.num_gpus, case.mode, dict(case.overrides),
                          gpus_per_node=case.gpus_per_node, target=case.target, validate=validate)  # fmt: skip
-    if validate and topo.mode == "async" and (topo.actor_gpus, topo.rollout_gpus) != (1, BUILTIN_ASYNC_GPUS - 1):
+    if (
+        validate
+        and topo.mode == "async"
+        and (topo.actor_gpus, topo.rollout_gpus) != (1, BUILTIN_ASYNC_GPUS - 1)
+    ):
         raise RlsmokeError(f"mode=async with {topo.actor_gpus} train + {topo.rollout_gpus} rollout GPUs: the built-in "
                            "engine places one trainer and one rollout engine", rule="engine.placement",
                            fix=f"use --mode async --num-gpus {BUILTIN_ASYNC_GPUS}")  # fmt: skip
@@ -132,7 +138,9 @@ def resolve(case: Case, session: Session = Session()) -> RunConfig:
         raise RlsmokeError(f"repeat={session.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
     cfg.validate()  # the trainer's refusal (megatron) with every other bad combination
     limits.check_numbers(cfg, repeat=session.repeat)
-    prompt_rows(cfg.prompt_data, cfg.n_prompts)  # read again by the run: a bad file is refused here, not there
+    prompt_rows(
+        cfg.prompt_data, cfg.n_prompts
+    )  # read again by the run: a bad file is refused here, not there
     longest = limits.longest_prompt(cfg.prompt_data, cfg.checkpoint)
     limits.check_context(cfg, longest, limits.context_limits(cfg.spec, cfg.checkpoint))
     if cfg.platform == "cpu":

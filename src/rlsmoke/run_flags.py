@@ -41,68 +41,129 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         metavar="FAULT",
         help=f"{faults_text()} (bridge-*: with --trainer megatron)",
     )
-    g.add_argument("--compute-dtype", default=None,
-                   help="the trainer's forward/backward dtype over the master weights (default: the rollout "
-                        "dtype on GPUs, as Megatron's bf16 training; the train dtype on CPU)")
-    g.add_argument("--compute-path", default="params", choices=("params", "autocast"),
-                   help="params: a copy of the weights in the compute dtype over fp32 main parameters, as "
-                        "Megatron trains (default); autocast: autocast over the fp32 weights")
-    g.add_argument("--rollout-temperature", type=float, default=1.0, help="the rollout's sampling temperature "
-                   "(default 1.0)")
+    g.add_argument(
+        "--compute-dtype",
+        default=None,
+        help="the trainer's forward/backward dtype over the master weights (default: the rollout "
+        "dtype on GPUs, as Megatron's bf16 training; the train dtype on CPU)",
+    )
+    g.add_argument(
+        "--compute-path",
+        default="params",
+        choices=("params", "autocast"),
+        help="params: a copy of the weights in the compute dtype over fp32 main parameters, as "
+        "Megatron trains (default); autocast: autocast over the fp32 weights",
+    )
+    g.add_argument(
+        "--rollout-temperature",
+        type=float,
+        default=1.0,
+        help="the rollout's sampling temperature (default 1.0)",
+    )
     g.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
     g.add_argument(
         "--repeat", type=int, default=1, help="K seeds from the same initial weights, for calibration"
     )
-    g.add_argument("--variants", default=None, metavar="V1,V2,...",
-                   help="several runs of the seed on one load, each from the initial weights and gated as its own "
-                        "run in --out/SLUG: clean, or an --inject fault, each with @T for its rollout temperature "
-                        "(default --rollout-temperature), e.g. clean,stale-weights,temperature-mismatch@0.8")
+    g.add_argument(
+        "--variants",
+        default=None,
+        metavar="V1,V2,...",
+        help="several runs of the seed on one load, each from the initial weights and gated as its own "
+        "run in --out/SLUG: clean, or an --inject fault, each with @T for its rollout temperature "
+        "(default --rollout-temperature), e.g. clean,stale-weights,temperature-mismatch@0.8",
+    )
     g.add_argument(
         "--num-rollout", type=int, default=2, help="rollouts; every one but the last is trained on"
     )
-    g.add_argument("--n-prompts", type=int, default=None,
-                   help=f"prompts per rollout (default on GPUs: seed 004's {gpu.prompts}; on CPU: {cpu.prompts}, or "
-                        "one per data-parallel rank when more)")
-    g.add_argument("--n-samples", type=int, default=None,
-                   help=f"samples per prompt, the GRPO group (default on GPUs: seed 004's {gpu.n_samples}; on CPU: "
-                        f"{cpu.n_samples})")
-    g.add_argument("--max-response-len", type=int, default=None,
-                   help=f"response cap in tokens (default on GPUs: seed 004's {gpu.max_response_len}; on CPU: "
-                        f"{cpu.max_response_len}, for speed)")
-    g.add_argument("--rollout-batch", default="auto", choices=ROLLOUT_BATCHES,
-                   help="generate calls: rank, a rank's groups in one call, left-padded; group, one call per group; "
-                        "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
-                        "model with KDA layers, which left padding would pass through)")
-    g.add_argument("--reward", default=DEFAULT_REWARD, choices=REWARDS,
-                   help=f"target: dense, for untrained models; deepscaler: Miles' 0/1 math reward (default "
-                        f"{DEFAULT_REWARD})")
+    g.add_argument(
+        "--n-prompts",
+        type=int,
+        default=None,
+        help=f"prompts per rollout (default on GPUs: seed 004's {gpu.prompts}; on CPU: {cpu.prompts}, or "
+        "one per data-parallel rank when more)",
+    )
+    g.add_argument(
+        "--n-samples",
+        type=int,
+        default=None,
+        help=f"samples per prompt, the GRPO group (default on GPUs: seed 004's {gpu.n_samples}; on CPU: "
+        f"{cpu.n_samples})",
+    )
+    g.add_argument(
+        "--max-response-len",
+        type=int,
+        default=None,
+        help=f"response cap in tokens (default on GPUs: seed 004's {gpu.max_response_len}; on CPU: "
+        f"{cpu.max_response_len}, for speed)",
+    )
+    g.add_argument(
+        "--rollout-batch",
+        default="auto",
+        choices=ROLLOUT_BATCHES,
+        help="generate calls: rank, a rank's groups in one call, left-padded; group, one call per group; "
+        "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
+        "model with KDA layers, which left padding would pass through)",
+    )
+    g.add_argument(
+        "--reward",
+        default=DEFAULT_REWARD,
+        choices=REWARDS,
+        help=f"target: dense, for untrained models; deepscaler: Miles' 0/1 math reward (default "
+        f"{DEFAULT_REWARD})",
+    )
     g.add_argument("--gradient-checkpointing", action="store_true")
-    g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
-                   help="colocate: keep the train state in host memory while rolling out and the rollout copy "
-                        f"there while training (default: {OFFLOAD_DEFAULT})".replace("%", "%%"))
-    g.add_argument("--offload-train", action=argparse.BooleanOptionalAction, default=None,
-                   help="with the offload on, the train state leaves the device during the rollout too (default: "
-                        "on with --offload; otherwise on unless the rollout fits beside the resident train state "
-                        f"in {RESIDENT_FRACTION:.0%}% of the device, so only the rollout copy moves)")
+    g.add_argument(
+        "--offload",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="colocate: keep the train state in host memory while rolling out and the rollout copy "
+        f"there while training (default: {OFFLOAD_DEFAULT})".replace("%", "%%"),
+    )
+    g.add_argument(
+        "--offload-train",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with the offload on, the train state leaves the device during the rollout too (default: "
+        "on with --offload; otherwise on unless the rollout fits beside the resident train state "
+        f"in {RESIDENT_FRACTION:.0%}% of the device, so only the rollout copy moves)",
+    )
     g.add_argument(
         "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
     )
-    g.add_argument("--prompt-data", type=Path, default=None,
-                   help="a JSONL of prompts and labels (default the shipped data/math.jsonl)")
-    g.add_argument("--trainer", default=DEFAULT_TRAINER, choices=TRAINERS,
-                   help="fsdp: HF modeling code (FSDP2 on several GPUs); megatron: a megatron-core GPTModel "
-                        "loaded and synced through the HF <-> Megatron bridge (pip install 'rlsmoke[megatron]'; "
-                        f"default {DEFAULT_TRAINER})")
-    g.add_argument("--launcher-label", default=None,
-                   help="the launcher field of the thresholds key (default: builtin; builtin-megatron with "
-                        "--trainer megatron)")
+    g.add_argument(
+        "--prompt-data",
+        type=Path,
+        default=None,
+        help="a JSONL of prompts and labels (default the shipped data/math.jsonl)",
+    )
+    g.add_argument(
+        "--trainer",
+        default=DEFAULT_TRAINER,
+        choices=TRAINERS,
+        help="fsdp: HF modeling code (FSDP2 on several GPUs); megatron: a megatron-core GPTModel "
+        "loaded and synced through the HF <-> Megatron bridge (pip install 'rlsmoke[megatron]'; "
+        f"default {DEFAULT_TRAINER})",
+    )
+    g.add_argument(
+        "--launcher-label",
+        default=None,
+        help="the launcher field of the thresholds key (default: builtin; builtin-megatron with "
+        "--trainer megatron)",
+    )
     g.add_argument("--records-only", action="store_true",
                    help="write the metrics and summary, gate nothing: the caller gates (the suite does)")  # fmt: skip
-    g.add_argument("--out", type=Path, default=None,
-                   help="artifacts folder; one that holds an earlier run's records is refused unless --overwrite "
-                        "(default: a new ./rlsmoke-runs/CASE/YYYYmmdd-HHMMSS)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="replace the records (run.log, metrics.jsonl, summary.json) of an earlier run in --out")
+    g.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="artifacts folder; one that holds an earlier run's records is refused unless --overwrite "
+        "(default: a new ./rlsmoke-runs/CASE/YYYYmmdd-HHMMSS)",
+    )
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the records (run.log, metrics.jsonl, summary.json) of an earlier run in --out",
+    )
 
 
 def case_and_session(args) -> tuple[Case, Session]:
@@ -110,7 +171,9 @@ def case_and_session(args) -> tuple[Case, Session]:
     platform = get_platform(args.platform or detect().platform)
     tiny = args.tiny if args.tiny is not None else platform.name == "cpu"
     case = dataclasses.replace(case_from_args(args, tiny=tiny), platform=platform.name)
-    variants = tuple(parse_variants(args.variants, args.rollout_temperature)) if args.variants is not None else ()
+    variants = (
+        tuple(parse_variants(args.variants, args.rollout_temperature)) if args.variants is not None else ()
+    )
     session = Session(
         trainer=args.trainer, launcher=args.launcher_label, gated=not args.records_only, seed=args.seed,
         repeat=args.repeat, variants=variants, rollout_dtype=args.rollout_dtype, train_dtype=args.train_dtype,
@@ -137,11 +200,17 @@ def variants_from_args(args) -> list[RunConfig]:
 def add_train_only_args(p: argparse.ArgumentParser) -> None:
     """`rlsmoke run`'s flags for Miles' train-only step."""
     g = p.add_argument_group("Miles (train-only)")
-    g.add_argument("--launcher", choices=("builtin", "miles"), default="builtin",
-                   help="builtin: the built-in engine; miles: Miles' own train.py (with --train-only)")
+    g.add_argument(
+        "--launcher",
+        choices=("builtin", "miles"),
+        default="builtin",
+        help="builtin: the built-in engine; miles: Miles' own train.py (with --train-only)",
+    )
     g.add_argument("--train-only", action="store_true", help="with --launcher miles: the built-in engine rolls out, "
                    "Miles trains one step on its rollout file (--debug-train-only), no SGLang")  # fmt: skip
     g.add_argument("--miles-root", type=Path, default=None, help="a Miles checkout (train.py in it)")
-    g.add_argument("--megatron-root", default=None, help="Miles' Megatron-LM checkout (default /root/Megatron-LM)")
+    g.add_argument(
+        "--megatron-root", default=None, help="Miles' Megatron-LM checkout (default /root/Megatron-LM)"
+    )
     g.add_argument("--model-dir", type=Path, default=None, help="where <case> and <case>_torch_dist live "
                    "(default: rlsmoke's cache, miles-models/)")  # fmt: skip

@@ -64,7 +64,9 @@ def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", mi
     if req is None or req.platform == "cpu":
         return Decision(True)
     if req.gpus == 0:
-        return Decision(False, f"needs {VENDOR[req.platform]} GPUs; 0 GPUs asked for (--num-gpus / NUM_GPUS=0)")
+        return Decision(
+            False, f"needs {VENDOR[req.platform]} GPUs; 0 GPUs asked for (--num-gpus / NUM_GPUS=0)"
+        )
     need = f"{req.gpus} {VENDOR[req.platform]} GPU{'s' if req.gpus != 1 else ''}"
     if host.platform != req.platform or host.count < req.gpus:
         return Decision(False, f"needs {need}; found {host.describe()}")

@@ -137,7 +137,9 @@ def _run_builtin(launch: CaseLaunch, echo) -> runner.Result:
     if launch.case.platform == "cpu" and echo is None and here.can_run_here(launch.argv):
         if launch.art.trainer != "megatron":
             return here.run_here(launch.argv, env=launch.env, log=log, timeout=launch.timeout)
-        return runner.run(launch.argv, env=launch.env, log=log, timeout=launch.timeout, start=here.start_forked)
+        return runner.run(
+            launch.argv, env=launch.env, log=log, timeout=launch.timeout, start=here.start_forked
+        )
     return runner.run(launch.argv, env=launch.env, log=log, timeout=launch.timeout, echo=echo)
 
 
@@ -163,8 +165,11 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
         art = dataclasses.replace(art, history=None)
     art.path.mkdir(parents=True, exist_ok=True)
     case = effective_case(case, art.num_gpus)
-    short = memory_shortfall(case, art.host) or trainer_refusal(art.trainer, case, inject) or next(
-        (why for why in (trainer_refusal(art.trainer, case, _fault(v)) for v in variants) if why), "")
+    short = (
+        memory_shortfall(case, art.host)
+        or trainer_refusal(art.trainer, case, inject)
+        or next((why for why in (trainer_refusal(art.trainer, case, _fault(v)) for v in variants) if why), "")
+    )
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
     checkpoint = _model_dir_checkpoint(case, art, verify=verify)
@@ -205,7 +210,11 @@ def _finished(launch: CaseLaunch, result: runner.Result) -> None:
         raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
                            fix=f"see {result.log}")  # fmt: skip
     if not result.ok:  # the run only records: `check` gates it
-        what = f"timed out after {launch.timeout:.0f} s" if result.timed_out else f"exited with {result.returncode}"
+        what = (
+            f"timed out after {launch.timeout:.0f} s"
+            if result.timed_out
+            else f"exited with {result.returncode}"
+        )
         raise RunError(f"{launch.case.name} on {launch.case.platform} ({launch.launcher}) {what}; artifacts: "
                        f"{launch.art.path}\n{_tail(result.log, 20)}", rule="run.broke")  # fmt: skip
 

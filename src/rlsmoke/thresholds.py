@@ -160,7 +160,9 @@ class Gates:
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:  # a key twice: JSON's last would win unseen
     keys = [k for k, _ in pairs]
     for key in (k for k in keys if keys.count(k) > 1):
-        raise RlsmokeError(f"{key!r} twice in the object {json.dumps(dict(pairs))[:120]}", rule="thresholds.duplicate_key")
+        raise RlsmokeError(
+            f"{key!r} twice in the object {json.dumps(dict(pairs))[:120]}", rule="thresholds.duplicate_key"
+        )
     return dict(pairs)
 
 
@@ -339,7 +341,7 @@ def lookup_gates(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
             f"no thresholds for {key.text()}",
             rule="thresholds.missing",
             fix="calibrate with `rlsmoke run CASE --repeat 10` then `rlsmoke calibrate DIR --write FILE`, and "
-                "point RLSMOKE_THRESHOLDS_DIR at FILE's folder",
+            "point RLSMOKE_THRESHOLDS_DIR at FILE's folder",
         )
     path, entry = best
     gates = tuple(gate_from_spec(g, entry.get("provenance", {}), path) for g in entry["gates"])

@@ -21,7 +21,17 @@ from rlsmoke.platforms import get_platform
 from rlsmoke.targets import DEFAULT_TARGET, TARGETS, Target
 from rlsmoke.topology_rules import RULE_IDS, RULES, violations
 
-__all__ = ["DEFAULT_TARGET", "RULES", "RULE_IDS", "TARGETS", "Target", "Topology", "plan_topology", "violations"]
+__all__ = [
+    "DEFAULT_TARGET",
+    "RULES",
+    "RULE_IDS",
+    "TARGETS",
+    "Target",
+    "Topology",
+    "plan_topology",
+    "violations",
+]
+
 
 @dataclass(frozen=True)
 class TrainGrid:
@@ -103,7 +113,9 @@ def _largest_divisor(n: int, cap: int, must_divide: int) -> int:
     return max(d for d in range(1, top + 1) if n % d == 0 and (must_divide == 0 or must_divide % d == 0))
 
 
-def default_train(spec: ModelSpec, platform: str, mode: str, world: int, target: Target | None = None) -> dict:
+def default_train(
+    spec: ModelSpec, platform: str, mode: str, world: int, target: Target | None = None
+) -> dict:
     """Training grid defaults: the family's grid (`ModelSpec.grid`), whose fixed points are its seed's."""
     if platform == "rocm" or mode == "async":
         # Seed 004 ROCm: the actor half trains with TP1 PP1 CP1 and EP over all of it.
@@ -129,7 +141,9 @@ def default_rollout(spec: ModelSpec, platform: str, mode: str, rollout_gpus: int
     if g.rollout_whole_from and rollout_gpus >= g.rollout_whole_from:
         return dict(g.rollout_whole, dense_tp_lm_head=g.dense_tp_lm_head)
     gpe = min(g.engine_gpus, rollout_gpus)
-    return dict(gpus_per_engine=gpe, dp=gpe if g.rollout_dp else 1, ep=gpe, dense_tp_lm_head=g.dense_tp_lm_head)
+    return dict(
+        gpus_per_engine=gpe, dp=gpe if g.rollout_dp else 1, ep=gpe, dense_tp_lm_head=g.dense_tp_lm_head
+    )
 
 
 def split_layers(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -157,7 +171,9 @@ def plan_topology(
     num_gpus = parse_num_gpus(num_gpus)
     mode = mode or plat.default_mode
     if mode not in MODES:
-        raise UnknownNameError(f"mode={mode!r} is unknown", rule="mode.known", fix=f"use one of: {', '.join(MODES)}")
+        raise UnknownNameError(
+            f"mode={mode!r} is unknown", rule="mode.known", fix=f"use one of: {', '.join(MODES)}"
+        )
     if target not in TARGETS:
         raise UnknownNameError(
             f"target={target!r} is unknown", rule="target.known", fix=f"use one of: {', '.join(TARGETS)}"
@@ -254,8 +270,14 @@ def _candidates(topo: Topology, spec: ModelSpec) -> list[int]:
     and of the model's heads and experts hold every value that can pass; the small sizes besides.
     Found in time of the square root of NUM_GPUS, not linear in it."""
     found = set(range(1, min(topo.num_gpus, 64) + 1))
-    for n in (topo.num_gpus, topo.actor_gpus, topo.rollout_gpus, topo.rollout.gpus_per_engine, spec.num_experts,
-              spec.tp_divisor):
+    for n in (
+        topo.num_gpus,
+        topo.actor_gpus,
+        topo.rollout_gpus,
+        topo.rollout.gpus_per_engine,
+        spec.num_experts,
+        spec.tp_divisor,
+    ):
         found |= _divisors(n)
     return sorted(v for v in found if 1 <= v <= topo.num_gpus)
 
@@ -265,5 +287,3 @@ def _divisors(n: int) -> set[int]:
         return set()
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return set(small) | {n // d for d in small}
-
-

@@ -30,5 +30,7 @@ def test_one_step(case_record):
 def test_fault_fails_its_gate(rlsmoke_variant_runs, artifacts, variant, expected):
     record = rlsmoke_variant_runs.record(CASE, artifacts, variant)
     failure = check_fault(CASE, record, expected)
-    assert json.loads((Path(record.artifacts) / "summary.json").read_text())["inject"] == variant.split("@")[0]
+    assert (
+        json.loads((Path(record.artifacts) / "summary.json").read_text())["inject"] == variant.split("@")[0]
+    )
     assert f"artifacts: {record.artifacts}" in str(failure)

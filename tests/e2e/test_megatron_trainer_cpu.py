@@ -17,7 +17,9 @@ from rlsmoke.suite import CaseRun, GateFailure, gates_for
 pytestmark = [
     pytest.mark.cpu,
     pytest.mark.slow,
-    pytest.mark.skipif(not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"),
+    pytest.mark.skipif(
+        not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"
+    ),
 ]
 
 GLM5 = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
@@ -35,7 +37,9 @@ def test_one_step_through_megatron_core_passes_the_gates(case_record):
     assert case_record.value("sync/mismatched_params") == 0
 
 
-@pytest.mark.parametrize("case_record", DEFECTS, indirect=True, ids=[f"{r.case.name}-{r.inject}" for r in DEFECTS])
+@pytest.mark.parametrize(
+    "case_record", DEFECTS, indirect=True, ids=[f"{r.case.name}-{r.inject}" for r in DEFECTS]
+)
 def test_a_bridge_defect_fails_the_logprob_gate_while_the_sync_passes(case_record):
     with pytest.raises(GateFailure) as failure:
         gates_for(case_record.case).check(case_record)

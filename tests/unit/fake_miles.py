@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-ARGUMENTS = textwrap.dedent('''
+ARGUMENTS = textwrap.dedent("""
     import argparse
     import sys
 
@@ -23,7 +23,7 @@ ARGUMENTS = textwrap.dedent('''
             if flag.startswith("--") and flag not in REFUSE and flag not in parser._option_string_actions:
                 parser.add_argument(flag, nargs="*")
         return parser.parse_args()
-''')
+""")
 
 
 def write_fake_miles(root: Path, *, refuse: tuple[str, ...] = (), train: str = "") -> Path:

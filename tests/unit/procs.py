@@ -78,4 +78,6 @@ def run_cli(argv, *, env, timeout: float | None = None) -> subprocess.CompletedP
         if result.timed_out:
             raise subprocess.TimeoutExpired(list(argv), timeout)
         stdout = out.read_text(errors="replace").split("\n", 1)[1]  # less the `$ argv` line
-        return subprocess.CompletedProcess(list(argv), result.returncode, stdout, err.read_text(errors="replace"))
+        return subprocess.CompletedProcess(
+            list(argv), result.returncode, stdout, err.read_text(errors="replace")
+        )

@@ -64,4 +64,6 @@ def test_a_checkpoint_whose_config_is_not_an_object_is_exit_2(tmp_path, capsys, 
     code = main(["run", CASE, "--platform", "cpu", "--checkpoint", str(ck), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert code == ExitCode.USAGE, err
-    assert err.startswith("error: [checkpoint.verify] ") and "config.json" in err and "Traceback" not in err, err
+    assert (
+        err.startswith("error: [checkpoint.verify] ") and "config.json" in err and "Traceback" not in err
+    ), err

@@ -83,7 +83,9 @@ def test_a_bad_summary_is_one_line(tmp_path, capsys, text):
 
 
 def test_a_summary_without_a_device_takes_the_platforms(tmp_path, capsys):
-    run = repeat_run(tmp_path / "r", [1e-6, 2e-6], summary={k: v for k, v in SUMMARY.items() if k != "device"})
+    run = repeat_run(
+        tmp_path / "r", [1e-6, 2e-6], summary={k: v for k, v in SUMMARY.items() if k != "device"}
+    )
     target = tmp_path / "out.json"
     assert main(["calibrate", str(run), "--write", str(target)]) == ExitCode.OK, capsys.readouterr().err
     (entry,) = json.loads(target.read_text())["entries"]

@@ -93,13 +93,19 @@ def test_a_fifo_or_device_as_prompt_data_is_the_wrong_kind_not_missing(tmp_path,
 @pytest.mark.parametrize("name, rule", [("afile", "path.kind"), ("nowhere", "path.missing")])
 def test_check_miles_on_a_file_or_a_missing_folder(tmp_path, capsys, name, rule):
     (tmp_path / "afile").write_text("")
-    refused(capsys, ["plan", CASE, "--platform", "nvidia", "--num-gpus", "8", "--check-miles", tmp_path / name], rule)
+    refused(
+        capsys,
+        ["plan", CASE, "--platform", "nvidia", "--num-gpus", "8", "--check-miles", tmp_path / name],
+        rule,
+    )
 
 
 def test_plan_diff_names_the_targets_it_also_takes(capsys):
     from rlsmoke.topology import TARGETS
 
-    err = refused(capsys, ["plan", CASE, "--platform", "nvidia", "--num-gpus", "8", "--diff", "miles-9.9"], "plan.diff")
+    err = refused(
+        capsys, ["plan", CASE, "--platform", "nvidia", "--num-gpus", "8", "--diff", "miles-9.9"], "plan.diff"
+    )
     assert all(t in err for t in TARGETS), err
 
 
@@ -124,19 +130,25 @@ def _history(path: Path, metrics: str = "{}") -> Path:
 
 def test_report_on_a_file_that_is_not_sqlite(tmp_path, capsys):
     (tmp_path / "notdb.txt").write_text("text\n")
-    refused(capsys, ["report", "--history", tmp_path / "notdb.txt", "--out", tmp_path / "rep"], "history.format")
+    refused(
+        capsys, ["report", "--history", tmp_path / "notdb.txt", "--out", tmp_path / "rep"], "history.format"
+    )
 
 
 def test_report_on_an_empty_file_leaves_it_empty(tmp_path, capsys):
     (tmp_path / "empty.db").write_text("")
-    refused(capsys, ["report", "--history", tmp_path / "empty.db", "--out", tmp_path / "rep"], "history.schema")
+    refused(
+        capsys, ["report", "--history", tmp_path / "empty.db", "--out", tmp_path / "rep"], "history.schema"
+    )
     assert (tmp_path / "empty.db").read_bytes() == b""
 
 
 def test_report_on_another_schema(tmp_path, capsys):
     with sqlite3.connect(tmp_path / "future.db") as conn:
         conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, series TEXT, values_json TEXT)")
-    err = refused(capsys, ["report", "--history", tmp_path / "future.db", "--out", tmp_path / "rep"], "history.schema")
+    err = refused(
+        capsys, ["report", "--history", tmp_path / "future.db", "--out", tmp_path / "rep"], "history.schema"
+    )
     assert "platform" in err
 
 
@@ -169,7 +181,9 @@ def test_a_crash_in_any_command_is_exit_3_with_its_traceback_in_a_log(tmp_path, 
     (tmp_path / "r").mkdir()
     assert main(["calibrate", str(tmp_path / "r")]) == ExitCode.RUN_FAILED
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("error: [calibrate.crashed] ZeroDivisionError: planted"), err
+    assert len(err.splitlines()) == 1 and err.startswith(
+        "error: [calibrate.crashed] ZeroDivisionError: planted"
+    ), err
     log = Path(re.search(r"Traceback in (\S+)$", err).group(1))
     assert log.parent == tmp_path and "Traceback" in log.read_text() and "planted" in log.read_text()
 
@@ -192,11 +206,13 @@ def test_an_os_error_on_a_users_path_deep_in_a_command_is_exit_2(tmp_path, capsy
 def test_a_key_twice_inside_a_gate_is_refused(tmp_path, capsys, monkeypatch):
     folder = tmp_path / "thresholds"
     folder.mkdir()
-    gate = ('{"name": "kl", "metric": "train/train_rollout_kl", "op": "<=", "bound": 1e9, "bound": 5.3e-06}')
+    gate = '{"name": "kl", "metric": "train/train_rollout_kl", "op": "<=", "bound": 1e9, "bound": 5.3e-06}'
     (folder / "cluster.json").write_text(f'{{"schema_version": 1, "entries": [{{"key": {{"case": "{CASE}"}}, '
                                          f'"gates": [{gate}]}}]}}')  # fmt: skip
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(folder))
-    err = refused(capsys, ["run", CASE, "--platform", "cpu", "--out", tmp_path / "o"], "thresholds.duplicate_key")
+    err = refused(
+        capsys, ["run", CASE, "--platform", "cpu", "--out", tmp_path / "o"], "thresholds.duplicate_key"
+    )
     assert "'bound' twice" in err and "cluster.json" in err
 
 
@@ -212,5 +228,7 @@ def test_a_deleted_working_folder_with_an_absolute_out_in_a_fresh_process(tmp_pa
     proc = subprocess.run([sys.executable, "-c", script, "run", CASE, "--platform", "cpu", "--out", str(out)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == ExitCode.USAGE, proc.stderr[-2000:]
-    assert proc.stderr.startswith("error: [path.cwd_gone] ") and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("error: [path.cwd_gone] ") and len(proc.stderr.splitlines()) == 1, (
+        proc.stderr
+    )
     assert not out.exists()

@@ -26,7 +26,9 @@ def refused_untouched(capsys, out, *, named: str) -> None:
     before = snapshot(Path(out))
     code, err = prepare(capsys, out)
     assert code == ExitCode.USAGE, err
-    assert err.startswith("error: [checkpoint.not_ours]") and "Fix: " in err and len(err.splitlines()) == 1, err
+    assert err.startswith("error: [checkpoint.not_ours]") and "Fix: " in err and len(err.splitlines()) == 1, (
+        err
+    )
     assert named in err, err
     assert snapshot(Path(out)) == before
 

@@ -34,7 +34,11 @@ def write_new_records(folder: RunFolder) -> None:
 @pytest.fixture
 def elsewhere(tmp_path):
     """A folder on another file system than tmp_path when the host has one (a tmpfs), else a sibling."""
-    other = SHM if SHM.is_dir() and os.stat(SHM).st_dev != os.stat(tmp_path).st_dev and os.access(SHM, os.W_OK) else None
+    other = (
+        SHM
+        if SHM.is_dir() and os.stat(SHM).st_dev != os.stat(tmp_path).st_dev and os.access(SHM, os.W_OK)
+        else None
+    )
     with tempfile.TemporaryDirectory(dir=other) as folder:
         yield Path(folder)
 

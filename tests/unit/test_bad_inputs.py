@@ -14,8 +14,10 @@ from rlsmoke.errors import ExitCode
 CASE = "glm5-744b-a40b-4layer"
 # `rlsmoke run` in a fresh interpreter that says, on stdout, which heavy modules it had imported
 # when it returned: a refusal before loading imports none of them.
-CLI = ("import sys; from rlsmoke.cli import main; rc = main(sys.argv[1:]); "
-       "print('loaded:', sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)); sys.exit(rc)")
+CLI = (
+    "import sys; from rlsmoke.cli import main; rc = main(sys.argv[1:]); "
+    "print('loaded:', sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)); sys.exit(rc)"
+)
 
 
 def refused(tmp_path, *argv: str, env: dict | None = None) -> str:
@@ -106,7 +108,9 @@ def test_a_crash_is_exit_3_with_its_cause_never_exit_1(tmp_path, monkeypatch, ca
     assert len(err.splitlines()) == 1 and err.startswith("error: [run.crashed]"), err
     assert "ZeroDivisionError: float division by zero" in err and str(out / "run.log") in err, err
     log = (out / "run.log").read_text()
-    assert "Traceback" in log and log.rstrip().splitlines()[-1].endswith("ZeroDivisionError: float division by zero")
+    assert "Traceback" in log and log.rstrip().splitlines()[-1].endswith(
+        "ZeroDivisionError: float division by zero"
+    )
 
 
 # --- 1. every input has a range, checked before torch loads ----------------------------------------
@@ -114,7 +118,9 @@ def test_a_crash_is_exit_3_with_its_cause_never_exit_1(tmp_path, monkeypatch, ca
 
 def long_prompt_file(tmp_path, words: int):
     data = tmp_path / "long.jsonl"
-    rows = [{"prompt": "What is 7 + 5?", "label": "12"}] * 3 + [{"prompt": "add " * words + "1 + 1?", "label": "2"}]
+    rows = [{"prompt": "What is 7 + 5?", "label": "12"}] * 3 + [
+        {"prompt": "add " * words + "1 + 1?", "label": "2"}
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return data
 
@@ -238,7 +244,9 @@ def test_the_device_memory_check_budgets_the_prompt_files_longest_prompt():
     two = RunConfig(case=CASE, tiny=False, platform="nvidia", device="cuda", device_class="H200", num_gpus=2,
                     n_prompts=2, rollout_dtype="bfloat16")  # fmt: skip
     short = residency.check_run_fits(two, model_spec(CASE), prompt_tokens=10)
-    assert short.phases == residency.check_run_fits(two, model_spec(CASE)).phases  # the estimate's 64-token budget
+    assert (
+        short.phases == residency.check_run_fits(two, model_spec(CASE)).phases
+    )  # the estimate's 64-token budget
     long = residency.check_run_fits(two, model_spec(CASE), prompt_tokens=1000)
     assert long.phases["rollout"] > short.phases["rollout"] and long.phases["train"] >= short.phases["train"]
 
@@ -258,4 +266,6 @@ def test_the_context_check_counts_a_prompt_as_the_engine_encodes_it(tmp_path):
     for number, row in enumerate(rows, 1):
         one = tmp_path / f"line{number}.jsonl"
         one.write_text(json.dumps(row) + "\n")
-        assert longest_prompt(one).tokens == len(encode(tokenizer, Prompt(row["prompt"], "")).ids), row["prompt"]
+        assert longest_prompt(one).tokens == len(encode(tokenizer, Prompt(row["prompt"], "")).ids), row[
+            "prompt"
+        ]

@@ -61,9 +61,14 @@ def test_a_clusters_calibration_wins_over_the_shipped_entry(tmp_path, monkeypatc
     ours = tmp_path / "ours" / "cluster.json"
     assert main(["calibrate", str(run), "--write", str(ours)]) == ExitCode.OK
     out = capsys.readouterr().out
-    assert "| logprob_abs_diff | `train/train_rollout_logprob_abs_diff` | 3e-06 | 3e-06 | 3e-06 | <= 6e-06 |" in out
-    assert ("Not gated: logprob_abs_diff_max, train_rollout_kl, logprob_slope, grad_norm, weight_sync, reward_min, "
-            "reward_max") in out
+    assert (
+        "| logprob_abs_diff | `train/train_rollout_logprob_abs_diff` | 3e-06 | 3e-06 | 3e-06 | <= 6e-06 |"
+        in out
+    )
+    assert (
+        "Not gated: logprob_abs_diff_max, train_rollout_kl, logprob_slope, grad_norm, weight_sync, reward_min, "
+        "reward_max"
+    ) in out
     shipped = thresholds.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(ours.parent))
     gates = thresholds.lookup_gates(RunKey("glm5-744b-a40b-4layer"))
@@ -90,7 +95,9 @@ def test_miles_runs_calibrate_from_their_logs(tmp_path):
     assert bounds["logprob_mean_diff"] == ("abs<", 0.04)  # 2 x 0.02, in place of upstream's 0.03
     assert bounds["logprob_abs_diff"] == ("<=", 0.1)
     assert bounds["pg_clipfrac_step0"] == ("abs<", 1e-10)  # GLM-4.5's two-sided check_kl, kept
-    assert entry["provenance"]["command"] == "3 suite runs of glm4.5-355b-a32b-4layer on rocm (--launcher miles)"
+    assert (
+        entry["provenance"]["command"] == "3 suite runs of glm4.5-355b-a32b-4layer on rocm (--launcher miles)"
+    )
 
 
 @pytest.mark.parametrize(("argv", "rule"), [

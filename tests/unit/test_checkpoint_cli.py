@@ -90,7 +90,9 @@ def test_prepare_says_what_it_will_write_before_it_starts(tmp_path, capsys):
     out = tmp_path / "ck"
     assert run("prepare", "glm5-744b-a40b-4layer", "--tiny", "--out", str(out), "--no-progress")[0] == 0
     first = capsys.readouterr().err.splitlines()[0]
-    m = re.match(r"prepare: glm5-744b-a40b-4layer at the tiny width, bf16: writes ([\d.]+) (MB|GB) to ", first)
+    m = re.match(
+        r"prepare: glm5-744b-a40b-4layer at the tiny width, bf16: writes ([\d.]+) (MB|GB) to ", first
+    )
     assert m, first
     said = float(m.group(1)) * (1e6 if m.group(2) == "MB" else 1e9)
     assert abs(said - _folder_bytes(out)) / _folder_bytes(out) < 0.05, (said, _folder_bytes(out))

@@ -49,12 +49,18 @@ def refused_run(case: str, ckpt: Path, out: Path) -> str:
 @pytest.mark.parametrize("case, other", [(GLM5, GLM45), (GLM45, GLM5)])
 def test_the_checkpoint_is_this_cases_and_is_intact_another_models_is_refused(tmp_path, case, other):
     err = refused_run(case, copy_of(other, tmp_path / "ckpt"), tmp_path / "out")
-    assert err.startswith("error: [checkpoint.identity]") and "model_type=" in err and f"rlsmoke prepare {case}" in err
+    assert (
+        err.startswith("error: [checkpoint.identity]")
+        and "model_type=" in err
+        and f"rlsmoke prepare {case}" in err
+    )
 
 
 def test_the_checkpoint_is_this_cases_and_is_intact_a_flipped_byte_is_refused(tmp_path):
     ckpt = copy_of(GLM5, tmp_path / "ckpt")
-    check_checkpoint(ckpt, model_spec(GLM5, tiny=True))  # hashed once and stamped: the next use reads the stamp
+    check_checkpoint(
+        ckpt, model_spec(GLM5, tiny=True)
+    )  # hashed once and stamped: the next use reads the stamp
     shard = flip_a_byte(ckpt)
     err = refused_run(GLM5, ckpt, tmp_path / "out")
     assert err.startswith("error: [checkpoint.verify]") and shard.name in err and "sha256 differs" in err, err
@@ -117,4 +123,7 @@ def test_the_identity_check_names_the_width_when_only_it_differs(tmp_path):
     with pytest.raises(CheckpointError) as refused:
         check_identity(ckpt, full)
     line = refused.value.one_line()
-    assert line.startswith("[checkpoint.identity]") and "Fix: this is the case's tiny width: run with --tiny" in line
+    assert (
+        line.startswith("[checkpoint.identity]")
+        and "Fix: this is the case's tiny width: run with --tiny" in line
+    )

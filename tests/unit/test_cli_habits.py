@@ -40,7 +40,7 @@ def test_version(rlsmoke_cli):
 def test_run_help_states_every_default(rlsmoke_cli):
     text = _flat(rlsmoke_cli("run", "--help").stdout)
     assert re.search(r"--platform PLATFORM nvidia \| rocm \| cpu \(default: detected", text), text
-    assert "colocate on NVIDIA and CPU, async on ROCm" in text
+    assert "colocate on nvidia and cpu, async on rocm" in text
     for flag, default in (("--seed SEED", "0"), ("--rollout-temperature ROLLOUT_TEMPERATURE", "1.0"),
                           ("--n-samples N_SAMPLES", "on GPUs: seed 004's 8; on CPU: 4")):  # fmt: skip
         assert re.search(re.escape(flag) + r" [^-]*\(default " + re.escape(default) + r"\)", text), flag
@@ -60,7 +60,9 @@ def test_run_detects_the_platform(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", GLM5, "--num-gpus", "16", "--out", str(tmp_path / "o")],
                          env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""},
                          capture_output=True, text=True, timeout=120)  # a fresh process: it detects its host once  # fmt: skip
-    assert out.returncode == 2 and "platform=nvidia, but this host has 8 NVIDIA H200" in out.stderr, out.stderr
+    assert out.returncode == 2 and "platform=nvidia, but this host has 8 NVIDIA H200" in out.stderr, (
+        out.stderr
+    )
 
 
 def test_cases_describe_each_case(rlsmoke_cli):
@@ -103,7 +105,11 @@ def test_fixes_name_flags_not_python_arguments(rlsmoke_cli, tmp_path):
 
 @pytest.mark.parametrize("num_gpus, head", [("8", None), ("16", "10.1.2.3")])
 def test_plan_no_proxy_names_each_address_once(rlsmoke_cli, num_gpus, head):
-    out = rlsmoke_cli("plan", GLM5, "--platform", "nvidia", "--num-gpus", num_gpus, *(["--head-addr", head] if head else []))
+    out = rlsmoke_cli(
+        "plan", GLM5, "--platform", "nvidia", "--num-gpus", num_gpus, *(["--head-addr", head] if head else [])
+    )
     no_proxy = next(line for line in out.stdout.splitlines() if line.startswith("export no_proxy="))
     hosts = no_proxy.split("=", 1)[1].split(",")
-    assert len(hosts) == len(set(hosts)) and hosts[0] == "127.0.0.1" and (head is None or head in hosts), no_proxy
+    assert len(hosts) == len(set(hosts)) and hosts[0] == "127.0.0.1" and (head is None or head in hosts), (
+        no_proxy
+    )

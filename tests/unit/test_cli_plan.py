@@ -88,7 +88,9 @@ def test_tp_must_divide_or_be_a_multiple_of_the_query_groups_under_gqa():
 
 
 def test_diff_generates_seed_004_table():
-    out = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--diff", "rocm", "--target", "miles-0.0.2")
+    out = rlsmoke(
+        "plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--diff", "rocm", "--target", "miles-0.0.2"
+    )
     assert out.returncode == 0
     rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines()[2:]}
     assert "train.py" in rows["script"] and "train_async.py" in rows["script"]
@@ -108,8 +110,14 @@ def test_the_default_plan_is_miles_mains():
 
 def test_diff_between_targets_is_what_miles_main_changed():
     out = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--diff", "miles-0.0.2")
-    assert out.returncode == 0 and out.stdout.splitlines()[0].split("|")[2:] == [" miles-2026-08-21 ", " miles-0.0.2"]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:]] for line in out.stdout.splitlines()[2:]}
+    assert out.returncode == 0 and out.stdout.splitlines()[0].split("|")[2:] == [
+        " miles-2026-08-21 ",
+        " miles-0.0.2",
+    ]
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:]]
+        for line in out.stdout.splitlines()[2:]
+    }
     assert rows == {"--context-parallel-size": ["1", "2"], "--sglang-kv-cache-dtype": ["bf16", "—"],
                     "--rematerialize-param-from-master-weight": ["(set)", "—"],
                     "--disable-weights-backuper": ["—", "(set)"]}  # fmt: skip
@@ -172,9 +180,14 @@ def test_plan_prints_every_step_of_the_flow():
     """prepare, convert to torch_dist (unless released), Ray's head, the job: as a script and as JSON steps."""
     text = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8").stdout
     assert "torchrun --nproc-per-node 4 /root/miles/tools/convert_hf_to_torch_dist.py" in text
-    assert f'[ "$(cat /root/models/{GLM5}_torch_dist/latest_checkpointed_iteration.txt 2>/dev/null)" = release ] ||' in text
+    assert (
+        f'[ "$(cat /root/models/{GLM5}_torch_dist/latest_checkpointed_iteration.txt 2>/dev/null)" = release ] ||'
+        in text
+    )
     assert "ray start --head" in text and "export MILES_CI_GATE_RECORD_DIR=" in text
-    plan = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "2", "--format", "json").stdout)
+    plan = json.loads(
+        rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "2", "--format", "json").stdout
+    )
     steps = {s["name"]: s for s in plan["steps"]}
     assert list(steps) == ["prepare", "convert", "ray-head", "submit"]
     convert = steps["convert"]["command"]
@@ -182,18 +195,25 @@ def test_plan_prints_every_step_of_the_flow():
     assert convert[convert.index("--save") + 1] == plan["argv"][plan["argv"].index("--ref-load") + 1]
     assert convert[convert.index("--hf-checkpoint") + 1] == steps["prepare"]["command"][4]
     submit = steps["submit"]["command"]
-    assert submit[submit.index("--") + 1:] == plan["argv"]
-    assert "MILES_CI_GATE_RECORD_DIR" in json.loads(submit[submit.index("--runtime-env-json") + 1])["env_vars"]
+    assert submit[submit.index("--") + 1 :] == plan["argv"]
+    assert (
+        "MILES_CI_GATE_RECORD_DIR" in json.loads(submit[submit.index("--runtime-env-json") + 1])["env_vars"]
+    )
 
 
 def test_plan_reward_target_by_default_deepscaler_on_request():
-    target = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json").stdout)
+    target = json.loads(
+        rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json").stdout
+    )
     argv = target["argv"]
     assert argv[argv.index("--custom-rm-path") + 1] == "rlsmoke_reward.target" and "--rm-type" not in argv
     assert target["env"]["PYTHONPATH"].endswith("/rlsmoke/engine/miles_reward")
     deep = json.loads(rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--format", "json",
                               "--reward", "deepscaler").stdout)  # fmt: skip
-    assert deep["argv"][deep["argv"].index("--rm-type") + 1] == "deepscaler" and "--custom-rm-path" not in deep["argv"]
+    assert (
+        deep["argv"][deep["argv"].index("--rm-type") + 1] == "deepscaler"
+        and "--custom-rm-path" not in deep["argv"]
+    )
     bad = rlsmoke("plan", GLM5, "--platform", "nvidia", "--num-gpus", "8", "--reward", "none")
     assert bad.returncode == 2 and bad.stderr.startswith("error: [usage]")
 

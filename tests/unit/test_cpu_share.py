@@ -38,7 +38,9 @@ def test_each_xdist_worker_gets_its_share_of_the_cores(pytester, no_thread_vars,
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     pytester.makepyfile(test_threads=THREADS_TEST)
     gpu_platform = HOST.platform if HOST.platform != "cpu" else "nvidia"
-    result = pytester.runpytest_subprocess("-n", str(workers), "-rP", "--platform", gpu_platform, "--num-gpus", "0")
+    result = pytester.runpytest_subprocess(
+        "-n", str(workers), "-rP", "--platform", gpu_platform, "--num-gpus", "0"
+    )
     result.assert_outcomes(passed=1)
     share = max(1, CORES // workers)
     result.stdout.fnmatch_lines([f"*THREADS {share} {share} {share}*"])

@@ -11,7 +11,9 @@ from rlsmoke.engine import fla_configs
 def shipped_for(tmp_path, gpu="NVIDIA_H200", fla="0.6.0"):
     folder = tmp_path / gpu
     folder.mkdir(parents=True)
-    (folder / fla_configs.PROVENANCE).write_text(json.dumps({"gpu": "NVIDIA H200", "fla": fla, "date": "2026-12-04"}))
+    (folder / fla_configs.PROVENANCE).write_text(
+        json.dumps({"gpu": "NVIDIA H200", "fla": fla, "date": "2026-12-04"})
+    )
     return tmp_path
 
 
@@ -48,7 +50,9 @@ def test_no_shipped_configs_means_autotune_and_no_fla_settings(monkeypatch):
 
 
 def test_every_shipped_folder_names_its_provenance():
-    for folder in (p for p in fla_configs.SHIPPED.iterdir() if p.is_dir()) if fla_configs.SHIPPED.is_dir() else ():
+    for folder in (
+        (p for p in fla_configs.SHIPPED.iterdir() if p.is_dir()) if fla_configs.SHIPPED.is_dir() else ()
+    ):
         recorded = json.loads((folder / fla_configs.PROVENANCE).read_text())
         assert {"gpu", "fla", "command", "date", "kernels"} <= set(recorded), folder
         assert recorded["kernels"] and all((folder / f"{k}.json").is_file() for k in recorded["kernels"])

@@ -19,7 +19,9 @@ def test_the_path_each_device_and_model_gets(monkeypatch):
     assert kda.choose("cuda:0", "glm5.3-flash") == "reference"
 
 
-@pytest.mark.parametrize(("asked", "fla", "device"), [("triton", True, "cuda"), ("fla", False, "cuda"), ("fla", True, "cpu")])
+@pytest.mark.parametrize(
+    ("asked", "fla", "device"), [("triton", True, "cuda"), ("fla", False, "cuda"), ("fla", True, "cpu")]
+)
 def test_a_kda_path_that_cannot_run_is_refused(monkeypatch, asked, fla, device):
     monkeypatch.setenv("RLSMOKE_KDA", asked)
     monkeypatch.setattr(kda, "fla_available", lambda: fla)

@@ -24,7 +24,10 @@ def test_a_derived_copy_is_the_checkpoint_loaded_in_its_dtype(case):
     spec, ckpt = model_spec(case, tiny=True), checkpoint_dir(case, tiny=True)
     master = load_policy(ckpt, spec, "float32", "cpu")
     for dtype in ("bfloat16", "float32"):
-        loaded, derived = _tensors(load_policy(ckpt, spec, dtype, "cpu")), _tensors(derive_policy(master, spec, dtype))
+        loaded, derived = (
+            _tensors(load_policy(ckpt, spec, dtype, "cpu")),
+            _tensors(derive_policy(master, spec, dtype)),
+        )
         assert loaded.keys() == derived.keys()
         for name, t in loaded.items():
             assert derived[name].dtype == t.dtype, (dtype, name)
@@ -38,5 +41,8 @@ def test_a_copy_cast_from_drifted_weights_is_seen():
     master = load_policy(ckpt, spec, "float32", "cpu")
     with torch.no_grad():
         next(master.parameters()).mul_(1.5)
-    loaded, derived = _tensors(load_policy(ckpt, spec, "bfloat16", "cpu")), _tensors(derive_policy(master, spec, "bfloat16"))
+    loaded, derived = (
+        _tensors(load_policy(ckpt, spec, "bfloat16", "cpu")),
+        _tensors(derive_policy(master, spec, "bfloat16")),
+    )
     assert any(not torch.equal(_bits(derived[n]), _bits(t)) for n, t in loaded.items())

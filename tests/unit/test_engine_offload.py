@@ -71,14 +71,26 @@ def test_phases_move_the_state_and_the_step_is_unchanged(world):
     step, seen = phase_walk(cfg)
     plain_step, plain = without.reply(300)
     for rank in seen["rollout 1"]:
-        assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == ("host", "host", "device")
+        assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == (
+            "host",
+            "host",
+            "device",
+        )
         assert rank["offload"] and rank["optimizer_pinned"] == [False]  # CPU: no pinned pages without CUDA
         if world > 1:
             assert rank["optimizer_parked_shards"] > 0  # the moments' local shards, outside their DTensors
     for rank in seen["score"]:  # scoring needs the master weights, not the moments
-        assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == ("device", "host", "host")
+        assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == (
+            "device",
+            "host",
+            "host",
+        )
     for rank in seen["second step"]:
-        assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == ("device", "device", "host")
+        assert (rank["train_params"], rank["optimizer_state"], rank["rollout_copy"]) == (
+            "device",
+            "device",
+            "host",
+        )
         assert rank["optimizer_parked_shards"] == 0
     sync, after_sync = seen["sync"]
     assert sync["sync/mismatched_params"] == 0
@@ -101,7 +113,8 @@ def test_without_offload_train_only_the_rollout_copy_takes_turns_and_the_step_is
     plain_step, _ = phase_walk(cfg.replace(offload=False))
     for phase in ("rollout 0", "rollout 1"):
         assert [(r["train_params"], r["optimizer_state"], r["rollout_copy"]) for r in seen[phase]] == [
-            ("device", "device", "device")]
+            ("device", "device", "device")
+        ]
     assert [(r["train_params"], r["rollout_copy"]) for r in seen["score"]] == [("device", "host")]
     assert [r["rollout_copy"] for r in seen["sync"][1]] == ["device"]
     assert [(r["offload"], r["offload_train"]) for r in seen["rollout 1"]] == [(True, False)]
@@ -206,7 +219,9 @@ def test_the_pin_budget_counts_what_parks_and_not_the_compute_copy():
         park = workers.phases.copies.park_bytes
         assert park == _bytes(workers.rollout.model) + 3 * _bytes(trainer.master)
         no_train = open_workers(cfg.replace(offload_train=False), ckpt, tok.eos_token_id, tok.eos_token_id)
-        assert no_train.phases.copies.park_bytes == _bytes(no_train.rollout.model)  # only the copy takes turns
+        assert no_train.phases.copies.park_bytes == _bytes(
+            no_train.rollout.model
+        )  # only the copy takes turns
         no_train.close()
     finally:
         workers.close()
@@ -253,8 +268,11 @@ def test_each_report_of_the_meter_holds_its_own_window(monkeypatch, own_window):
         allocated["peak"] = max(allocated["peak"], allocated["now"])
 
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda _device=None: allocated["peak"])
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda _device=None: allocated.update(peak=allocated["now"]))
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda _device=None: allocated.update(peak=allocated["now"])
+    )
     if not own_window:
+
         def cumulative(self):
             self.close()
             return {k: round(v / 2**30, 2) for k, v in self.peaks.items()}

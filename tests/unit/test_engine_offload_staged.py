@@ -39,7 +39,9 @@ def test_a_staged_round_trip_is_bit_identical(monkeypatch, device, dtype, shape)
     copies = _staged(device)
     t = _tensor(shape, dtype, device)
     host = copies.to_host(t)
-    assert host.device.type == "cpu" and not host.is_pinned() and host.shape == t.shape and host.dtype == t.dtype
+    assert (
+        host.device.type == "cpu" and not host.is_pinned() and host.shape == t.shape and host.dtype == t.dtype
+    )
     back = copies.to_device(host)
     assert back.device == t.device
     assert torch.equal(offload._byte_view(back), offload._byte_view(t))
@@ -71,7 +73,13 @@ def test_a_cuda_park_pins_only_what_is_cheaper_to_pin_than_to_stage(monkeypatch)
     touches a device: the rule is decided from the sizes."""
     monkeypatch.setattr(offload, "host_memory_bytes", lambda: 128 << 30)
     small, large = offload.PIN_MAX_BYTES, offload.PIN_MAX_BYTES + 1
-    assert (HostCopies("cuda", park_bytes=small).pin, HostCopies("cuda", park_bytes=small).staged) == (True, False)
-    assert (HostCopies("cuda", park_bytes=large).pin, HostCopies("cuda", park_bytes=large).staged) == (False, True)
+    assert (HostCopies("cuda", park_bytes=small).pin, HostCopies("cuda", park_bytes=small).staged) == (
+        True,
+        False,
+    )
+    assert (HostCopies("cuda", park_bytes=large).pin, HostCopies("cuda", park_bytes=large).staged) == (
+        False,
+        True,
+    )
     assert not HostCopies("cuda", park_bytes=small, ranks_on_host=9).pin  # 2 x 9 x 4 GiB > half of 128 GiB
     assert not HostCopies("cpu", park_bytes=small).pin and not HostCopies("cpu", park_bytes=small).staged

@@ -28,7 +28,9 @@ def test_arrivals_count_in_the_phase_that_uses_them():
     )
     from rlsmoke.engine.placement import open_workers
 
-    cfg = RunConfig(case=CASE, tiny=True, num_gpus=1, n_prompts=2, n_samples=2, max_response_len=4, offload=True)
+    cfg = RunConfig(
+        case=CASE, tiny=True, num_gpus=1, n_prompts=2, n_samples=2, max_response_len=4, offload=True
+    )
     ckpt = checkpoint_dir(CASE, tiny=True)
     tok = load_tokenizer(ckpt)
     prompts = [encode(tok, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, 0)]

@@ -25,7 +25,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(_bits(a[k].cpu()), _bits(b[k].cpu()))
+        a[k].dtype == b[k].dtype
+        and a[k].shape == b[k].shape
+        and torch.equal(_bits(a[k].cpu()), _bits(b[k].cpu()))
         for k in a
     )
 
@@ -104,4 +106,8 @@ def test_a_damaged_file_is_refused_by_name_before_it_is_read(tmp_path, damage):
     if damage == "truncated":
         with pytest.raises(CheckpointError) as err:
             read.read_file(shard, torch.device("cpu"), staged=True)
-        assert err.value.rule == "checkpoint.load" and str(shard) in str(err.value) and "rlsmoke verify" in err.value.fix
+        assert (
+            err.value.rule == "checkpoint.load"
+            and str(shard) in str(err.value)
+            and "rlsmoke verify" in err.value.fix
+        )

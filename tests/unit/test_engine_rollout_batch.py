@@ -91,7 +91,9 @@ def test_flash_s_kda_layers_carry_left_padding():
     prompts = [encode(tok, p).ids for p in read_prompts(FIXTURES / "data" / "math.jsonl", 3, 0)]
     eos = tok.eos_token_id
     alone = _engine(model, eos, "group").generate(prompts, N, SEED, indices=[2])[0]
-    batched = RolloutEngine(model, temperature=0.9, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch="rank")
+    batched = RolloutEngine(
+        model, temperature=0.9, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch="rank"
+    )
     groups = batched.generate(prompts, N, SEED, indices=[0, 1, 2])
     assert torch.equal(groups[2].tokens, alone.tokens)
     for g in groups:

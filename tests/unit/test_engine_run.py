@@ -29,7 +29,9 @@ EVERY_METRIC = [
 ]  # fmt: skip
 # A `ray` first on the main job's search path: it notes that it was imported, then fails as a missing
 # Ray would. The single-process mode must run where Ray is not installed.
-NO_RAY = "import pathlib\npathlib.Path(__file__).with_name('imported').touch()\nraise ImportError('no ray here')\n"
+NO_RAY = (
+    "import pathlib\npathlib.Path(__file__).with_name('imported').touch()\nraise ImportError('no ray here')\n"
+)
 
 
 def _gated(out: Path) -> tuple[dict, object]:
@@ -43,7 +45,9 @@ def _without_ray(out: Path, shadow: Path, *flags: str) -> tuple[object, bool]:
     on its path: (the process, whether it imported Ray)."""
     (shadow / "ray").mkdir()
     (shadow / "ray" / "__init__.py").write_text(NO_RAY)
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))}
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))
+    }
     proc = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out),
                            *flags], env=env, timeout=300, capture_output=True, text=True)  # fmt: skip
     return proc, (shadow / "ray" / "imported").exists()
@@ -104,7 +108,9 @@ def test_run_log_parses_like_a_miles_log_into_the_same_record(main_job):
     assert load_record(out / "run.log").entries == load_record(out).entries
 
 
-@pytest.mark.parametrize("case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True))], indirect=True, ids=[CASE])
+@pytest.mark.parametrize(
+    "case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True))], indirect=True, ids=[CASE]
+)
 def test_same_seed_gives_identical_metrics(main_job, case_record):
     """The same seed in this process (`launch.here`, as the suite runs it) as in a fresh interpreter."""
     _, out, _ = main_job
@@ -149,7 +155,9 @@ FAMILIES = ["glm4.5-355b-a32b-4layer", "glm5.3-flash-4layer"]
                          indirect=True, ids=FAMILIES)  # fmt: skip
 def test_other_families_run_and_pass_cheaply(case_record):
     out = Path(case_record.artifacts)
-    assert "verdict" not in json.loads((out / "summary.json").read_text())  # the engine records; its caller gates
+    assert "verdict" not in json.loads(
+        (out / "summary.json").read_text()
+    )  # the engine records; its caller gates
     assert gate_run(out)[0].passed
 
 

@@ -11,7 +11,10 @@ from rlsmoke.cases import Case
 from rlsmoke.launch.miles import Paths
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
-GOLDEN_TARGETS = ("miles-2026-08-21", "miles-0.0.2")  # the targets with a recorded flag table (test_miles_flags)
+GOLDEN_TARGETS = (
+    "miles-2026-08-21",
+    "miles-0.0.2",
+)  # the targets with a recorded flag table (test_miles_flags)
 RENDERS = [("glm5-744b-a40b-4layer", platform, n) for platform in ("nvidia", "rocm") for n in (2, 4, 8)] + [
     ("glm5.3-flash", "nvidia", 32),
     ("glm4.5-355b-a32b", "nvidia", 64),

@@ -74,9 +74,13 @@ def test_the_gates_give_each_gpu_run_its_verdict_on_every_seed(path, tmp_path):
     verdicts = _verdicts(golden, tmp_path / "run")
     assert len(verdicts) == expect["seeds"], verdicts
     if expect["verdict"] == "PASS":
-        assert [failed for _, failed in verdicts if failed] == [], f"{path.name}: a clean H200 run fails its gates"
+        assert [failed for _, failed in verdicts if failed] == [], (
+            f"{path.name}: a clean H200 run fails its gates"
+        )
     else:
-        missed = [(seed, failed) for seed, (_, failed) in enumerate(verdicts) if expect["fails"] not in failed]
+        missed = [
+            (seed, failed) for seed, (_, failed) in enumerate(verdicts) if expect["fails"] not in failed
+        ]
         assert missed == [], f"{path.name}: seeds whose {expect['fails']} gate no longer catches the fault"
 
 
@@ -94,7 +98,9 @@ def test_the_memory_estimate_meets_each_measured_peak(path):
     measured = golden["memory"]["measured_peak_gib"]
     error = (estimate - measured) / measured
     low, high = ESTIMATE_RULE
-    assert low <= error <= high, f"{path.stem}: estimate {estimate:.2f} GiB against {measured:.2f} measured ({error:+.1%})"
+    assert low <= error <= high, (
+        f"{path.stem}: estimate {estimate:.2f} GiB against {measured:.2f} measured ({error:+.1%})"
+    )
 
 
 def test_a_twin_and_its_clean_run_share_a_key():

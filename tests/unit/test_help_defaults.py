@@ -35,7 +35,11 @@ def wrong_defaults(parser: argparse.ArgumentParser) -> list[str]:
         if not flag or not said:
             continue
         code = RESOLVED.get(flag, action.default)
-        if code is None or isinstance(code, bool) or said.group(1) in ("on", "off", "detected", "the", "a", "seed"):
+        if (
+            code is None
+            or isinstance(code, bool)
+            or said.group(1) in ("on", "off", "detected", "the", "a", "seed")
+        ):
             continue  # a rule in words, not a value (the offload, the platform)
         if said.group(1) != str(code):
             wrong.append(f"{flag}: help says {said.group(1)}, the code uses {code}")

@@ -12,8 +12,13 @@ from rlsmoke.runkey import RunKey
 
 NV = {"case": "glm5-744b-a40b-4layer", "platform": "nvidia", "device": "H200", "launcher": "miles"}
 AMD = {**NV, "platform": "rocm", "device": "MI355X"}
-GOOD = {"train/grad_norm": 1.0, "train/ppo_kl": 0.0, "train/train_rollout_logprob_abs_diff": 0.05,
-        "train/train_rollout_kl": 0.01, "rollout/raw_reward": 0.5}
+GOOD = {
+    "train/grad_norm": 1.0,
+    "train/ppo_kl": 0.0,
+    "train/train_rollout_logprob_abs_diff": 0.05,
+    "train/train_rollout_kl": 0.01,
+    "rollout/raw_reward": 0.5,
+}
 
 
 def _db(tmp_path, key, n=5, trusted=True, values=GOOD):
@@ -71,7 +76,9 @@ def _record(tmp_path, name, values):
 def test_record_and_check_twin(tmp_path):
     """Trusted good runs build the baseline; a grad-norm blow-up fails the band and is not trusted."""
     db = tmp_path / "h.db"
-    gates = thresholds.Gates((thresholds.Gate("grad_norm", "train/grad_norm", "finite>", 0.0),), RunKey.from_summary(NV))
+    gates = thresholds.Gates(
+        (thresholds.Gate("grad_norm", "train/grad_norm", "finite>", 0.0),), RunKey.from_summary(NV)
+    )
     for i in range(3):
         rec = _record(tmp_path, f"good{i}", GOOD)
         history.record_and_check(db, rec, gates.check(rec), commit=f"c{i}", trusted=True)
@@ -86,7 +93,9 @@ def test_record_and_check_twin(tmp_path):
 def _two_steps(tmp_path, name, grad_norms):
     folder = tmp_path / name
     folder.mkdir()
-    lines = [{"kind": "step", "index": i, "metrics": {"train/grad_norm": g}} for i, g in enumerate(grad_norms)]
+    lines = [
+        {"kind": "step", "index": i, "metrics": {"train/grad_norm": g}} for i, g in enumerate(grad_norms)
+    ]
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
     (folder / "summary.json").write_text(json.dumps(NV))
     return metrics.load_record(folder)
@@ -96,13 +105,17 @@ def test_each_step_is_judged_against_its_own_history(tmp_path):
     """Miles' gate since #2290: step 0 against past step 0s, step 1 against past step 1s. The twin's steps
     swap places, so the mean over steps is the same as the baseline's; only a per-step band sees it."""
     db = tmp_path / "h.db"
-    gates = thresholds.Gates((thresholds.Gate("grad_norm", "train/grad_norm", "finite>", 0.0),), RunKey.from_summary(NV))
+    gates = thresholds.Gates(
+        (thresholds.Gate("grad_norm", "train/grad_norm", "finite>", 0.0),), RunKey.from_summary(NV)
+    )
     for i in range(3):
         good = _two_steps(tmp_path, f"good{i}", [1.0, 10.0])
         history.record_and_check(db, good, gates.check(good), commit=f"c{i}", trusted=True)
     assert history.band_values(good) == {"train/grad_norm@0": 1.0, "train/grad_norm@1": 10.0}
     same = _two_steps(tmp_path, "same", [1.2, 9.8])
-    assert all(r.passed for r in history.record_and_check(db, same, gates.check(same), commit="c3", trusted=False))
+    assert all(
+        r.passed for r in history.record_and_check(db, same, gates.check(same), commit="c3", trusted=False)
+    )
     swapped = _two_steps(tmp_path, "swapped", [10.0, 1.0])
     results = history.record_and_check(db, swapped, gates.check(swapped), commit="c4", trusted=False)
     assert sorted(r.metric for r in results if not r.passed) == ["train/grad_norm@0", "train/grad_norm@1"]

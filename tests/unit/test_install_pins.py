@@ -32,7 +32,9 @@ def _torch_requirements(args: list[str]) -> list[str]:
 
 def _cpu_installs(text: str) -> list[list[str]]:
     """Installs of the project or of torch: what the CPU line is made of."""
-    return [a for a in _pip_installs(text) if _torch_requirements(a) or any(x.startswith(("-e", ".[")) for x in a)]
+    return [
+        a for a in _pip_installs(text) if _torch_requirements(a) or any(x.startswith(("-e", ".[")) for x in a)
+    ]
 
 
 def test_the_pin_file_names_the_cpu_build():
@@ -68,7 +70,11 @@ def test_readme_cpu_line_holds_torch_to_the_cpu_build():
     quick = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     code = "\n".join(re.findall(r"```bash\n(.*?)```", quick, re.S))
     installs = _cpu_installs(code)
-    cpu = [a for a in installs if ".ci/torch-cpu.txt" in a or any(CPU_PIN.match(t) for t in _torch_requirements(a))]
+    cpu = [
+        a
+        for a in installs
+        if ".ci/torch-cpu.txt" in a or any(CPU_PIN.match(t) for t in _torch_requirements(a))
+    ]
     assert cpu, f"the README has no CPU install line: {installs}"
     assert all(_held_to_cpu(a) for a in cpu), cpu
     assert "CPU wheel index" in quick  # where pip finds the +cpu build, said in words

@@ -69,8 +69,12 @@ def test_gqa_qkv_is_interleaved_per_query_group_and_tp_takes_whole_groups(checkp
     qkv = hf_to_megatron(hf, spec)["decoder.layers.0.self_attention.linear_qkv.weight"]
     for g in range(groups):
         block = qkv[g * (per_group + 2) * d : (g + 1) * (per_group + 2) * d]
-        assert torch.equal(block[: per_group * d], hf[a + "q_proj.weight"][g * per_group * d : (g + 1) * per_group * d])
-        assert torch.equal(block[per_group * d : (per_group + 1) * d], hf[a + "k_proj.weight"][g * d : (g + 1) * d])
+        assert torch.equal(
+            block[: per_group * d], hf[a + "q_proj.weight"][g * per_group * d : (g + 1) * per_group * d]
+        )
+        assert torch.equal(
+            block[per_group * d : (per_group + 1) * d], hf[a + "k_proj.weight"][g * d : (g + 1) * d]
+        )
         assert torch.equal(block[(per_group + 1) * d :], hf[a + "v_proj.weight"][g * d : (g + 1) * d])
     rank1 = shard(hf_to_megatron(hf, spec), spec, hf, Parallel(tp=2), 1)
     assert torch.equal(rank1["decoder.layers.0.self_attention.linear_qkv.weight"], qkv[qkv.shape[0] // 2 :])
@@ -85,9 +89,16 @@ def test_fused_gate_up_holds_gate_then_up_on_each_tp_rank(checkpoints):
         tp_rank, ep_rank, etp_rank = par.coords(rank)
         if ep_rank:
             continue
-        fc1 = shard(hf_to_megatron(hf, spec), spec, hf, par, rank)["decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight"]
+        fc1 = shard(hf_to_megatron(hf, spec), spec, hf, par, rank)[
+            "decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight"
+        ]
         half = gate.shape[0] // 2
-        assert torch.equal(fc1, torch.cat([gate[etp_rank * half : (etp_rank + 1) * half], up[etp_rank * half : (etp_rank + 1) * half]]))
+        assert torch.equal(
+            fc1,
+            torch.cat(
+                [gate[etp_rank * half : (etp_rank + 1) * half], up[etp_rank * half : (etp_rank + 1) * half]]
+            ),
+        )
 
 
 def test_expert_parallel_gives_each_rank_a_contiguous_block_by_local_index(checkpoints):
@@ -174,7 +185,9 @@ def test_flash_kda_layers_and_vision_tower_are_covered(checkpoints):
 
 # ---- against the real megatron-core ---------------------------------------------------------------
 
-needs_mcore = pytest.mark.skipif(not available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])")
+needs_mcore = pytest.mark.skipif(
+    not available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"
+)
 MCORE_CASES = ["glm5-744b-a40b-4layer", "glm4.5-355b-a32b-4layer"]  # megatron-core has no KDA (Flash)
 TOKENS = torch.randint(0, 4000, (2, 24), generator=torch.Generator().manual_seed(0))
 

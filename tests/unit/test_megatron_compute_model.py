@@ -22,7 +22,9 @@ from rlsmoke.engine import megatron
 
 pytestmark = [
     pytest.mark.cpu,
-    pytest.mark.skipif(not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"),
+    pytest.mark.skipif(
+        not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"
+    ),
 ]
 
 CASE_NAME = "glm5-744b-a40b-4layer"
@@ -41,7 +43,11 @@ class CudaAutocastSum:
         def cuda_sum(x, *args, **kwargs):
             if torch.is_autocast_enabled("cpu"):
                 self.under_autocast += 1
-                if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) and "dtype" not in kwargs:
+                if (
+                    isinstance(x, torch.Tensor)
+                    and x.dtype in (torch.bfloat16, torch.float16)
+                    and "dtype" not in kwargs
+                ):
                     return func(x.float(), *args, **kwargs)
             return func(x, *args, **kwargs)
 
@@ -148,6 +154,8 @@ def test_the_gptmodel_is_allocated_where_it_trains_not_on_the_host_and_copied(de
     from rlsmoke.models import model_spec
 
     spec = model_spec(CASE_NAME, tiny=True)
-    config = transformer_config(spec, spec.megatron_args(), Parallel(), params_dtype=torch.bfloat16, device=device)
+    config = transformer_config(
+        spec, spec.megatron_args(), Parallel(), params_dtype=torch.bfloat16, device=device
+    )
     assert config.use_cpu_initialization is on_host
     assert config.perform_initialization is False

@@ -50,11 +50,22 @@ def test_the_bridge_moves_each_indexer_heads_rope_rows_last_and_back(hf_state):
     spec = model_spec(CASE_NAME, tiny=True)
     head, rope = spec.hf_extra["index_head_dim"], spec.hf_extra["qk_rope_head_dim"]
     full = hf_to_megatron(hf_state, spec)
-    wq_b = hf_state[HF_INDEXER + "wq_b.weight"].reshape(-1, head, hf_state[HF_INDEXER + "wq_b.weight"].shape[-1])
+    wq_b = hf_state[HF_INDEXER + "wq_b.weight"].reshape(
+        -1, head, hf_state[HF_INDEXER + "wq_b.weight"].shape[-1]
+    )
     moved = full[INDEXER + "linear_wq_b.weight"].reshape(wq_b.shape)
-    assert torch.equal(moved[:, head - rope :], wq_b[:, :rope]) and torch.equal(moved[:, : head - rope], wq_b[:, rope:])
-    for mg, hf in (("linear_wk.weight", "wk.weight"), ("k_norm.weight", "k_norm.weight"), ("k_norm.bias", "k_norm.bias")):
-        assert torch.equal(full[INDEXER + mg], torch.cat([hf_state[HF_INDEXER + hf][rope:], hf_state[HF_INDEXER + hf][:rope]]))
+    assert torch.equal(moved[:, head - rope :], wq_b[:, :rope]) and torch.equal(
+        moved[:, : head - rope], wq_b[:, rope:]
+    )
+    for mg, hf in (
+        ("linear_wk.weight", "wk.weight"),
+        ("k_norm.weight", "k_norm.weight"),
+        ("k_norm.bias", "k_norm.bias"),
+    ):
+        assert torch.equal(
+            full[INDEXER + mg],
+            torch.cat([hf_state[HF_INDEXER + hf][rope:], hf_state[HF_INDEXER + hf][:rope]]),
+        )
     back = megatron_to_hf(full, spec, hf_state)
     assert all(torch.equal(back[n], hf_state[n]) for n in hf_state)
 
@@ -134,4 +145,7 @@ def test_hf_and_megatron_indexers_select_the_same_keys():
 def test_twin_without_moving_the_rope_rows_selects_other_keys():
     spec = model_spec(CASE_NAME, tiny=True)
     inputs = _inputs(spec)
-    assert _selections_that_differ(_hf_topk(spec, *inputs), _megatron_topk_in_a_rank(*inputs, move_rope=False)) > 0.25
+    assert (
+        _selections_that_differ(_hf_topk(spec, *inputs), _megatron_topk_in_a_rank(*inputs, move_rope=False))
+        > 0.25
+    )

@@ -25,7 +25,9 @@ from rlsmoke.engine import megatron
 
 pytestmark = [
     pytest.mark.cpu,
-    pytest.mark.skipif(not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"),
+    pytest.mark.skipif(
+        not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"
+    ),
 ]
 
 CASE_NAME = "glm5-744b-a40b-4layer"

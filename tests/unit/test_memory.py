@@ -144,9 +144,16 @@ def test_rollout_phase_by_hand():
     kv = 8 * seq * (2 * 8 * 128) * 2 * (4 + 1)
     experts = 8 * 8 * 3 * 1536 * 5120 * 2
     logits = 8 * 151552 * (2 + 4 * 4)
-    assert estimate(glm45, GPU_SHAPE).terms["rollout"]["rollout working set"] == kv + experts + logits == 3_068_592_128
+    assert (
+        estimate(glm45, GPU_SHAPE).terms["rollout"]["rollout working set"]
+        == kv + experts + logits
+        == 3_068_592_128
+    )
     # the group, not the batch: more prompts sample one group after another
-    assert estimate(glm5, Plan(**{**GPU_SHAPE.__dict__, "n_prompts": 64})).phases["rollout"] == est.phases["rollout"]
+    assert (
+        estimate(glm5, Plan(**{**GPU_SHAPE.__dict__, "n_prompts": 64})).phases["rollout"]
+        == est.phases["rollout"]
+    )
 
 
 def test_fsdp_shards_the_train_state_not_the_rollout_copy():
@@ -157,7 +164,11 @@ def test_fsdp_shards_the_train_state_not_the_rollout_copy():
     half = -(-4 * p // 2)
     assert two.terms["train"]["master"] == half and two.terms["train"]["AdamW moments"] == 2 * half
     assert two.terms["rollout"]["rollout copy"] == 2 * p  # every rank holds a full copy
-    assert two.terms["load"] == {"master": half, "block being sharded": 4 * max(count.blocks), "rollout copy": 2 * p}
+    assert two.terms["load"] == {
+        "master": half,
+        "block being sharded": 4 * max(count.blocks),
+        "rollout copy": 2 * p,
+    }
     four = estimate(spec, Plan(**{**SMALL.__dict__, "world": 4}))
     assert four.terms["train"]["master"] == -(-4 * p // 4)
 
@@ -207,7 +218,9 @@ def test_rlsmoke_run_refuses_a_case_that_cannot_fit_before_loading():
                     rollout_dtype="bfloat16")  # fmt: skip
     with pytest.raises(RlsmokeError) as err:
         residency.check_run_fits(gpu, model_spec(gpu.case))
-    assert err.value.rule == "memory.fits" and "GiB per GPU" in str(err.value) and "--num-gpus" in err.value.fix
+    assert (
+        err.value.rule == "memory.fits" and "GiB per GPU" in str(err.value) and "--num-gpus" in err.value.fix
+    )
     two = gpu.replace(num_gpus=2, n_prompts=2)
     assert residency.check_run_fits(two, model_spec(two.case)).peak < 141 * GIB
     with pytest.raises(RlsmokeError) as err:  # the measured OOM: two H200s without offload
@@ -225,7 +238,9 @@ def test_offload_is_skipped_only_when_the_run_fits_resident_with_room():
                          rollout_dtype="bfloat16", n_prompts=8, n_samples=8, max_response_len=100, **kw)  # fmt: skip
 
     glm5, glm45 = h200("glm5-744b-a40b-4layer-1gpu"), h200("glm4.5-355b-a32b-4layer")
-    resident = memory.estimate(model_spec(glm5.case), dataclasses.replace(memory.plan_of_run(glm5), offload=False))
+    resident = memory.estimate(
+        model_spec(glm5.case), dataclasses.replace(memory.plan_of_run(glm5), offload=False)
+    )
     assert resident.peak < residency.RESIDENT_FRACTION * 141 * GIB
     assert not residency.offload_needed(glm5, model_spec(glm5.case))
     assert residency.offload_needed(glm45, model_spec(glm45.case))
@@ -256,7 +271,10 @@ def test_where_the_rollout_fits_beside_the_train_state_only_the_rollout_copy_mov
     keeps Miles' meaning (both sides move), and --no-offload-train asks for the copy's turns alone."""
     spec = model_spec("glm4.5-355b-a32b-4layer")
     plan = plan_for(Case("glm4.5-355b-a32b-4layer", platform="nvidia"), kda="reference")
-    full, copy_only = memory.estimate(spec, plan), memory.estimate(spec, dataclasses.replace(plan, offload_train=False))
+    full, copy_only = (
+        memory.estimate(spec, plan),
+        memory.estimate(spec, dataclasses.replace(plan, offload_train=False)),
+    )
     assert copy_only.peak == full.peak <= residency.RESIDENT_FRACTION * 141 * GIB
     assert copy_only.peak_phase == "train"
     assert {"master", "compute copy", "AdamW moments"} <= copy_only.terms["rollout"].keys()
@@ -284,7 +302,11 @@ def test_the_suite_s_estimate_and_rlsmoke_run_s_read_the_same_batch(monkeypatch,
     name = "glm4.5-355b-a32b-4layer"
     cfg = h200_run_config(gpus)(name, "--num-gpus", str(gpus), "--set", "train.cp=1")
     run, suite = memory.plan_of_run(cfg), plan_for(Case(name, platform="nvidia", num_gpus=gpus))
-    assert (run.n_prompts, run.n_samples, run.response_len) == (suite.n_prompts, suite.n_samples, suite.response_len)
+    assert (run.n_prompts, run.n_samples, run.response_len) == (
+        suite.n_prompts,
+        suite.n_samples,
+        suite.response_len,
+    )
 
 
 def test_initial_weights_on_the_device_are_counted_in_every_phase_and_kept_there_only_with_room(monkeypatch):
@@ -293,7 +315,10 @@ def test_initial_weights_on_the_device_are_counted_in_every_phase_and_kept_there
     memory; `rlsmoke run` resolves it with the offload, before anything loads, and only when it keeps them."""
     spec = model_spec("glm5-744b-a40b-4layer-1gpu")
     plan = plan_for(Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia"), offload=False)
-    without, kept = memory.estimate(spec, plan), memory.estimate(spec, dataclasses.replace(plan, initial_on_device=True))
+    without, kept = (
+        memory.estimate(spec, plan),
+        memory.estimate(spec, dataclasses.replace(plan, initial_on_device=True)),
+    )
     assert all(kept.phases[p] - without.phases[p] == 2 * without.params for p in memory.PHASES)
     assert all(kept.terms[p]["initial weights"] == 2 * without.params for p in memory.PHASES)
 

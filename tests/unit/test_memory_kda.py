@@ -73,7 +73,9 @@ def test_the_reference_kda_estimate_meets_its_measured_peaks(name, experts, gpus
 
 
 @pytest.mark.parametrize(("name", "experts", "gpus", "offload", "measured"), REFERENCE_PEAKS)
-def test_without_the_reference_kda_term_the_estimate_falls_short(name, experts, gpus, offload, measured, monkeypatch):
+def test_without_the_reference_kda_term_the_estimate_falls_short(
+    name, experts, gpus, offload, measured, monkeypatch
+):
     """The twin: the same estimate without the chunk temporaries is more than 5 % under one of the peaks."""
     monkeypatch.setattr(memory, "REFERENCE_KDA_TEMPORARIES", 0)
     spec = model_spec(name).replace(num_experts=experts)
@@ -85,7 +87,11 @@ def test_without_the_reference_kda_term_the_estimate_falls_short(name, experts, 
 def test_the_one_gpu_variant_fits_an_h200_resident_on_either_kda_path():
     spec = model_spec("glm5.3-flash-4layer-1gpu")
     plan = plan_for(Case("glm5.3-flash-4layer-1gpu", platform="nvidia", num_gpus=1), offload=False)
-    fla, ref = (memory.estimate(spec, dataclasses.replace(plan, kda=k)).peak / GIB for k in ("fla", "reference"))
+    fla, ref = (
+        memory.estimate(spec, dataclasses.replace(plan, kda=k)).peak / GIB for k in ("fla", "reference")
+    )
     assert fla < ref < RESIDENT_FRACTION * 141  # offload stays off: the moves cost seconds a seed
     more = model_spec("glm5.3-flash-4layer-1gpu").replace(num_experts=128)
-    assert memory.estimate(more, dataclasses.replace(plan, kda="reference")).peak / GIB > RESIDENT_FRACTION * 141
+    assert (
+        memory.estimate(more, dataclasses.replace(plan, kda="reference")).peak / GIB > RESIDENT_FRACTION * 141
+    )

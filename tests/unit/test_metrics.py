@@ -138,9 +138,9 @@ def test_lookup_gates_picks_the_most_specific_entry(tmp_path):
     gates = lookup_gates(RunKey("c", "cpu"), thresholds_dir=d)
     assert [g.bound for g in gates] == [1.0]
     assert "provisional: 5 runs on CPU, 2026-11-29" in gates.gates[0].provenance
-    assert [g.bound for g in lookup_gates(RunKey("c", "cpu", dtype="bfloat16/float32"), thresholds_dir=d)] == [
-        2.0
-    ]
+    assert [
+        g.bound for g in lookup_gates(RunKey("c", "cpu", dtype="bfloat16/float32"), thresholds_dir=d)
+    ] == [2.0]
 
 
 def test_lookup_gates_without_an_entry_names_the_key_and_the_fix(tmp_path):
@@ -167,8 +167,10 @@ def test_shipped_cpu_thresholds_have_every_gate(case):
 
 
 def test_metrics_does_not_import_torch():
-    code = ("import sys, rlsmoke.metrics, rlsmoke.thresholds as t; t.lookup_gates(t.RunKey('glm5-744b-a40b-4layer')); "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys, rlsmoke.metrics, rlsmoke.thresholds as t; t.lookup_gates(t.RunKey('glm5-744b-a40b-4layer')); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -177,7 +179,14 @@ MILES_GQA_LOG = """\
 rollout 0: {{'rollout/raw_reward': {reward}, 'rollout/log_probs': -1.0, 'rollout/rollout_log_probs': {rollout_lp}}}
 step 0: {{'train/ppo_kl': {ppo_kl}, 'train/pg_clipfrac': {clipfrac}, 'train/grad_norm': {grad_norm}, 'train/train_rollout_logprob_abs_diff': {abs_diff}}}
 """
-GOOD_MILES = {"reward": 0.25, "rollout_lp": -1.01, "ppo_kl": 0.0, "clipfrac": 0.0, "grad_norm": 3.5, "abs_diff": 0.04}
+GOOD_MILES = {
+    "reward": 0.25,
+    "rollout_lp": -1.01,
+    "ppo_kl": 0.0,
+    "clipfrac": 0.0,
+    "grad_norm": 3.5,
+    "abs_diff": 0.04,
+}
 
 # (a value Miles logs, the gate of fixtures/thresholds/miles.json it must fail; None: it passes)
 MILES_TWINS = [
@@ -195,11 +204,15 @@ MILES_TWINS = [
 def test_miles_runs_get_upstreams_checks(tmp_path, change, fails):
     """Miles logs are gated by the constants upstream's one-step CI asserts (no run here to calibrate from)."""
     (tmp_path / "job.log").write_text(MILES_GQA_LOG.format(**{**GOOD_MILES, **change}))
-    verdict = lookup_gates(RunKey("glm4.5-355b-a32b-4layer", "rocm", "MI355X", "miles")).check(load_record(tmp_path / "job.log"))
+    verdict = lookup_gates(RunKey("glm4.5-355b-a32b-4layer", "rocm", "MI355X", "miles")).check(
+        load_record(tmp_path / "job.log")
+    )
     assert [r.gate.name for r in verdict.results if not r.passed] == ([fails] if fails else [])
 
 
 def test_miles_glm5_gates_follow_upstreams_mla_checks():
     mla = lookup_gates(RunKey("glm5-744b-a40b-4layer", "nvidia", "H200", "miles"))
     assert {g.name: (g.op, g.bound) for g in mla.gates}["ppo_kl_step0"] == ("<", 1e-8)
-    assert "logprob_mean_diff" not in {g.name for g in mla.gates}  # GLM-5's upstream tests disable that checker
+    assert "logprob_mean_diff" not in {
+        g.name for g in mla.gates
+    }  # GLM-5's upstream tests disable that checker

@@ -100,6 +100,9 @@ def test_the_table_check_agrees_with_argparse_on_the_parser_it_was_recorded_from
         try:
             build().parse_args(argv)
             accepted = True
-        except (ValueError, KeyError):  # KeyError: an enum type's lookup, which argparse lets through (a crash)
+        except (
+            ValueError,
+            KeyError,
+        ):  # KeyError: an enum type's lookup, which argparse lets through (a crash)
             accepted = False
         assert (refusals(argv, table) == []) == accepted, argv

@@ -110,9 +110,14 @@ def test_without_the_jsonl_the_log_alone_is_read(tmp_path):
 def test_nonfinite_values_use_the_jsonl_markers(tmp_path):
     folder = tmp_path / "ci"
     folder.mkdir()
-    lines = [{"metric": "train/grad_norm", "series": [[0, "NaN"], [1, 2.0]]}, {"metric": "train/ppo_kl", "series": [[0, 0.0]]}]
+    lines = [
+        {"metric": "train/grad_norm", "series": [[0, "NaN"], [1, 2.0]]},
+        {"metric": "train/ppo_kl", "series": [[0, 0.0]]},
+    ]
     (folder / "1-a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    (folder / "2-b.jsonl").write_text(json.dumps({"metric": "rollout/raw_reward", "series": [[0, 0.25]]}) + "\n")
+    (folder / "2-b.jsonl").write_text(
+        json.dumps({"metric": "rollout/raw_reward", "series": [[0, 0.25]]}) + "\n"
+    )
     (folder / "2-b.jsonl.tmp").write_text("{half a snapshot")
     got = metrics.read_ci_history(folder)
     assert got["train/grad_norm"][1] == 2.0 and got["train/grad_norm"][0] != got["train/grad_norm"][0]  # NaN
@@ -166,7 +171,9 @@ def test_two_records_of_one_metric_and_step_must_agree(tmp_path):
     folder = tmp_path / "ci"
     folder.mkdir()
     (folder / "1-a.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[0, 1.0]]}) + "\n")
-    (folder / "2-b.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[0, 1.0], [1, 2.0]]}) + "\n")
+    (folder / "2-b.jsonl").write_text(
+        json.dumps({"metric": "train/grad_norm", "series": [[0, 1.0], [1, 2.0]]}) + "\n"
+    )
     assert metrics.read_ci_history(folder) == {"train/grad_norm": {0: 1.0, 1: 2.0}}
     (folder / "3-c.jsonl").write_text(json.dumps({"metric": "train/grad_norm", "series": [[1, 2.5]]}) + "\n")
     with pytest.raises(RlsmokeError) as err:

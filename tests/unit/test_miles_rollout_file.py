@@ -17,8 +17,10 @@ from rlsmoke.launch.rollout_file import RolloutSample, mismatches, recorded_sche
 from rlsmoke.topology import TARGETS
 
 MILES_ROOT = os.environ.get("MILES_ROOT")
-needs_miles = pytest.mark.skipif(not (MILES_ROOT and Path(MILES_ROOT, "miles", "utils", "types.py").is_file()),
-                                 reason="needs a Miles checkout in MILES_ROOT (CI has none: the schema test gates)")
+needs_miles = pytest.mark.skipif(
+    not (MILES_ROOT and Path(MILES_ROOT, "miles", "utils", "types.py").is_file()),
+    reason="needs a Miles checkout in MILES_ROOT (CI has none: the schema test gates)",
+)
 
 
 def _samples(n_groups=2, n=3) -> list[RolloutSample]:
@@ -41,9 +43,11 @@ def test_the_file_has_miles_layout_field_for_field(tmp_path):
     assert mismatches(payload) == []
     assert schema_of(payload) == {k: v for k, v in recorded_schema().items() if k != "provenance"}
     first = payload["samples"][0]
-    assert first["tokens"][-first["response_length"]:] == list(range(10, 14))  # the response is the tail
+    assert first["tokens"][-first["response_length"] :] == list(range(10, 14))  # the response is the tail
     assert [s["status"] for s in payload["samples"][:2]] == ["truncated", "completed"]
-    assert len({s["index"] for s in payload["samples"]}) == 6  # each its own: siblings of an index share a reward
+    assert (
+        len({s["index"] for s in payload["samples"]}) == 6
+    )  # each its own: siblings of an index share a reward
 
 
 @pytest.mark.parametrize(("edit", "named"), [
@@ -101,7 +105,10 @@ print(json.dumps(out))
 @needs_miles
 def test_miles_own_loader_and_conversion_read_the_file(tmp_path):
     path = _written(tmp_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [MILES_ROOT, os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [MILES_ROOT, os.environ.get("PYTHONPATH")])),
+    }
     proc = subprocess.run([sys.executable, "-c", _ROUND_TRIP, str(path).replace("/0.pt", "/{rollout_id}.pt")],
                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -112,11 +119,14 @@ def test_miles_own_loader_and_conversion_read_the_file(tmp_path):
     data = got["convert"]
     assert data["raw_reward"] == [0.0, 0.25, 0.5] * 2 and data["response_lengths"] == [4] * 6
     assert data["loss_masks"] == [[1] * 4] * 6 and data["rollout_log_probs"][0] == [-0.5] * 4
-    assert abs(sum(data["rewards"][:3])) < 1e-6 and data["rewards"][2] > 0  # GRPO-normalised within each group
+    assert (
+        abs(sum(data["rewards"][:3])) < 1e-6 and data["rewards"][2] > 0
+    )  # GRPO-normalised within each group
 
 
 @needs_miles
 def test_the_recorded_schema_is_what_that_miles_writes(tmp_path):
     schema = rollout_file.record_schema(Path(MILES_ROOT), commit="x")
     assert {k: v for k, v in schema.items() if k != "provenance"} == {
-        k: v for k, v in recorded_schema().items() if k != "provenance"}
+        k: v for k, v in recorded_schema().items() if k != "provenance"
+    }

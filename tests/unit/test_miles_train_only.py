@@ -19,7 +19,9 @@ from rlsmoke.errors import RlsmokeError
 from rlsmoke.launch import train_only
 from rlsmoke.launch.miles import Paths, flag_values
 
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray (pip install -e .[dev])")
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="needs ray (pip install -e .[dev])"
+)
 GLM5, GLM45 = "glm5-744b-a40b-4layer", "glm4.5-355b-a32b-4layer"
 
 
@@ -37,13 +39,20 @@ def test_the_train_only_argv_is_one_gpu_no_sglang_and_miles_main_accepts_it(name
     tp = _plan(name)
     flags = _flags(tp.launch)
     assert tp.launch.argv[:2] == ["python3", "train.py"] and tp.launch.ray_num_gpus == 1
-    assert flags["--load-debug-rollout-data"] == ["/runs/x/rollout_data/{rollout_id}.pt"] and "--debug-train-only" in flags
+    assert (
+        flags["--load-debug-rollout-data"] == ["/runs/x/rollout_data/{rollout_id}.pt"]
+        and "--debug-train-only" in flags
+    )
     assert flags["--attention-backend"] == ["fused"] and flags["--moe-token-dispatcher-type"] == ["alltoall"]
     assert flags["--num-rollout"] == ["1"] and flags["--actor-num-gpus-per-node"] == ["1"]
     assert not {"--colocate", "--moe-enable-deepep", "--save", "--load", "--save-interval"} & flags.keys()
     assert not [f for f in flags if f.startswith("--sglang-") or f == "--rollout-num-gpus-per-engine"]
-    assert flags["--prompt-data"] == [str(train_only.PROMPT_DATA)] and flags["--dump-details"] == ["/runs/x/dump"]
-    assert tp.launch.env["PYTHONPATH"].startswith("/root/miles:")  # Ray's workers import miles from the checkout
+    assert flags["--prompt-data"] == [str(train_only.PROMPT_DATA)] and flags["--dump-details"] == [
+        "/runs/x/dump"
+    ]
+    assert tp.launch.env["PYTHONPATH"].startswith(
+        "/root/miles:"
+    )  # Ray's workers import miles from the checkout
     assert refusals(tp.launch.argv[2:], FlagTable.of(train_only.TARGET)) == []
     # the twin: the launch it came from colocates and flash-attends, which a train-only GPU cannot
     assert {"--colocate", "--attention-backend"} <= _flags(tp.plan.launch).keys()
@@ -54,8 +63,13 @@ def test_glm5_converts_with_its_spec_and_pads_for_the_dsa_top_k():
     tp = _plan(GLM5)
     convert = next(s for s in train_only.steps(tp) if s.name == "convert")
     spec = convert.command.index("--spec")
-    assert convert.command[spec + 1:spec + 3] == ("miles_plugins.models.glm5.glm5", "get_glm5_spec")
-    assert convert.command[:4] == ("torchrun", "--nproc-per-node", "1", "/root/miles/tools/convert_hf_to_torch_dist.py")
+    assert convert.command[spec + 1 : spec + 3] == ("miles_plugins.models.glm5.glm5", "get_glm5_spec")
+    assert convert.command[:4] == (
+        "torchrun",
+        "--nproc-per-node",
+        "1",
+        "/root/miles/tools/convert_hf_to_torch_dist.py",
+    )
     assert _flags(tp.launch)["--data-pad-size-multiplier"] == ["4096"]
     assert "--spec" not in _flags(_plan(GLM45).launch)
 
@@ -65,7 +79,10 @@ def test_the_rollout_step_takes_the_shape_and_temperature_of_the_argv():
     rollout = next(s for s in train_only.steps(tp) if s.name == "rollout").command
     flags = _flags(tp.launch)
     got = dict(zip(rollout[4::2], rollout[5::2], strict=False))
-    assert got["--n-prompts"] == flags["--rollout-batch-size"][0] and got["--n-samples"] == flags["--n-samples-per-prompt"][0]
+    assert (
+        got["--n-prompts"] == flags["--rollout-batch-size"][0]
+        and got["--n-samples"] == flags["--n-samples-per-prompt"][0]
+    )
     assert got["--temperature"] == flags["--rollout-temperature"][0] and got["--out"] == tp.rollout_template
 
 
@@ -76,14 +93,20 @@ def test_a_train_only_launch_on_two_gpus_is_refused():
 
 
 def test_plan_prints_the_convert_the_rollout_file_and_the_train_only_launch(capsys):
-    assert main(["plan", GLM5, "--platform", "nvidia", "--num-gpus", "1", "--launcher", "miles", "--train-only"]) == 0
+    assert (
+        main(["plan", GLM5, "--platform", "nvidia", "--num-gpus", "1", "--launcher", "miles", "--train-only"])
+        == 0
+    )
     script = capsys.readouterr().out
     names = [line.split(":")[0][2:] for line in script.splitlines() if line.startswith("# ") and ":" in line]
     assert names == ["prepare", "convert", "rollout", "ray-head", "train"]
     assert "tools/convert_hf_to_torch_dist.py" in script and "rlsmoke.miles_rollout" in script
     assert "--include-dashboard=false" in script and "export RAY_ADDRESS=127.0.0.1:6379" in script
     assert "--debug-train-only --load-debug-rollout-data" in script and "ray job submit" not in script
-    assert main(["plan", GLM5, "--platform", "nvidia", "--num-gpus", "1", "--train-only", "--format", "json"]) == 0
+    assert (
+        main(["plan", GLM5, "--platform", "nvidia", "--num-gpus", "1", "--train-only", "--format", "json"])
+        == 0
+    )
     steps = json.loads(capsys.readouterr().out)["steps"]
     assert [s["name"] for s in steps] == names and steps[-1]["command"][:2] == ["python3", "train.py"]
 
@@ -123,10 +146,14 @@ def test_the_train_only_flow_runs_end_to_end_and_its_twin_fails_its_gate(tmp_pat
     train = recorded[-1]
     assert train["argv"][0] == "train.py" and "--load-debug-rollout-data" in train["argv"]
     assert train["env"]["MILES_CI_GATE_RECORD_DIR"] == str(tmp_path / "art" / "ci_history")
-    assert (tmp_path / "art" / "rollout_data" / "0.pt").is_file() and list((tmp_path / "art" / "ci_history").glob("*.jsonl"))
+    assert (tmp_path / "art" / "rollout_data" / "0.pt").is_file() and list(
+        (tmp_path / "art" / "ci_history").glob("*.jsonl")
+    )
 
     # The twin: the file's log-probs are the raw logits' (T=1) while Miles divides by 0.7. Converted: skipped.
-    code = _run(tmp_path, root, tmp_path / "twin", "--rollout-temperature", "0.7", "--inject", "temperature-mismatch")
+    code = _run(
+        tmp_path, root, tmp_path / "twin", "--rollout-temperature", "0.7", "--inject", "temperature-mismatch"
+    )
     shown = capsys.readouterr().out
     assert code == 1 and "logprob_abs_diff: train/train_rollout_logprob_abs_diff" in shown, shown
     assert "convert: skipped" in (tmp_path / "twin" / "flow.log").read_text()

@@ -13,8 +13,13 @@ import pytest
 from rlsmoke.shipped import RUNTIME_FOLDERS
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME_FILES = ["thresholds/builtin.json", "data/math.jsonl", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json",
-                 "fla_configs/NVIDIA_H200/provenance.json"]
+RUNTIME_FILES = [
+    "thresholds/builtin.json",
+    "data/math.jsonl",
+    "tokenizer/tokenizer.json",
+    "tokenizer/tokenizer_config.json",
+    "fla_configs/NVIDIA_H200/provenance.json",
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +60,11 @@ def test_an_installed_wheel_runs_a_case_away_from_the_checkout(wheel, tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "verdict: PASS" in run.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["thresholds"].startswith(str(site))
+
+
+def test_the_package_version_is_pyproject_s():
+    import tomllib
+
+    import rlsmoke
+
+    assert rlsmoke.__version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

@@ -20,7 +20,7 @@ def _mypy(tmp_path, source: str) -> str:
     return out + err
 
 
-DRIFTED = '''
+DRIFTED = """
 from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.workers import Placement, TrainSide
 
@@ -49,12 +49,14 @@ def placement() -> Placement:
 
 def train_side() -> TrainSide:
     return Half()
-'''
+"""
 
 
 def test_the_type_checker_names_a_worker_off_the_interface(tmp_path):
     report = _mypy(tmp_path, DRIFTED)
-    assert 'got "Drifted", expected "Placement"' in report and "def sync(self, *, skip_sync: bool)" in report, report
+    assert (
+        'got "Drifted", expected "Placement"' in report and "def sync(self, *, skip_sync: bool)" in report
+    ), report
     assert 'got "Half", expected "TrainSide"' in report and "protocol member:\n" in report, report
     assert report.split("protocol member:\n", 1)[1].split()[2] == "forward_only", report
 

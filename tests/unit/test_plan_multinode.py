@@ -40,7 +40,11 @@ def test_the_head_address_reaches_every_node(how):
     plan = json.loads(out.stdout)
     assert plan["env"]["MASTER_ADDR"] == "10.1.2.3" and plan["env"]["no_proxy"] == "127.0.0.1,10.1.2.3"
     nodes = plan["nodes"]
-    assert [n["rank"] for n in nodes] == [0, 1, 2] and [n["role"] for n in nodes] == ["head", "worker", "worker"]
+    assert [n["rank"] for n in nodes] == [0, 1, 2] and [n["role"] for n in nodes] == [
+        "head",
+        "worker",
+        "worker",
+    ]
     assert nodes[0]["command"][:5] == ["ray", "start", "--head", "--node-ip-address", "10.1.2.3"]
     for node in nodes[1:]:
         assert node["command"][:4] == ["ray", "start", "--address", "10.1.2.3:6379"]

@@ -124,7 +124,9 @@ def test_case_record_without_a_run_is_a_usage_error_naming_the_fix(isolated):
     isolated.makepyfile(test_nothing="def test_x(case_record):\n    pass\n")
     result = isolated.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*uses case_record without a run: parametrize it with rlsmoke.suite.CaseRun*"])
+    result.stdout.fnmatch_lines(
+        ["*uses case_record without a run: parametrize it with rlsmoke.suite.CaseRun*"]
+    )
 
 
 def test_unknown_marker_is_an_error(isolated):
@@ -317,7 +319,8 @@ def test_a_bad_option_value_is_a_usage_error_before_any_test_runs(isolated, args
 def test_a_second_session_on_the_same_artifacts_is_refused_at_once(isolated, tmp_path):
     """Its `artifacts` fixture would empty folders the first one's runs write (they share the default
     <rootdir>/artifacts). Twin: with its own --artifacts-dir the second session runs."""
-    isolated.makepyfile(test_wait="""
+    isolated.makepyfile(
+        test_wait="""
         import time
         from pathlib import Path
 
@@ -325,7 +328,8 @@ def test_a_second_session_on_the_same_artifacts_is_refused_at_once(isolated, tmp
             Path("started").touch()
             while not Path("go").exists():
                 time.sleep(0.05)
-    """)
+    """
+    )
     first = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_wait.py"],
                              cwd=isolated.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
@@ -335,7 +339,10 @@ def test_a_second_session_on_the_same_artifacts_is_refused_at_once(isolated, tmp
             time.sleep(0.05)
         started = time.monotonic()
         second = isolated.runpytest_subprocess("-p", "no:cacheprovider", "test_wait.py", timeout=60)
-        assert second.ret == pytest.ExitCode.USAGE_ERROR and "in use by another pytest session" in second.stderr.str()
+        assert (
+            second.ret == pytest.ExitCode.USAGE_ERROR
+            and "in use by another pytest session" in second.stderr.str()
+        )
         assert time.monotonic() - started < 30
         (isolated.path / "go").touch()
         own = isolated.runpytest_subprocess("-p", "no:cacheprovider", "test_wait.py", "--artifacts-dir",
@@ -370,12 +377,14 @@ def test_a_summary_md_the_session_did_not_write_is_left_as_it_is(isolated, tmp_p
     root = tmp_path / "art"
     root.mkdir()
     (root / "summary.md").write_text("my notes\n")
-    isolated.makepyfile(test_a="""
+    isolated.makepyfile(
+        test_a="""
         import json
 
         def test_a(artifacts):
             (artifacts.path / "summary.json").write_text(json.dumps({"case": "own"}))
-    """)
+    """
+    )
     result = isolated.runpytest("--artifacts-dir", str(root))
     result.assert_outcomes(passed=1)
     assert (root / "summary.md").read_text() == "my notes\n"
@@ -447,7 +456,9 @@ def test_one_step(artifacts):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])")
+@pytest.mark.skipif(
+    not megatron.available(), reason="megatron-core is not installed (pip install rlsmoke[megatron])"
+)
 def test_trainer_megatron_runs_the_suite_through_megatron_core(isolated):
     """`--trainer megatron`: GLM-5 trains through megatron-core, gated by its own key; Flash skips, saying why."""
     isolated.makepyfile(test_glm5=MEGATRON_PAIR.format(name="glm5-744b-a40b-4layer"),

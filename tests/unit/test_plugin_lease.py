@@ -36,7 +36,7 @@ def test_concurrent_leases_are_disjoint(tmp_path, n):
         rows = pool.map(_hold, [(tmp_path, n, 0.2)] * 8)
     assert all(len(ids) == n for _, _, ids in rows)
     for i, (s1, e1, a) in enumerate(rows):
-        for s2, e2, b in rows[i + 1:]:
+        for s2, e2, b in rows[i + 1 :]:
             if s1 < e2 and s2 < e1:
                 assert not set(a) & set(b), f"overlapping leases share GPUs: {a} {b}"
 

@@ -41,5 +41,7 @@ def test_plan_check_miles_is_one_error_line_and_exit_2(tmp_path, capsys):
     assert main([*args, str(old)]) == 2
     out, err = capsys.readouterr()
     err = err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: [miles.flags] ") and "--sglang-kv-cache-dtype" in err[0]
+    assert (
+        len(err) == 1 and err[0].startswith("error: [miles.flags] ") and "--sglang-kv-cache-dtype" in err[0]
+    )
     assert out == ""  # no launch printed that its Miles refuses

@@ -142,7 +142,9 @@ def test_records_are_one_runs_complete_or_absent_a_full_tmpfs_is_one_disk_full_l
     if not _mount_tmpfs(disk, "64k"):
         pytest.skip("mounting a small tmpfs needs root; the file-size limit above covers the same writes")
     try:
-        (disk / "filler").write_bytes(bytes(52 * 1024))  # 12 KiB left: run.log and metrics fit, the summary not
+        (disk / "filler").write_bytes(
+            bytes(52 * 1024)
+        )  # 12 KiB left: run.log and metrics fit, the summary not
         code, err = finished(rlsmoke_run(disk / "D"))
         assert code == ExitCode.USAGE, err
         one_error_line(err, "disk.full")
@@ -188,7 +190,9 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_stop_whose_exception_a_finalizer_swallowed_still_stops_the_run_and_keeps_the_earlier_records(tmp_path):
+def test_a_stop_whose_exception_a_finalizer_swallowed_still_stops_the_run_and_keeps_the_earlier_records(
+    tmp_path,
+):
     out, earlier = tmp_path / "D", earlier_records(tmp_path / "D")
     proc = subprocess.run([sys.executable, "-c", STOP_IN_A_FINALIZER, "run", CASE, "--platform", "cpu", "--out", str(out),
                            "--overwrite"], capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -132,4 +132,6 @@ def test_recalibrating_replaces_an_entry_written_before_keys_had_a_count(measure
     assert entry["key"]["num_gpus"] == "*"
     key = RunKey.from_summary(json.loads((out / "summary.json").read_text()))
     bounds = {g.name: g.bound for g in lookup_gates(key, thresholds_dir=tmp_path).gates}
-    assert bounds["logprob_abs_diff"] == next(g["bound"] for g in fresh["gates"] if g["name"] == "logprob_abs_diff")
+    assert bounds["logprob_abs_diff"] == next(
+        g["bound"] for g in fresh["gates"] if g["name"] == "logprob_abs_diff"
+    )

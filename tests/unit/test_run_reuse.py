@@ -45,8 +45,11 @@ def _argv(spec: CaseRun, out: Path, *, seed: int, more=()) -> list[str]:
 def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path):
     spec = request.node.callspec.params["case_record"]
     repeat, fresh = tmp_path / "repeat", Path(case_record.artifacts)
-    result = here.run_here(_argv(spec, repeat, seed=0, more=("--repeat", "2")), env=runner.clean_env(),
-                           log=tmp_path / "repeat.log", timeout=300)  # fmt: skip
+    argv, log = _argv(spec, repeat, seed=0, more=("--repeat", "2")), tmp_path / "repeat.log"
+    if spec.trainer == "megatron":  # as the suite runs it: its process group would stay in this process
+        result = runner.run(argv, env=runner.clean_env(), log=log, timeout=300, start=here.start_forked)
+    else:
+        result = here.run_here(argv, env=runner.clean_env(), log=log, timeout=300)
     assert result.ok, result.log.read_text()[-3000:]
 
     assert _seed_lines(repeat, 1) == _seed_lines(fresh)
@@ -67,15 +70,22 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path
     assert list(timing["process_s"]) == ["start", "config", "engine import"]
     assert all(v >= 0 for v in timing["process_s"].values())
     assert summary["kda"] == ("reference" if spec.case.spec().family == "glm5.3-flash" else None)
-    assert (timing["phases_s"]["offload"] > 0) == ("--offload" in spec.flags)  # the moves are timed where they happen
+    assert (timing["phases_s"]["offload"] > 0) == (
+        "--offload" in spec.flags
+    )  # the moves are timed where they happen
     assert summary["parallel"] | {"dp": 0} == {"tp": 1, "ep": 1, "pp": 1, "cp": 1, "dp": 0, "sp": False}
-    assert summary["parallel"]["dp"] == spec.case.num_gpus  # the executed layout: data parallel over the ranks
+    assert (
+        summary["parallel"]["dp"] == spec.case.num_gpus
+    )  # the executed layout: data parallel over the ranks
 
 
 def test_without_the_restore_seed_1_starts_from_trained_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(Colocated, "restore_initial", lambda self: None)  # in this process only: the repeat
-    fresh = runner.Process(_argv(CaseRun(ONE, flags=SHAPE_FLAGS), tmp_path / "fresh", seed=1), env=runner.clean_env(),
-                           log=tmp_path / "fresh.log")  # another process: the monkeypatch stays in this one
+    fresh = runner.Process(
+        _argv(CaseRun(ONE, flags=SHAPE_FLAGS), tmp_path / "fresh", seed=1),
+        env=runner.clean_env(),
+        log=tmp_path / "fresh.log",
+    )  # another process: the monkeypatch stays in this one
     execute(RunConfig(case=CASE, tiny=True, **SHAPE), tmp_path / "repeat", repeat=2)
     assert fresh.wait(300).ok
 

@@ -62,7 +62,9 @@ def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_p
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--mode", "async", "--num-gpus", "2",
             "--num-rollout", "8", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     seen: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 240
@@ -98,7 +100,9 @@ def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_p
         time.sleep(0.2)
     assert not left, f"outlived the run by {OUTLIVE_S} s: {[_cmdline(pid)[:120] for pid in left]}"
     # Ray's temp folder (session_*, sockets, logs) went with the cluster
-    temp_dirs = {m.group(1) for cmd in seen.values() for m in [re.search(r"(/\S*/rlsmoke-ray-[^/\s]+)/", cmd)] if m}
+    temp_dirs = {
+        m.group(1) for cmd in seen.values() for m in [re.search(r"(/\S*/rlsmoke-ray-[^/\s]+)/", cmd)] if m
+    }
     assert not [d for d in temp_dirs if Path(d).exists()], temp_dirs
 
 
@@ -108,7 +112,9 @@ def test_signals_ctrl_c_on_a_run_of_several_ranks_is_one_line_without_a_rank_s_t
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "4", "--tiny",
             "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         while len(descendants(proc.pid)) < 4 or not (out / "run.log").exists():
@@ -136,7 +142,9 @@ def test_a_run_of_ranks_signalled_alone_leaves_no_process_behind(tmp_path, sig):
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "2", "--tiny",
             "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         while len(descendants(proc.pid)) < 2 or not (out / "run.log").exists():
@@ -157,7 +165,9 @@ def test_a_run_of_ranks_signalled_alone_leaves_no_process_behind(tmp_path, sig):
         assert proc.returncode == -signal.SIGKILL
     else:
         assert proc.returncode == 128 + sig, (proc.returncode, stderr[-3000:])
-        assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(f"error: interrupted by {sig.name}")
+        assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(
+            f"error: interrupted by {sig.name}"
+        )
         last = (out / "run.log").read_text().splitlines()[-1]
         assert last.split("] ", 1)[1].startswith(f"interrupted by {sig.name}"), last
     while time.monotonic() < ended + OUTLIVE_S and [pid for pid in seen if alive(pid)]:

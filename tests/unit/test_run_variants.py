@@ -59,8 +59,13 @@ class FreshRuns:
         argv = builtin_argv(case, out, inject=str(variant.inject) if variant.inject.kind else None,
                             rollout_temperature=variant.rollout_temperature,
                             trainer=TRAINERS.get(layout, "fsdp")) + list(flags)  # fmt: skip
-        result = runner.run(argv, env=runner.clean_env(), log=out.parent / f"{out.name}.log", timeout=300,
-                            start=here.start_forked)  # a process of its own: megatron's group stays there
+        result = runner.run(
+            argv,
+            env=runner.clean_env(),
+            log=out.parent / f"{out.name}.log",
+            timeout=300,
+            start=here.start_forked,
+        )  # a process of its own: megatron's group stays there
         assert result.ok, result.log.read_text()[-3000:]
         return out
 
@@ -79,7 +84,9 @@ def test_each_variant_is_a_fresh_run_of_its_fault(layout, fresh, tmp_path):
     variants = parse_variants(text, 1.0)
     out = tmp_path / "variants"
     argv = builtin_argv(case, out, trainer=TRAINERS.get(layout, "fsdp")) + [*flags, "--variants", text]
-    result = runner.run(argv, env=runner.clean_env(), log=tmp_path / "variants.log", timeout=300, start=here.start_forked)
+    result = runner.run(
+        argv, env=runner.clean_env(), log=tmp_path / "variants.log", timeout=300, start=here.start_forked
+    )
     assert result.ok, result.log.read_text()[-3000:]
 
     assert sorted(p.name for p in out.iterdir()) == sorted(v.slug for v in variants)
@@ -87,8 +94,14 @@ def test_each_variant_is_a_fresh_run_of_its_fault(layout, fresh, tmp_path):
         assert _lines(out / variant.slug) == fresh.lines(layout, variant), f"variant {variant} leaked"
         summary = json.loads((out / variant.slug / "summary.json").read_text())
         fresh_summary = json.loads((fresh.root / layout / variant.slug / "summary.json").read_text())
-        assert summary["inject"] == fresh_summary["inject"] and summary["artifacts"] == str(out / variant.slug)
-        assert summary["rollout_temperature"] == variant.rollout_temperature == fresh_summary["rollout_temperature"]
+        assert summary["inject"] == fresh_summary["inject"] and summary["artifacts"] == str(
+            out / variant.slug
+        )
+        assert (
+            summary["rollout_temperature"]
+            == variant.rollout_temperature
+            == fresh_summary["rollout_temperature"]
+        )
         timing = summary["timing"]
         assert timing["shared_load"] == {"runs": [v.slug for v in variants], "counted_in": variants[0].slug}
         first = variant == variants[0]
@@ -120,7 +133,9 @@ LEAKS = {  # what is taken away, how, and the order that shows it
 def test_without_the_reset_the_next_variant_is_not_a_fresh_run(leak, fresh, tmp_path, monkeypatch):
     take_away, text = LEAKS[leak]
     clean = parse_variants("clean", 1.0)[0]
-    assert _in_process(tmp_path / "whole", text)["clean"] == fresh.lines("fsdp", clean)  # the same run, in here
+    assert _in_process(tmp_path / "whole", text)["clean"] == fresh.lines(
+        "fsdp", clean
+    )  # the same run, in here
     take_away(monkeypatch)
     assert _in_process(tmp_path / "leaky", text)["clean"] != fresh.lines("fsdp", clean)
 
@@ -130,8 +145,12 @@ def test_each_variant_is_gated_as_its_own_run(tmp_path):
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--variants", "clean,stale-weights",
             "--out", str(out)]  # fmt: skip
     proc = run_cli(argv, env=os.environ, timeout=300)
-    assert proc.returncode == ExitCode.GATE_FAILED, proc.stderr[-3000:]  # one variant failed: the command fails
-    clean, stale = (json.loads((out / name / "summary.json").read_text()) for name in ("clean", "stale-weights"))
+    assert proc.returncode == ExitCode.GATE_FAILED, proc.stderr[
+        -3000:
+    ]  # one variant failed: the command fails
+    clean, stale = (
+        json.loads((out / name / "summary.json").read_text()) for name in ("clean", "stale-weights")
+    )
     assert clean["verdict"] == "PASS" and stale["verdict"] == "FAIL"
     assert "weight_sync" in {g["name"] for g in stale["gates"] if not g["passed"]}
     assert (out / "clean" / "run.log").read_text().splitlines()[-1] == "verdict: PASS"
@@ -147,7 +166,9 @@ def test_each_variant_is_gated_as_its_own_run(tmp_path):
     assert "an earlier run" not in (out / "clean" / "run.log").read_text()
     summary = json.loads((out / "clean" / "summary.json").read_text())
     assert summary["artifacts"] == str(out / "clean") and summary["timing"]["shared_load"]["runs"] == [
-        "clean", "stale-weights"]  # named by their folders, not the staging ones they were written in
+        "clean",
+        "stale-weights",
+    ]  # named by their folders, not the staging ones they were written in
     assert sorted(p.name for p in out.iterdir()) == ["clean", "stale-weights"]  # no staging folder left
 
 
@@ -193,4 +214,7 @@ def test_a_variant_s_folder_is_its_slug():
     assert [v.slug for v in parse_variants("clean,train-dropout=0.1,temperature-mismatch@0.8,rollout-noise=0.01@2",
                                            1.0)] == ["clean", "train-dropout-0.1", "temperature-mismatch-t0.8",
                                                      "rollout-noise-0.01-t2"]  # fmt: skip
-    assert [str(v) for v in parse_variants("clean,stale-weights@0.7", 0.8)] == ["clean@0.8", "stale-weights@0.7"]
+    assert [str(v) for v in parse_variants("clean,stale-weights@0.7", 0.8)] == [
+        "clean@0.8",
+        "stale-weights@0.7",
+    ]

@@ -45,8 +45,9 @@ def test_timeout_kills_the_whole_tree_and_leaves_zero_orphans(tmp_path):
     pids_file = tmp_path / "pids"
     script = tmp_path / "tree.py"
     script.write_text(TREE)
-    proc = runner.Process([PY, str(script), str(pids_file)], env=runner.clean_env(), log=tmp_path / "run.log",
-                          grace=1.0)
+    proc = runner.Process(
+        [PY, str(script), str(pids_file)], env=runner.clean_env(), log=tmp_path / "run.log", grace=1.0
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and len(_read(pids_file)) < 4:
         time.sleep(0.05)
@@ -74,7 +75,9 @@ def test_children_left_by_a_finished_leader_are_stopped(tmp_path):
     assert not alive(int(pid_file.read_text()))
 
 
-@pytest.mark.parametrize(("code", "rc"), [("pass", 0), ("raise SystemExit(3)", 3), ("import os; os.kill(os.getpid(), 9)", -9)])
+@pytest.mark.parametrize(
+    ("code", "rc"), [("pass", 0), ("raise SystemExit(3)", 3), ("import os; os.kill(os.getpid(), 9)", -9)]
+)
 def test_exit_codes_pass_through(tmp_path, code, rc):
     result = runner.run([PY, "-c", code], env=runner.clean_env(), log=tmp_path / "run.log", timeout=30)
     assert result.returncode == rc and not result.timed_out and result.ok is (rc == 0)
@@ -82,7 +85,9 @@ def test_exit_codes_pass_through(tmp_path, code, rc):
 
 def test_output_is_teed_to_the_log_and_the_echo(tmp_path, capsys):
     code = "import sys; print('out line'); print('err line', file=sys.stderr)"
-    runner.run([PY, "-c", code], env=runner.clean_env(), log=tmp_path / "a" / "run.log", timeout=30, echo=sys.stdout)
+    runner.run(
+        [PY, "-c", code], env=runner.clean_env(), log=tmp_path / "a" / "run.log", timeout=30, echo=sys.stdout
+    )
     log = (tmp_path / "a" / "run.log").read_text()
     assert "out line" in log and "err line" in log and log.startswith("$ ")
     assert "out line" in capsys.readouterr().out

@@ -69,7 +69,9 @@ def test_the_whole_miles_flow_on_real_ray(tmp_path, monkeypatch):
     ports = lease_ports(start=7)
     art = _artifacts(tmp_path / "art", miles, models, ports)
     record = run_case(CASE, art)
-    gates_for(CASE, art).check(record)  # Miles' gates (fixtures/thresholds/miles.json), grad_norm > 0 among them
+    gates_for(CASE, art).check(
+        record
+    )  # Miles' gates (fixtures/thresholds/miles.json), grad_norm > 0 among them
 
     paths = Paths(model_dir=str(models), output_dir=str(art.path / "miles"), miles_root=str(miles))
     plan = CASE.plan(paths=paths)
@@ -84,9 +86,16 @@ def test_the_whole_miles_flow_on_real_ray(tmp_path, monkeypatch):
     torch_dist = models / f"{CASE.name}_torch_dist"
     assert (torch_dist / flow.TRACKER).read_text() == flow.RELEASE
     # the job: Ray's head with the plan's GPUs, the plan's argv in the checkout, the run's env
-    assert "--num-gpus 2" in " ".join(ray_head.command) and "--num-gpus 2" in (art.path / "ray-head.log").read_text()
+    assert (
+        "--num-gpus 2" in " ".join(ray_head.command)
+        and "--num-gpus 2" in (art.path / "ray-head.log").read_text()
+    )
     train = recorded[2]
-    assert ["python3", *train["argv"]] == plan.launch.argv == list(submit.command[submit.command.index("--") + 1:])
+    assert (
+        ["python3", *train["argv"]]
+        == plan.launch.argv
+        == list(submit.command[submit.command.index("--") + 1 :])
+    )
     assert train["cwd"] == str(miles)
     assert train["env"]["MASTER_PORT"] == str(ports.master) and train["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert train["env"]["NCCL_NVLS_ENABLE"] == "0" and train["env"]["https_proxy"] is None
@@ -94,7 +103,10 @@ def test_the_whole_miles_flow_on_real_ray(tmp_path, monkeypatch):
     # the reward came from rlsmoke_reward on the job's PYTHONPATH, and gave the step a gradient
     assert "--custom-rm-path" in train["argv"] and str(Paths().reward_dir) in train["env"]["PYTHONPATH"]
     assert record.value("train/grad_norm", "min") > 0.0
-    assert {r.gate.name for r in gates_for(CASE, art).verdict(record).results} >= {"grad_norm", "ppo_kl_step0"}
+    assert {r.gate.name for r in gates_for(CASE, art).verdict(record).results} >= {
+        "grad_norm",
+        "ppo_kl_step0",
+    }
     # Ray's own logs are kept only when something failed: here the head ran until its stop
     assert not (art.path / "ray-logs").exists()
     assert _processes_in(miles) == [], "Ray processes outlived the run"
@@ -150,7 +162,10 @@ def test_no_hf_checkpoint_is_refused_before_anything_starts(tmp_path):
     plan = CASE.plan(paths=Paths(model_dir=str(tmp_path / "models"), miles_root=str(miles)))
     with pytest.raises(RlsmokeError) as err:
         flow.check(plan)
-    assert err.value.rule == "checkpoint.missing" and f"rlsmoke prepare {CASE.name} --out" in err.value.one_line()
+    assert (
+        err.value.rule == "checkpoint.missing"
+        and f"rlsmoke prepare {CASE.name} --out" in err.value.one_line()
+    )
     assert commands(miles) == []
 
 
@@ -162,7 +177,9 @@ def test_a_corrupt_checkpoint_fails_before_anything_launches(tmp_path):
     art = Artifacts(tmp_path / "art", model_dir=tmp_path / "models")
     with pytest.raises(CheckpointError, match="config.json"):
         run_case(Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True), art)
-    assert sorted(p.name for p in art.path.iterdir()) == [], "something ran before the checkpoint was verified"
+    assert sorted(p.name for p in art.path.iterdir()) == [], (
+        "something ran before the checkpoint was verified"
+    )
 
 
 @pytest.mark.parametrize(("asked", "named"), [
@@ -180,6 +197,8 @@ def test_what_only_the_built_in_engine_runs_is_refused_under_miles_by_name(tmp_p
                     model_dir=_model_dir(tmp_path), timeout=60)  # fmt: skip
     with pytest.raises(RlsmokeError) as err:
         plan_launch(CASE, art, verify=False, **asked)
-    assert err.value.rule == "launcher.inject" and str(err.value).startswith(f"{named} needs the built-in engine")
+    assert err.value.rule == "launcher.inject" and str(err.value).startswith(
+        f"{named} needs the built-in engine"
+    )
     assert plan_launch(CASE, art, verify=False).launcher == "miles"
     assert commands(miles) == []

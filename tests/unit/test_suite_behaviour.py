@@ -53,7 +53,9 @@ def _suite(folder: Path, **files: str) -> Path:
     return folder
 
 
-def _pytest(folder: Path, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def _pytest(
+    folder: Path, *args: str, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     result = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=folder, env=env or _env(folder),
                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
     assert "rlsmoke: launcher=" in result.stdout, result.stdout + result.stderr  # the plugin was loaded
@@ -69,7 +71,7 @@ def test_collect_only_lists_the_files_in_path_order(tmp_path):
     folder = _suite(tmp_path, test_a_declares=DECLARES, test_b_plain="def test_b():\n    pass\n",
                     test_c_waits=WAITS + "def test_c():\n    pass\n")  # fmt: skip
     result = _pytest(folder, "--collect-only")
-    listed = [line.strip()[len("<Module "):-1] for line in result.stdout.splitlines() if "<Module " in line]
+    listed = [line.strip()[len("<Module ") : -1] for line in result.stdout.splitlines() if "<Module " in line]
     assert listed == ["test_a_declares.py", "test_b_plain.py", "test_c_waits.py"], result.stdout
 
 
@@ -94,7 +96,9 @@ def test_breakpoint_stops_in_the_test_and_continues(tmp_path):
     folder = _suite(tmp_path, test_a_stops=stops, test_b_plain="def test_b():\n    pass\n")
     result = subprocess.run([sys.executable, "-m", "pytest"], cwd=folder, env=_env(folder), capture_output=True,
                             text=True, timeout=120, input="p here + ', said pdb'\ncontinue\n")  # fmt: skip
-    assert "in the test, said pdb" in result.stdout and "2 passed" in result.stdout, result.stdout + result.stderr
+    assert "in the test, said pdb" in result.stdout and "2 passed" in result.stdout, (
+        result.stdout + result.stderr
+    )
 
 
 def test_durations_count_a_declared_run_in_its_own_test(tmp_path):
@@ -144,7 +148,9 @@ def _probe_pids(probe: bytes) -> set[int]:
 
 
 def _leftovers(tmp: Path) -> list[str]:
-    return sorted(str(p.relative_to(tmp)) for pattern in ("**/pymp-*", "**/session_*") for p in tmp.glob(pattern))
+    return sorted(
+        str(p.relative_to(tmp)) for pattern in ("**/pymp-*", "**/session_*") for p in tmp.glob(pattern)
+    )
 
 
 @pytest.mark.slow

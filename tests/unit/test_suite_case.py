@@ -51,7 +51,9 @@ def test_the_decision_carries_the_shortfall_so_the_plugin_skips_at_collection():
     whole = Case("glm5-744b-a40b", platform="nvidia", num_gpus=8)  # 78 layers, no one-GPU variant
     d = decide(Requirement("nvidia", 1), h200, case=whole, num_gpus=1)
     assert not d.run and d.reason == memory_shortfall(effective_case(whole, 1), h200)
-    assert decide(Requirement("nvidia", 1), h200, case=GLM5, num_gpus=1) == Decision(True)  # the 1-GPU variant
+    assert decide(Requirement("nvidia", 1), h200, case=GLM5, num_gpus=1) == Decision(
+        True
+    )  # the 1-GPU variant
     flash = Case("glm5.3-flash-4layer", platform="nvidia", num_gpus=8)
     assert decide(Requirement("nvidia", 1), h200, case=flash, num_gpus=1) == Decision(True)
 
@@ -75,4 +77,6 @@ def test_a_declared_run_s_flags_go_to_rlsmoke_run_and_a_miles_launch_refuses_the
     with pytest.raises(RlsmokeError) as refused:
         CaseRun(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8), flags=flags).plan(miles)
     assert refused.value.rule == "launcher.flags"
-    assert CaseRun(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)).plan(miles).launcher == "miles"
+    assert (
+        CaseRun(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)).plan(miles).launcher == "miles"
+    )

@@ -13,8 +13,15 @@ from rlsmoke.suite import Artifacts, GateFailure, HistoryBandWarning, gates_for,
 CASE = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
 META = {"case": CASE.name, "platform": "cpu", "device": "CPU", "launcher": "builtin", "dtype": "float32/float32",
         "width": "tiny"}  # fmt: skip
-STEP = {"train/train_rollout_logprob_abs_diff": 2e-6, "train/train_rollout_logprob_abs_diff_max": 2e-5,
-        "train/train_rollout_kl": 4e-9, "train/train_rollout_logprob_slope": 3e-7, "train/ppo_kl": 0.0, "train/grad_norm": 56.0, "sync/mismatched_params": 0.0}
+STEP = {
+    "train/train_rollout_logprob_abs_diff": 2e-6,
+    "train/train_rollout_logprob_abs_diff_max": 2e-5,
+    "train/train_rollout_kl": 4e-9,
+    "train/train_rollout_logprob_slope": 3e-7,
+    "train/ppo_kl": 0.0,
+    "train/grad_norm": 56.0,
+    "sync/mismatched_params": 0.0,
+}
 ROLLOUT = {"rollout/raw_reward": 0.25, "rollout/log_probs": -1.0, "rollout/rollout_log_probs": -1.0 + 3e-7}
 
 
@@ -47,7 +54,9 @@ TWINS = [
 ]
 
 
-@pytest.mark.parametrize(("step", "rollout", "message"), TWINS, ids=[t[2].split(":")[0] + str(i) for i, t in enumerate(TWINS)])
+@pytest.mark.parametrize(
+    ("step", "rollout", "message"), TWINS, ids=[t[2].split(":")[0] + str(i) for i, t in enumerate(TWINS)]
+)
 def test_record_twins_fail_their_gate(tmp_path, step, rollout, message):
     record = _run(tmp_path / "run", step, rollout)
     with pytest.raises(GateFailure) as failure:
@@ -61,7 +70,10 @@ def test_update_golden_records_a_candidate_instead_of_failing(tmp_path):
     verdict = gates_for(CASE, art).check(_run(art.path, {"train/grad_norm": 0.0}))
     assert not verdict.passed
     doc = json.loads((art.path / "thresholds-candidate.json").read_text())
-    assert doc["entries"][0]["key"]["case"] == CASE.name and doc["entries"][0]["provenance"]["status"] == "candidate"
+    assert (
+        doc["entries"][0]["key"]["case"] == CASE.name
+        and doc["entries"][0]["provenance"]["status"] == "candidate"
+    )
 
 
 GQA = Case("glm4.5-355b-a32b-4layer", platform="cpu", tiny=True)
@@ -91,8 +103,12 @@ def test_a_history_band_failure_fails_the_run_unless_shadowed(tmp_path, shadow):
     for i in range(3):  # trusted baseline: grad_norm 56
         art = Artifacts(tmp_path / f"good{i}", history=db, trusted=True)
         gates_for(CASE, art).check(_run(art.path))
-    art = Artifacts(tmp_path / "pr", history=db, history_shadow=shadow, record_property=lambda k, v: props.append((k, v)))
-    record = _run(art.path, {"train/grad_norm": 200.0})  # inside its threshold (finite, > 0), far outside the band
+    art = Artifacts(
+        tmp_path / "pr", history=db, history_shadow=shadow, record_property=lambda k, v: props.append((k, v))
+    )
+    record = _run(
+        art.path, {"train/grad_norm": 200.0}
+    )  # inside its threshold (finite, > 0), far outside the band
     if shadow:
         with pytest.warns(HistoryBandWarning, match="train/grad_norm@0 = 200"):
             assert gates_for(CASE, art).check(record).passed
@@ -101,7 +117,9 @@ def test_a_history_band_failure_fails_the_run_unless_shadowed(tmp_path, shadow):
         with pytest.raises(GateFailure, match="train/grad_norm@0 = 200"):
             gates_for(CASE, art).check(record)
     result = "FAIL (shadow)" if shadow else "FAIL"
-    assert f"| `train/grad_norm@0` | 200 | [11.2, 84] | 3 | {result} |" in (art.path / "summary.md").read_text()
+    assert (
+        f"| `train/grad_norm@0` | 200 | [11.2, 84] | 3 | {result} |" in (art.path / "summary.md").read_text()
+    )
 
 
 @pytest.mark.slow
@@ -109,14 +127,20 @@ def test_a_builtin_run_is_gated_once_by_the_suite(tmp_path, monkeypatch):
     """The engine only records (in this process too); the suite's `check` is the one evaluation of the thresholds."""
     evaluated = []
     check = thresholds.Gates.check
-    monkeypatch.setattr(thresholds.Gates, "check", lambda gates, record: evaluated.append(record.artifacts) or check(gates, record))
+    monkeypatch.setattr(
+        thresholds.Gates,
+        "check",
+        lambda gates, record: evaluated.append(record.artifacts) or check(gates, record),
+    )
     art = Artifacts(tmp_path / "run")
     record = run_case(CASE, art)
     summary = json.loads((art.path / "summary.json").read_text())
     assert "verdict" not in summary and "gates" not in summary, "the engine process gated the run as well"
     assert gates_for(CASE, art).check(record).passed
     assert evaluated == [str(art.path)]
-    assert json.loads((art.path / "summary.json").read_text())["verdict"] == "PASS"  # what the session summary reads
+    assert (
+        json.loads((art.path / "summary.json").read_text())["verdict"] == "PASS"
+    )  # what the session summary reads
 
 
 def test_a_gpu_record_naming_no_device_is_an_error_not_a_cpu_key(tmp_path):

@@ -40,7 +40,10 @@ def test_the_tests_of_one_case_share_one_run_and_each_gates_its_own(tmp_path):
     assert len(_launches(tmp_path)) == 1 and "--variants clean,stale-weights" in _launches(tmp_path)[0]
     assert [json.loads((first.path / slug / "summary.json").read_text())["inject"]
             for slug in ("clean", "stale-weights")] == ["none", "stale-weights"]  # fmt: skip
-    assert ("artifacts", str(first.path / "stale-weights")) in properties  # the asking test's junit properties
+    assert (
+        "artifacts",
+        str(first.path / "stale-weights"),
+    ) in properties  # the asking test's junit properties
     assert any(k == "train/grad_norm" for k, _ in properties)
     assert clean.ran_with.history is not None and stale.ran_with.history is None  # a fault never reaches it
 
@@ -86,7 +89,9 @@ def test_the_session_summary_leaves_hidden_folders_out(tmp_path):
     for folder, case in (("t1", "a"), (".x/case/clean", "b"), (".t2.rlsmoke-new", "c")):
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "summary.json").write_text(json.dumps({"case": case}))
-    rows = [line for line in write_session_summary(tmp_path).read_text().splitlines() if line.startswith("| [")]
+    rows = [
+        line for line in write_session_summary(tmp_path).read_text().splitlines() if line.startswith("| [")
+    ]
     assert len(rows) == 1 and "| a |" in rows[0]
 
 
@@ -95,19 +100,25 @@ def test_a_one_step_test_that_declares_the_twins_run_reads_its_clean_variant(tmp
     run without it launches its own, the same bits."""
     variants = ("clean", "stale-weights")
     twins = VariantRuns(variants)
-    one_step = CaseRun(CASE, shared=variants).run(_test_artifacts(tmp_path / "one_step")[0], variant_runs=twins)
+    one_step = CaseRun(CASE, shared=variants).run(
+        _test_artifacts(tmp_path / "one_step")[0], variant_runs=twins
+    )
     twin = twins.record(CASE, _test_artifacts(tmp_path / "twin")[0], "stale-weights")
     assert len(_launches(tmp_path)) == 1 and twin.entries != one_step.entries
     gates_for(CASE).check(one_step)
 
     alone = CaseRun(CASE).run(_test_artifacts(tmp_path / "alone")[0], variant_runs=twins)
-    assert len(_launches(tmp_path)) == 2 and "--variants" not in (tmp_path / "alone" / "pytest-run.log").read_text()
+    assert (
+        len(_launches(tmp_path)) == 2
+        and "--variants" not in (tmp_path / "alone" / "pytest-run.log").read_text()
+    )
     assert alone.entries == one_step.entries  # the clean variant is the run a process of its own gives
 
 
 def test_a_module_s_shared_run_is_one_launch_for_its_one_step_test_and_twins(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("RLSMOKE_LEASE_DIR", str(tmp_path / "leases"))
-    pytester.makepyfile(test_model="""
+    pytester.makepyfile(
+        test_model="""
         from rlsmoke.cases import Case
         from rlsmoke.suite import gates_for
 
@@ -119,7 +130,8 @@ def test_a_module_s_shared_run_is_one_launch_for_its_one_step_test_and_twins(pyt
 
         def test_twin(rlsmoke_variant_runs, artifacts):
             assert rlsmoke_variant_runs.record(CASE, artifacts, "stale-weights").artifacts.endswith("stale-weights")
-    """)
+    """
+    )
     root = tmp_path / "art"
     pytester.runpytest("-p", "no:cacheprovider", "--artifacts-dir", str(root)).assert_outcomes(passed=2)
     assert len(_launches(root)) == 1

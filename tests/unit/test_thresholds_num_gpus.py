@@ -48,5 +48,13 @@ def test_repeat_then_calibrate_makes_the_two_rank_key(tmp_path, monkeypatch, cap
     gates = lookup_gates(RunKey.from_summary(metrics.seed_records(runs)[0].meta))
     assert gates.source == str(target) and gates.key.num_gpus == "2"
     with pytest.raises(RlsmokeError, match=r"thresholds\.missing|no thresholds"):
-        lookup_gates(RunKey("glm5-744b-a40b-4layer", platform="cpu", device="CPU", dtype="bfloat16/float32",
-                            width="tiny", num_gpus="1"))
+        lookup_gates(
+            RunKey(
+                "glm5-744b-a40b-4layer",
+                platform="cpu",
+                device="CPU",
+                dtype="bfloat16/float32",
+                width="tiny",
+                num_gpus="1",
+            )
+        )

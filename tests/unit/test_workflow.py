@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "nightly-gpu.yml"
-CHECK = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent)) or shutil.which("check-jsonschema")
+CHECK = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent)) or shutil.which(
+    "check-jsonschema"
+)
 needs_checker = pytest.mark.skipif(CHECK is None, reason="needs check-jsonschema (pip install -e .[dev])")
 
 

@@ -75,15 +75,18 @@ class Parallel:
         problems = []
         w = self.world_size
         if w % self.tp or w % (self.ep * self.expert_tp):
-            problems.append(f"world={w} is not a multiple of tp={self.tp} and ep*etp={self.ep * self.expert_tp}")
+            problems.append(
+                f"world={w} is not a multiple of tp={self.tp} and ep*etp={self.ep * self.expert_tp}"
+            )
         if spec.num_experts % self.ep:
             problems.append(f"ep={self.ep} does not divide num_experts={spec.num_experts}")
         if spec.tp_divisor % self.tp:
             problems.append(f"tp={self.tp} does not divide {spec.tp_divisor} heads/query groups")
         if problems:
-            raise RlsmokeError("; ".join(problems), rule="bridge.layout", fix="choose a TP/EP the model divides")
+            raise RlsmokeError(
+                "; ".join(problems), rule="bridge.layout", fix="choose a TP/EP the model divides"
+            )
         return self
-
 
 
 def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:

@@ -59,11 +59,18 @@ def _mlp(spec: ModelSpec, i: int, moe: bool) -> list[Rule]:
     return [
         Rule(mg + "router.weight", (hf + "gate.weight",)),
         Rule(mg + "router.expert_bias", (hf + "gate.e_score_correction_bias",)),
-        Rule(ex + "linear_fc1.weight", (hf + "experts.{e}.gate_proj.weight", hf + "experts.{e}.up_proj.weight"),
-             "gate_up", expert=True),  # fmt: skip
+        Rule(
+            ex + "linear_fc1.weight",
+            (hf + "experts.{e}.gate_proj.weight", hf + "experts.{e}.up_proj.weight"),
+            "gate_up",
+            expert=True,
+        ),  # fmt: skip
         Rule(ex + "linear_fc2.weight", (hf + "experts.{e}.down_proj.weight",), "row", expert=True),
-        Rule(mg + "shared_experts.linear_fc1.weight",
-             (hf + "shared_experts.gate_proj.weight", hf + "shared_experts.up_proj.weight"), "gate_up"),  # fmt: skip
+        Rule(
+            mg + "shared_experts.linear_fc1.weight",
+            (hf + "shared_experts.gate_proj.weight", hf + "shared_experts.up_proj.weight"),
+            "gate_up",
+        ),  # fmt: skip
         Rule(mg + "shared_experts.linear_fc2.weight", (hf + "shared_experts.down_proj.weight",), "row"),
     ]
 
@@ -114,7 +121,14 @@ KDA = {
     "b_proj.weight": "column", "A_log": "column", "dt_bias": "column",
     "o_norm.weight": "replicated", "o_proj.weight": "row",
 }  # fmt: skip
-HYPER_CONNECTIONS = ("hc_attn_base", "hc_attn_fn", "hc_attn_scale", "hc_ffn_base", "hc_ffn_fn", "hc_ffn_scale")
+HYPER_CONNECTIONS = (
+    "hc_attn_base",
+    "hc_attn_fn",
+    "hc_attn_scale",
+    "hc_ffn_base",
+    "hc_ffn_fn",
+    "hc_ffn_scale",
+)
 
 
 def _mla(spec: ModelSpec, i: int, hf_names: set[str]) -> list[Rule]:

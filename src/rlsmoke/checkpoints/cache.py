@@ -173,7 +173,9 @@ def human_bytes(n: float) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def describe_write(spec, size: int, out: Path | str, *, dtype: str, fp8: bool, source: Path | None = None) -> str:
+def describe_write(
+    spec, size: int, out: Path | str, *, dtype: str, fp8: bool, source: Path | None = None
+) -> str:
     """The line `prepare` prints before it starts: what, how big, where (and the cheaper --tiny when full)."""
     what = f"pruned from {source}" if source else f"at the {spec.width} width"
     line = f"prepare: {spec.name} {what}, {dtype}: writes {human_bytes(size)} to {out}"

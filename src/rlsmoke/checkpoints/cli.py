@@ -24,7 +24,9 @@ def parse_size(text: str) -> int:
     unit = (m.group(2) or "").lower().rstrip("b")
     size = int(float(m.group(1)) * _UNITS[unit])
     if size < 1:  # a 0 would otherwise fall back to the 5GB default without a word
-        raise argparse.ArgumentTypeError(f"{text!r} is less than one byte: a shard holds at least one tensor byte")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is less than one byte: a shard holds at least one tensor byte"
+        )
     return size
 
 
@@ -85,7 +87,12 @@ def prepare_handler(args: argparse.Namespace) -> int:
                 fix="pass --out DIR, or drop them to use the cache",
             )
         path = prepare(
-            args.case, tiny=args.tiny, seed=args.seed, dialect=args.dialect, fp8=args.fp8, progress=progress,
+            args.case,
+            tiny=args.tiny,
+            seed=args.seed,
+            dialect=args.dialect,
+            fp8=args.fp8,
+            progress=progress,
             say=_say,
         )
     else:
@@ -107,7 +114,9 @@ def verify_handler(args: argparse.Namespace) -> int:
     from rlsmoke.paths import check_name
 
     check_name(args.dir, "DIR")  # too long a name is its own line; a missing folder is verify's
-    rep = verify(args.dir, checksums=not args.no_checksums, dialect=args.dialect, progress=not args.no_progress)
+    rep = verify(
+        args.dir, checksums=not args.no_checksums, dialect=args.dialect, progress=not args.no_progress
+    )
     sums = "sha256 ok" if rep.checksummed else "no sha256 manifest checked"
     print(
         f"{rep.folder}: ok, {len(rep.shards)} shards, {rep.tensors} tensors, {rep.nbytes / 1e9:.3f} GB, {sums}"

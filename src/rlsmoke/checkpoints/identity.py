@@ -116,8 +116,12 @@ def file_versions(folder: Path | str) -> dict[str, tuple[int, int, int, int]]:
     return versions
 
 
-def stamp_hashed(folder: Path | str, hashed: Mapping[str, tuple[int, int, int, int]], *,
-                 cache_dir: Path | str | None = None) -> None:
+def stamp_hashed(
+    folder: Path | str,
+    hashed: Mapping[str, tuple[int, int, int, int]],
+    *,
+    cache_dir: Path | str | None = None,
+) -> None:
     """Stamp the files that were hashed as `hashed` versions, under another path: a build verifies its
     folder, then renames it into place, which keeps each file's inode and times. So the first use of a
     prepared checkpoint does not hash it again (11 s for GLM-5 4-layer on an H200 host). A file whose

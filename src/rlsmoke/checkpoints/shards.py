@@ -255,5 +255,9 @@ def raw_tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     out = {}
     for name, shard in load_index(folder).items():
         entry = read_header(folder / shard)[name]
-        out[name] = (entry.dtype, tuple(entry.shape), read_tensor(folder / shard, entry).view(torch.uint8).numpy().tobytes())
+        out[name] = (
+            entry.dtype,
+            tuple(entry.shape),
+            read_tensor(folder / shard, entry).view(torch.uint8).numpy().tobytes(),
+        )
     return out

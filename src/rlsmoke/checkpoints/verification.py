@@ -62,7 +62,11 @@ class CheckpointFaults(CheckpointError):
 
 
 def verify(
-    folder: Path | str, *, checksums: bool = True, config: bool = True, dialect: str | None = None,
+    folder: Path | str,
+    *,
+    checksums: bool = True,
+    config: bool = True,
+    dialect: str | None = None,
     progress: bool = False,
 ) -> Report:
     """Check `folder`; return a Report, or raise CheckpointFaults naming every bad file and tensor.
@@ -265,8 +269,12 @@ def config_from_dict(cfg: dict):
 
 
 def _check_manifest(folder: Path, rep: Report, *, progress: bool = False) -> None:
-    entries = [line.partition("  ") for line in (folder / MANIFEST_NAME).read_text().splitlines() if line.strip()]
-    total = sum((folder / n).stat().st_size for _, _, n in entries if _plain_name(n) and (folder / n).is_file())
+    entries = [
+        line.partition("  ") for line in (folder / MANIFEST_NAME).read_text().splitlines() if line.strip()
+    ]
+    total = sum(
+        (folder / n).stat().st_size for _, _, n in entries if _plain_name(n) and (folder / n).is_file()
+    )
     with ProgressBar(total, f"verify {folder.name}", progress) as bar:
         for digest, _, name in entries:
             if not _plain_name(name):

@@ -61,7 +61,11 @@ def refusals(args: list[str], table: FlagTable) -> list[str]:
                 break
             values.append(nxt)
         if not _count_fits(spec["nargs"], len(values)):
-            out.append(f"{flag}: takes {spec['nargs']} value(s), given {len(values)}: {' '.join(values)}".rstrip(": "))
+            out.append(
+                f"{flag}: takes {spec['nargs']} value(s), given {len(values)}: {' '.join(values)}".rstrip(
+                    ": "
+                )
+            )
             continue
         for value in values:
             if spec["choices"] is not None and value not in spec["choices"]:

@@ -156,11 +156,15 @@ def dumps(table: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlsmoke.conformance.record_flags", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m rlsmoke.conformance.record_flags", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--target", required=True, choices=sorted(TARGETS))
     p.add_argument("--out", type=Path, required=True, help="the table to write (atomically)")
     p.add_argument("--miles-root", type=Path, help="a checkout of radixark/miles at the target's commit")
-    p.add_argument("--megatron-root", type=Path, help="a checkout of radixark/Megatron-LM at the target's commit")
+    p.add_argument(
+        "--megatron-root", type=Path, help="a checkout of radixark/Megatron-LM at the target's commit"
+    )
     args = p.parse_args(argv)
     t = TARGETS[args.target]
     for root in (args.megatron_root, args.miles_root):

@@ -132,7 +132,9 @@ def parse_variants(text: str, temperature: float) -> list[Variant]:
                                fix=f"run it alone: --inject {fault}")  # fmt: skip
         variant = Variant(inject, t)
         if any(v.slug == variant.slug for v in variants):
-            raise RlsmokeError(f"--variants names {variant} twice", rule="run.variants", fix="name each variant once")
+            raise RlsmokeError(
+                f"--variants names {variant} twice", rule="run.variants", fix="name each variant once"
+            )
         variants.append(variant)
     return variants
 
@@ -279,9 +281,12 @@ class RunConfig:
         if self.inject.kind.startswith("bridge-") and self.trainer != "megatron":
             problems.append(f"inject={self.inject.kind} is a bridge defect: it needs --trainer megatron")
         why = megatron.refusal(self.spec, self.num_gpus, self.mode) or megatron.unwired(
-            inject=str(self.inject), gradient_checkpointing=self.gradient_checkpointing, kl_coef=self.kl_coef)
+            inject=str(self.inject), gradient_checkpointing=self.gradient_checkpointing, kl_coef=self.kl_coef
+        )
         if self.trainer == "megatron" and why:
-            problems.append(f"trainer=megatron: {why}. Adjust --trainer fsdp, or --mode colocate --num-gpus 1")
+            problems.append(
+                f"trainer=megatron: {why}. Adjust --trainer fsdp, or --mode colocate --num-gpus 1"
+            )
         if problems:
             raise RlsmokeError("; ".join(problems), rule="run.config")
         return self

@@ -49,16 +49,26 @@ def select(device_name: str, version: str, shipped: Path = SHIPPED) -> tuple[Pat
         recorded = json.loads((folder / PROVENANCE).read_text())
     except (OSError, ValueError):
         tuned = sorted(p.name for p in shipped.iterdir() if p.is_dir()) if shipped.is_dir() else []
-        return None, f"no configs recorded for {gpu_folder(device_name)} (tuned: {', '.join(tuned) or 'none'})"
+        return (
+            None,
+            f"no configs recorded for {gpu_folder(device_name)} (tuned: {', '.join(tuned) or 'none'})",
+        )
     if recorded.get("fla") != version:
-        return None, f"configs for {folder.name} were recorded with fla {recorded.get('fla')}, this is fla {version}"
+        return (
+            None,
+            f"configs for {folder.name} were recorded with fla {recorded.get('fla')}, this is fla {version}",
+        )
     return folder, f"recorded on {recorded.get('gpu')} with fla {version} ({recorded.get('date')})"
 
 
 def use(device_name: str) -> dict:
     """Point fla at the shipped configs for `device_name` if there are any; what the summary records."""
     if "FLA_CONFIG_DIR" in os.environ or "FLA_CACHE_MODE" in os.environ:
-        return {"source": "user", "dir": os.environ.get("FLA_CONFIG_DIR"), "mode": os.environ.get("FLA_CACHE_MODE")}
+        return {
+            "source": "user",
+            "dir": os.environ.get("FLA_CONFIG_DIR"),
+            "mode": os.environ.get("FLA_CACHE_MODE"),
+        }
     folder, reason = select(device_name, fla_version())
     if folder is None:
         return {"source": "autotune", "reason": reason}
@@ -87,7 +97,10 @@ def autotuners():
             while hasattr(fn, "fn"):
                 fn = fn.fn
             if (getattr(fn, "__module__", "") or "").startswith("fla."):
-                yield obj, obj.fn.fn.__name__ if hasattr(obj.fn, "fn") else obj.fn.__name__  # as CachedAutotuner
+                yield (
+                    obj,
+                    obj.fn.fn.__name__ if hasattr(obj.fn, "fn") else obj.fn.__name__,
+                )  # as CachedAutotuner
 
 
 def chosen() -> dict[str, dict[tuple, object]]:

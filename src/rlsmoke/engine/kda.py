@@ -28,7 +28,15 @@ MODELING = "transformers.models.glm5_next.modeling_glm5_next"
 # transformers' function name -> fla's, both in fla.ops.kda
 KERNELS = {"chunk_kimi_delta_attention": "chunk_kda", "recurrent_kimi_delta_attention": "fused_recurrent_kda"}
 # What the layer passes that fla takes; the rest of its **kwargs (attention kwargs) is not fla's.
-FLA_KWARGS = ("g", "beta", "scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "cu_seqlens")
+FLA_KWARGS = (
+    "g",
+    "beta",
+    "scale",
+    "initial_state",
+    "output_final_state",
+    "use_qk_l2norm_in_kernel",
+    "cu_seqlens",
+)
 _REFERENCE: dict = {}
 CONFIGS: dict = {}  # where fla's kernel configs came from (engine.fla_configs.use), for the summary
 
@@ -58,7 +66,9 @@ def triton_cache() -> None:
     from rlsmoke.checkpoints.cache_paths import cache_home
 
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_home() / "triton"))
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # the autotuner's choice is kept too (Triton >= 3.3)
+    os.environ.setdefault(
+        "TRITON_CACHE_AUTOTUNING", "1"
+    )  # the autotuner's choice is kept too (Triton >= 3.3)
 
 
 def install(path: str) -> None:
@@ -118,14 +128,21 @@ def _fla_call(kernel, reference):
     def call(query, key, value, *args, **kwargs):
         return kernel(query, key, value, *args, **{k: v for k, v in kwargs.items() if k in FLA_KWARGS})
 
-    call.__name__, call.__doc__ = reference.__name__, f"fla.ops.kda.{kernel.__name__} in place of the reference"
+    call.__name__, call.__doc__ = (
+        reference.__name__,
+        f"fla.ops.kda.{kernel.__name__} in place of the reference",
+    )
     return call
 
 
 def bound(name: str = "chunk_kimi_delta_attention") -> str:
     """Which implementation the layer calls now: "fla" or "reference" (what the summary records)."""
     fn = getattr(importlib.import_module(MODELING), name)
-    return "fla" if (fn.__doc__ or "").startswith("fla.") or "fla" in (getattr(fn, "__module__", "") or "") else "reference"
+    return (
+        "fla"
+        if (fn.__doc__ or "").startswith("fla.") or "fla" in (getattr(fn, "__module__", "") or "")
+        else "reference"
+    )
 
 
 def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:

@@ -66,7 +66,9 @@ def check_numbers(cfg, *, repeat: int) -> None:
     for flag, value, top in (("--num-rollout", cfg.num_rollout, ROLLOUTS_PER_SEED),
                              ("--n-prompts", cfg.n_prompts, PROMPTS_PER_ROLLOUT), ("--repeat", repeat, MAX_REPEAT)):  # fmt: skip
         if value > top:
-            raise RlsmokeError(f"{flag}={value} is past {top}", rule="run.range", fix=f"pass {flag} of at most {top}")
+            raise RlsmokeError(
+                f"{flag}={value} is past {top}", rule="run.range", fix=f"pass {flag} of at most {top}"
+            )
     check_seed(cfg.seed, repeat=repeat, num_rollout=cfg.num_rollout, n_prompts=cfg.n_prompts)
 
 
@@ -106,7 +108,9 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
         folder = Path(tokenizer_dir)
     try:
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    except Exception:  # a checkpoint's unreadable tokenizer is the loader's to name; count with the shipped one
+    except (
+        Exception
+    ):  # a checkpoint's unreadable tokenizer is the loader's to name; count with the shipped one
         folder = FIXTURES / "tokenizer"
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.no_truncation()
@@ -135,7 +139,9 @@ def _template(folder: Path):
     def raise_exception(message):
         raise ValueError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = raise_exception
     try:
         template = env.from_string(source)

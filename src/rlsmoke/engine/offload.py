@@ -177,7 +177,9 @@ class HostCopies:
             from torch.distributed.tensor import DTensor
 
             local = self.to_device(t.local)
-            return DTensor.from_local(local, t.mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride)
+            return DTensor.from_local(
+                local, t.mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride
+            )
         return self.to_device(t)
 
     def _sync(self) -> None:
@@ -250,8 +252,11 @@ class Phases:
             want = {
                 "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
                 # the moments come back only for a step (`for_step`): scoring the last rollout needs none
-                "train": {"train_params": "device", "optimizer_state": self.where["optimizer_state"],
-                          "rollout_copy": "host"},
+                "train": {
+                    "train_params": "device",
+                    "optimizer_state": self.where["optimizer_state"],
+                    "rollout_copy": "host",
+                },
                 "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
             }[phase]
             if not self.offload_train:  # the train state stays: only the rollout copy takes turns

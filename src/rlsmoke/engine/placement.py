@@ -31,7 +31,9 @@ class Colocated:
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
         self.cfg = cfg
-        if cfg.device.startswith("cuda"):  # the load phase's peak counts from here (a --repeat reuses the process)
+        if cfg.device.startswith(
+            "cuda"
+        ):  # the load phase's peak counts from here (a --repeat reuses the process)
             torch.cuda.reset_peak_memory_stats()
         self.train = train_worker(cfg, ckpt)
         master = self.train.trainer.master if isinstance(self.train, TrainWorker) else None
@@ -44,11 +46,16 @@ class Colocated:
             generate_rows = cfg.n_samples * (cfg.n_prompts if self.rollout.engine.batch == "rank" else 1)
             models = [(self.rollout.model, False, generate_rows)]
             if hasattr(trainer, "model"):
-                models.append((trainer.model, True, cfg.n_samples))  # the trainer forwards one group at a time
+                models.append(
+                    (trainer.model, True, cfg.n_samples)
+                )  # the trainer forwards one group at a time
             try:  # one layer at a call's rows and under 100 tokens: MiBs beside the load's peak
                 self.compile_s = kda.warm_up(models)
             except Exception as exc:  # noqa: BLE001 - the run goes on; the compile is then paid in the first seed
-                print(f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles", file=sys.stderr)
+                print(
+                    f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles",
+                    file=sys.stderr,
+                )
         self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.train.trainer,
                              rollout_model=self.rollout.model, offload_train=cfg.offload_train_active)  # fmt: skip
         self.where = {"train": worker_location(), "rollout": worker_location()}

@@ -121,7 +121,10 @@ class RankContext(mp_context.ForkServerContext):
 
 def server_preload(rank_modules: tuple[str, ...] = ()) -> list[str]:
     """What the fork server imports: the heavy modules and the ranks' own that the driver has imported."""
-    return [SERVER_SETUP, *(name for name in preloadable((*HEAVY_MODULES, *rank_modules)) if name in sys.modules)]
+    return [
+        SERVER_SETUP,
+        *(name for name in preloadable((*HEAVY_MODULES, *rank_modules)) if name in sys.modules),
+    ]
 
 
 def _import_if_installed(name: str) -> None:
@@ -174,8 +177,13 @@ LIVE_GROUP = "an initialized process group"
 def distributed_leftovers() -> list[str]:
     """What process groups left in this process: a live group, and torch's threads that outlive it."""
     torch = sys.modules.get("torch")
-    left = sorted({name for name in _native_thread_names()
-                   if name.startswith(DISTRIBUTED_THREADS) and not name.startswith(AUTOGRAD_DEVICE_THREADS)})
+    left = sorted(
+        {
+            name
+            for name in _native_thread_names()
+            if name.startswith(DISTRIBUTED_THREADS) and not name.startswith(AUTOGRAD_DEVICE_THREADS)
+        }
+    )
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         left.insert(0, LIVE_GROUP)
     return left
@@ -196,8 +204,10 @@ def mapped_libraries(prefixes: tuple[str, ...]) -> dict[str, str] | None:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    files = {line[line.index("/"):] for line in maps.splitlines() if "/" in line}
-    return {prefix: file for prefix in prefixes for file in sorted(files) if Path(file).name.startswith(prefix)}
+    files = {line[line.index("/") :] for line in maps.splitlines() if "/" in line}
+    return {
+        prefix: file for prefix in prefixes for file in sorted(files) if Path(file).name.startswith(prefix)
+    }
 
 
 def gpu_driver_initialized() -> bool:
@@ -215,7 +225,9 @@ def gpu_driver_initialized() -> bool:
     except OSError:
         return True
     count = ctypes.c_int()
-    return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED  # asks, initializes nothing
+    return (
+        driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
+    )  # asks, initializes nothing
 
 
 def fork_is_safe() -> bool:

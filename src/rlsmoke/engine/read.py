@@ -72,7 +72,9 @@ def _pread_full(fd: int, view: memoryview, offset: int) -> None:
 def _read_into(fd: int, start: int, data: torch.Tensor) -> None:
     dest = memoryview(data.numpy())
     with ThreadPoolExecutor(READERS) as pool:
-        list(pool.map(lambda c: _pread_full(fd, dest[c[0] : c[0] + c[1]], start + c[0]), _chunks(data.numel())))
+        list(
+            pool.map(lambda c: _pread_full(fd, dest[c[0] : c[0] + c[1]], start + c[0]), _chunks(data.numel()))
+        )
 
 
 def _read_staged(fd: int, start: int, data: torch.Tensor) -> None:
@@ -80,7 +82,9 @@ def _read_staged(fd: int, start: int, data: torch.Tensor) -> None:
     asynchronously, and is read into again once that copy has finished."""
     chunks = _chunks(data.numel())
     cuda = data.device.type == "cuda"
-    buffers = [torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=cuda) for _ in range(min(READERS, len(chunks)))]
+    buffers = [
+        torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=cuda) for _ in range(min(READERS, len(chunks)))
+    ]
     views = [memoryview(b.numpy()) for b in buffers]
 
     def read(i: int) -> int:

@@ -56,7 +56,9 @@ def _narrowest_exact(t: torch.Tensor, narrow: torch.dtype | None) -> torch.dtype
 
 
 def _device_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.to(dtype, copy=True)  # a copy even in t's own dtype: never the parameter itself (the twin aliases)
+    return t.to(
+        dtype, copy=True
+    )  # a copy even in t's own dtype: never the parameter itself (the twin aliases)
 
 
 class Snapshot:
@@ -69,7 +71,9 @@ class Snapshot:
         dtypes = {name: _narrowest_exact(t, narrow) for name, t in params}
         nbytes = sum(t.numel() * dtypes[name].itemsize for name, t in params)
         device = params[0][1].device if params else torch.device("cpu")
-        pin = not on_device and _pin(nbytes, device)  # on CPU a "device" copy is a host copy: the path CI runs
+        pin = not on_device and _pin(
+            nbytes, device
+        )  # on CPU a "device" copy is a host copy: the path CI runs
         self.tensors: dict[str, torch.Tensor] = {}
         for name, t in params:
             if on_device:
@@ -101,7 +105,9 @@ class DerivedCopy:
         for name, t in derived:
             seen.add(name)
             mine = params.get(name)
-            if mine is not None and (mine.shape != t.shape or not torch.equal(mine, t.to(mine.device, mine.dtype))):
+            if mine is not None and (
+                mine.shape != t.shape or not torch.equal(mine, t.to(mine.device, mine.dtype))
+            ):
                 self.kept[name] = mine.detach().cpu().clone()
         for name in params.keys() - seen:
             self.kept[name] = params[name].detach().cpu().clone()

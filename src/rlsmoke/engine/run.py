@@ -67,7 +67,9 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
     score = REWARDS[cfg.reward]
     clock = clock or PhaseClock()
     for i in range(cfg.num_rollout):
-        groups = clock("rollout", workers.generate, [p.ids for p in prompts], cfg.n_samples, seed=seed * 100 + i)
+        groups = clock(
+            "rollout", workers.generate, [p.ids for p in prompts], cfg.n_samples, seed=seed * 100 + i
+        )
         for g, p in zip(groups, prompts, strict=True):
             rows = [resp[mask > 0].tolist() for resp, mask in zip(g.response, g.mask, strict=True)]
             g.rewards = torch.tensor([score(tokenizer.decode(r), r, p.label) for r in rows])  # (n,)
@@ -168,7 +170,9 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
         seeds = [cfg.seed + r for r in range(repeat)]
         prompts_of = {}
         for seed in seeds:
-            prompts_of[seed] = [encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)]
+            prompts_of[seed] = [
+                encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)
+            ]
         load["checkpoint_s"] = time.perf_counter() - t0
         workers = open_workers(cfg, ckpt, eos, pad)
         try:
@@ -179,8 +183,10 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                 kept_from = time.perf_counter()
                 workers.keep_initial()  # each further seed or run restores these weights in place (engine.reuse)
                 kept_s = time.perf_counter() - kept_from
-                log(f"initial weights: kept {'on the device' if cfg.initial_on_device else 'in host memory'} "
-                    f"in {kept_s:.2f} s")
+                log(
+                    f"initial weights: kept {'on the device' if cfg.initial_on_device else 'in host memory'} "
+                    f"in {kept_s:.2f} s"
+                )
             # fla's first-use Triton compile (engine.kda.warm_up) is its own phase, not the load's
             load["compile_s"] = getattr(workers, "compile_s", 0.0)
             load["load_s"] = time.perf_counter() - t0 - load["checkpoint_s"] - load["compile_s"]
@@ -188,7 +194,9 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                 load["load_phases_s"] = dict(workers.load_phases)
             if kept_s is not None:  # inside load_s: what a --repeat or --variants pays once for its restores
                 load["load_phases_s"] = load.get("load_phases_s", {}) | {"keep initial": kept_s}
-            names = [Variant(c.inject, c.rollout_temperature).slug for c, _ in runs]  # --variants: their folders
+            names = [
+                Variant(c.inject, c.rollout_temperature).slug for c, _ in runs
+            ]  # --variants: their folders
             for v, (run_cfg, _) in enumerate(runs):
                 log = logs[v]
                 timing: dict = {"per_seed_s": [], "restore_s": [], "seed_phases_s": []}
@@ -282,11 +290,17 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
         **cfg.run_key.to_json(),
         "mode": cfg.mode,
         "trainer": cfg.trainer,
-        "shape": {"n_prompts": cfg.n_prompts, "n_samples": cfg.n_samples, "max_response_len": cfg.max_response_len,
-                  "num_rollout": cfg.num_rollout,
-                  "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family, kda_path)},  # fmt: skip
-        "kda": kda_path or None,  # GLM-5.3-Flash's linear attention: "fla" (Triton kernels) or "reference" (PyTorch)
-        "fla_configs": dict(kda.CONFIGS) or None,  # fla's kernel configs: shipped for this GPU, or autotuned and why
+        "shape": {
+            "n_prompts": cfg.n_prompts,
+            "n_samples": cfg.n_samples,
+            "max_response_len": cfg.max_response_len,
+            "num_rollout": cfg.num_rollout,
+            "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family, kda_path),
+        },  # fmt: skip
+        "kda": kda_path
+        or None,  # GLM-5.3-Flash's linear attention: "fla" (Triton kernels) or "reference" (PyTorch)
+        "fla_configs": dict(kda.CONFIGS)
+        or None,  # fla's kernel configs: shipped for this GPU, or autotuned and why
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
         "repeat": repeat,

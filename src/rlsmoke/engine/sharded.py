@@ -34,13 +34,19 @@ from rlsmoke.platforms import cpu_share
 
 def decoder_layers(model) -> list[torch.nn.Module]:
     """The repeated blocks FSDP shards one by one (text tower of a multimodal model included)."""
-    layers = [m for name, m in model.named_modules() if name.endswith(".layers") and isinstance(m, torch.nn.ModuleList)]
+    layers = [
+        m
+        for name, m in model.named_modules()
+        if name.endswith(".layers") and isinstance(m, torch.nn.ModuleList)
+    ]
     if not layers:
         raise RunError(f"no decoder layers found in {type(model).__name__}", rule="engine.fsdp")
     return [block for ml in layers for block in ml]
 
 
-def shard(model, *, device_type: str, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> None:
+def shard(
+    model, *, device_type: str, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None
+) -> None:
     """FSDP2 over every rank, on `device_type`'s mesh: without one, fully_shard takes a CUDA mesh
     wherever CUDA is visible, and a CPU (gloo) run on a GPU host would move its shards onto cuda:0."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -149,8 +155,13 @@ class Rank:
         return dict(self.phases.move_seconds)
 
     def keep_initial(self) -> None:
-        self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.full_weights, reuse.narrow_for(self.cfg),
-                                        self.cfg.initial_on_device)
+        self.initial = reuse.InitialRun(
+            self.trainer,
+            self.rollout_model,
+            self.full_weights,
+            reuse.narrow_for(self.cfg),
+            self.cfg.initial_on_device,
+        )
 
     @phased("sync")  # the gather below needs the shards on the device
     def restore_initial(self) -> None:
@@ -172,14 +183,22 @@ class Rank:
 
     def where(self) -> dict:
         shards_on = {local_shard(p).device.type for p in self.trainer.model.parameters()}
-        info = {"pid": os.getpid(), "rank": self.rank, "world": self.world, "device": self.device,
-                "shards_on": sorted(shards_on), "threads": torch.get_num_threads()}
+        info = {
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "world": self.world,
+            "device": self.device,
+            "shards_on": sorted(shards_on),
+            "threads": torch.get_num_threads(),
+        }
         if self.device.startswith("cuda"):
             info["gpu"] = torch.cuda.get_device_name(self.rank)
         return info
 
 
-def _serve(conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int) -> None:
+def _serve(
+    conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int
+) -> None:
     signals.in_rank()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     process_settings(cpu_share(world))  # this run's thread budget (a pytest worker's share), split by rank
@@ -255,7 +274,9 @@ class Sharded:
             try:
                 status, payload = conn.recv()
             except EOFError:
-                raise RunError(f"rank {rank} died (exit code {self.procs[rank].exitcode})", rule="engine.worker") from None
+                raise RunError(
+                    f"rank {rank} died (exit code {self.procs[rank].exitcode})", rule="engine.worker"
+                ) from None
             if status == "error":
                 name, message, tb, rule = payload
                 if name == "OutOfMemoryError":

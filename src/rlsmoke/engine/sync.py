@@ -54,7 +54,9 @@ def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, fl
 
 
 @torch.no_grad()
-def load_and_compare(model, weights: Iterable[tuple[str, torch.Tensor]], *, load: bool = True) -> dict[str, float]:
+def load_and_compare(
+    model, weights: Iterable[tuple[str, torch.Tensor]], *, load: bool = True
+) -> dict[str, float]:
     """Copy each weight into `model` as it is built, then compare the parameter with it (`load=False`:
     compare only, the stale-weights fault). A name or shape the engine lacks counts as mismatched."""
 

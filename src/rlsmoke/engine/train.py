@@ -101,7 +101,9 @@ class Trainer:
         # CPU keep the foreach step the CPU thresholds were calibrated with.
         params = list(model.parameters())
         fused = all(p.device.type == "cuda" and not hasattr(p, "device_mesh") for p in params)
-        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None
+        )
 
     def set_variant(self, inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the next run's temperature and train-dropout (as built otherwise)."""

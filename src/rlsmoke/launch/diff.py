@@ -16,7 +16,9 @@ def _by_flag(plan) -> dict[str, tuple[str, str]]:
     return out
 
 
-def diff_rows(case, other_platform: str | None = None, *, other_target: str | None = None) -> list[tuple[str, str, str, str]]:
+def diff_rows(
+    case, other_platform: str | None = None, *, other_target: str | None = None
+) -> list[tuple[str, str, str, str]]:
     """(group, flag or env var, value here, value there) for everything that differs on the other platform
     (in its default mode) or for the other target (the same platform and mode)."""
     here = case.plan()

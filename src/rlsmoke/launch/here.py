@@ -30,7 +30,9 @@ def can_run_here(argv: Sequence[str]) -> bool:
     """`argv` is this interpreter's `-m rlsmoke.cli ...`, and this is the main thread (signal handlers)."""
     from rlsmoke.engine import signals
 
-    return len(argv) > 3 and argv[0] == sys.executable and tuple(argv[1:3]) == MODULE_ARGV and signals.can_host()
+    return (
+        len(argv) > 3 and argv[0] == sys.executable and tuple(argv[1:3]) == MODULE_ARGV and signals.can_host()
+    )
 
 
 def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None,
@@ -54,7 +56,7 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
                 signals.stop_main_thread()
 
     timer = threading.Timer(timeout, expire) if timeout else None
-    code, got = None, []  # got: the stop signals the run received
+    code, got = None, list[int]()  # got: the stop signals the run received
     with log.open("a", encoding="utf-8") as out, contextlib.ExitStack() as stack:
         err = stack.enter_context(Path(errors).open("a", encoding="utf-8")) if errors else out
         out.write(f"$ {' '.join(argv)}\n")
@@ -129,7 +131,12 @@ def _output_to(out, err) -> Iterator[None]:
 # --- forked from multiprocessing's fork server -------------------------------------------------
 
 # What the fork server imports once (less what would start a GPU driver: `engine.procs.preloadable`)
-PRELOAD = ("rlsmoke.engine.cli", "rlsmoke.engine.run", "rlsmoke.engine.sharded", "rlsmoke.engine.megatron.trainer")
+PRELOAD = (
+    "rlsmoke.engine.cli",
+    "rlsmoke.engine.run",
+    "rlsmoke.engine.sharded",
+    "rlsmoke.engine.megatron.trainer",
+)
 
 
 class ForkedRun:
@@ -163,7 +170,9 @@ def start_forked(argv: Sequence[str], env: Mapping[str, str], log: Path) -> Fork
     ctx = procs.RankContext()
     ctx.set_forkserver_preload([procs.SERVER_SETUP, *procs.preloadable((*procs.HEAVY_MODULES, *PRELOAD))])
     ready_r, ready_w = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_forked_main, args=(list(argv[3:]), dict(env), str(log), ready_w), daemon=False)
+    process = ctx.Process(
+        target=_forked_main, args=(list(argv[3:]), dict(env), str(log), ready_w), daemon=False
+    )
     process.start()
     ready_w.close()
     try:

@@ -73,7 +73,9 @@ def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float =
     if n <= 0:
         return GpuLease(platform, ())
     if n > len(pool):
-        raise ValueError(f"n={n} GPUs asked for but the pool has {len(pool)} ({','.join(pool)}). Adjust --num-gpus.")
+        raise ValueError(
+            f"n={n} GPUs asked for but the pool has {len(pool)} ({','.join(pool)}). Adjust --num-gpus."
+        )
     folder = folder or lease_dir()
     deadline = time.monotonic() + timeout
     while True:
@@ -92,7 +94,9 @@ def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float =
             for lock in held:
                 lock.release()
         if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:.0f} s for {n} free GPUs of {','.join(pool)} (lock dir {folder})")
+            raise TimeoutError(
+                f"waited {timeout:.0f} s for {n} free GPUs of {','.join(pool)} (lock dir {folder})"
+            )
         time.sleep(poll)
 
 
@@ -154,4 +158,6 @@ def lease_ports(*, start: int = 0, folder: Path | None = None, base: int | None 
         if all(_bindable(block + off) for off in PORT_NAMES.values()):
             return PortLease(block, lock)
         lock.release()
-    raise RuntimeError(f"no free port block of {PORT_BLOCK} from {base} (lock dir {folder}). Set RLSMOKE_PORT_BASE.")
+    raise RuntimeError(
+        f"no free port block of {PORT_BLOCK} from {base} (lock dir {folder}). Set RLSMOKE_PORT_BASE."
+    )

@@ -43,7 +43,14 @@ class Paths:
 
     @classmethod
     def placeholders(cls) -> Paths:
-        return cls("<MODEL_DIR>", "<DATA_DIR>", "<OUTPUT_DIR>", "<MEGATRON_ROOT>", "<MILES_ROOT>", "<RLSMOKE_REWARD_DIR>")
+        return cls(
+            "<MODEL_DIR>",
+            "<DATA_DIR>",
+            "<OUTPUT_DIR>",
+            "<MEGATRON_ROOT>",
+            "<MILES_ROOT>",
+            "<RLSMOKE_REWARD_DIR>",
+        )
 
 
 LOOPBACK = "127.0.0.1"
@@ -137,7 +144,9 @@ def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def _rows(topo: Topology, uses_dsa: bool):
     """The substitution rows that hold for the plan's launcher, mode, model and actor size."""
-    return [row for row in SUBSTITUTIONS if row.holds(topo.target.launcher, topo.mode, uses_dsa, topo.actor_gpus)]
+    return [
+        row for row in SUBSTITUTIONS if row.holds(topo.target.launcher, topo.mode, uses_dsa, topo.actor_gpus)
+    ]
 
 
 def _substituted(platform: str, group: str, topo: Topology, uses_dsa: bool) -> list[str]:
@@ -155,7 +164,9 @@ def _substituted(platform: str, group: str, topo: Topology, uses_dsa: bool) -> l
     return toks
 
 
-def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: Recipe | None = None) -> Launch:
+def render(
+    spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: Recipe | None = None
+) -> Launch:
     paths, recipe = paths or Paths(), recipe or Recipe()
     plat = topo.platform if topo.platform != "cpu" else "nvidia"  # CPU plans render the NVIDIA launch
     t, r = topo.train, topo.rollout
@@ -173,7 +184,14 @@ def render(spec: ModelSpec, topo: Topology, paths: Paths | None = None, recipe: 
     ]  # fmt: skip
     if plat == "nvidia":
         # Seed 004 NVIDIA: full recompute and padded, chunked log-probs; the ROCm port drops them.
-        perf += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        perf += [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            "1",
+        ]
     perf += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(recipe.max_tokens_per_gpu)]
     if plat == "nvidia":
         perf += ["--data-pad-size-multiplier", "4096", "--log-probs-chunk-size", "1024"]
@@ -264,9 +282,13 @@ def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool = Tr
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
-        "no_proxy": ",".join(dict.fromkeys((LOOPBACK, head_addr(topo, recipe)))),  # the head once, on one node
+        "no_proxy": ",".join(
+            dict.fromkeys((LOOPBACK, head_addr(topo, recipe)))
+        ),  # the head once, on one node
         "MASTER_ADDR": head_addr(topo, recipe),
-        "PYTHONPATH": paths.megatron_root if recipe.reward != "target" else f"{paths.megatron_root}:{paths.reward_dir}",
+        "PYTHONPATH": paths.megatron_root
+        if recipe.reward != "target"
+        else f"{paths.megatron_root}:{paths.reward_dir}",
     }
     for row in _rows(topo, uses_dsa):
         env.update(row.env(plat))
@@ -289,7 +311,10 @@ TRAIN_ONLY_DROPPED = ("--colocate", "--rematerialize-param-from-master-weight", 
 # dispatcher (DeepEP's flex dispatcher needs deep_ep), and one rollout.
 TRAIN_ONLY_SET = {"--attention-backend": ("fused",), "--moe-token-dispatcher-type": ("alltoall",),
                   "--num-rollout": ("1",)}  # fmt: skip
-DSA_PAD = ("--data-pad-size-multiplier", "4096")  # GLM-5's DSA top-k takes 2048 tokens of a packed micro-batch
+DSA_PAD = (
+    "--data-pad-size-multiplier",
+    "4096",
+)  # GLM-5's DSA top-k takes 2048 tokens of a packed micro-batch
 
 
 def train_only(launch: Launch, *, rollout_template: str, prompt_data: str, miles_root: str, uses_dsa: bool,
@@ -313,7 +338,9 @@ def train_only(launch: Launch, *, rollout_template: str, prompt_data: str, miles
             out += [flag, *chosen]
         groups[group] = out
     present = {flag for toks in groups.values() for flag, _ in flag_values(toks)}
-    groups["misc"] += [tok for flag, values in TRAIN_ONLY_SET.items() if flag not in present for tok in (flag, *values)]
+    groups["misc"] += [
+        tok for flag, values in TRAIN_ONLY_SET.items() if flag not in present for tok in (flag, *values)
+    ]
     if uses_dsa and DSA_PAD[0] not in present:
         groups["perf"] += list(DSA_PAD)
     groups["rollout"] += ["--debug-train-only", "--load-debug-rollout-data", rollout_template]

@@ -52,7 +52,7 @@ def parse(args: list[str]) -> dict:
     try:
         with contextlib.redirect_stderr(stderr):
             parser = miles_parser(args)
-    except SystemExit as exc:  # Miles' first, Miles-only parser refused a value already (argparse printed why)
+    except SystemExit:  # Miles' first, Miles-only parser refused a value already (argparse printed why)
         errors = [line for line in stderr.getvalue().splitlines() if ": error: " in line]
         sys.stderr.write(stderr.getvalue())
         if not errors:  # not argparse's refusal: the parser itself ended (a crash, its own exit code)

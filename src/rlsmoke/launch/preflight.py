@@ -35,7 +35,9 @@ def _flags_in(message: str) -> list[str]:
 def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None:
     """Raise `[miles.flags]` when the Miles at `miles_root` refuses `launch.argv`; `[miles.preflight]` when
     its parser cannot run on this host's Python."""
-    miles_root = check_dir(miles_root, "--check-miles", fix="pass --check-miles the folder of a Miles checkout").resolve()
+    miles_root = check_dir(
+        miles_root, "--check-miles", fix="pass --check-miles the folder of a Miles checkout"
+    ).resolve()
     target = launch.target or "?"
     # As the job has it (cwd first, then the plan's PYTHONPATH), then this rlsmoke for the driver itself.
     path = [str(miles_root), *launch.env.get("PYTHONPATH", "").split(os.pathsep),
@@ -64,7 +66,7 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
             f"the Miles at {miles_root} refuses {which}, rendered for target {target}: {result['message']}",
             rule="miles.flags",
             fix=f"use a Miles at {target}'s commit{_commit(target)}, or render for the target that matches "
-                "yours (`rlsmoke plan CASE --target T --check-miles DIR`; `--diff T` shows what changes)",
+            "yours (`rlsmoke plan CASE --target T --check-miles DIR`; `--diff T` shows what changes)",
         )
 
 

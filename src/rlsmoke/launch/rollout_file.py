@@ -43,7 +43,9 @@ class RolloutSample:
     response_tokens: tuple[int, ...]
     response_text: str
     reward: float
-    rollout_log_probs: tuple[float, ...]  # log_softmax(logits / T) of each response token, T = --rollout-temperature
+    rollout_log_probs: tuple[
+        float, ...
+    ]  # log_softmax(logits / T) of each response token, T = --rollout-temperature
     truncated: bool  # the response hit the length cap without EOS
 
 
@@ -84,14 +86,20 @@ def check_template(template: str) -> None:
                            rule="miles.rollout_file", fix="use an --out path without { or }") from None  # fmt: skip
 
 
-def write(path: Path, samples: list[RolloutSample], *, rollout_id: int = 0, metadata: dict | None = None) -> Path:
+def write(
+    path: Path, samples: list[RolloutSample], *, rollout_id: int = 0, metadata: dict | None = None
+) -> Path:
     """The file, written whole (a temp file, then renamed): a reader never sees half of one."""
     import torch
 
     indices = [s.index for s in samples]
     if len(set(indices)) != len(indices):
         raise ValueError("two samples share an index: Miles would give them one reward")
-    payload = {"rollout_id": rollout_id, "metadata": dict(metadata or {}), "samples": [sample_dict(s) for s in samples]}
+    payload = {
+        "rollout_id": rollout_id,
+        "metadata": dict(metadata or {}),
+        "samples": [sample_dict(s) for s in samples],
+    }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -150,9 +158,13 @@ def mismatches(payload: dict, schema: dict | None = None) -> list[str]:
         n = s.get("response_length", -1)
         for key in ("loss_mask", "rollout_log_probs"):
             if len(s.get(key) or ()) != n:
-                out.append(f"sample {s.get('index')}: {key} has {len(s.get(key) or ())} entries, response_length {n}")
+                out.append(
+                    f"sample {s.get('index')}: {key} has {len(s.get(key) or ())} entries, response_length {n}"
+                )
         if s.get("status") not in STATUSES:
-            out.append(f"sample {s.get('index')}: status {s.get('status')!r} is not one of {', '.join(STATUSES)}")
+            out.append(
+                f"sample {s.get('index')}: status {s.get('status')!r} is not one of {', '.join(STATUSES)}"
+            )
     return out
 
 
@@ -184,7 +196,9 @@ def record_schema(miles_root: Path, python: str = sys.executable, commit: str | 
         subprocess.run([python, "-c", _RECORDER, template], env=env, cwd=tmp, check=True, capture_output=True)
         schema = schema_of(load(path_for(template)))
     if commit is None:  # a checkout's own; an exported tree (git archive) has none and is told it
-        head = subprocess.run(["git", "-C", str(miles_root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        head = subprocess.run(
+            ["git", "-C", str(miles_root), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
         commit = head.stdout.strip() or "unknown (not a git checkout)"
     return {"provenance": {"miles": commit,
                            "command": "python -m rlsmoke.launch.rollout_file --record-schema MILES_ROOT"
@@ -200,13 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlsmoke.launch.rollout_file",
                                 description="record Miles' debug-rollout file schema into " + str(SCHEMA))  # fmt: skip
     p.add_argument("--record-schema", metavar="MILES_ROOT", type=Path, required=True)
-    p.add_argument("--commit", default=None, help="the checkout's Miles commit, when it is not a git checkout")
+    p.add_argument(
+        "--commit", default=None, help="the checkout's Miles commit, when it is not a git checkout"
+    )
     p.add_argument("--out", type=Path, default=SCHEMA)
     args = p.parse_args(argv)
     schema = record_schema(args.record_schema, commit=args.commit)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(schema, indent=2) + "\n")
-    print(f"recorded {len(schema['sample'])} sample fields from Miles {schema['provenance']['miles']} into {args.out}")
+    print(
+        f"recorded {len(schema['sample'])} sample fields from Miles {schema['provenance']['miles']} into {args.out}"
+    )
     return 0
 
 

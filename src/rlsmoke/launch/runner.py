@@ -151,7 +151,9 @@ class Process:
             bufsize=1, start_new_session=True,
         )  # fmt: skip
         if echo is not None:
-            self._reader = threading.Thread(target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True)
+            self._reader = threading.Thread(
+                target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True
+            )
             self._reader.start()
 
     def wait(self, timeout: float | None) -> Result:
@@ -160,13 +162,17 @@ class Process:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-        except BaseException:  # Ctrl-C while waiting: the run is in a session of its own, which no terminal signals
+        except (
+            BaseException
+        ):  # Ctrl-C while waiting: the run is in a session of its own, which no terminal signals
             self.stop()
             raise
         rc = None if timed_out else self.proc.returncode
         if timed_out:
-            self._logf.write(f"rlsmoke: timed out after {time.monotonic() - self.started:.0f} s; "
-                             "killing the process group\n")
+            self._logf.write(
+                f"rlsmoke: timed out after {time.monotonic() - self.started:.0f} s; "
+                "killing the process group\n"
+            )
         self.stop()
         return Result(self.argv, rc, timed_out, time.monotonic() - self.started, self.log)
 
@@ -191,7 +197,9 @@ class Process:
 def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None, cwd=None,
         token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S, start=None) -> Result:  # fmt: skip
     """Run `argv` to completion (or `timeout` s), tee'd to `log`; leaves no process behind."""
-    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace, start=start).wait(timeout)
+    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace, start=start).wait(
+        timeout
+    )
 
 
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------
@@ -249,7 +257,9 @@ def wait_dashboard(port: int, proc: Process, timeout: float) -> None:
         except OSError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"Ray's dashboard on port {port} did not answer within {timeout:.0f} s; see {proc.log}")
+    raise TimeoutError(
+        f"Ray's dashboard on port {port} did not answer within {timeout:.0f} s; see {proc.log}"
+    )
 
 
 def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
@@ -289,4 +299,6 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
 def _keep_ray_logs(temp_dir: str, artifacts: Path) -> None:
     logs = Path(temp_dir) / "session_latest" / "logs"
     if logs.is_dir():
-        shutil.copytree(logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+        shutil.copytree(
+            logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
+        )

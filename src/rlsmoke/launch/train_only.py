@@ -106,8 +106,12 @@ def steps(tp: TrainOnlyPlan) -> list[flow.Step]:
         flow.convert_step(tp.plan, tp.paths),
         rollout_step(tp),
         flow.Step("ray-head", "Ray's head with one GPU, no dashboard", tuple(ray_head_train_only(tp.launch))),
-        flow.Step("train", "Miles' train.py on the rollout file, no SGLang", tuple(tp.launch.argv),
-                  {RAY_ADDRESS_VAR: f"{head}:{RAY_GCS_PORT}", flow.RECORD_DIR_VAR: tp.record_dir}),
+        flow.Step(
+            "train",
+            "Miles' train.py on the rollout file, no SGLang",
+            tuple(tp.launch.argv),
+            {RAY_ADDRESS_VAR: f"{head}:{RAY_GCS_PORT}", flow.RECORD_DIR_VAR: tp.record_dir},
+        ),
     ]
 
 
@@ -124,7 +128,9 @@ def shell_script(tp: TrainOnlyPlan) -> str:
             lines += [f"export {k}={shlex.quote(v)}" for k, v in step.env.items()]
             lines.append(shlex.join(tp.launch.argv[:2]) + " \\")
             body = [toks for toks in tp.launch.groups.values() if toks]
-            lines += ["  " + shlex.join(toks) + (" \\" if i < len(body) - 1 else "") for i, toks in enumerate(body)]
+            lines += [
+                "  " + shlex.join(toks) + (" \\" if i < len(body) - 1 else "") for i, toks in enumerate(body)
+            ]
         else:
             lines.append(f"{step.skip_when} || {step.shell()}" if step.skip_when else step.shell())
     return "\n".join(lines)
@@ -150,7 +156,9 @@ def wait_port(port: int, head, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if head.proc.poll() is not None:
-            raise RuntimeError(f"`ray start` exited with {head.proc.returncode} before its GCS came up; see {head.log}")
+            raise RuntimeError(
+                f"`ray start` exited with {head.proc.returncode} before its GCS came up; see {head.log}"
+            )
         with socket.socket() as s:
             s.settimeout(1.0)
             if s.connect_ex(("127.0.0.1", port)) == 0:
@@ -182,11 +190,17 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP
     ports = lease_ports()
     full_env = runner.clean_env({**tp.launch.env, **env, "RAY_AUTH_MODE": "disabled"})
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
-    head = runner.Process(ray_head_argv(tp, ports, temp_dir), env=full_env, cwd=miles_root, log=out / "ray-head.log")
+    head = runner.Process(
+        ray_head_argv(tp, ports, temp_dir), env=full_env, cwd=miles_root, log=out / "ray-head.log"
+    )
     result = None
     try:
         wait_port(ports.gcs, head, timeout=min(120.0, timeout))
-        train_env = {**full_env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}", flow.RECORD_DIR_VAR: tp.record_dir}
+        train_env = {
+            **full_env,
+            RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}",
+            flow.RECORD_DIR_VAR: tp.record_dir,
+        }
         result = runner.run(tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout,
                             echo=echo)  # fmt: skip
     finally:
@@ -195,7 +209,9 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP
         if head_died or result is None or not result.ok:  # Ray's own logs say what went wrong
             logs = Path(temp_dir) / "session_latest" / "logs"
             if logs.is_dir():
-                shutil.copytree(logs, out / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+                shutil.copytree(
+                    logs, out / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
+                )
         shutil.rmtree(temp_dir, ignore_errors=True)
         ports.release()
     return result
@@ -282,7 +298,9 @@ def handler(args) -> int:
     recipe = Recipe(num_rollout=1, rollout_batch_size=args.n_prompts or 8, n_samples_per_prompt=args.n_samples or 8,
                     rollout_max_response_len=args.max_response_len or 100,
                     rollout_temperature=args.rollout_temperature)  # fmt: skip
-    tp = make_plan(case, paths=paths, out=str(out), recipe=recipe, tiny=tiny, seed=args.seed, inject=args.inject)
+    tp = make_plan(
+        case, paths=paths, out=str(out), recipe=recipe, tiny=tiny, seed=args.seed, inject=args.inject
+    )
     prepare_hf(tp)
     result = run(tp, miles_root=Path(paths.miles_root), env={})
     if result is not None and not result.ok:
@@ -306,7 +324,9 @@ def plan_handler(args) -> int:
     args.target = args.target or TARGET
     out = "<OUTPUT_DIR>/" + args.case
     paths = Paths(output_dir=out)
-    tp = make_plan(case_from_args(args), paths=paths, out=out, recipe=Recipe(num_rollout=1, reward=args.reward))
+    tp = make_plan(
+        case_from_args(args), paths=paths, out=out, recipe=Recipe(num_rollout=1, reward=args.reward)
+    )
     if args.format == "json":
         print(json.dumps({"launch": {"argv": tp.launch.argv, "env": tp.launch.env},
                           "steps": [s.to_json() for s in steps(tp)]}, indent=2))  # fmt: skip

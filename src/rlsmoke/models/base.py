@@ -30,8 +30,13 @@ TINY_MLA = dict(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim
 
 def tiny(spec: ModelSpec, *, heads: int, query_groups: int, **extra) -> ModelSpec:
     """`spec` at TINY_WIDTH with `heads` attention heads over `query_groups` KV heads, and `extra` config kwargs."""
-    return spec.replace(width="tiny", num_attention_heads=heads, num_query_groups=query_groups, **TINY_WIDTH,
-                        hf_extra=frozen({**spec.hf_extra, **extra, "max_position_embeddings": TINY_MAX_POSITIONS}))
+    return spec.replace(
+        width="tiny",
+        num_attention_heads=heads,
+        num_query_groups=query_groups,
+        **TINY_WIDTH,
+        hf_extra=frozen({**spec.hf_extra, **extra, "max_position_embeddings": TINY_MAX_POSITIONS}),
+    )
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,9 @@ class ParallelGrid:
     pp: int = 1  # a long model's stages ...
     pp_from: int = 0  # ... from this many GPUs
     cp: int = 1  # seed 004's launcher: this CP once the GPUs left after TP number at least as many
-    main_cp_from: int = 0  # Miles main's launcher: CP `cp` only for a long model from this many GPUs (0: never)
+    main_cp_from: int = (
+        0  # Miles main's launcher: CP `cp` only for a long model from this many GPUs (0: never)
+    )
     whole_from: int = 0  # a long model from this many GPUs takes `whole` as it stands
     whole: Mapping = field(default_factory=frozen)
     engine_gpus: int = 8  # the rollout's GPUs per engine, at most the rollout GPUs

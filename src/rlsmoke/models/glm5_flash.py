@@ -71,4 +71,6 @@ def glm5_flash_tiny(spec: ModelSpec) -> ModelSpec:
     vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 256,
               "projection_intermediate_size": 64}  # fmt: skip
     # pad_token_id: the full model's pad id lies outside the tiny vocab
-    return small.replace(hf_extra=frozen(small.hf_extra, pad_token_id=None), hf_outer=frozen(vision_config=vision))
+    return small.replace(
+        hf_extra=frozen(small.hf_extra, pad_token_id=None), hf_outer=frozen(vision_config=vision)
+    )

@@ -9,10 +9,15 @@ import torch
 from rlsmoke.bridge.convert import Parallel
 from rlsmoke.engine.sharded import free_port
 
-RANK_GRACE_S = 10.0  # how long the other ranks get to finish once one has failed, or to exit once all are done
+RANK_GRACE_S = (
+    10.0  # how long the other ranks get to finish once one has failed, or to exit once all are done
+)
 
 
-RANK_MODULES = ("rlsmoke.engine.megatron.model", "rlsmoke.engine.megatron.trainer")  # what the ranks' steps run
+RANK_MODULES = (
+    "rlsmoke.engine.megatron.model",
+    "rlsmoke.engine.megatron.trainer",
+)  # what the ranks' steps run
 
 
 def backend_for(device: str) -> str:
@@ -28,7 +33,9 @@ def init(rank: int, par: Parallel, port: int, *, backend: str = "gloo") -> None:
         torch.cuda.set_device(rank % torch.cuda.device_count())
     # the address in the call, not in os.environ: a colocated megatron run keeps its group for the
     # process's life, and a MASTER_PORT left behind would send a later run's ranks to a port in use
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=par.world_size)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=par.world_size
+    )
     _model_parallel(par)
 
 
@@ -84,7 +91,9 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
         with frozen_for_forks():
             for rank in range(par.world_size):
                 reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_rank_main, args=(fn, rank, par, port, backend, writer, args), daemon=True)
+                proc = ctx.Process(
+                    target=_rank_main, args=(fn, rank, par, port, backend, writer, args), daemon=True
+                )
                 proc.start()
                 writer.close()  # the rank's copy is its own: EOF here means the rank is gone
                 pending[reader] = rank
@@ -92,7 +101,9 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
         while pending:
             ready = wait(list(pending), timeout=RANK_GRACE_S if errors else None)
             if not ready:  # the others wait in a collective for a rank that failed
-                errors += [f"rank {rank}: stopped after another rank failed" for rank in sorted(pending.values())]
+                errors += [
+                    f"rank {rank}: stopped after another rank failed" for rank in sorted(pending.values())
+                ]
                 break
             for reader in ready:
                 rank = pending.pop(reader)

@@ -49,7 +49,8 @@ def core_attention_cls():
                 raise RlsmokeError(
                     f"sequence length {s} exceeds the DSA index top-k {self.index_topk}; dense causal "
                     "attention equals DSA only within it",
-                    rule="megatron.dsa_topk", fix="lower --max-response-len or shorten the prompts",
+                    rule="megatron.dsa_topk",
+                    fix="lower --max-response-len or shorten the prompts",
                 )
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
             if k.shape[1] != q.shape[1]:
@@ -69,7 +70,9 @@ def duplicated_linear_cls():
 
         def __init__(self, input_size, output_size, *, config, init_method=None, bias=False, **_):
             super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
-            for p in self.parameters():  # a sequence chunk's partial grad: finalize_model_grads sums it over TP
+            for (
+                p
+            ) in self.parameters():  # a sequence chunk's partial grad: finalize_model_grads sums it over TP
                 p.sequence_parallel = config.sequence_parallel
 
         def forward(self, x):

@@ -167,7 +167,9 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
     why = refusal(spec)  # RunConfig.validate refuses it first, before anything loads
     if why:
         raise RlsmokeError(
-            why, rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
+            why,
+            rule="megatron.model",
+            fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
         )
     from megatron.core.models.gpt import GPTModel
 
@@ -237,7 +239,9 @@ def _latent_norm_eps(model) -> None:
 
 
 def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:
-    return padded_vocab(spec.vocab_size, int(flag_value(argv, "--make-vocab-size-divisible-by") or 128), par.tp)
+    return padded_vocab(
+        spec.vocab_size, int(flag_value(argv, "--make-vocab-size-divisible-by") or 128), par.tp
+    )
 
 
 def read_hf_state(path) -> dict[str, torch.Tensor]:
@@ -254,4 +258,6 @@ def read_hf_state(path) -> dict[str, torch.Tensor]:
 
 def rank_state(model) -> dict[str, torch.Tensor]:
     """The rank's Megatron tensors (parameters and the router's expert bias), not the extra states."""
-    return {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor) and "_extra_state" not in k}
+    return {
+        k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor) and "_extra_state" not in k
+    }

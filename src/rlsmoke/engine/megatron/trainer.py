@@ -64,7 +64,9 @@ class MegatronTrainer:
                  entropy_coef: float, temperature: float, comm_device: str):  # fmt: skip
         self.model, self.gpt, self.ddp, self.par = compute, gpt, ddp, par
         self.master = MainParams([m for _, m in pairs])
-        self._pairs = list(zip([p for p, _ in pairs], self.master.parameters(), strict=True))  # (compute, main)
+        self._pairs = list(
+            zip([p for p, _ in pairs], self.master.parameters(), strict=True)
+        )  # (compute, main)
         self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
         self.entropy_coef, self.temperature, self.comm_device = entropy_coef, temperature, comm_device
         # which compute parameters the backward reached: DDP moves their grads into main_grad, where
@@ -177,12 +179,16 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
     clock("build")
     # One process on a GPU: the bridge's conversion (pure data movement) runs on the device, on a copy of
     # the checkpoint's tensors freed once the trainer holds its own, not as host-side fp32 copies.
-    src = {k: v.to(device) for k, v in hf.items()} if device.startswith("cuda") and par.world_size == 1 else hf
+    src = (
+        {k: v.to(device) for k, v in hf.items()} if device.startswith("cuda") and par.world_size == 1 else hf
+    )
     full = hf_to_megatron({k: v.to(master_dtype) for k, v in src.items()}, spec, vocab_size=gpt.vocab_size,
                           defect=defect)  # fmt: skip
     del src
     state = shard(full, spec, hf, par, rank) if par.world_size > 1 else full
-    state = {k: v for k, v in state.items() if not k.startswith("model.")}  # vision passengers: no GPTModel part
+    state = {
+        k: v for k, v in state.items() if not k.startswith("model.")
+    }  # vision passengers: no GPTModel part
     model = gpt
     if gpt.config.bf16:
         from megatron.core.transformer.module import Float16Module
@@ -193,7 +199,10 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
         for name, module in gpt.named_modules():
             if getattr(module, "expert_bias", None) is not None:
                 module.expert_bias.data = state[f"{name}.expert_bias"].to(device=device, dtype=torch.float32)
-    pairs = [(p, state[name].to(device=device, dtype=master_dtype, copy=True)) for name, p in gpt.named_parameters()]
+    pairs = [
+        (p, state[name].to(device=device, dtype=master_dtype, copy=True))
+        for name, p in gpt.named_parameters()
+    ]
     del full, state  # the bridge's whole fp32 state goes before DDP allocates its grad buffers
     clock("convert")
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False)
@@ -271,7 +280,9 @@ class MegatronTrainWorker:
         self.trainer = build_rank(self.spec, self.hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect,
                                   phases=self.load_phases)  # fmt: skip
         if on_gpu:  # the bridge needs the checkpoint's names after the load, and the vision tower's tensors
-            self.hf = {k: v.cpu() if k.startswith("model.visual.") else v.to("meta") for k, v in self.hf.items()}
+            self.hf = {
+                k: v.cpu() if k.startswith("model.visual.") else v.to("meta") for k, v in self.hf.items()
+            }
 
     def parallel(self) -> dict:
         return self.par.executed()
@@ -315,7 +326,9 @@ def in_memory_weights(model, disk: dict[str, torch.Tensor], dtype: torch.dtype):
             else:
                 t = torch.stack([disk[f"{base}.{e}.down_proj.weight"] for e in range(n)])
         else:
-            raise RlsmokeError(f"rollout parameter {name} has no HF checkpoint tensor", rule="bridge.hf_names")
+            raise RlsmokeError(
+                f"rollout parameter {name} has no HF checkpoint tensor", rule="bridge.hf_names"
+            )
         if t.shape != p.shape:
             raise RlsmokeError(f"rollout parameter {name} is {tuple(p.shape)}, the bridge gives {tuple(t.shape)}",
                                rule="bridge.hf_shapes")  # fmt: skip

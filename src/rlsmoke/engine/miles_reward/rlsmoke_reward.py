@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("_rlsmoke_engine_reward", Path(__file__).resolve().parents[1] / "reward.py")
+_spec = importlib.util.spec_from_file_location(
+    "_rlsmoke_engine_reward", Path(__file__).resolve().parents[1] / "reward.py"
+)
 _reward = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_reward)
 
