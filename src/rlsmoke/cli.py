@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
@@ -216,6 +217,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that write a folder: a stop signal removes what they had half-written, as Ctrl-C does (`run`
+# sets its own handlers).
+_STOPPABLE = ("prepare",)
 # Commands that read no path of the user's and load no library that needs the working folder.
 _NO_PATHS = ("cases", "plan")
 
@@ -233,11 +237,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command not in _NO_PATHS:
             cwd_exists(args.command)
             check_environment(args.command)
+        if args.command in _STOPPABLE and threading.current_thread() is threading.main_thread():
+            from rlsmoke.engine import signals
+
+            with signals.stopping_run():  # SIGTERM, SIGHUP, SIGQUIT clean up as Ctrl-C does
+                return int(args.func(args))
         return int(args.func(args))
     except RlsmokeError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return ExitCode.USAGE
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM, SIGHUP, SIGQUIT in `run` (errors.Interrupted)
+    except (
+        KeyboardInterrupt
+    ) as exc:  # Ctrl-C, or SIGTERM, SIGHUP, SIGQUIT in `run` and `prepare` (errors.Interrupted)
         import signal
 
         signum = getattr(exc, "signum", signal.SIGINT)

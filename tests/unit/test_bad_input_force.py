@@ -102,3 +102,24 @@ def test_a_cache_folder_holding_a_users_file_is_not_rebuilt_over(tmp_path):
     with pytest.raises(CheckpointError, match="not_ours|did not write") as caught:
         cached(CASE, tiny=True)
     assert caught.value.rule == "checkpoint.not_ours" and (folder / "mine").read_text() == "x\n"
+
+
+def test_sigterm_to_prepare_leaves_no_temporary_folder(tmp_path):
+    """A CI job's timeout (SIGTERM) mid-write cleans up as Ctrl-C does: exit 143, no `.OUT.tmp-*` left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "ck"
+    env = {**os.environ, "RLSMOKE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.cli", "prepare", "glm5-744b-a40b-4layer", "--tiny",
+                             "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".ck.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "prepare finished before its temporary folder was seen"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupted by SIGTERM" in err, err
+    assert list(tmp_path.glob(".ck.tmp-*")) == [] and not out.exists()
