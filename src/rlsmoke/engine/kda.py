@@ -66,9 +66,8 @@ def triton_cache() -> None:
     from rlsmoke.checkpoints.cache_paths import cache_home
 
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_home() / "triton"))
-    os.environ.setdefault(
-        "TRITON_CACHE_AUTOTUNING", "1"
-    )  # the autotuner's choice is kept too (Triton >= 3.3)
+    # the autotuner's choice is kept too (Triton >= 3.3)
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 
 def install(path: str) -> None:
@@ -89,7 +88,7 @@ def install(path: str) -> None:
 
 
 def _configs() -> dict:
-    """Shipped kernel configs for this GPU, before fla's first import; RLSMOKE_FLA_RECORD=DIR records
+    """Shipped kernel configs for this GPU, when the engine first binds fla; RLSMOKE_FLA_RECORD=DIR records
     the autotuner's choices there when the process ends (bench/gpu_fla_configs.sh)."""
     import torch
 
