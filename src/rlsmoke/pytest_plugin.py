@@ -7,13 +7,14 @@ at module level: this module loads in every pytest session of every user of the 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+
+from rlsmoke import plugin_session
 
 # Help-text rule: a lowercase phrase saying what the option does, then "(default ...)" when it has one.
 MARKERS = (
@@ -32,7 +33,6 @@ TINY_THREADS = 1
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
 _SESSION_LOCK = pytest.StashKey["int | None"]()
-SESSION_LOCK = ".pytest-session.lock"  # in the artifacts root: one session's at a time
 SUMMARY_HEADER = "# rlsmoke runs"  # the first line of the summary.md the session writes (`report`)
 
 
@@ -112,7 +112,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds before a launched run is killed (default 900 on CPU, 3600 on GPUs)",
+        help=f"seconds before a launched run is killed (default {plugin_session.timeout_defaults()})",
     )
 
 
@@ -131,7 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if n is not None and n < 0:  # 0 means "no GPUs": the CPU cases run, the GPU ones skip with a reason
         raise pytest.UsageError(f"--num-gpus={n} must be >= 0. Adjust --num-gpus or NUM_GPUS")
     config.option.num_gpus = n
-    _check_options(config)
+    plugin_session.check_options(config)
     _hold_threads(config)
     from rlsmoke.engine.signals import sigterm_interrupts_session
 
@@ -145,45 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)"
             )
     if not hasattr(config, "workerinput") and not _listing(config):  # xdist workers share their controller's
-        _hold_artifacts_root(config)
-
-
-def _check_options(config: pytest.Config) -> None:
-    """Bad option values end the session before any test runs."""
-    timeout = config.getoption("run_timeout", None)
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise pytest.UsageError(f"--run-timeout={timeout} must be a number of seconds > 0. Drop it for the "
-                                "default (900 on CPU, 3600 on GPUs)")  # fmt: skip
-    history = config.getoption("history", None)
-    if history:
-        path = Path(history)
-        if path.is_dir():
-            raise pytest.UsageError(f"--history={path} is a folder. Pass a sqlite file (made if missing)")
-        if path.is_file() and path.stat().st_size:
-            with path.open("rb") as f:
-                if f.read(16) != b"SQLite format 3\x00":
-                    raise pytest.UsageError(f"--history={path} is not a sqlite database. Pass another file "
-                                            "(made if missing)")  # fmt: skip
-
-
-def _hold_artifacts_root(config: pytest.Config) -> None:
-    """The artifacts root is this session's until it ends: a second session on it is refused at once
-    (its `artifacts` fixture would empty folders this one's runs write)."""
-    import fcntl
-
-    root = _artifacts_root(config)
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise pytest.UsageError(f"the artifacts folder {root} is in use by another pytest session (pid {holder}). "
-                                "Pass --artifacts-dir DIR, or wait for it to end") from None  # fmt: skip
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    config.stash[_SESSION_LOCK] = fd
+        config.stash[_SESSION_LOCK] = plugin_session.hold_artifacts_root(_artifacts_root(config))
 
 
 def _hold_threads(config: pytest.Config) -> None:
@@ -237,25 +199,6 @@ def pytest_report_header(config: pytest.Config) -> str:
             f"artifacts={_artifacts_root(config)}")  # fmt: skip
 
 
-def _gpus_marker(item: pytest.Item) -> int | None:
-    mark = item.get_closest_marker("gpus")
-    if mark is None:
-        return None
-    if len(mark.args) != 1 or not isinstance(mark.args[0], int) or mark.args[0] < 1:
-        raise pytest.UsageError(
-            f"{item.nodeid}: gpus{mark.args} is wrong. Write @pytest.mark.gpus(N) with N >= 1"
-        )
-    return mark.args[0]
-
-
-def _requirement(item: pytest.Item):
-    from rlsmoke.selection import requirement
-
-    return requirement(
-        (m.name for m in item.iter_markers()), _gpus_marker(item), item.config.getoption("num_gpus")
-    )
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from rlsmoke.errors import RlsmokeError
@@ -263,7 +206,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     for item in items:
         try:
-            req = _requirement(item)
+            req = plugin_session.requirement_of(item)
         except RlsmokeError as exc:
             raise pytest.UsageError(f"{item.nodeid}: {exc.one_line()}") from None
         if req is None:
@@ -322,7 +265,7 @@ def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
     """The GPU ids this test holds until it ends, disjoint from every other worker's; none for CPU tests."""
     from rlsmoke.launch.lease import GpuLease, lease_gpus, visible_gpu_ids
 
-    req = _requirement(request.node)
+    req = plugin_session.requirement_of(request.node)
     if req is None or req.platform == "cpu" or req.gpus == 0:
         yield GpuLease("cpu", ())
         return
@@ -334,19 +277,6 @@ def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
     lease.release()
 
 
-def _commit(config: pytest.Config) -> str:
-    import subprocess
-
-    if os.environ.get("GITHUB_SHA"):
-        return os.environ["GITHUB_SHA"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=config.rootpath, capture_output=True, text=True,
-                             timeout=10, check=False)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
-
-
 @pytest.fixture
 def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
     """The test's artifacts folder (emptied first) with the session's launcher, leases and history."""
@@ -354,7 +284,7 @@ def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
     from rlsmoke.artifacts import Artifacts
 
     folder = _artifacts_root(config) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid).strip("_")
-    _refuse_a_live_run(folder)
+    plugin_session.refuse_a_live_run(folder)
     shutil.rmtree(folder, ignore_errors=True)  # a stale summary.json from an earlier run must not be read
     folder.mkdir(parents=True, exist_ok=True)
     history = config.getoption("history")
@@ -368,54 +298,19 @@ def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
         timeout=config.getoption("run_timeout"),
         update_golden=config.getoption("update_golden"), history=Path(history) if history else None,
         trusted=config.getoption("history_trusted"), history_shadow=config.getoption("history_shadow"),
-        commit=_commit(config) if history else "unknown", record_property=record_property,
+        commit=plugin_session.commit_of(config) if history else "unknown", record_property=record_property,
     )  # fmt: skip
-
-
-def _refuse_a_live_run(folder: Path) -> None:
-    """A run that still holds its folder's lock (`artifacts.RunFolder`) keeps its folder: the test fails."""
-    import fcntl
-
-    from rlsmoke.artifacts import LOCK_NAME
-
-    for lock in folder.rglob(LOCK_NAME) if folder.is_dir() else ():
-        try:
-            fd = os.open(lock, os.O_RDONLY)
-        except OSError:  # released meanwhile
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pytest.fail(f"{lock.parent} is held by a live run; this test's artifacts folder is left as it is. "
-                        "End that run, or pass --artifacts-dir DIR", pytrace=False)  # fmt: skip
-        finally:
-            os.close(fd)
 
 
 @pytest.fixture
 def case_record(request: pytest.FixtureRequest, artifacts, rlsmoke_variant_runs):
     """The record of the test's declared run (`rlsmoke.suite.CaseRun`): its `case_record` parameter
     (`indirect=True`), else its module's CASE (with its SHARED_RUN, when it declares one)."""
-    spec = _declared_run(request.node)
+    spec = plugin_session.declared_run(request.node)
     if spec is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses case_record without a run: parametrize it with "
                                 "rlsmoke.suite.CaseRun values (indirect=True) or give its module a CASE")  # fmt: skip
     return spec.run(artifacts, variant_runs=rlsmoke_variant_runs)
-
-
-def _declared_run(item: pytest.Item):
-    """The run a test takes from `case_record`: its parameter, else its module's CASE."""
-    from rlsmoke.suite import CaseRun
-
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and "case_record" in callspec.params:
-        spec = callspec.params["case_record"]
-    else:
-        case = getattr(getattr(item, "module", None), "CASE", None)
-        spec = (
-            CaseRun(case, shared=tuple(getattr(item.module, "SHARED_RUN", ()))) if case is not None else None
-        )
-    return spec if isinstance(spec, CaseRun) else None
 
 
 @pytest.hookimpl(wrapper=True)

@@ -210,7 +210,8 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
               flush=True)  # fmt: skip
 
     with signals.exit_at_once(say):
-        from rlsmoke.engine.run import describe_timing, execute, execute_variants  # torch and transformers
+        from rlsmoke.engine.run import execute, execute_variants
+        from rlsmoke.engine.timing import describe_timing  # torch and transformers
 
         lazy = [TOKENIZER_MODULE, modeling_module(cfg.spec.hf_model_type)]
         for name in lazy + (["ray", "ray.util.placement_group"] if cfg.mode == "async" else []):

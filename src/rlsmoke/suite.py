@@ -19,6 +19,7 @@ from rlsmoke import metrics
 from rlsmoke.artifacts import Artifacts
 from rlsmoke.engine.config import parse_variants
 from rlsmoke.errors import RlsmokeError, RunError
+from rlsmoke.facts import RUN_TIMEOUT_S
 from rlsmoke.gating import CaseGates, GateFailure, HistoryBandWarning, gates_for
 from rlsmoke.launch import flow, here, runner
 from rlsmoke.launch.miles import Paths
@@ -28,8 +29,6 @@ from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_
 __all__ = ["Artifacts", "CaseGates", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
            "CPU_SHARED_VARIANTS", "CPU_TWINS", "GPU_SHARED_VARIANTS", "GPU_TWINS", "VariantRuns", "builtin_argv",
            "check_fault", "gates_for", "plan_launch", "run_case", "run_variants"]  # fmt: skip
-
-DEFAULT_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
 
 
 @dataclass(frozen=True)
@@ -173,7 +172,7 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
     checkpoint = _model_dir_checkpoint(case, art, verify=verify)
-    timeout = timeout or art.timeout or DEFAULT_TIMEOUT_S.get(case.platform, 3600.0)
+    timeout = timeout or art.timeout or RUN_TIMEOUT_S[case.platform]
     env = {**(art.lease.env() if art.lease else {})}
     if art.ports is not None:
         env["MASTER_PORT"] = str(art.ports.master)

@@ -139,12 +139,12 @@ def test_a_rendezvous_port_is_free_and_below_the_kernel_s_ephemeral_range(monkey
     import socket
     from pathlib import Path
 
-    from rlsmoke.engine import sharded
+    from rlsmoke.engine import procs as rank_procs
 
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    assert sharded.RENDEZVOUS_PORTS.stop <= ephemeral_low
+    assert rank_procs.RENDEZVOUS_PORTS.stop <= ephemeral_low
     held = []
-    for port in sharded.RENDEZVOUS_PORTS:  # three free ports in a row; two of them then taken
+    for port in rank_procs.RENDEZVOUS_PORTS:  # three free ports in a row; two of them then taken
         socks = [socket.socket() for _ in range(3)]
         try:
             for i, s in enumerate(socks):
@@ -157,8 +157,8 @@ def test_a_rendezvous_port_is_free_and_below_the_kernel_s_ephemeral_range(monkey
         break
     held[2].close()
     try:
-        monkeypatch.setattr(sharded, "RENDEZVOUS_PORTS", range(first, first + 3))
-        assert {sharded.free_port() for _ in range(5)} == {first + 2}
+        monkeypatch.setattr(rank_procs, "RENDEZVOUS_PORTS", range(first, first + 3))
+        assert {rank_procs.free_port() for _ in range(5)} == {first + 2}
     finally:
         for s in held[:2]:
             s.close()

@@ -12,7 +12,8 @@ from rlsmoke.cases import Case
 from rlsmoke.engine import megatron
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.placement import Colocated
-from rlsmoke.engine.run import execute, phase_seconds
+from rlsmoke.engine.run import execute
+from rlsmoke.engine.timing import phase_seconds
 from rlsmoke.launch import here, runner
 from rlsmoke.suite import CaseRun, builtin_argv
 

@@ -23,6 +23,8 @@ import gc
 import importlib
 import importlib.util
 import os
+import random
+import socket
 import sys
 import threading
 from multiprocessing import context as mp_context
@@ -274,3 +276,20 @@ def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> 
     ctx = RankContext()
     ctx.set_forkserver_preload(server_preload(rank_modules))
     return ctx
+
+
+RENDEZVOUS_PORTS = range(20000, 21000)
+
+
+def free_port() -> int:
+    """A port nothing listens on now, picked at random from RENDEZVOUS_PORTS (the kernel's pick if all are taken)."""
+    for port in random.SystemRandom().sample(RENDEZVOUS_PORTS, min(64, len(RENDEZVOUS_PORTS))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

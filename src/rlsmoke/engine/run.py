@@ -26,6 +26,7 @@ from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
 from rlsmoke.engine.rollout import batch_for
+from rlsmoke.engine.timing import PhaseClock, describe_timing, minus, phase_seconds
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.memory import estimate, plan_of_run
 
@@ -43,21 +44,6 @@ class RunLog:
 
     def close(self) -> None:
         self.file.close()
-
-
-class PhaseClock:
-    """Wall seconds of each engine call of a seed, summed over its rollouts (the calls return host tensors
-    or numbers, so a device's work is done when they return)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    def __call__(self, phase: str, call, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return call(*args, **kwargs)
-        finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
 def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
@@ -223,7 +209,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                     run_lines = one_run(run_cfg, workers, prompts_of[seed], tokenizer, seed, log, clock)
                     timing["per_seed_s"].append(time.perf_counter() - seed_start)
                     moved = workers.move_seconds()  # cumulative: this seed's are the difference
-                    timing["seed_phases_s"].append(phase_seconds(clock.seconds, _minus(moved, moved_before)))
+                    timing["seed_phases_s"].append(phase_seconds(clock.seconds, minus(moved, moved_before)))
                     moved_before = moved
                     timing["phases_s"] = timing["seed_phases_s"][0]  # the first seed pays first-use costs
                     log(f"timing: {describe_timing(timing)}")
@@ -320,28 +306,6 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
     }
     write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
-
-
-def phase_seconds(called: dict[str, float], moved: dict[str, float]) -> dict[str, float]:
-    """A seed's seconds by phase, each summed over its rollouts: the engine calls less the offload
-    moves they made, which are their own phase (`offload`)."""
-    asked_by = {"rollout": "rollout", "forward_only": "train", "train_step": "step", "sync": "sync"}
-    out = {phase: max(0.0, s - moved.get(asked_by[phase], 0.0)) for phase, s in called.items()}
-    out["offload"] = sum(moved.values())
-    return out
-
-
-def _minus(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in now.items()}
-
-
-def describe_timing(timing: dict) -> str:
-    """One line: load, each seed, and the first seed's phases."""
-    seeds = ", ".join(f"{s:.1f}" for s in timing["per_seed_s"])
-    phases = " ".join(f"{k} {v:.1f}" for k, v in timing.get("phases_s", {}).items())
-    compile_s = f", KDA compile {timing['compile_s']:.1f} s" if timing.get("compile_s") else ""
-    return (f"load {timing.get('load_s', 0):.1f} s (checkpoint {timing.get('checkpoint_s', 0):.1f} s{compile_s}); "
-            f"per seed [{seeds}] s; first seed: {phases}")  # fmt: skip
 
 
 def _rounded(x):

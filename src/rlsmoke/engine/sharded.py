@@ -12,8 +12,6 @@ Ray and runs the same with gloo on CPU (CI) and NCCL on GPUs.
 from __future__ import annotations
 
 import os
-import random
-import socket
 import traceback
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from rlsmoke.engine import kda, reuse, signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
 from rlsmoke.engine.offload import Phases, local_shard
-from rlsmoke.engine.procs import frozen_for_forks, rank_context
+from rlsmoke.engine.procs import free_port, frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
 from rlsmoke.engine.workers import phased
@@ -223,23 +221,6 @@ def _serve(
 # Rendezvous ports when no MASTER_PORT is given: below the port leases (21000+) and Ray's defaults'
 # worker ports end there, and below the kernel's ephemeral range, so no outgoing socket (gloo's own
 # connections, another xdist worker's) can take the port between our pick and rank 0's bind.
-RENDEZVOUS_PORTS = range(20000, 21000)
-
-
-def free_port() -> int:
-    """A port nothing listens on now, picked at random from RENDEZVOUS_PORTS (the kernel's pick if all are taken)."""
-    for port in random.SystemRandom().sample(RENDEZVOUS_PORTS, min(64, len(RENDEZVOUS_PORTS))):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Sharded:
     """The driver: W rank processes, each given its share of the prompts; results gathered back."""
 

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
-from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values, ray_head_train_only, train_only
+from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values
+from rlsmoke.launch.train_only_argv import ray_head_train_only, train_only
 from rlsmoke.metrics import CI_HISTORY
 from rlsmoke.recipe import Recipe
 from rlsmoke.shipped import FIXTURES
@@ -69,7 +70,7 @@ def value(launch: Launch, flag: str) -> str:
 
 def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tiny: bool = False, seed: int = 0,
               inject: str | None = None) -> TrainOnlyPlan:  # fmt: skip
-    """The case's plan at one rollout, then its launch made train-only (`launch.miles.train_only`)."""
+    """The case's plan at one rollout, then its launch made train-only (`launch.train_only_argv.train_only`)."""
     from rlsmoke.launch.rollout_file import check_template
 
     recipe = recipe or Recipe(num_rollout=1)

@@ -7,7 +7,7 @@ import pickle
 import torch
 
 from rlsmoke.bridge.convert import Parallel
-from rlsmoke.engine.sharded import free_port
+from rlsmoke.engine.procs import free_port
 
 RANK_GRACE_S = (
     10.0  # how long the other ranks get to finish once one has failed, or to exit once all are done

@@ -1,0 +1,129 @@
+"""What the pytest plugin decides, checks and holds, as plain functions: its options, a test's GPU need and
+declared run, its artifacts root (one session's at a time), a live run's folder, and the commit its
+history records."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from rlsmoke.facts import RUN_TIMEOUT_S
+
+SESSION_LOCK = ".pytest-session.lock"  # in the artifacts root: one session's at a time
+
+
+def timeout_defaults() -> str:
+    """RUN_TIMEOUT_S in words, for help text: "900 on cpu, 3600 on nvidia and rocm"."""
+    by_value: dict[float, list[str]] = {}
+    for platform, seconds in RUN_TIMEOUT_S.items():
+        by_value.setdefault(seconds, []).append(platform)
+    return ", ".join(f"{s:.0f} on {' and '.join(ps)}" for s, ps in by_value.items())
+
+
+def check_options(config: pytest.Config) -> None:
+    """Bad option values end the session before any test runs."""
+    timeout = config.getoption("run_timeout", None)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise pytest.UsageError(f"--run-timeout={timeout} must be a number of seconds > 0. Drop it for the "
+                                f"default ({timeout_defaults()})")  # fmt: skip
+    history = config.getoption("history", None)
+    if history:
+        path = Path(history)
+        if path.is_dir():
+            raise pytest.UsageError(f"--history={path} is a folder. Pass a sqlite file (made if missing)")
+        if path.is_file() and path.stat().st_size:
+            with path.open("rb") as f:
+                if f.read(16) != b"SQLite format 3\x00":
+                    raise pytest.UsageError(f"--history={path} is not a sqlite database. Pass another file "
+                                            "(made if missing)")  # fmt: skip
+
+
+def hold_artifacts_root(root: Path) -> int:
+    """The artifacts root is this session's until it ends: a second session on it is refused at once
+    (its `artifacts` fixture would empty folders this one's runs write)."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise pytest.UsageError(f"the artifacts folder {root} is in use by another pytest session (pid {holder}). "
+                                "Pass --artifacts-dir DIR, or wait for it to end") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def refuse_a_live_run(folder: Path) -> None:
+    """A run that still holds its folder's lock (`artifacts.RunFolder`) keeps its folder: the test fails."""
+    import fcntl
+
+    from rlsmoke.artifacts import LOCK_NAME
+
+    for lock in folder.rglob(LOCK_NAME) if folder.is_dir() else ():
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:  # released meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.fail(f"{lock.parent} is held by a live run; this test's artifacts folder is left as it is. "
+                        "End that run, or pass --artifacts-dir DIR", pytrace=False)  # fmt: skip
+        finally:
+            os.close(fd)
+
+
+def commit_of(config: pytest.Config) -> str:
+    import subprocess
+
+    if os.environ.get("GITHUB_SHA"):
+        return os.environ["GITHUB_SHA"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=config.rootpath, capture_output=True, text=True,
+                             timeout=10, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def gpus_marker(item: pytest.Item) -> int | None:
+    mark = item.get_closest_marker("gpus")
+    if mark is None:
+        return None
+    if len(mark.args) != 1 or not isinstance(mark.args[0], int) or mark.args[0] < 1:
+        raise pytest.UsageError(
+            f"{item.nodeid}: gpus{mark.args} is wrong. Write @pytest.mark.gpus(N) with N >= 1"
+        )
+    return mark.args[0]
+
+
+def requirement_of(item: pytest.Item):
+    from rlsmoke.selection import requirement
+
+    return requirement(
+        (m.name for m in item.iter_markers()), gpus_marker(item), item.config.getoption("num_gpus")
+    )
+
+
+def declared_run(item: pytest.Item):
+    """The run a test takes from `case_record`: its parameter, else its module's CASE."""
+    from rlsmoke.suite import CaseRun
+
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "case_record" in callspec.params:
+        spec = callspec.params["case_record"]
+    else:
+        case = getattr(getattr(item, "module", None), "CASE", None)
+        spec = (
+            CaseRun(case, shared=tuple(getattr(getattr(item, "module", None), "SHARED_RUN", ())))
+            if case is not None
+            else None
+        )
+    return spec if isinstance(spec, CaseRun) else None
