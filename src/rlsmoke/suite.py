@@ -269,6 +269,8 @@ class VariantRuns:
         if variant not in self.variants:
             raise RlsmokeError(f"variant {variant!r} is not one of {', '.join(self.variants)}",
                                rule="suite.variants", fix="declare it in the VariantRuns")  # fmt: skip
+        if _fault(variant) and artifacts.launcher != "builtin":
+            raise DoesNotFit(f"faults go into the built-in engine, not --launcher {artifacts.launcher}")
         ran = effective_case(case, artifacts.num_gpus)
         why = trainer_refusal(artifacts.trainer, ran, _fault(variant))
         if why:

@@ -24,8 +24,4 @@ def test_one_step(case_record):
 @pytest.mark.gpus(NUM_GPUS)
 @pytest.mark.parametrize(("variant", "expected"), GPU_TWINS, ids=[v.split("@")[0] for v, _ in GPU_TWINS])
 def test_fault_fails_its_gate(rlsmoke_variant_runs, artifacts, variant, expected):
-    if artifacts.launcher != "builtin":
-        pytest.skip(
-            f"faults are injected into the built-in engine; this session runs --launcher {artifacts.launcher}"
-        )
     check_fault(CASE, rlsmoke_variant_runs.record(CASE, artifacts, variant), expected)

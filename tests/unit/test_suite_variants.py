@@ -135,3 +135,19 @@ def test_a_module_s_shared_run_is_one_launch_for_its_one_step_test_and_twins(pyt
     root = tmp_path / "art"
     pytester.runpytest("-p", "no:cacheprovider", "--artifacts-dir", str(root)).assert_outcomes(passed=2)
     assert len(_launches(root)) == 1
+
+
+def test_a_fault_twin_skips_on_a_launcher_without_faults(tmp_path):
+    """Faults are injected into the built-in engine: under --launcher miles a twin is a skip with the reason."""
+    import dataclasses
+
+    from rlsmoke.artifacts import Artifacts
+    from rlsmoke.cases import Case
+    from rlsmoke.selection import DoesNotFit
+    from rlsmoke.suite import VariantRuns
+
+    case = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
+    runs = VariantRuns(("clean", "stale-weights"))
+    art = dataclasses.replace(Artifacts(path=tmp_path), launcher="miles")
+    with pytest.raises(DoesNotFit, match="not --launcher miles"):
+        runs.record(case, art, "stale-weights")
