@@ -1,51 +1,53 @@
 #!/usr/bin/env bash
-# Miles' trainer for one step on a fresh H200 host (Python 3.12, torch 2.11, no package index): set up
-# Miles' environment from .miles-carry/, check what only the GPU can settle, then run the train-only
-# step and its twin. NOT RUN YET: written from docs/miles.md's facts; the first GPU run decides.
-#   bench/gpu_miles_train_only.sh OUT_DIR [CASE] [BUDGET_S]
-# .miles-carry/ (git-ignored; made where the index is, as docs/miles.md lists) holds:
-#   wheels/*.whl        every package of docs/miles.md's table, installed --no-deps (torch stays the host's)
-#   build/*.whl         transformer_engine_torch 2.17.0, built against torch 2.11 (no binary wheel exists)
-#   miles.tar           `git archive 31f1ca961` of radixark/miles
-#   megatron.tar        `git archive 2e64d788b` of radixark/Megatron-LM (branch miles-main)
-#   overlay/            the import-only stand-ins docs/miles.md names (sgl_kernel, mooncake/engine.py, ...)
+# Miles main's trainer for one step on an H200 host with no package index, from .miles-carry/
+# (bench/miles_carry_make.sh makes it; its pieces travel one a call, and a warm host keeps them):
+#   bench/gpu_miles_train_only.sh receive OUT        move .miles-carry's pieces to $MILES_ENV/carry
+#   bench/gpu_miles_train_only.sh misc OUT           once the first pieces are there: unpack all but TE's
+#                                                    core, build TE's torch extension against the host's
+#                                                    torch, probe Ray, prepare the HF checkpoint
+#   bench/gpu_miles_train_only.sh te OUT             once every piece is there: TE's core; probe TE, the imports
+#   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT)
+# Nothing of the host is upgraded: Miles' packages go --no-deps into $MILES_ENV/site, ahead on PYTHONPATH.
 set -uo pipefail
-out=${1:?OUT_DIR}; case_name=${2:-glm4.5-355b-a32b-4layer}; budget=${3:-3000}
-carry=$PWD/.miles-carry
-steps_out=$out; start=$(date +%s)
-. "$(dirname "$0")/steps.sh"
-mkdir -p "$out"
-for need in "$carry/wheels" "$carry/build" "$carry/miles.tar" "$carry/megatron.tar" "$carry/overlay"; do
-  [ -e "$need" ] || { echo "error: [bench.carry] $need is missing. Fix: fill .miles-carry/ as docs/miles.md says"; exit 2; }
-done
-python3 -c 'import sys, torch; assert sys.version_info[:2] == (3, 12), sys.version; assert torch.__version__.startswith("2.11"), torch.__version__' \
-  || { echo "error: [bench.host] needs Python 3.12 and torch 2.11. Fix: run on the H200 image"; exit 2; }
+stage=${1:?receive, misc, te or suite}; out=${2:-/tmp/miles-out}
+env_dir=${MILES_ENV:-/root/miles-env}; site=$env_dir/site
+here=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$env_dir/carry" "$out"
+steps_out=$out budget=${BUDGET_S:-3000} start=$(date +%s)
+. "$here/bench/steps.sh"
+export PYTHONPATH=$here/bench/miles_overlay:$site:$here/src PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
+export NVTE_FRAMEWORK=pytorch RLSMOKE_STANDIN_LOG=$out/standin.log RLSMOKE_CACHE=${RLSMOKE_CACHE:-/root/rlsmoke-cache}
+export RLSMOKE_MILES_ROOT=$env_dir/src/miles RLSMOKE_MEGATRON_ROOT=$env_dir/src/Megatron-LM
 
-# Miles' environment beside the host's packages: nothing of the host is upgraded (--no-deps, a target dir).
-site=/tmp/miles-site
-timed install python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
-  "$carry"/wheels/*.whl "$carry"/build/*.whl
-mkdir -p /root/miles /root/Megatron-LM
-tar -xf "$carry/miles.tar" -C /root/miles && tar -xf "$carry/megatron.tar" -C /root/Megatron-LM
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 || true
-# the overlay first: its stand-ins and names win over the installed packages they complete
-export PYTHONPATH=$carry/overlay:$PWD/src:$site PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
-export RLSMOKE_CACHE=${RLSMOKE_CACHE:-/root/rlsmoke-cache}
-rlsmoke() { python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' "$@"; }
-
-# What only the GPU host can settle, each in under a minute, before the long steps.
-timed probe-te timeout 120 python3 -c 'import transformer_engine.pytorch as te, torch; l = te.Linear(64, 64).cuda(); print(l(torch.randn(8, 64, device="cuda")).shape)'
-timed probe-tilelang timeout 120 python3 -c 'import tilelang; print(tilelang.__version__)'
-timed probe-ray timeout 120 python3 -c 'import ray; ray.init(num_gpus=1, include_dashboard=False); print(ray.cluster_resources()); ray.shutdown()'
-timed probe-miles timeout 300 env PYTHONPATH=/root/miles:/root/Megatron-LM:$PYTHONPATH python3 -c 'import train, miles.backends.megatron_utils.actor'
-cat "$out/timing.txt"
-
-flags=(--launcher miles --train-only --miles-root /root/miles --megatron-root /root/Megatron-LM --platform nvidia
-       --num-gpus 1 --model-dir /root/models)
-rlsmoke plan "$case_name" --platform nvidia --num-gpus 1 --launcher miles --train-only > "$out/plan.sh"
-[ "$(left)" -gt 600 ] && timed clean timeout "$(left)" rlsmoke run "$case_name" "${flags[@]}" --out "$out/clean"
-# the twin: the file's log-probs of the raw logits while Miles divides by 0.8; its gate must fail (exit 1)
-[ "$(left)" -gt 300 ] && timed twin-temperature timeout "$(left)" rlsmoke run "$case_name" "${flags[@]}" \
-  --rollout-temperature 0.8 --inject temperature-mismatch --out "$out/twin-temperature"
-tail -12 "$out/clean.txt" "$out/twin-temperature.txt" 2>/dev/null
-cat "$out/timing.txt"
+case $stage in
+receive)
+  mv -f "$here"/.miles-carry/* "$env_dir/carry/" && ls -la "$env_dir/carry" ;;
+misc)
+  cd "$env_dir/carry" && read -r _ misc_bytes < <(grep '^misc ' sizes) || exit 2
+  timed unpack-misc bash -c "cat piece-* | head -c $misc_bytes | xz -d | tar -x -C $env_dir"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
+  # no binary wheel exists: build it against this host's torch, CUDA and cuDNN (headers only; TE's core is
+  # loaded at run time); LDFLAGS keeps the linker's --as-needed from dropping libtorch
+  mkdir -p "$env_dir/build" && tar -xzf "$env_dir"/sdist/transformer_engine_torch-*.tar.gz -C "$env_dir/build"
+  timed te-torch-build env NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=16 LDFLAGS=-Wl,--no-as-needed \
+    python3 -m pip wheel -v --no-build-isolation --no-deps -w "$env_dir/wheel" "$env_dir"/build/transformer_engine_torch-*/
+  timed te-torch python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$env_dir"/wheel/transformer_engine_torch-*.whl
+  timed probe-ray timeout 180 python3 -c 'import ray; ray.init(num_gpus=1, include_dashboard=False); print(ray.cluster_resources()); ray.shutdown()'
+  timed prepare timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' prepare glm4.5-355b-a32b-4layer
+  cat "$out/timing.txt"; tail -5 "$out"/probe-ray.txt "$out"/te-torch-build.txt ;;
+te)
+  cd "$env_dir/carry" && sha256sum -c --quiet SHA256SUMS || { echo "error: [bench.carry] a piece is missing or torn"; exit 2; }
+  read -r _ misc_bytes < <(grep '^misc ' sizes)
+  timed unpack-te bash -c "cat piece-* | tail -c +$((misc_bytes + 1)) | xz -d | tar -x -C $env_dir"
+  timed probe-te timeout 180 python3 -c 'import torch, transformer_engine.pytorch as te; l = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda(); print(l(torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)).shape, te.__file__)'
+  timed probe-miles timeout 300 env PYTHONPATH=$RLSMOKE_MILES_ROOT:$RLSMOKE_MEGATRON_ROOT:$PYTHONPATH python3 -c 'import train, miles.backends.megatron_utils.actor; print("miles imports")'
+  cat "$out/timing.txt"; tail -5 "$out"/probe-*.txt ;;
+suite)
+  shift 2
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
+  cd "$here" && timed suite timeout "$(left)" python3 -m pytest -p no:cacheprovider -m nvidia -x -v \
+    tests/e2e/test_miles_train_only_nvidia.py --junitxml "$out/junit.xml" --artifacts-dir "$out/artifacts" "$@"
+  tail -40 "$out/suite.txt"; cat "$out/timing.txt"
+  [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
+*) echo "error: [bench.stage] $stage is not receive, misc, te or suite"; exit 2 ;;
+esac

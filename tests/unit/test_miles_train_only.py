@@ -45,11 +45,10 @@ def test_the_train_only_argv_is_one_gpu_no_sglang_and_miles_main_accepts_it(name
     )
     assert flags["--attention-backend"] == ["fused"] and flags["--moe-token-dispatcher-type"] == ["alltoall"]
     assert flags["--num-rollout"] == ["1"] and flags["--actor-num-gpus-per-node"] == ["1"]
-    assert not {"--colocate", "--moe-enable-deepep", "--save", "--load", "--save-interval"} & flags.keys()
+    dropped = {"--colocate", "--moe-enable-deepep", "--save", "--load", "--save-interval", "--dump-details"}
+    assert not dropped & flags.keys()
     assert not [f for f in flags if f.startswith("--sglang-") or f == "--rollout-num-gpus-per-engine"]
-    assert flags["--prompt-data"] == [str(train_only.PROMPT_DATA)] and flags["--dump-details"] == [
-        "/runs/x/dump"
-    ]
+    assert flags["--prompt-data"] == [str(train_only.PROMPT_DATA)]
     assert tp.launch.env["PYTHONPATH"].startswith(
         "/root/miles:"
     )  # Ray's workers import miles from the checkout

@@ -19,6 +19,7 @@ Miles main's `--load-debug-rollout-data PATH` trains on a recorded rollout and s
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import socket
 import time
@@ -78,8 +79,7 @@ def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tin
     template = f"{out}/{ROLLOUT_TEMPLATE}"
     check_template(template)
     launch = train_only(plan.launch, rollout_template=template, prompt_data=str(PROMPT_DATA),
-                        miles_root=paths.miles_root, uses_dsa="index_topk" in plan.spec.hf_extra,
-                        dump_dir=f"{out}/dump")  # fmt: skip
+                        miles_root=paths.miles_root, uses_dsa="index_topk" in plan.spec.hf_extra)  # fmt: skip
     return TrainOnlyPlan(plan, launch, paths, out, tiny, seed, inject)
 
 
@@ -189,7 +189,9 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP
     if not result.ok:
         return result
     ports = lease_ports()
-    full_env = runner.clean_env({**tp.launch.env, **env, "RAY_AUTH_MODE": "disabled"})
+    # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
+    search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
+    full_env = runner.clean_env({**tp.launch.env, **env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
     head = runner.Process(
         ray_head_argv(tp, ports, temp_dir), env=full_env, cwd=miles_root, log=out / "ray-head.log"

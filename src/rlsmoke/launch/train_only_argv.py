@@ -9,9 +9,10 @@ from rlsmoke.launch.miles import Launch, flag_values
 # its flags; one GPU that trains only, so nothing to colocate with (and --colocate forces
 # torch_memory_saver's LD_PRELOAD); no checkpoint written after the step (a one-step smoke resumes
 # nothing, and its optimizer state would not fit the disk); without --load Miles loads --ref-load as a
-# fresh run does (no_load_optim, finetune).
+# fresh run does (no_load_optim, finetune); no --dump-details, which would save the rollout file it was
+# given once more, with a parquet sidecar through polars, which Miles' site on the H200 has only as a stand-in.
 TRAIN_ONLY_DROPPED = ("--colocate", "--rematerialize-param-from-master-weight", "--moe-enable-deepep",
-                      "--load", "--save", "--save-interval")  # fmt: skip
+                      "--load", "--save", "--save-interval", "--dump-details")  # fmt: skip
 # What it sets instead: TE's cuDNN fused attention (flash-attn has no binary wheel), the all-to-all MoE
 # dispatcher (DeepEP's flex dispatcher needs deep_ep), and one rollout.
 TRAIN_ONLY_SET = {"--attention-backend": ("fused",), "--moe-token-dispatcher-type": ("alltoall",),
@@ -20,11 +21,12 @@ TRAIN_ONLY_SET = {"--attention-backend": ("fused",), "--moe-token-dispatcher-typ
 DSA_PAD = ("--data-pad-size-multiplier", "4096")
 
 
-def train_only(launch: Launch, *, rollout_template: str, prompt_data: str, miles_root: str, uses_dsa: bool,
-               dump_dir: str) -> Launch:  # fmt: skip
+def train_only(
+    launch: Launch, *, rollout_template: str, prompt_data: str, miles_root: str, uses_dsa: bool
+) -> Launch:
     """`launch` as Miles' trainer alone: `train.py --debug-train-only --load-debug-rollout-data TEMPLATE`
     on the one GPU of the plan, the rollout's prompts as --prompt-data (Miles' data source still reads it),
-    the checkout on PYTHONPATH (Ray's workers import `miles` from it), Miles' dumps in `dump_dir`."""
+    the checkout on PYTHONPATH (Ray's workers import `miles` from it)."""
     if launch.ray_num_gpus != 1 or launch.num_nodes != 1:
         from rlsmoke.errors import RlsmokeError
 
@@ -37,8 +39,7 @@ def train_only(launch: Launch, *, rollout_template: str, prompt_data: str, miles
             if flag in TRAIN_ONLY_DROPPED:
                 continue
             values = list(TRAIN_ONLY_SET.get(flag, values))
-            chosen = {"--prompt-data": [prompt_data], "--dump-details": [dump_dir]}.get(flag, values)
-            out += [flag, *chosen]
+            out += [flag, *([prompt_data] if flag == "--prompt-data" else values)]
         groups[group] = out
     present = {flag for toks in groups.values() for flag, _ in flag_values(toks)}
     groups["misc"] += [
