@@ -33,12 +33,12 @@ freed there. With or without the offload, the grads are freed on entering a roll
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 
 import torch
 
+from rlsmoke.engine.limits import host_memory_bytes
 from rlsmoke.engine.meter import MemoryMeter
 
 
@@ -60,6 +60,16 @@ STAGING_BYTES = 64 << 20
 PIN_MAX_BYTES = 4 << 30
 
 
+def pins(nbytes: int, device: torch.device, *, ranks_on_host: int = 1) -> bool:
+    """Whether host copies of `nbytes` per rank go to pinned pages: they copy at full bandwidth but are
+    locked, so only where the host's ranks leave half its memory free, and up to PIN_MAX_BYTES."""
+    return (
+        device.type == "cuda"
+        and nbytes <= PIN_MAX_BYTES
+        and 4 * nbytes * ranks_on_host <= host_memory_bytes()
+    )
+
+
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
@@ -69,8 +79,7 @@ class HostCopies:
 
     def __init__(self, device: str, *, park_bytes: int = 0, ranks_on_host: int = 1):
         self.device, self.park_bytes = torch.device(device), park_bytes
-        self.pin = (self.device.type == "cuda" and park_bytes <= PIN_MAX_BYTES
-                    and 2 * park_bytes * ranks_on_host <= host_memory_bytes() // 2)  # fmt: skip
+        self.pin = pins(park_bytes, self.device, ranks_on_host=ranks_on_host)
         self.staged = self.device.type == "cuda" and not self.pin
         self._staging: list[torch.Tensor] = []
         self._done: list = [None, None]  # each buffer's last device copy (an event): reuse waits for it
@@ -185,13 +194,6 @@ class HostCopies:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-def host_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def _bytes(module: torch.nn.Module) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import torch
 
-from rlsmoke.engine.offload import PIN_MAX_BYTES, host_memory_bytes, local_shard
+from rlsmoke.engine.offload import local_shard, pins
 
 CHUNK = 1 << 24  # elements cast at a time: no device temporary larger than 64 MiB in fp32
 
@@ -34,12 +34,6 @@ def _resharded(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module, FSDPModule):
             module.reshard()
     return model
-
-
-def _pin(nbytes: int, device: torch.device) -> bool:
-    # pinned pages copy back at full bandwidth; they are locked, so only when they leave the host room,
-    # and pinning costs more than it saves past PIN_MAX_BYTES (engine.offload)
-    return device.type == "cuda" and nbytes <= PIN_MAX_BYTES and 4 * nbytes <= host_memory_bytes()
 
 
 @torch.no_grad()
@@ -71,9 +65,8 @@ class Snapshot:
         dtypes = {name: _narrowest_exact(t, narrow) for name, t in params}
         nbytes = sum(t.numel() * dtypes[name].itemsize for name, t in params)
         device = params[0][1].device if params else torch.device("cpu")
-        pin = not on_device and _pin(
-            nbytes, device
-        )  # on CPU a "device" copy is a host copy: the path CI runs
+        # on CPU a "device" copy is a host copy: the path CI runs
+        pin = not on_device and pins(nbytes, device)
         self.tensors: dict[str, torch.Tensor] = {}
         for name, t in params:
             if on_device:

@@ -244,18 +244,6 @@ def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:
     )
 
 
-def read_hf_state(path) -> dict[str, torch.Tensor]:
-    """Every tensor of an HF checkpoint folder, as stored."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        state.update(load_file(f))
-    return state
-
-
 def rank_state(model) -> dict[str, torch.Tensor]:
     """The rank's Megatron tensors (parameters and the router's expert bias), not the extra states."""
     return {

@@ -186,9 +186,6 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
                           defect=defect)  # fmt: skip
     del src
     state = shard(full, spec, hf, par, rank) if par.world_size > 1 else full
-    state = {
-        k: v for k, v in state.items() if not k.startswith("model.")
-    }  # vision passengers: no GPTModel part
     model = gpt
     if gpt.config.bf16:
         from megatron.core.transformer.module import Float16Module
@@ -237,8 +234,7 @@ def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, t
             dist.all_gather(parts, mine[name].contiguous())
             for r, t in enumerate(parts):
                 states[r][name] = t.cpu()
-    passengers = {k: v for k, v in hf.items() if k.startswith("model.visual.")}
-    full = unshard([s | passengers for s in states], spec, hf, par)
+    full = unshard(states, spec, hf, par)
     return megatron_to_hf(full, spec, hf, defect=defect)
 
 
@@ -250,7 +246,7 @@ class MegatronTrainWorker:
 
         from rlsmoke.engine import megatron
         from rlsmoke.engine.megatron import dist
-        from rlsmoke.engine.megatron.model import read_hf_state
+        from rlsmoke.engine.read import read_checkpoint
 
         if not megatron.available():
             raise RlsmokeError("trainer=megatron needs megatron-core, which is not installed",
@@ -269,20 +265,11 @@ class MegatronTrainWorker:
         if not tdist.is_initialized():
             dist.init(0, self.par, dist.free_port(), backend=dist.backend_for(cfg.device))
         clock("process group")
-        on_gpu = cfg.device.startswith("cuda")
-        if on_gpu:  # straight onto the device (engine.read), where the bridge converts
-            from rlsmoke.engine.read import read_checkpoint
-
-            self.hf = read_checkpoint(ckpt, cfg.device)
-        else:
-            self.hf = read_hf_state(ckpt)
+        hf = read_checkpoint(ckpt, cfg.device)  # on a GPU straight onto it, where the bridge converts
         clock("read")
-        self.trainer = build_rank(self.spec, self.hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect,
+        self.trainer = build_rank(self.spec, hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect,
                                   phases=self.load_phases)  # fmt: skip
-        if on_gpu:  # the bridge needs the checkpoint's names after the load, and the vision tower's tensors
-            self.hf = {
-                k: v.cpu() if k.startswith("model.visual.") else v.to("meta") for k, v in self.hf.items()
-            }
+        self.hf = {k: v.to("meta") for k, v in hf.items()}  # the bridge needs only the names from here on
 
     def parallel(self) -> dict:
         return self.par.executed()
