@@ -17,7 +17,7 @@ model computes with the wrong layout, which only the log-prob gates can see.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -256,7 +256,7 @@ def shard(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names, par: Para
     return out
 
 
-def unshard(states: list[Mapping[str, torch.Tensor]], spec: ModelSpec, hf_names,
+def unshard(states: Sequence[Mapping[str, torch.Tensor]], spec: ModelSpec, hf_names,
             par: Parallel) -> dict[str, torch.Tensor]:  # fmt: skip
     """The whole Megatron state from every rank's state (`states[r]` is rank r's)."""
     par.check(spec)

@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import kda, reuse, signals, sync
+from rlsmoke.engine import kda, signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
 from rlsmoke.engine.offload import Phases, local_shard
 from rlsmoke.engine.procs import free_port, frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
-from rlsmoke.engine.workers import phased
+from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.workers import SharedDevice, phased
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
 
@@ -87,7 +87,7 @@ class ShardedTrainer(Trainer):
         return metrics
 
 
-class Rank:
+class Rank(SharedDevice):
     """One process of the sharded run: a trainer shard and a full rollout copy on its device."""
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int):
@@ -118,22 +118,7 @@ class Rank:
                              rollout_model=self.rollout_model, ranks_on_host=world,
                              offload_train=cfg.offload_train_active)  # fmt: skip
 
-    def mine(self, items: list) -> list:
-        return items[self.rank :: self.world]
-
-    @phased("rollout")
-    def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
-        return self.engine.generate(prompt_ids, n, seed, indices=self.mine(list(range(len(prompt_ids)))))
-
-    @phased("train")
-    def forward_only(self, groups: list[Group]):
-        return self.trainer.forward_only(groups)
-
-    @phased("train", step=True)
-    def step(self, groups, old, advantages):
-        return self.trainer.step(groups, old, advantages)
-
-    def full_weights(self):
+    def rollout_weights(self):
         """Each parameter gathered in full and cast to the rollout dtype, one at a time (every rank in order)."""
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
         for name, p in self.trainer.model.named_parameters():
@@ -141,40 +126,13 @@ class Rank:
 
     @phased("sync")
     def sync(self, skip: bool) -> dict[str, float]:
-        result = sync.load_and_compare(self.rollout_model, self.full_weights(), load=not skip)
+        result = sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
         mismatched = self.trainer.global_sum(result["sync/mismatched_params"])
         return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
 
     def memory(self) -> dict | None:
         """This rank's peak allocated device memory by phase (GiB); None off CUDA."""
         return self.phases.meter.report()
-
-    def move_seconds(self) -> dict[str, float]:
-        return dict(self.phases.move_seconds)
-
-    def keep_initial(self) -> None:
-        self.initial = reuse.InitialRun(
-            self.trainer,
-            self.rollout_model,
-            self.full_weights,
-            reuse.narrow_for(self.cfg),
-            self.cfg.initial_on_device,
-        )
-
-    @phased("sync")  # the gather below needs the shards on the device
-    def restore_initial(self) -> None:
-        self.initial.restore()
-
-    def manual_seed(self, seed: int) -> None:
-        """The seed's draws (train-dropout's masks) start from it on every rank, as in one process."""
-        torch.manual_seed(seed)
-
-    def drop_optimizer_state(self) -> None:
-        drop_moments(self.trainer)
-
-    def set_variant(self, inject, temperature: float) -> None:
-        self.engine.set_variant(inject, temperature)
-        self.trainer.set_variant(inject, temperature)
 
     def offload_state(self) -> dict:
         return self.phases.state()

@@ -39,7 +39,6 @@ from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps
 from rlsmoke.engine.train import (
     STEP_SUMS,
     checksums,
-    drop_moments,
     group_loss,
     require_finite,
     step_metrics,
@@ -77,6 +76,12 @@ class MegatronTrainer:
         fused = comm_device.startswith("cuda")
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, betas=betas,
                                            weight_decay=weight_decay, fused=fused or None)  # fmt: skip
+
+    def set_variant(self, inject, temperature: float) -> None:
+        """`rlsmoke run --variants`: the temperature; train-dropout is not wired here and a bridge defect is
+        built into the loaded weights, so both are refused before the load (`RunConfig.validate`,
+        `engine.config.parse_variants`)."""
+        self.temperature = temperature
 
     @torch.no_grad()
     def forward_only(self, groups):
@@ -273,21 +278,6 @@ class MegatronTrainWorker:
 
     def parallel(self) -> dict:
         return self.par.executed()
-
-    def forward_only(self, groups):
-        return self.trainer.forward_only(groups)
-
-    def step(self, groups, old, advantages) -> dict[str, float]:
-        return self.trainer.step(groups, old, advantages)
-
-    def drop_optimizer_state(self) -> None:
-        drop_moments(self.trainer)
-
-    def set_variant(self, inject, temperature: float) -> None:
-        """`rlsmoke run --variants`: the temperature; train-dropout is not wired here and a bridge defect is
-        built into the loaded weights, so both are refused before the load (`RunConfig.validate`,
-        `engine.config.parse_variants`)."""
-        self.trainer.temperature = temperature
 
     def hf_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """The trainer's weights under HF checkpoint names: Megatron -> HF through the bridge."""
