@@ -1,28 +1,20 @@
 """The megatron trainer: megatron-core's GPTModel, built as Megatron builds it, loaded through the bridge,
-trained by the same GRPO loss as the HF trainer and synced back into the HF rollout engine through
-the bridge.
+trained by the HF trainer's GRPO loss and synced back into the HF rollout engine through the bridge.
 
 The compute model is Megatron's bf16 training (Miles: `args.bf16`, `--moe-router-dtype fp32`): the
-GPTModel is built in the compute dtype (`params_dtype`, `bf16=True`), its router upcasts to fp32 and
-its expert bias stays an fp32 buffer, and nothing runs under `torch.autocast`. Autocast over an fp32
-GPTModel turns the router's matmul into bf16 logits while CUDA's `scores.sum()` stays fp32, and
-`topk_routing_with_score_function` then fails in `index_put_`. Under the compute model:
+GPTModel is built in the compute dtype, its router upcasts to fp32 and its expert bias stays an fp32
+buffer; nothing runs under `torch.autocast`, where the router's bf16 logits against CUDA's fp32
+`scores.sum()` fail `topk_routing_with_score_function` in `index_put_`. megatron-core's DDP
+accumulates fp32 `main_grad`s and `finalize_model_grads` sums them over the data-parallel ranks (the
+loss is already divided by the global token count) and the sequence-parallel norms.
 
-* megatron-core's `DistributedDataParallel` accumulates the grads into its fp32 `main_grad` buffer
-  and `finalize_model_grads` reduces them over the data-parallel ranks (summed: the loss is already
-  divided by the global token count, `calculate_per_token_loss`) and the sequence-parallel norms;
-* fp32 main parameters take the AdamW step and the compute copy is refreshed from them, rounding
-  (`rlsmoke.engine.precision`: the FSDP trainer's compute_path="params").
+megatron-core 0.16.1's own optimizers need CUDA (`MixedPrecisionOptimizer.__init__` allocates on
+'cuda', the distributed one takes only `torch.cuda.*Tensor`s), so the step is torch AdamW over fp32
+main parameters, clipped by the global grad norm, and the compute copy is refreshed from them
+(`rlsmoke.engine.precision`): the same code on CPU with gloo and on CUDA with NCCL.
 
-megatron-core 0.16.1 refuses its own optimizer (`get_megatron_optimizer`, the distributed one too)
-without CUDA: `MixedPrecisionOptimizer.__init__` allocates `torch.tensor([1.0], device='cuda')`,
-`FP32Optimizer` too, and the distributed optimizer accepts only `torch.cuda.*Tensor` parameters. The
-optimizer here is the nearest thing it allows on CPU and gloo: its DDP grad buffers with
-torch AdamW over fp32 main parameters, clipped by the global grad norm. It is the same code on
-CUDA over NCCL (the backend follows the device).
-
-Layouts: world size 1 runs in the driver process (`MegatronTrainWorker`, colocated); TP (with SP) and
-EP run one `build_rank` per process, and `gather_hf_weights` joins their shards into HF tensors.
+World size 1 runs in the driver process (`MegatronTrainWorker`, colocated); TP (with SP) and EP run one
+`build_rank` per process, and `gather_hf_weights` joins their shards into HF tensors.
 """
 
 from __future__ import annotations
