@@ -1,12 +1,11 @@
 """Training across several devices: FSDP2 over the plan's actor GPUs, one process per rank.
 
-Each rank is a data-parallel replica of the colocated flow: it holds an FSDP2 shard of the trainer
-(`fully_shard` per decoder layer, then the root) and a full rollout copy in the rollout dtype, rolls
-out its share of the prompts, and takes part in every collective (forward, backward, the
-all-gather of the weight sync). The trainer loads on the host and `fully_shard` moves each block's
-shard to the device, so no rank ever holds the whole fp32 model on its GPU. Between phases the
-train state and the rollout copy take turns on the device (`engine.offload`). The driver speaks to the ranks through pipes, so the path needs no
-Ray and runs the same with gloo on CPU (CI) and NCCL on GPUs.
+Each rank is a data-parallel replica of the colocated flow (`workers.SharedDevice`): an FSDP2 shard of
+the trainer (`fully_shard` per decoder layer, then the root) and a full rollout copy, its share of the
+prompts, and a part in every collective (forward, backward, the weight sync's all-gather). The trainer
+loads on the host and `fully_shard` moves each block's shard to the device, so no rank ever holds the
+whole fp32 model on its GPU. The driver speaks to the ranks through pipes: no Ray, and the same path
+with gloo on CPU (CI) and NCCL on GPUs.
 """
 
 from __future__ import annotations
@@ -42,16 +41,15 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return [block for ml in layers for block in ml]
 
 
-def shard(
-    model, *, device_type: str, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None
-) -> None:
-    """FSDP2 over every rank, on `device_type`'s mesh: without one, fully_shard takes a CUDA mesh
-    wherever CUDA is visible, and a CPU (gloo) run on a GPU host would move its shards onto cuda:0."""
+def shard(model, *, device_type: str, dtype: torch.dtype | None) -> None:
+    """FSDP2 over every rank, computing and reducing in `dtype` (None: the parameters'), on `device_type`'s
+    mesh: without one, fully_shard takes a CUDA mesh wherever CUDA is visible, and a CPU (gloo) run on a
+    GPU host would move its shards onto cuda:0."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
     for block in decoder_layers(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -101,7 +99,7 @@ class Rank(SharedDevice):
         if cfg.inject.kind == "train-dropout":
             set_dropout(model, cfg.inject.value)
         low = TORCH_DTYPES[cfg.rollout_dtype] if on_gpu else None  # bf16 compute and reduce on GPUs
-        shard(model, device_type="cuda" if on_gpu else "cpu", param_dtype=low, reduce_dtype=low)
+        shard(model, device_type="cuda" if on_gpu else "cpu", dtype=low)
         self.trainer = ShardedTrainer(
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
@@ -176,9 +174,6 @@ def _serve(
         conn.close()
 
 
-# Rendezvous ports when no MASTER_PORT is given: below the port leases (21000+) and Ray's defaults'
-# worker ports end there, and below the kernel's ephemeral range, so no outgoing socket (gloo's own
-# connections, another xdist worker's) can take the port between our pick and rank 0's bind.
 class Sharded:
     """The driver: W rank processes, each given its share of the prompts; results gathered back."""
 

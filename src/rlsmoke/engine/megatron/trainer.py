@@ -55,9 +55,8 @@ class MegatronTrainer:
                  entropy_coef: float, temperature: float, comm_device: str):  # fmt: skip
         self.model, self.gpt, self.ddp, self.par = compute, gpt, ddp, par
         self.master = MainParams([m for _, m in pairs])
-        self._pairs = list(
-            zip([p for p, _ in pairs], self.master.parameters(), strict=True)
-        )  # (compute, main)
+        # (compute, main)
+        self._pairs = list(zip([p for p, _ in pairs], self.master.parameters(), strict=True))
         self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
         self.entropy_coef, self.temperature, self.comm_device = entropy_coef, temperature, comm_device
         # which compute parameters the backward reached: DDP moves their grads into main_grad, where
