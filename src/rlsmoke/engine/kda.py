@@ -132,17 +132,15 @@ def _fla_call(kernel, reference):
 
 
 def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
-    """Run each model's first KDA layer, forward and backward (the chunked kernel) and one decode step
-    (the recurrent kernel), at its widths and dtypes: Triton compiles and autotunes here, not in a seed.
-    A model without grads (the rollout's) also generates two tokens through the whole model, some rows
-    left-padded: a prefill that keeps its state and decode steps on the cache take kernel variants a bare
-    layer call does not (on one H200 the layer-only warm-up left about a minute of compiling to the first
-    seed).
+    """Compile and autotune fla's kernels here, not in a seed: each model's first KDA layer forward and
+    backward (the chunked kernel) and one decode step (the recurrent kernel), at its widths and dtypes.
+    The rollout's model (no grads) also generates two tokens, some rows left-padded: a prefill that keeps
+    its state and decode on the cache take kernel variants a bare layer call does not (on one H200 the
+    layer alone left about a minute of compiling to the first seed).
 
-    `models`: (model, with_grad, rows). Some of fla's autotune keys hold the batch size, and Triton
-    specializes a length by whether 16 divides it, so each model runs at the rows its calls will have
-    (the rollout's generate batch, the trainer's group) and at one length of each kind. Gradients it
-    leaves on the layer's parameters are dropped. Returns the wall seconds."""
+    `models`: (model, with_grad, rows). fla's autotune keys hold the batch size and Triton specializes
+    a length by whether 16 divides it, so each model runs at its calls' rows and one length of each
+    kind. The grads it leaves are dropped. Returns the wall seconds."""
     import torch
 
     start = time.perf_counter()
