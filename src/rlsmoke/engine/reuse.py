@@ -45,6 +45,11 @@ def _narrowest_exact(t: torch.Tensor, narrow: torch.dtype | None) -> torch.dtype
     return narrow
 
 
+def _device_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # a copy even in t's own dtype: never the parameter itself (the twin aliases)
+    return t.to(dtype, copy=True)
+
+
 class Snapshot:
     """Parameters (FSDP2's local shards included) as they are now: in host memory, or on their own device
     when `on_device` (the memory estimate has counted the copy: `residency.initial_on_device`)."""
@@ -59,8 +64,8 @@ class Snapshot:
         pin = not on_device and pins(nbytes, device)
         self.tensors: dict[str, torch.Tensor] = {}
         for name, t in params:
-            if on_device:  # a copy even in t's own dtype: never the parameter itself (the twin aliases)
-                self.tensors[name] = t.to(dtypes[name], copy=True)
+            if on_device:
+                self.tensors[name] = _device_copy(t, dtypes[name])
             else:
                 host = torch.empty(t.shape, dtype=dtypes[name], device="cpu", pin_memory=pin)
                 host.copy_(t)
