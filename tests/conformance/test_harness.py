@@ -6,7 +6,8 @@ import pytest
 
 from rlsmoke.conformance import Verdict, check_plan, format_verdicts, real_verdict
 from rlsmoke.conformance.sglang_parser import engine_argv
-from rlsmoke.conformance.verdict import applies, describe_exception, flag_value, target_of
+from rlsmoke.conformance.verdict import applies, describe_exception, target_of
+from rlsmoke.engine.megatron.flags import flag_value
 
 PLAN = {
     "case": "glm5-744b-a40b-4layer",

@@ -1,6 +1,8 @@
 """GLM-5.3-Flash's KDA path: fla's Triton kernels on a CUDA device where fla imports, transformers'
 PyTorch reference elsewhere or when asked; the Triton cache next to the checkpoints; the warm-up."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -68,7 +70,8 @@ def test_the_reference_path_is_bound_and_the_warm_up_leaves_no_grads(monkeypatch
     monkeypatch.delenv("RLSMOKE_KDA", raising=False)
     case = "glm5.3-flash-4layer"
     model = load_policy(checkpoint_dir(case, tiny=True), model_spec(case, tiny=True), "float32", "cpu")
-    assert kda.bound() == "reference" == kda.bound("recurrent_kimi_delta_attention")
+    modeling = importlib.import_module(kda.MODELING)
+    assert [getattr(modeling, name) for name in kda.KERNELS] == [kda._REFERENCE[name] for name in kda.KERNELS]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     layer = next(m for m in model.modules() if type(m).__name__.endswith("LinearAttention"))
     lengths = []

@@ -36,9 +36,9 @@ LAYOUTS = [Parallel(), Parallel(tp=2), Parallel(ep=2), Parallel(tp=2, ep=2, etp=
 
 @pytest.fixture(scope="module")
 def checkpoints():
-    from rlsmoke.engine.megatron.model import read_hf_state
+    from rlsmoke.engine.read import read_checkpoint
 
-    return {c: read_hf_state(prepare(c, tiny=True)) for c in CASES}
+    return {c: read_checkpoint(prepare(c, tiny=True), "cpu") for c in CASES}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -194,10 +194,11 @@ TOKENS = torch.randint(0, 4000, (2, 24), generator=torch.Generator().manual_seed
 
 def _rank_forward(rank, par, case):
     """One rank: build the real GPTModel, strict-load the bridge's shard, forward, read the state back."""
-    from rlsmoke.engine.megatron.model import build_gpt, device_shim, rank_state, read_hf_state
+    from rlsmoke.engine.megatron.model import build_gpt, device_shim, rank_state
+    from rlsmoke.engine.read import read_checkpoint
 
     spec = model_spec(case, tiny=True)
-    hf = {k: v.float() for k, v in read_hf_state(prepare(case, tiny=True)).items()}
+    hf = {k: v.float() for k, v in read_checkpoint(prepare(case, tiny=True), "cpu").items()}
     model = build_gpt(spec, par)
     model.load_state_dict(shard(hf_to_megatron(hf, spec), spec, hf, par, rank), strict=True)
     model.eval()
@@ -215,13 +216,13 @@ def _rank_forward(rank, par, case):
 @pytest.mark.parametrize("case", MCORE_CASES)
 def test_real_gptmodel_holds_the_bridge_names_and_its_logits_are_hf(case):
     from rlsmoke.engine.megatron.dist import run_ranks
-    from rlsmoke.engine.megatron.model import read_hf_state
     from rlsmoke.engine.model import load_policy
+    from rlsmoke.engine.read import read_checkpoint
 
     [(logits, state)] = run_ranks(_rank_forward, Parallel(), case)
     spec = model_spec(case, tiny=True)
     path = Path(prepare(case, tiny=True))
-    hf = {k: v.float() for k, v in read_hf_state(path).items()}
+    hf = {k: v.float() for k, v in read_checkpoint(path, "cpu").items()}
     assert sorted(state) == sorted(hf_to_megatron(hf, spec))
     with torch.no_grad():
         ref = load_policy(path, spec, "float32", "cpu")(input_ids=TOKENS).logits
@@ -234,12 +235,12 @@ def test_real_gptmodel_holds_the_bridge_names_and_its_logits_are_hf(case):
 @pytest.mark.parametrize("par", [Parallel(tp=2), Parallel(ep=2)], ids=["tp2", "ep2"])
 def test_real_gptmodel_in_two_gloo_ranks_matches_one_rank(case, par):
     from rlsmoke.engine.megatron.dist import run_ranks
-    from rlsmoke.engine.megatron.model import read_hf_state
+    from rlsmoke.engine.read import read_checkpoint
 
     [(single, _)] = run_ranks(_rank_forward, Parallel(), case)
     ranks = run_ranks(_rank_forward, par, case)
     spec = model_spec(case, tiny=True)
-    hf = read_hf_state(prepare(case, tiny=True))
+    hf = read_checkpoint(prepare(case, tiny=True), "cpu")
     for logits, _ in ranks:
         assert (logits - single).abs().max().item() < 1e-4
     back = megatron_to_hf(unshard([s for _, s in ranks], spec, hf, par), spec, hf)
@@ -248,10 +249,11 @@ def test_real_gptmodel_in_two_gloo_ranks_matches_one_rank(case, par):
 
 def _forward_past_index_topk(rank, par, case):
     """A forward one token past the DSA index top-k: the rule, or None if it ran."""
-    from rlsmoke.engine.megatron.model import build_gpt, device_shim, read_hf_state
+    from rlsmoke.engine.megatron.model import build_gpt, device_shim
+    from rlsmoke.engine.read import read_checkpoint
 
     spec = model_spec(case, tiny=True)
-    hf = {k: v.float() for k, v in read_hf_state(prepare(case, tiny=True)).items()}
+    hf = {k: v.float() for k, v in read_checkpoint(prepare(case, tiny=True), "cpu").items()}
     model = build_gpt(spec, par)
     model.load_state_dict(shard(hf_to_megatron(hf, spec), spec, hf, par, rank), strict=True)
     n = dict(spec.hf_extra)["index_topk"] + 1

@@ -36,9 +36,9 @@ needs_mcore = pytest.mark.skipif(not megatron.available(),
 
 
 def _hf_state():
-    from rlsmoke.engine.megatron.model import read_hf_state
+    from rlsmoke.engine.read import read_checkpoint
 
-    return {k: v.float() for k, v in read_hf_state(prepare(CASE_NAME, tiny=True)).items()}
+    return {k: v.float() for k, v in read_checkpoint(prepare(CASE_NAME, tiny=True), "cpu").items()}
 
 
 @pytest.fixture(scope="module")

@@ -104,13 +104,13 @@ def _rank(rank, par, reference_path, reference_grad_norm):
 
     from rlsmoke.checkpoints import prepare
     from rlsmoke.engine.megatron import dist
-    from rlsmoke.engine.megatron.model import read_hf_state
     from rlsmoke.engine.megatron.trainer import build_rank, gather_hf_weights
+    from rlsmoke.engine.read import read_checkpoint
     from rlsmoke.engine.train import token_logprobs
     from rlsmoke.models import model_spec
 
     cfg, spec = _config(), model_spec(CASE_NAME, tiny=True)
-    hf = read_hf_state(prepare(CASE_NAME, tiny=True))
+    hf = read_checkpoint(prepare(CASE_NAME, tiny=True), "cpu")
     reference = load_file(reference_path)  # world size 1: old log-probs and the HF weights after its step
     hf_model = _hf_copy()
     group = _group(hf_model)

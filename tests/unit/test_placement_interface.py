@@ -30,17 +30,11 @@ class Drifted(Colocated):
         return {}
 
 
-class Half:  # no forward_only
+class Half:  # no rollout_weights
     trainer = None
 
-    def step(self, groups, old, advantages) -> dict[str, float]:
-        return {}
-
-    def rollout_weights(self, model, dtype):
+    def weights(self, model, dtype):
         return model
-
-    def set_variant(self, inject, temperature: float) -> None: ...
-    def drop_optimizer_state(self) -> None: ...
 
 
 def placement() -> Placement:
@@ -58,7 +52,7 @@ def test_the_type_checker_names_a_worker_off_the_interface(tmp_path):
         'got "Drifted", expected "Placement"' in report and "def sync(self, *, skip_sync: bool)" in report
     ), report
     assert 'got "Half", expected "TrainSide"' in report and "protocol member:\n" in report, report
-    assert report.split("protocol member:\n", 1)[1].split()[2] == "forward_only", report
+    assert report.split("protocol member:\n", 1)[1].split()[2] == "rollout_weights", report
 
 
 def test_a_phased_method_moves_its_side_to_the_device_first():

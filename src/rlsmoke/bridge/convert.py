@@ -17,7 +17,7 @@ model computes with the wrong layout, which only the log-prob gates can see.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +45,6 @@ class Parallel:
     tp: int = 1
     ep: int = 1
     etp: int | None = None  # None: megatron-core's default, the TP size
-    world: int | None = None  # None: the smallest world that holds both grids
     sp: bool = False  # sequence parallelism over the TP ranks (Megatron's --sequence-parallel; TP > 1 only)
 
     @property
@@ -54,8 +53,7 @@ class Parallel:
 
     @property
     def world_size(self) -> int:
-        if self.world is not None:
-            return self.world
+        """The smallest world that holds both grids."""
         return math.lcm(self.tp, self.ep * self.expert_tp)
 
     @property
@@ -73,11 +71,6 @@ class Parallel:
 
     def check(self, spec: ModelSpec) -> Parallel:
         problems = []
-        w = self.world_size
-        if w % self.tp or w % (self.ep * self.expert_tp):
-            problems.append(
-                f"world={w} is not a multiple of tp={self.tp} and ep*etp={self.ep * self.expert_tp}"
-            )
         if spec.num_experts % self.ep:
             problems.append(f"ep={self.ep} does not divide num_experts={spec.num_experts}")
         if spec.tp_divisor % self.tp:
@@ -263,7 +256,7 @@ def shard(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names, par: Para
     return out
 
 
-def unshard(states: list[Mapping[str, torch.Tensor]], spec: ModelSpec, hf_names,
+def unshard(states: Sequence[Mapping[str, torch.Tensor]], spec: ModelSpec, hf_names,
             par: Parallel) -> dict[str, torch.Tensor]:  # fmt: skip
     """The whole Megatron state from every rank's state (`states[r]` is rank r's)."""
     par.check(spec)

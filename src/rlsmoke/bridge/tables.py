@@ -26,21 +26,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from rlsmoke.models import ModelSpec
 
-TP_CUTS = ("replicated", "column", "row", "vocab", "gate_up", "qkv")
+Cut = Literal["replicated", "column", "row", "vocab", "gate_up", "qkv"]  # how TP cuts a tensor (above)
 
 
 @dataclass(frozen=True)
 class Rule:
     megatron: str
     hf: tuple[str, ...]
-    tp: str = "replicated"
+    tp: Cut = "replicated"
     expert: bool = False
-
-    def __post_init__(self):
-        assert self.tp in TP_CUTS, self.tp
 
 
 def _hf_prefix(spec: ModelSpec) -> str:
@@ -91,7 +89,7 @@ def _gqa(spec: ModelSpec, i: int) -> list[Rule]:
 
 # MLA: megatron-core name -> (HF name, TP cut). The down projections are duplicated on every TP rank,
 # as megatron-core's TransformerEngine spec builds them (`rlsmoke.engine.megatron.model.layer_spec`).
-MLA = {
+MLA: dict[str, tuple[str, Cut]] = {
     "linear_q_down_proj.weight": ("q_a_proj.weight", "replicated"),
     "q_layernorm.weight": ("q_a_layernorm.weight", "replicated"),
     "linear_q_up_proj.weight": ("q_b_proj.weight", "column"),
@@ -113,7 +111,7 @@ DSA_INDEXER = {
 DSA_INDEXER_FLASH = {"index_kpool_compress_ape": "index_kpool_compress_ape",
                      "index_kpool_compress_gate": "index_kpool_compress_gate"}  # fmt: skip
 # KDA (no megatron-core module): HF name -> TP cut, by heads.
-KDA = {
+KDA: dict[str, Cut] = {
     "q_proj.weight": "column", "k_proj.weight": "column", "v_proj.weight": "column",
     "q_conv1d.weight": "column", "k_conv1d.weight": "column", "v_conv1d.weight": "column",
     "f_a_proj.weight": "replicated", "f_b_proj.weight": "column",
@@ -121,14 +119,7 @@ KDA = {
     "b_proj.weight": "column", "A_log": "column", "dt_bias": "column",
     "o_norm.weight": "replicated", "o_proj.weight": "row",
 }  # fmt: skip
-HYPER_CONNECTIONS = (
-    "hc_attn_base",
-    "hc_attn_fn",
-    "hc_attn_scale",
-    "hc_ffn_base",
-    "hc_ffn_fn",
-    "hc_ffn_scale",
-)
+HYPER_CONNECTIONS = tuple(f"hc_{part}_{name}" for part in ("attn", "ffn") for name in ("base", "fn", "scale"))
 
 
 def _mla(spec: ModelSpec, i: int, hf_names: set[str]) -> list[Rule]:

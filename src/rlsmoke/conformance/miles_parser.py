@@ -14,7 +14,8 @@ import sys
 from rlsmoke.conformance import device_facts
 from rlsmoke.conformance._capture import plan_env, run_validator
 from rlsmoke.conformance.hf_fixtures import checkpoint_for
-from rlsmoke.conformance.verdict import Verdict, applies, flag_value, model_of, topology_of
+from rlsmoke.conformance.verdict import Verdict, applies, model_of, topology_of
+from rlsmoke.engine.megatron.flags import flag_value
 
 PARSER = "miles"
 _MAX_ENGINES_CHECKED = 8  # every engine gets the same checks; only base_gpu_id differs by rank

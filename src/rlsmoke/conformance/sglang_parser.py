@@ -11,7 +11,8 @@ from __future__ import annotations
 from rlsmoke.conformance import device_facts
 from rlsmoke.conformance._capture import plan_env, run_validator
 from rlsmoke.conformance.hf_fixtures import checkpoint_for
-from rlsmoke.conformance.verdict import Verdict, applies, flag_value, model_of, topology_of
+from rlsmoke.conformance.verdict import Verdict, applies, model_of, topology_of
+from rlsmoke.engine.megatron.flags import flag_value
 
 PARSER = "sglang"
 # `--sglang-*` flags that Miles defines for itself: they never reach the engine.

@@ -72,17 +72,6 @@ def applies(parser: str, plan: dict) -> bool:
     return True  # megatron-core reads only the training grid
 
 
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value after the last `flag` (or of `flag=value`) in argv; None when absent."""
-    value = None
-    for i, tok in enumerate(argv):
-        if tok == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif tok.startswith(flag + "="):
-            value = tok.split("=", 1)[1]
-    return value
-
-
 def describe_exception(exc: BaseException) -> str:
     """One line: the type, the message, and where the real code raised it (a bare assert has no message)."""
     if isinstance(exc, SystemExit):

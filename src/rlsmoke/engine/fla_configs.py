@@ -49,10 +49,7 @@ def select(device_name: str, version: str, shipped: Path = SHIPPED) -> tuple[Pat
         recorded = json.loads((folder / PROVENANCE).read_text())
     except (OSError, ValueError):
         tuned = sorted(p.name for p in shipped.iterdir() if p.is_dir()) if shipped.is_dir() else []
-        return (
-            None,
-            f"no configs recorded for {gpu_folder(device_name)} (tuned: {', '.join(tuned) or 'none'})",
-        )
+        return None, f"no configs recorded for {folder.name} (tuned: {', '.join(tuned) or 'none'})"
     if recorded.get("fla") != version:
         return (
             None,
@@ -97,10 +94,8 @@ def autotuners():
             while hasattr(fn, "fn"):
                 fn = fn.fn
             if (getattr(fn, "__module__", "") or "").startswith("fla."):
-                yield (
-                    obj,
-                    obj.fn.fn.__name__ if hasattr(obj.fn, "fn") else obj.fn.__name__,
-                )  # as CachedAutotuner
+                # the name CachedAutotuner files it under
+                yield obj, obj.fn.fn.__name__ if hasattr(obj.fn, "fn") else obj.fn.__name__
 
 
 def chosen() -> dict[str, dict[tuple, object]]:

@@ -28,7 +28,7 @@ MODELING = "transformers.models.glm5_next.modeling_glm5_next"
 # transformers' function name -> fla's, both in fla.ops.kda
 KERNELS = {"chunk_kimi_delta_attention": "chunk_kda", "recurrent_kimi_delta_attention": "fused_recurrent_kda"}
 # What the layer passes that fla takes; the rest of its **kwargs (attention kwargs) is not fla's.
-FLA_KWARGS = (
+FLA_KWARGS = {
     "g",
     "beta",
     "scale",
@@ -36,7 +36,7 @@ FLA_KWARGS = (
     "output_final_state",
     "use_qk_l2norm_in_kernel",
     "cu_seqlens",
-)
+}
 _REFERENCE: dict = {}
 CONFIGS: dict = {}  # where fla's kernel configs came from (engine.fla_configs.use), for the summary
 
@@ -53,12 +53,11 @@ def choose(device: str, family: str) -> str:
     if asked and asked not in PATHS:
         raise RlsmokeError(f"RLSMOKE_KDA={asked!r} is not a KDA path", rule="kda.path",
                            fix=f"set RLSMOKE_KDA to one of: {', '.join(PATHS)}, or unset it")  # fmt: skip
-    if asked == "fla" and not (fla_available() and device.startswith("cuda")):
+    can_fla = device.startswith("cuda") and fla_available()
+    if asked == "fla" and not can_fla:
         raise RlsmokeError("RLSMOKE_KDA=fla needs flash-linear-attention and a CUDA device", rule="kda.path",
                            fix="pip install 'rlsmoke[gpu]' on the GPU host, or unset RLSMOKE_KDA")  # fmt: skip
-    if asked:
-        return asked
-    return "fla" if device.startswith("cuda") and fla_available() else "reference"
+    return asked or ("fla" if can_fla else "reference")
 
 
 def triton_cache() -> None:
@@ -127,35 +126,21 @@ def _fla_call(kernel, reference):
     def call(query, key, value, *args, **kwargs):
         return kernel(query, key, value, *args, **{k: v for k, v in kwargs.items() if k in FLA_KWARGS})
 
-    call.__name__, call.__doc__ = (
-        reference.__name__,
-        f"fla.ops.kda.{kernel.__name__} in place of the reference",
-    )
+    call.__name__ = reference.__name__
+    call.__doc__ = f"fla.ops.kda.{kernel.__name__} in place of the reference"
     return call
 
 
-def bound(name: str = "chunk_kimi_delta_attention") -> str:
-    """Which implementation the layer calls now: "fla" or "reference" (what the summary records)."""
-    fn = getattr(importlib.import_module(MODELING), name)
-    return (
-        "fla"
-        if (fn.__doc__ or "").startswith("fla.") or "fla" in (getattr(fn, "__module__", "") or "")
-        else "reference"
-    )
-
-
 def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
-    """Run each model's first KDA layer, forward and backward (the chunked kernel) and one decode step
-    (the recurrent kernel), at its widths and dtypes: Triton compiles and autotunes here, not in a seed.
-    A model without grads (the rollout's) also generates two tokens through the whole model, some rows
-    left-padded: a prefill that keeps its state and decode steps on the cache take kernel variants a bare
-    layer call does not (on one H200 the layer-only warm-up left about a minute of compiling to the first
-    seed).
+    """Compile and autotune fla's kernels here, not in a seed: each model's first KDA layer forward and
+    backward (the chunked kernel) and one decode step (the recurrent kernel), at its widths and dtypes.
+    The rollout's model (no grads) also generates two tokens, some rows left-padded: a prefill that keeps
+    its state and decode on the cache take kernel variants a bare layer call does not (on one H200 the
+    layer alone left about a minute of compiling to the first seed).
 
-    `models`: (model, with_grad, rows). Some of fla's autotune keys hold the batch size, and Triton
-    specializes a length by whether 16 divides it, so each model runs at the rows its calls will have
-    (the rollout's generate batch, the trainer's group) and at one length of each kind. Gradients it
-    leaves on the layer's parameters are dropped. Returns the wall seconds."""
+    `models`: (model, with_grad, rows). fla's autotune keys hold the batch size and Triton specializes
+    a length by whether 16 divides it, so each model runs at its calls' rows and one length of each
+    kind. The grads it leaves are dropped. Returns the wall seconds."""
     import torch
 
     start = time.perf_counter()

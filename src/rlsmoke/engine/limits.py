@@ -108,9 +108,7 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
         folder = Path(tokenizer_dir)
     try:
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    except (
-        Exception
-    ):  # a checkpoint's unreadable tokenizer is the loader's to name; count with the shipped one
+    except Exception:  # an unreadable one is the loader's to name: count with the shipped one
         folder = FIXTURES / "tokenizer"
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.no_truncation()

@@ -12,9 +12,8 @@ class MemoryMeter:
         self.device = torch.device(device)
         self.on = self.device.type == "cuda"
         self.peaks: dict[str, int] = {}
-        self.phase = (
-            "load"  # measured from the last reset: process start, or `reset_peak_memory_stats` before loading
-        )
+        # measured from the last reset: process start, or `reset_peak_memory_stats` before loading
+        self.phase = "load"
 
     def enter(self, phase: str) -> None:
         self.close()

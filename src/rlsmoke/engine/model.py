@@ -90,9 +90,7 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
     """The model in `dtype` on `device`, in eval mode. Raises CheckpointError on a broken folder."""
     from rlsmoke.engine import kda
 
-    kda.install(
-        kda.choose(device, spec.family)
-    )  # before the first forward: the layer looks its KDA up per call
+    kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks it up per call
     try:
         if device.startswith("cuda"):
             # the files straight onto the GPU (engine.read), where transformers then fuses the experts
@@ -119,15 +117,12 @@ def from_state_dict(path: Path, spec: ModelSpec, dtype: str, device: str, state:
 
     cls = model_class(spec)
     config = AutoConfig.from_pretrained(path)
-    if cls.__name__.startswith(
-        "Auto"
-    ):  # the Auto class loads from a folder only: its concrete class takes a state
+    # the Auto class loads from a folder only: its concrete class takes a state
+    if cls.__name__.startswith("Auto"):
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     where = {"device_map": device} if device.startswith("cuda") else {}
     model = cls.from_pretrained(None, config=config, state_dict=state, dtype=TORCH_DTYPES[dtype], **where)
-    if (
-        Path(path) / "generation_config.json"
-    ).is_file():  # what from_pretrained(path) reads beside the weights
+    if (Path(path) / "generation_config.json").is_file():  # what from_pretrained(path) reads too
         model.generation_config = GenerationConfig.from_pretrained(path)
     return model
 

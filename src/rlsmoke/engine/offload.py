@@ -1,44 +1,28 @@
 """Colocate memory time-sharing, as Miles' --colocate does it, and the per-phase device memory meter.
 
-Miles offloads the Megatron state while SGLang rolls out and has SGLang release its memory while
-Megatron trains. Here one device (or one rank's device under FSDP2) holds the trainer and a rollout
-copy; `Phases.enter` moves what the next phase does not use to host memory:
+One device (or one rank's, under FSDP2) holds the trainer and a rollout copy; `Phases.enter` moves
+what the next phase does not use to host memory (its table says what each phase keeps). Without
+`offload_train` (Miles' --offload-rollout alone) the train state stays and only the rollout copy takes
+turns. Either way the grads are freed on entering a rollout or the sync (every step zeroes them).
 
-- rollout: master weights and AdamW moments go to the host, the rollout copy comes back (the compute
-  copy is freed where it is the master's cast, and cast again when the master returns);
-- train (old log-probs and the step): the rollout copy goes to the host, the master weights come
-  back, and the moments too when a step follows;
-- sync: the moments go to the host again, the rollout copy comes back next to the master weights.
-  After the run's last step there are none to move: the run drops them (`engine.train.drop_moments`).
-
-Without `offload_train` (Miles' --offload-rollout alone; `rlsmoke run` picks it where the rollout fits
-beside the train state) the train state stays on the device and only the rollout copy takes turns.
-
-Plain tensors (the rollout copy, the one-device trainer, the moments) move into pinned host buffers
-and back with non-blocking copies, where the host can spare the pages: torch's pinned allocator
-rounds each block up to a power of two and keeps it cached, so parking 72 GiB of GLM-4.5's train
-state could lock twice that. The cached blocks are kept: the next park of the same tensors reuses
-them instead of pinning again. When a rank parks more than PIN_MAX_BYTES (pinning that much costs more
-than the staged moves it saves), or twice what a host's ranks park exceeds half its RAM, the parked
-tensors live in pageable memory instead, exactly sized, and each large one moves through two reused
-pinned staging buffers in chunks (`STAGING_BYTES`): the device copies a chunk at pinned speed while the
-host copies the one before it between pinned and pageable pages. A pageable copy straight from the
-device runs at a fraction of that (GLM-4.5 4-layer on one H200: 45 s of a 53 s seed).
-`state()["pinned"]` and `state()["staged"]` say which. FSDP2's sharded parameters move through `module.to()`, whose
-`_apply` hook re-registers the shards; those host pages are not pinned. On CPU the moves copy into
-fresh host tensors, so the bookkeeping and the code path run in CI although no device memory is
-freed there. With or without the offload, the grads are freed on entering a rollout or the sync
-(every step starts by zeroing them).
+Pinned host pages copy at full speed, but torch's pinned allocator rounds each block up to a power of
+two and keeps it cached (parking GLM-4.5's 72 GiB train state could lock twice that), so parked state
+is pinned only up to PIN_MAX_BYTES a rank and where the host can spare the pages (`pins`). Past that
+it is pageable and exactly sized, and each large tensor moves through two reused pinned staging
+buffers: the device copies a chunk at pinned speed while the host copies the one before it (a pageable
+copy straight from the device took 45 s of a 53 s seed, GLM-4.5 4-layer on one H200). FSDP2's shards
+move through `module.to()`, whose `_apply` hook re-registers them. On CPU the same moves copy host
+tensors, so the bookkeeping and the code paths run in CI.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 
 import torch
 
+from rlsmoke.engine.limits import host_memory_bytes
 from rlsmoke.engine.meter import MemoryMeter
 
 
@@ -60,6 +44,16 @@ STAGING_BYTES = 64 << 20
 PIN_MAX_BYTES = 4 << 30
 
 
+def pins(nbytes: int, device: torch.device, *, ranks_on_host: int = 1) -> bool:
+    """Whether host copies of `nbytes` per rank go to pinned pages: they copy at full bandwidth but are
+    locked, so only where the host's ranks leave half its memory free, and up to PIN_MAX_BYTES."""
+    return (
+        device.type == "cuda"
+        and nbytes <= PIN_MAX_BYTES
+        and 4 * nbytes * ranks_on_host <= host_memory_bytes()
+    )
+
+
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
@@ -69,8 +63,7 @@ class HostCopies:
 
     def __init__(self, device: str, *, park_bytes: int = 0, ranks_on_host: int = 1):
         self.device, self.park_bytes = torch.device(device), park_bytes
-        self.pin = (self.device.type == "cuda" and park_bytes <= PIN_MAX_BYTES
-                    and 2 * park_bytes * ranks_on_host <= host_memory_bytes() // 2)  # fmt: skip
+        self.pin = pins(park_bytes, self.device, ranks_on_host=ranks_on_host)
         self.staged = self.device.type == "cuda" and not self.pin
         self._staging: list[torch.Tensor] = []
         self._done: list = [None, None]  # each buffer's last device copy (an event): reuse waits for it
@@ -187,13 +180,6 @@ class HostCopies:
             torch.cuda.synchronize(self.device)
 
 
-def host_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
 def _bytes(module: torch.nn.Module) -> int:
     total = 0
     for p in module.parameters():
@@ -215,8 +201,6 @@ class Phases:
 
     def __init__(self, *, device: str, offload: bool, trainer, rollout_model, ranks_on_host: int = 1,
                  offload_train: bool = True):  # fmt: skip
-        """`offload_train`: with the offload on, the train state leaves for the rollout too (Miles'
-        --offload-train); else it stays and only the rollout copy takes turns with the step."""
         self.offload_train = offload and offload_train
         # parked at most: the rollout copy, and with offload_train the master weights and two moments of the
         # same size. Not the compute copy: it is the master's cast whenever it parks (the load casts it, every

@@ -14,106 +14,63 @@ from pathlib import Path
 
 import torch
 
-from rlsmoke.engine import kda, reuse, sync
+from rlsmoke.engine import kda, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.local_workers import RolloutWorker, TrainWorker, worker_location
 from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.offload import Phases
-from rlsmoke.engine.workers import Placement, TrainSide, phased
+from rlsmoke.engine.workers import Placement, SharedDevice, TrainSide, phased
 from rlsmoke.errors import RlsmokeError, RunError
 
 
-class Colocated:
-    """One process, one device: the rollout engine keeps its own copy in the rollout dtype.
-
-    The train state and the rollout copy take turns on the device between phases (`engine.offload`).
-    """
+class Colocated(SharedDevice):
+    """One process, one device: the rollout engine keeps its own copy in the rollout dtype."""
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
         self.cfg = cfg
-        if cfg.device.startswith(
-            "cuda"
-        ):  # the load phase's peak counts from here (a --repeat reuses the process)
-            torch.cuda.reset_peak_memory_stats()
+        if cfg.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()  # the load phase's peak counts from here (a --repeat reuses the process)
         self.train = train_worker(cfg, ckpt)
         master = self.train.trainer.master if isinstance(self.train, TrainWorker) else None
         self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id, source=master)
+        self.trainer, self.rollout_model, self.engine = (
+            self.train.trainer,
+            self.rollout.model,
+            self.rollout.engine,
+        )
         # where the load's seconds go (summary.json timing.load_phases_s)
         self.load_phases = {**getattr(self.train, "load_phases", {}), **self.rollout.load_phases}
         self.compile_s = 0.0
         if kda.choose(cfg.device, cfg.spec.family) == "fla":  # Triton compiles here, not in the first seed
-            trainer = getattr(self.train, "trainer", None)
-            generate_rows = cfg.n_samples * (cfg.n_prompts if self.rollout.engine.batch == "rank" else 1)
-            models = [(self.rollout.model, False, generate_rows)]
-            if hasattr(trainer, "model"):
-                models.append(
-                    (trainer.model, True, cfg.n_samples)
-                )  # the trainer forwards one group at a time
+            generate_rows = cfg.n_samples * (cfg.n_prompts if self.engine.batch == "rank" else 1)
+            # the trainer forwards one group at a time
+            models = [(self.rollout_model, False, generate_rows), (self.trainer.model, True, cfg.n_samples)]
             try:  # one layer at a call's rows and under 100 tokens: MiBs beside the load's peak
                 self.compile_s = kda.warm_up(models)
             except Exception as exc:  # noqa: BLE001 - the run goes on; the compile is then paid in the first seed
-                print(
-                    f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles",
-                    file=sys.stderr,
-                )
-        self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.train.trainer,
-                             rollout_model=self.rollout.model, offload_train=cfg.offload_train_active)  # fmt: skip
+                print(f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles",
+                      file=sys.stderr)  # fmt: skip
+        self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.trainer,
+                             rollout_model=self.rollout_model, offload_train=cfg.offload_train_active)  # fmt: skip
         self.where = {"train": worker_location(), "rollout": worker_location()}
-
-    def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    @phased("rollout")
-    def generate(self, prompt_ids, n, seed):
-        return self.rollout.generate(prompt_ids, n, seed)
-
-    @phased("train")
-    def forward_only(self, groups):
-        return self.train.forward_only(groups)
-
-    @phased("train", step=True)
-    def step(self, groups, old, advantages):
-        return self.train.step(groups, old, advantages)
 
     def memory(self) -> list:
         """Peak allocated device memory by phase (GiB), one entry per rank; [None] off CUDA."""
         return [self.phases.meter.report()]
 
-    def move_seconds(self) -> dict[str, float]:
-        return dict(self.phases.move_seconds)
-
     def parallel(self) -> dict:
         """The training layout as executed (the megatron trainer's own, else one data-parallel rank)."""
         return self.train.parallel() if hasattr(self.train, "parallel") else executed_layout(dp=1)
 
-    def keep_initial(self) -> None:
-        """What a further seed of --repeat starts from (`engine.reuse`)."""
-        self.initial = reuse.InitialRun(self.train.trainer, self.rollout.model, self._rollout_weights,
-                                        reuse.narrow_for(self.cfg), self.cfg.initial_on_device)  # fmt: skip
-
-    @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
-    def restore_initial(self) -> None:
-        self.initial.restore()
-
-    def set_variant(self, inject, temperature: float) -> None:
-        """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides (the sync's
-        skip under stale-weights is the step's: `engine.run.one_run`)."""
-        self.rollout.engine.set_variant(inject, temperature)
-        self.train.set_variant(inject, temperature)
-
-    def _rollout_weights(self):
-        """The trainer's weights as the rollout copy holds them: what a sync loads."""
-        return self.train.rollout_weights(self.rollout.model, TORCH_DTYPES[self.cfg.rollout_dtype])
+    def rollout_weights(self):
+        return self.train.rollout_weights(self.rollout_model, TORCH_DTYPES[self.cfg.rollout_dtype])
 
     def offload_state(self) -> list[dict]:
         return [self.phases.state()]
 
     @phased("sync")
     def sync(self, *, skip: bool) -> dict[str, float]:
-        return sync.load_and_compare(self.rollout.model, self._rollout_weights(), load=not skip)
-
-    def drop_optimizer_state(self) -> None:
-        self.train.drop_optimizer_state()
+        return sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
 
     def close(self) -> None:
         pass

@@ -1,18 +1,14 @@
-"""`--repeat K` keeps its workers: the state a seed starts from, kept once and put back in place.
+"""`--repeat K` and `--variants` keep their workers: the state a seed starts from, kept once and put back
+in place, since loading costs more than a seed (two model copies, first-use kernels).
 
-Loading costs more than a seed (two model copies from the checkpoint, first-use kernels), so a
-further seed restores the weights instead of reloading them:
-
-- the trainer's main parameters are kept, each in the narrowest dtype that gives it back bit for bit
-  (a bf16 checkpoint's fp32 master weights fit in bf16: half the memory), on the device when the
-  memory estimate counts the copy there (`RunConfig.initial_on_device`), else in host memory;
-- AdamW's moments are dropped: a fresh optimizer has none, its first step makes them;
-- the copies derived from the main weights (the compute copy, the rollout copy) are rebuilt from
-  them the way the step and the weight sync rebuild them. Where a copy differs from that rebuild
-  when kept (a bridge defect in the sync path, a module the checkpoint loads differently), those
-  parameters are kept as they are instead.
-
-Seed k of a repeat then starts from the same bits as a fresh `--seed k` run (tests/unit/test_run_reuse.py).
+The trainer's main parameters are kept, each in the narrowest dtype that gives it back bit for bit (a
+bf16 checkpoint's fp32 master weights fit in bf16), on the device when the memory estimate counts the
+copy there (`RunConfig.initial_on_device`), else in host memory. AdamW's moments are dropped: a fresh
+optimizer has none. The copies derived from the main weights (the compute copy, the rollout copy) are
+rebuilt from them as the step and the weight sync rebuild them, but for the parameters that differ from
+that rebuild when kept (a bridge defect in the sync path, a module the checkpoint loads differently),
+which are kept as they are. Seed k then starts from the same bits as a fresh `--seed k` run
+(tests/unit/test_run_reuse.py).
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-from rlsmoke.engine.offload import PIN_MAX_BYTES, host_memory_bytes, local_shard
+from rlsmoke.engine.offload import local_shard, pins
 
 CHUNK = 1 << 24  # elements cast at a time: no device temporary larger than 64 MiB in fp32
 
@@ -34,12 +30,6 @@ def _resharded(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module, FSDPModule):
             module.reshard()
     return model
-
-
-def _pin(nbytes: int, device: torch.device) -> bool:
-    # pinned pages copy back at full bandwidth; they are locked, so only when they leave the host room,
-    # and pinning costs more than it saves past PIN_MAX_BYTES (engine.offload)
-    return device.type == "cuda" and nbytes <= PIN_MAX_BYTES and 4 * nbytes <= host_memory_bytes()
 
 
 @torch.no_grad()
@@ -56,9 +46,8 @@ def _narrowest_exact(t: torch.Tensor, narrow: torch.dtype | None) -> torch.dtype
 
 
 def _device_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.to(
-        dtype, copy=True
-    )  # a copy even in t's own dtype: never the parameter itself (the twin aliases)
+    # a copy even in t's own dtype: never the parameter itself (the twin aliases)
+    return t.to(dtype, copy=True)
 
 
 class Snapshot:
@@ -71,9 +60,8 @@ class Snapshot:
         dtypes = {name: _narrowest_exact(t, narrow) for name, t in params}
         nbytes = sum(t.numel() * dtypes[name].itemsize for name, t in params)
         device = params[0][1].device if params else torch.device("cpu")
-        pin = not on_device and _pin(
-            nbytes, device
-        )  # on CPU a "device" copy is a host copy: the path CI runs
+        # on CPU a "device" copy is a host copy: the path CI runs
+        pin = not on_device and pins(nbytes, device)
         self.tensors: dict[str, torch.Tensor] = {}
         for name, t in params:
             if on_device:
@@ -82,7 +70,6 @@ class Snapshot:
                 host = torch.empty(t.shape, dtype=dtypes[name], device="cpu", pin_memory=pin)
                 host.copy_(t)
                 self.tensors[name] = host
-        self.nbytes, self.narrowed = nbytes, sum(dtypes[n] != t.dtype for n, t in params)
 
     @torch.no_grad()
     def restore(self, model: torch.nn.Module) -> None:

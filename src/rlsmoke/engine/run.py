@@ -12,6 +12,7 @@ import json
 import math
 import platform as pyplatform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -60,30 +61,22 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
             rows = [resp[mask > 0].tolist() for resp, mask in zip(g.response, g.mask, strict=True)]
             g.rewards = torch.tensor([score(tokenizer.decode(r), r, p.label) for r in rows])  # (n,)
         old = clock("forward_only", workers.forward_only, groups)  # [(logp (n, R), entropy (n, R))] per group
+        old_lp = [lp for lp, _ in old]
+        pairs = list(zip(groups, old, strict=True))
         # Groups hold the same n samples, so the mean of group means is the mean over samples.
         rollout = {
             "rollout/raw_reward": torch.cat([g.rewards for g in groups]).mean().item(),
-            "rollout/log_probs": _mean(
-                [grpo.sample_mean(lp, g.mask) for g, (lp, _) in zip(groups, old, strict=True)]
-            ),
-            "rollout/rollout_log_probs": _mean(
-                [grpo.sample_mean(g.rollout_logprobs, g.mask) for g in groups]
-            ),
-            "rollout/entropy": _mean(
-                [grpo.sample_mean(ent, g.mask) for g, (_, ent) in zip(groups, old, strict=True)]
-            ),
+            "rollout/log_probs": _mean(grpo.sample_mean(lp, g.mask) for g, (lp, _) in pairs),
+            "rollout/rollout_log_probs": _mean(grpo.sample_mean(g.rollout_logprobs, g.mask) for g in groups),
+            "rollout/entropy": _mean(grpo.sample_mean(ent, g.mask) for g, (_, ent) in pairs),
             "rollout/response_len": torch.cat([g.mask.sum(1) for g in groups]).mean().item(),
         }
-        stats = [
-            grpo.train_rollout_stats(lp, g.rollout_logprobs, g.mask)
-            for g, (lp, _) in zip(groups, old, strict=True)
-        ]
+        stats = [grpo.train_rollout_stats(lp, g.rollout_logprobs, g.mask) for g, (lp, _) in pairs]
         step = {k: (max if k.endswith("_max") else _mean)([s[k] for s in stats]) for k in stats[0]}
-        step[SLOPE] = batch_slope(groups, [lp for lp, _ in old])
+        step[SLOPE] = batch_slope(groups, old_lp)
         if i < cfg.num_rollout - 1:
-            rewards = torch.stack([g.rewards for g in groups])  # (G, n)
-            advantages = list(grpo.group_advantages(rewards))  # G of (n,)
-            step.update(clock("train_step", workers.step, groups, [lp for lp, _ in old], advantages))
+            advantages = list(grpo.group_advantages(torch.stack([g.rewards for g in groups])))  # G of (n,)
+            step.update(clock("train_step", workers.step, groups, old_lp, advantages))
             if i == cfg.num_rollout - 2:  # the last step: its moments are dead weight from here on
                 workers.drop_optimizer_state()
             step.update(clock("sync", workers.sync, skip=cfg.inject.kind == "stale-weights"))
@@ -113,36 +106,31 @@ def execute_variants(runs: list[tuple[RunConfig, Path]], *, process_s: dict | No
                     process_s=process_s)  # fmt: skip
 
 
-class _Fanout:
-    """The load's lines, in every run's run.log."""
+def _fanout(logs: list[RunLog]) -> Callable[[str], None]:
+    """One line into every log given."""
 
-    def __init__(self, logs: list[RunLog]):
-        self.logs = logs
+    def log(text: str) -> None:
+        for run_log in logs:
+            run_log(text)
 
-    def __call__(self, text: str) -> None:
-        for log in self.logs:
-            log(text)
+    return log
 
 
 def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int, variants: bool = False,
              process_s: dict | None = None) -> list[dict]:  # fmt: skip
-    cfg.validate()
+    """`cfg`: what the workers load (each run's own but for the fault a variant sets on them)."""
     for run_cfg, out in runs:
         run_cfg.validate()
         out.mkdir(parents=True, exist_ok=True)
     logs = [RunLog(out / "run.log") for _, out in runs]
-    log = _Fanout(logs)  # then each run's own, while it runs
+    log = _fanout(logs)  # the load's lines; then each run's own, while it runs
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
-    spec = cfg.spec
-    mem_estimate = estimate(spec, plan_of_run(cfg))
-    where: dict = {}
-    parallel: dict = {}
-    load: dict = {}
+    mem_estimate = estimate(cfg.spec, plan_of_run(cfg))
     done: list[tuple[list, dict, list]] = []  # each run's metrics lines, timing and memory peaks
 
     def unfinished(text: str) -> None:  # what cut the command short, in the log of each run it cut short
-        _Fanout(logs[len(done) :] or logs)(text)
+        _fanout(logs[len(done) :] or logs)(text)
 
     try:
         ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
@@ -154,42 +142,32 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         # Every seed's prompts first (the sequence limits were checked on the whole file: limits.run.context).
         seeds = [cfg.seed + r for r in range(repeat)]
-        prompts_of = {}
-        for seed in seeds:
-            prompts_of[seed] = [
-                encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)
-            ]
-        load["checkpoint_s"] = time.perf_counter() - t0
+        prompts_of = {seed: [encode(tokenizer, p) for p in read_prompts(cfg.prompt_data, cfg.n_prompts, seed)]
+                      for seed in seeds}  # fmt: skip
+        load = {"checkpoint_s": time.perf_counter() - t0}
         workers = open_workers(cfg, ckpt, eos, pad)
         try:
             where, parallel = workers.where, workers.parallel()
             log(f"placement: {cfg.mode} {where}; parallel {parallel}")
-            kept_s = None
+            # fla's first-use Triton compile (engine.kda.warm_up) is its own phase, not the load's
+            load["compile_s"] = getattr(workers, "compile_s", 0.0)
+            load_phases = dict(getattr(workers, "load_phases", None) or {})
             if repeat > 1 or len(runs) > 1:
                 kept_from = time.perf_counter()
                 workers.keep_initial()  # each further seed or run restores these weights in place (engine.reuse)
-                kept_s = time.perf_counter() - kept_from
-                log(
-                    f"initial weights: kept {'on the device' if cfg.initial_on_device else 'in host memory'} "
-                    f"in {kept_s:.2f} s"
-                )
-            # fla's first-use Triton compile (engine.kda.warm_up) is its own phase, not the load's
-            load["compile_s"] = getattr(workers, "compile_s", 0.0)
+                # inside load_s: what a --repeat or --variants pays once for its restores
+                load_phases["keep initial"] = time.perf_counter() - kept_from
+                where_kept = "on the device" if cfg.initial_on_device else "in host memory"
+                log(f"initial weights: kept {where_kept} in {load_phases['keep initial']:.2f} s")
             load["load_s"] = time.perf_counter() - t0 - load["checkpoint_s"] - load["compile_s"]
-            if getattr(workers, "load_phases", None):
-                load["load_phases_s"] = dict(workers.load_phases)
-            if kept_s is not None:  # inside load_s: what a --repeat or --variants pays once for its restores
-                load["load_phases_s"] = load.get("load_phases_s", {}) | {"keep initial": kept_s}
-            names = [
-                Variant(c.inject, c.rollout_temperature).slug for c, _ in runs
-            ]  # --variants: their folders
+            if load_phases:
+                load["load_phases_s"] = load_phases
+            names = [Variant(c.inject, c.rollout_temperature).slug for c, _ in runs]  # each run's folder
             for v, (run_cfg, _) in enumerate(runs):
                 log = logs[v]
+                # the workers a further run reuses were loaded once, in the first run's seconds
                 timing: dict = {"per_seed_s": [], "restore_s": [], "seed_phases_s": []}
-                if v == 0:
-                    timing |= load
-                else:  # the workers this run reuses were loaded once, in the first run's seconds
-                    timing |= {"checkpoint_s": 0.0, "compile_s": 0.0, "load_s": 0.0}
+                timing |= load if v == 0 else {"checkpoint_s": 0.0, "compile_s": 0.0, "load_s": 0.0}
                 if process_s is not None:  # one process: every run of it shares its start
                     timing["process_s"] = dict(process_s)
                 if variants:
@@ -213,9 +191,8 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                     moved_before = moved
                     timing["phases_s"] = timing["seed_phases_s"][0]  # the first seed pays first-use costs
                     log(f"timing: {describe_timing(timing)}")
-                    if repeat > 1:
-                        for line in run_lines:
-                            line["repeat"] = r
+                    for line in run_lines if repeat > 1 else ():
+                        line["repeat"] = r
                     lines += run_lines
                 peaks = workers.memory()  # this run's own: each report opens a new window (engine.offload)
                 log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
@@ -249,8 +226,12 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
             run_log.close()
     summaries = []
     for (run_cfg, out), (lines, timing, peaks) in zip(runs, done, strict=True):
-        seconds = time.perf_counter() - t0 if not variants else sum(
-            timing[k] for k in ("checkpoint_s", "compile_s", "load_s")) + sum(timing["per_seed_s"])  # fmt: skip
+        if variants:  # each run's own seconds, the first one's with the load
+            seconds = sum(timing[k] for k in ("checkpoint_s", "compile_s", "load_s")) + sum(
+                timing["per_seed_s"]
+            )
+        else:
+            seconds = time.perf_counter() - t0
         summaries.append(_write_records(run_cfg, out, lines, timing, peaks, mem_estimate, where, parallel, repeat,
                                         seconds))  # fmt: skip
     return summaries
@@ -283,8 +264,8 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
             "num_rollout": cfg.num_rollout,
             "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family, kda_path),
         },  # fmt: skip
-        "kda": kda_path
-        or None,  # GLM-5.3-Flash's linear attention: "fla" (Triton kernels) or "reference" (PyTorch)
+        # GLM-5.3-Flash's linear attention: "fla" (Triton kernels) or "reference" (PyTorch)
+        "kda": kda_path or None,
         "fla_configs": dict(kda.CONFIGS)
         or None,  # fla's kernel configs: shipped for this GPU, or autotuned and why
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},

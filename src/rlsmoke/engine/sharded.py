@@ -1,12 +1,11 @@
 """Training across several devices: FSDP2 over the plan's actor GPUs, one process per rank.
 
-Each rank is a data-parallel replica of the colocated flow: it holds an FSDP2 shard of the trainer
-(`fully_shard` per decoder layer, then the root) and a full rollout copy in the rollout dtype, rolls
-out its share of the prompts, and takes part in every collective (forward, backward, the
-all-gather of the weight sync). The trainer loads on the host and `fully_shard` moves each block's
-shard to the device, so no rank ever holds the whole fp32 model on its GPU. Between phases the
-train state and the rollout copy take turns on the device (`engine.offload`). The driver speaks to the ranks through pipes, so the path needs no
-Ray and runs the same with gloo on CPU (CI) and NCCL on GPUs.
+Each rank is a data-parallel replica of the colocated flow (`workers.SharedDevice`): an FSDP2 shard of
+the trainer (`fully_shard` per decoder layer, then the root) and a full rollout copy, its share of the
+prompts, and a part in every collective (forward, backward, the weight sync's all-gather). The trainer
+loads on the host and `fully_shard` moves each block's shard to the device, so no rank ever holds the
+whole fp32 model on its GPU. The driver speaks to the ranks through pipes: no Ray, and the same path
+with gloo on CPU (CI) and NCCL on GPUs.
 """
 
 from __future__ import annotations
@@ -18,14 +17,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import kda, reuse, signals, sync
+from rlsmoke.engine import kda, signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
 from rlsmoke.engine.offload import Phases, local_shard
 from rlsmoke.engine.procs import free_port, frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
-from rlsmoke.engine.workers import phased
+from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.workers import SharedDevice, phased
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
 
@@ -42,16 +41,15 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return [block for ml in layers for block in ml]
 
 
-def shard(
-    model, *, device_type: str, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None
-) -> None:
-    """FSDP2 over every rank, on `device_type`'s mesh: without one, fully_shard takes a CUDA mesh
-    wherever CUDA is visible, and a CPU (gloo) run on a GPU host would move its shards onto cuda:0."""
+def shard(model, *, device_type: str, dtype: torch.dtype | None) -> None:
+    """FSDP2 over every rank, computing and reducing in `dtype` (None: the parameters'), on `device_type`'s
+    mesh: without one, fully_shard takes a CUDA mesh wherever CUDA is visible, and a CPU (gloo) run on a
+    GPU host would move its shards onto cuda:0."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
     for block in decoder_layers(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -87,7 +85,7 @@ class ShardedTrainer(Trainer):
         return metrics
 
 
-class Rank:
+class Rank(SharedDevice):
     """One process of the sharded run: a trainer shard and a full rollout copy on its device."""
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int):
@@ -101,7 +99,7 @@ class Rank:
         if cfg.inject.kind == "train-dropout":
             set_dropout(model, cfg.inject.value)
         low = TORCH_DTYPES[cfg.rollout_dtype] if on_gpu else None  # bf16 compute and reduce on GPUs
-        shard(model, device_type="cuda" if on_gpu else "cpu", param_dtype=low, reduce_dtype=low)
+        shard(model, device_type="cuda" if on_gpu else "cpu", dtype=low)
         self.trainer = ShardedTrainer(
             model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
             eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
@@ -118,22 +116,7 @@ class Rank:
                              rollout_model=self.rollout_model, ranks_on_host=world,
                              offload_train=cfg.offload_train_active)  # fmt: skip
 
-    def mine(self, items: list) -> list:
-        return items[self.rank :: self.world]
-
-    @phased("rollout")
-    def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
-        return self.engine.generate(prompt_ids, n, seed, indices=self.mine(list(range(len(prompt_ids)))))
-
-    @phased("train")
-    def forward_only(self, groups: list[Group]):
-        return self.trainer.forward_only(groups)
-
-    @phased("train", step=True)
-    def step(self, groups, old, advantages):
-        return self.trainer.step(groups, old, advantages)
-
-    def full_weights(self):
+    def rollout_weights(self):
         """Each parameter gathered in full and cast to the rollout dtype, one at a time (every rank in order)."""
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
         for name, p in self.trainer.model.named_parameters():
@@ -141,40 +124,13 @@ class Rank:
 
     @phased("sync")
     def sync(self, skip: bool) -> dict[str, float]:
-        result = sync.load_and_compare(self.rollout_model, self.full_weights(), load=not skip)
+        result = sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
         mismatched = self.trainer.global_sum(result["sync/mismatched_params"])
         return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
 
     def memory(self) -> dict | None:
         """This rank's peak allocated device memory by phase (GiB); None off CUDA."""
         return self.phases.meter.report()
-
-    def move_seconds(self) -> dict[str, float]:
-        return dict(self.phases.move_seconds)
-
-    def keep_initial(self) -> None:
-        self.initial = reuse.InitialRun(
-            self.trainer,
-            self.rollout_model,
-            self.full_weights,
-            reuse.narrow_for(self.cfg),
-            self.cfg.initial_on_device,
-        )
-
-    @phased("sync")  # the gather below needs the shards on the device
-    def restore_initial(self) -> None:
-        self.initial.restore()
-
-    def manual_seed(self, seed: int) -> None:
-        """The seed's draws (train-dropout's masks) start from it on every rank, as in one process."""
-        torch.manual_seed(seed)
-
-    def drop_optimizer_state(self) -> None:
-        drop_moments(self.trainer)
-
-    def set_variant(self, inject, temperature: float) -> None:
-        self.engine.set_variant(inject, temperature)
-        self.trainer.set_variant(inject, temperature)
 
     def offload_state(self) -> dict:
         return self.phases.state()
@@ -218,9 +174,6 @@ def _serve(
         conn.close()
 
 
-# Rendezvous ports when no MASTER_PORT is given: below the port leases (21000+) and Ray's defaults'
-# worker ports end there, and below the kernel's ephemeral range, so no outgoing socket (gloo's own
-# connections, another xdist worker's) can take the port between our pick and rank 0's bind.
 class Sharded:
     """The driver: W rank processes, each given its share of the prompts; results gathered back."""
 

@@ -73,11 +73,6 @@ def set_dropout(model, p: float | None) -> None:
             module.attention_dropout = module.built_attention_dropout if p is None else p
 
 
-def dropout_of(inject) -> float | None:
-    """The attention dropout a variant's fault sets in the trainer (None: as built)."""
-    return inject.value if inject.kind == "train-dropout" else None
-
-
 class Trainer:
     def __init__(self, model, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
                  eps_clip: float, eps_clip_high: float, entropy_coef: float = 0.0, kl_coef: float = 0.0,
@@ -108,7 +103,7 @@ class Trainer:
     def set_variant(self, inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the next run's temperature and train-dropout (as built otherwise)."""
         self.temperature = temperature
-        set_dropout(self.model, dropout_of(inject))
+        set_dropout(self.model, inject.value if inject.kind == "train-dropout" else None)
 
     @torch.no_grad()
     def forward_only(self, groups: list[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -149,9 +144,7 @@ class Trainer:
             for k, v in group_sums.items():
                 sums[k] += v
         params = [p for p in self.master.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            params, self.grad_clip
-        ).item()  # total norm before clipping
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip).item()  # the norm before clipping
         if not math.isfinite(grad_norm):
             bad = next(
                 n

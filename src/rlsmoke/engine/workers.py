@@ -2,8 +2,8 @@
 
 A placement (`Colocated`, `RayAsync`, `engine.sharded.Sharded`) answers the whole step; the trainer
 side of a colocated placement is a `TrainSide` (`TrainWorker`, the megatron trainer's worker). Where
-a worker's train state and rollout copy take turns on a device (`engine.offload.Phases`), each
-method that needs one side there is `@phased`: the move happens before the method, in one place.
+a worker's train state and rollout copy take turns on a device (`SharedDevice`), each method that
+needs one side there is `@phased`: the move happens before the method, in one place.
 """
 
 from __future__ import annotations
@@ -11,6 +11,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
+
+import torch
+
+from rlsmoke.engine import reuse
+from rlsmoke.engine.train import drop_moments
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,11 +41,7 @@ class Placement(Protocol):
 class TrainSide(Protocol):
     trainer: Any  # engine.train.Trainer, or the megatron trainer
 
-    def forward_only(self, groups) -> list: ...
-    def step(self, groups, old, advantages) -> dict[str, float]: ...
     def rollout_weights(self, model, dtype) -> Any: ...
-    def set_variant(self, inject, temperature: float) -> None: ...
-    def drop_optimizer_state(self) -> None: ...
 
 
 def phased(phase: str, *, step: bool = False) -> Callable[[F], F]:
@@ -58,3 +59,59 @@ def phased(phase: str, *, step: bool = False) -> Callable[[F], F]:
         return entered  # type: ignore[return-value]
 
     return wrap
+
+
+class SharedDevice:
+    """A trainer and a rollout copy on one device, taking turns there (`phases`): a colocated run's one
+    process (`engine.placement.Colocated`), or one rank of several (`engine.sharded.Rank`). A rank rolls
+    out its share of the prompts, `prompt_ids[rank::world]`."""
+
+    cfg: Any  # engine.config.RunConfig
+    trainer: Any  # engine.train.Trainer, or the megatron trainer
+    rollout_model: Any
+    engine: Any  # engine.rollout.RolloutEngine
+    phases: Any  # engine.offload.Phases
+    rank, world = 0, 1
+
+    def rollout_weights(self):
+        """The trainer's weights as the rollout copy holds them: what a sync loads."""
+        raise NotImplementedError
+
+    def manual_seed(self, seed: int) -> None:
+        """The seed's draws (train-dropout's masks) start from it in every process, as in one."""
+        torch.manual_seed(seed)
+
+    @phased("rollout")
+    def generate(self, prompt_ids, n: int, seed: int) -> list:
+        return self.engine.generate(
+            prompt_ids, n, seed, indices=list(range(len(prompt_ids)))[self.rank :: self.world]
+        )
+
+    @phased("train")
+    def forward_only(self, groups) -> list:
+        return self.trainer.forward_only(groups)
+
+    @phased("train", step=True)
+    def step(self, groups, old, advantages) -> dict[str, float]:
+        return self.trainer.step(groups, old, advantages)
+
+    def drop_optimizer_state(self) -> None:
+        drop_moments(self.trainer)
+
+    def move_seconds(self) -> dict[str, float]:
+        return dict(self.phases.move_seconds)
+
+    def keep_initial(self) -> None:
+        """What a further seed of --repeat or --variants starts from (`engine.reuse`)."""
+        self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.rollout_weights,
+                                        reuse.narrow_for(self.cfg), self.cfg.initial_on_device)  # fmt: skip
+
+    @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
+    def restore_initial(self) -> None:
+        self.initial.restore()
+
+    def set_variant(self, inject, temperature: float) -> None:
+        """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides (the sync's
+        skip under stale-weights is the step's: `engine.run.one_run`)."""
+        self.engine.set_variant(inject, temperature)
+        self.trainer.set_variant(inject, temperature)

@@ -25,20 +25,15 @@ def core_attention_cls():
             self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
             self.index_topk = None
             if getattr(config, "dsa_indexer_topk", None):
-                from megatron.core.transformer.experimental_attention_variant.dsa import (
-                    DSAIndexer,
-                    DSAIndexerSubmodules,
-                )
-                from megatron.core.transformer.spec_utils import ModuleSpec
+                from megatron.core.transformer.experimental_attention_variant import dsa
+                from megatron.core.transformer.spec_utils import ModuleSpec, build_module
                 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
                 linear = duplicated_linear_cls()
                 norm = SequenceParallelNorm if config.sequence_parallel else WrappedTorchNorm
-                spec = ModuleSpec(module=DSAIndexer, submodules=DSAIndexerSubmodules(
-                    linear_wq_b=linear, linear_wk=linear, k_norm=norm,
-                    linear_weights_proj=linear))  # fmt: skip
-                from megatron.core.transformer.spec_utils import build_module
-
+                parts = dsa.DSAIndexerSubmodules(linear_wq_b=linear, linear_wk=linear, k_norm=norm,
+                                                 linear_weights_proj=linear)  # fmt: skip
+                spec = ModuleSpec(module=dsa.DSAIndexer, submodules=parts)
                 self.indexer = build_module(spec, config=config, pg_collection=pg_collection)
                 self.index_topk = config.dsa_indexer_topk
 
@@ -70,9 +65,8 @@ def duplicated_linear_cls():
 
         def __init__(self, input_size, output_size, *, config, init_method=None, bias=False, **_):
             super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
-            for (
-                p
-            ) in self.parameters():  # a sequence chunk's partial grad: finalize_model_grads sums it over TP
+            # a sequence chunk's partial grad: finalize_model_grads sums it over TP
+            for p in self.parameters():
                 p.sequence_parallel = config.sequence_parallel
 
         def forward(self, x):

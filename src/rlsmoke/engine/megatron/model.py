@@ -1,23 +1,16 @@
 """A megatron-core `GPTModel` from the Megatron flags the plan renders for Miles (one source).
 
-The config is `rlsmoke.conformance.mcore.config_kwargs` of the rendered argv (the rule Megatron-LM's
-`core_transformer_config_from_args` follows), plus the few `GPTModel` arguments that are no config
-field (`--rotary-percent`, `--rotary-base`, the padded vocab). Layers come from megatron-core's
-local (non-TransformerEngine) specs, with two pieces of ours where megatron-core has none that runs
-without TransformerEngine:
+The config is `config_kwargs` of the rendered argv (the rule of Megatron-LM's
+`core_transformer_config_from_args`), plus the `GPTModel` arguments that are no config field
+(`--rotary-percent`, `--rotary-base`, the padded vocab). Layers come from megatron-core's local
+(non-TransformerEngine) specs, with our core attention (`engine.megatron.layers`): megatron-core's
+local `DotProductAttention` rejects MLA's separate key/value head dims, and its `DSAttention` needs the
+CUDA `fast_hadamard_transform` kernel. GLM-5's layer holds megatron-core's own `DSAIndexer` and attends
+over every causal key, which is DSA exactly while the sequence is within the index top-k (2048): the
+top-k then selects every key and the indexer only feeds its training loss. Longer sequences are refused.
 
-* core attention: causal SDPA over `[s, b, h, d]`, returning `[s, b, h * dv]`. megatron-core's local
-  `DotProductAttention` rejects MLA's separate key/value head dims (`k_channels`, `v_channels`).
-* DSA (GLM-5): the layer holds megatron-core's own `DSAIndexer` (its weights, names and shapes), and
-  attends over every causal key. That is DSA exactly while the sequence is no longer than the index
-  top-k (2048, tiny and full): the top-k then selects every key,
-  and the indexer only feeds its training loss (megatron-core detaches its inputs). Longer sequences
-  are refused, not silently attended densely. megatron-core's `DSAttention` itself needs the CUDA
-  `fast_hadamard_transform` kernel in its indexer forward.
-
-MoE runs megatron-core's `SequentialMLP` experts (the local spec; `--moe-grouped-gemm` and
-`--moe-permute-fusion` need TransformerEngine). On CPU the token dispatcher is `allgather`: the
-`alltoall` one allocates CUDA streams when built.
+MoE runs `SequentialMLP` experts (`--moe-grouped-gemm` and `--moe-permute-fusion` need TransformerEngine).
+On CPU the token dispatcher is `allgather`: the `alltoall` one allocates CUDA streams when built.
 """
 
 from __future__ import annotations
@@ -27,9 +20,8 @@ import contextlib
 import torch
 
 from rlsmoke.bridge.convert import Parallel, padded_vocab
-from rlsmoke.conformance.mcore import config_kwargs
-from rlsmoke.conformance.verdict import flag_value
 from rlsmoke.engine.megatron import refusal
+from rlsmoke.engine.megatron.flags import config_kwargs, flag_value
 from rlsmoke.engine.megatron.layers import (
     core_attention_cls,
     sequence_parallel_norms,
@@ -242,18 +234,6 @@ def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:
     return padded_vocab(
         spec.vocab_size, int(flag_value(argv, "--make-vocab-size-divisible-by") or 128), par.tp
     )
-
-
-def read_hf_state(path) -> dict[str, torch.Tensor]:
-    """Every tensor of an HF checkpoint folder, as stored."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        state.update(load_file(f))
-    return state
 
 
 def rank_state(model) -> dict[str, torch.Tensor]:

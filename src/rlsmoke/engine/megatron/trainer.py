@@ -1,28 +1,20 @@
 """The megatron trainer: megatron-core's GPTModel, built as Megatron builds it, loaded through the bridge,
-trained by the same GRPO loss as the HF trainer and synced back into the HF rollout engine through
-the bridge.
+trained by the HF trainer's GRPO loss and synced back into the HF rollout engine through the bridge.
 
 The compute model is Megatron's bf16 training (Miles: `args.bf16`, `--moe-router-dtype fp32`): the
-GPTModel is built in the compute dtype (`params_dtype`, `bf16=True`), its router upcasts to fp32 and
-its expert bias stays an fp32 buffer, and nothing runs under `torch.autocast`. Autocast over an fp32
-GPTModel turns the router's matmul into bf16 logits while CUDA's `scores.sum()` stays fp32, and
-`topk_routing_with_score_function` then fails in `index_put_`. Under the compute model:
+GPTModel is built in the compute dtype, its router upcasts to fp32 and its expert bias stays an fp32
+buffer; nothing runs under `torch.autocast`, where the router's bf16 logits against CUDA's fp32
+`scores.sum()` fail `topk_routing_with_score_function` in `index_put_`. megatron-core's DDP
+accumulates fp32 `main_grad`s and `finalize_model_grads` sums them over the data-parallel ranks (the
+loss is already divided by the global token count) and the sequence-parallel norms.
 
-* megatron-core's `DistributedDataParallel` accumulates the grads into its fp32 `main_grad` buffer
-  and `finalize_model_grads` reduces them over the data-parallel ranks (summed: the loss is already
-  divided by the global token count, `calculate_per_token_loss`) and the sequence-parallel norms;
-* fp32 main parameters take the AdamW step and the compute copy is refreshed from them, rounding
-  (`rlsmoke.engine.precision`: the FSDP trainer's compute_path="params").
+megatron-core 0.16.1's own optimizers need CUDA (`MixedPrecisionOptimizer.__init__` allocates on
+'cuda', the distributed one takes only `torch.cuda.*Tensor`s), so the step is torch AdamW over fp32
+main parameters, clipped by the global grad norm, and the compute copy is refreshed from them
+(`rlsmoke.engine.precision`): the same code on CPU with gloo and on CUDA with NCCL.
 
-megatron-core 0.16.1 refuses its own optimizer (`get_megatron_optimizer`, the distributed one too)
-without CUDA: `MixedPrecisionOptimizer.__init__` allocates `torch.tensor([1.0], device='cuda')`,
-`FP32Optimizer` too, and the distributed optimizer accepts only `torch.cuda.*Tensor` parameters. The
-optimizer here is the nearest thing it allows on CPU and gloo: its DDP grad buffers with
-torch AdamW over fp32 main parameters, clipped by the global grad norm. It is the same code on
-CUDA over NCCL (the backend follows the device).
-
-Layouts: world size 1 runs in the driver process (`MegatronTrainWorker`, colocated); TP (with SP) and
-EP run one `build_rank` per process, and `gather_hf_weights` joins their shards into HF tensors.
+World size 1 runs in the driver process (`MegatronTrainWorker`, colocated); TP (with SP) and EP run one
+`build_rank` per process, and `gather_hf_weights` joins their shards into HF tensors.
 """
 
 from __future__ import annotations
@@ -39,7 +31,6 @@ from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps
 from rlsmoke.engine.train import (
     STEP_SUMS,
     checksums,
-    drop_moments,
     group_loss,
     require_finite,
     step_metrics,
@@ -64,9 +55,8 @@ class MegatronTrainer:
                  entropy_coef: float, temperature: float, comm_device: str):  # fmt: skip
         self.model, self.gpt, self.ddp, self.par = compute, gpt, ddp, par
         self.master = MainParams([m for _, m in pairs])
-        self._pairs = list(
-            zip([p for p, _ in pairs], self.master.parameters(), strict=True)
-        )  # (compute, main)
+        # (compute, main)
+        self._pairs = list(zip([p for p, _ in pairs], self.master.parameters(), strict=True))
         self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
         self.entropy_coef, self.temperature, self.comm_device = entropy_coef, temperature, comm_device
         # which compute parameters the backward reached: DDP moves their grads into main_grad, where
@@ -77,6 +67,12 @@ class MegatronTrainer:
         fused = comm_device.startswith("cuda")
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, betas=betas,
                                            weight_decay=weight_decay, fused=fused or None)  # fmt: skip
+
+    def set_variant(self, inject, temperature: float) -> None:
+        """`rlsmoke run --variants`: the temperature; train-dropout is not wired here and a bridge defect is
+        built into the loaded weights, so both are refused before the load (`RunConfig.validate`,
+        `engine.config.parse_variants`)."""
+        self.temperature = temperature
 
     @torch.no_grad()
     def forward_only(self, groups):
@@ -186,9 +182,6 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
                           defect=defect)  # fmt: skip
     del src
     state = shard(full, spec, hf, par, rank) if par.world_size > 1 else full
-    state = {
-        k: v for k, v in state.items() if not k.startswith("model.")
-    }  # vision passengers: no GPTModel part
     model = gpt
     if gpt.config.bf16:
         from megatron.core.transformer.module import Float16Module
@@ -237,8 +230,7 @@ def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, t
             dist.all_gather(parts, mine[name].contiguous())
             for r, t in enumerate(parts):
                 states[r][name] = t.cpu()
-    passengers = {k: v for k, v in hf.items() if k.startswith("model.visual.")}
-    full = unshard([s | passengers for s in states], spec, hf, par)
+    full = unshard(states, spec, hf, par)
     return megatron_to_hf(full, spec, hf, defect=defect)
 
 
@@ -250,7 +242,7 @@ class MegatronTrainWorker:
 
         from rlsmoke.engine import megatron
         from rlsmoke.engine.megatron import dist
-        from rlsmoke.engine.megatron.model import read_hf_state
+        from rlsmoke.engine.read import read_checkpoint
 
         if not megatron.available():
             raise RlsmokeError("trainer=megatron needs megatron-core, which is not installed",
@@ -269,38 +261,14 @@ class MegatronTrainWorker:
         if not tdist.is_initialized():
             dist.init(0, self.par, dist.free_port(), backend=dist.backend_for(cfg.device))
         clock("process group")
-        on_gpu = cfg.device.startswith("cuda")
-        if on_gpu:  # straight onto the device (engine.read), where the bridge converts
-            from rlsmoke.engine.read import read_checkpoint
-
-            self.hf = read_checkpoint(ckpt, cfg.device)
-        else:
-            self.hf = read_hf_state(ckpt)
+        hf = read_checkpoint(ckpt, cfg.device)  # on a GPU straight onto it, where the bridge converts
         clock("read")
-        self.trainer = build_rank(self.spec, self.hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect,
+        self.trainer = build_rank(self.spec, hf, self.par, 0, cfg=cfg, device=cfg.device, defect=self.defect,
                                   phases=self.load_phases)  # fmt: skip
-        if on_gpu:  # the bridge needs the checkpoint's names after the load, and the vision tower's tensors
-            self.hf = {
-                k: v.cpu() if k.startswith("model.visual.") else v.to("meta") for k, v in self.hf.items()
-            }
+        self.hf = {k: v.to("meta") for k, v in hf.items()}  # the bridge needs only the names from here on
 
     def parallel(self) -> dict:
         return self.par.executed()
-
-    def forward_only(self, groups):
-        return self.trainer.forward_only(groups)
-
-    def step(self, groups, old, advantages) -> dict[str, float]:
-        return self.trainer.step(groups, old, advantages)
-
-    def drop_optimizer_state(self) -> None:
-        drop_moments(self.trainer)
-
-    def set_variant(self, inject, temperature: float) -> None:
-        """`rlsmoke run --variants`: the temperature; train-dropout is not wired here and a bridge defect is
-        built into the loaded weights, so both are refused before the load (`RunConfig.validate`,
-        `engine.config.parse_variants`)."""
-        self.trainer.temperature = temperature
 
     def hf_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """The trainer's weights under HF checkpoint names: Megatron -> HF through the bridge."""
