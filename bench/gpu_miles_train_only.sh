@@ -26,10 +26,13 @@ misc)
   cd "$env_dir/carry" && read -r _ misc_bytes < <(grep '^misc ' sizes) || exit 2
   timed unpack-misc bash -c "cat piece-* | head -c $misc_bytes | xz -d | tar -x -C $env_dir"
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
-  # no binary wheel exists: build it against this host's torch, CUDA and cuDNN (headers only; TE's core is
-  # loaded at run time); LDFLAGS keeps the linker's --as-needed from dropping libtorch
+  # No binary wheel exists: build it against this host's torch and CUDA toolkit. cudnn.h and nccl.h come
+  # from the host's pip packages (the toolkit has neither); TE's core is loaded at run time. torch's
+  # CppExtension links no libtorch_cuda, and --as-needed would drop what it does link: both named here.
   mkdir -p "$env_dir/build" && tar -xzf "$env_dir"/sdist/transformer_engine_torch-*.tar.gz -C "$env_dir/build"
-  timed te-torch-build env NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=16 LDFLAGS=-Wl,--no-as-needed \
+  nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')
+  timed te-torch-build env NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=16 CPLUS_INCLUDE_PATH=$nv/cudnn/include:$nv/nccl/include \
+    LDFLAGS="-Wl,--no-as-needed -ltorch -ltorch_cuda -lc10_cuda" \
     python3 -m pip wheel -v --no-build-isolation --no-deps -w "$env_dir/wheel" "$env_dir"/build/transformer_engine_torch-*/
   timed te-torch python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$env_dir"/wheel/transformer_engine_torch-*.whl
   timed probe-ray timeout 180 python3 -c 'import ray; ray.init(num_gpus=1, include_dashboard=False); print(ray.cluster_resources()); ray.shutdown()'
