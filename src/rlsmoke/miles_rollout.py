@@ -22,14 +22,14 @@ FILE_FAULTS = ("temperature-mismatch", "rollout-noise")
 
 
 def roll_out(case: str, checkpoint: Path, *, tiny: bool, n_prompts: int, n_samples: int, max_response_len: int,
-             temperature: float, seed: int, dtype: str, device: str, prompt_data: Path,
-             inject: str | None = None) -> list[RolloutSample]:  # fmt: skip
+             temperature: float, seeds: list[int], dtype: str, device: str, prompt_data: Path,
+             inject: str | None = None) -> list[list[RolloutSample]]:  # fmt: skip
+    """One rollout per seed, from one load of the checkpoint: each seed draws its own prompts and samples."""
     import torch
 
     from rlsmoke.engine.config import parse_inject
     from rlsmoke.engine.data import encode, read_prompts
     from rlsmoke.engine.model import load_policy, load_tokenizer, process_settings
-    from rlsmoke.engine.reward import REWARDS
     from rlsmoke.engine.rollout import RolloutEngine, batch_for
     from rlsmoke.models import model_spec
 
@@ -38,14 +38,23 @@ def roll_out(case: str, checkpoint: Path, *, tiny: bool, n_prompts: int, n_sampl
     tokenizer = load_tokenizer(checkpoint)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    prompts = [encode(tokenizer, p) for p in read_prompts(prompt_data, n_prompts, seed)]
     model = load_policy(checkpoint, spec, dtype, device)
-    torch.manual_seed(seed)
     engine = RolloutEngine(model, temperature=temperature, max_new_tokens=max_response_len, eos_id=eos, pad_id=pad,
                            inject=parse_inject(inject), batch=batch_for("auto", device, spec.family))  # fmt: skip
-    groups = engine.generate(
-        [p.ids for p in prompts], n_samples, seed=seed * 100
-    )  # `rlsmoke run`'s rollout 0
+    rollouts = []
+    for seed in seeds:
+        prompts = [encode(tokenizer, p) for p in read_prompts(prompt_data, n_prompts, seed)]
+        torch.manual_seed(seed)
+        groups = engine.generate(
+            [p.ids for p in prompts], n_samples, seed=seed * 100
+        )  # `rlsmoke run`'s rollout 0
+        rollouts.append(samples_of(groups, prompts, tokenizer, eos))
+    return rollouts
+
+
+def samples_of(groups, prompts, tokenizer, eos: int) -> list[RolloutSample]:
+    from rlsmoke.engine.reward import REWARDS
+
     score = REWARDS["target"]
     samples: list[RolloutSample] = []
     for g, p in zip(groups, prompts, strict=True):
@@ -88,9 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "file (--load-debug-rollout-data)")  # fmt: skip
     p.add_argument("case")
     p.add_argument("--checkpoint", type=Path, required=True, help="the HF checkpoint folder")
-    p.add_argument(
-        "--out", required=True, help="the file template, {rollout_id} filled with 0 (as Miles does)"
-    )
+    p.add_argument("--out", required=True, help="the file template; Miles fills in {rollout_id}")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--n-prompts", type=int, required=True, help="Miles' --rollout-batch-size")
     p.add_argument("--n-samples", type=int, required=True, help="Miles' --n-samples-per-prompt")
@@ -102,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Miles' --rollout-temperature: sampling and the log-probs' temperature",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeat", type=int, default=1, help="K files, rollout ids 0..K-1 from seeds SEED..SEED+K-1"
+    )
     p.add_argument(
         "--dtype", default=None, help="float32 | bfloat16 (default bfloat16 on a GPU, float32 on CPU)"
     )
@@ -122,17 +132,19 @@ def main(argv: list[str] | None = None) -> int:
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-        samples = roll_out(args.case, args.checkpoint, tiny=args.tiny, n_prompts=args.n_prompts,
-                           n_samples=args.n_samples, max_response_len=args.max_response_len,
-                           temperature=args.temperature, seed=args.seed, dtype=dtype, device=device,
-                           prompt_data=args.prompt_data, inject=args.inject)  # fmt: skip
+        seeds = [args.seed + i for i in range(args.repeat)]
+        rollouts = roll_out(args.case, args.checkpoint, tiny=args.tiny, n_prompts=args.n_prompts,
+                            n_samples=args.n_samples, max_response_len=args.max_response_len,
+                            temperature=args.temperature, seeds=seeds, dtype=dtype, device=device,
+                            prompt_data=args.prompt_data, inject=args.inject)  # fmt: skip
     except RlsmokeError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return ExitCode.USAGE
-    path = write(path_for(args.out), samples)
-    info = summary_of(samples) | {"device": device, "dtype": dtype, "temperature": args.temperature,
-                                  "inject": args.inject, "file": str(path)}  # fmt: skip
-    print(f"rollout file: {json.dumps(info)}")
+    for rollout_id, (seed, samples) in enumerate(zip(seeds, rollouts, strict=True)):
+        path = write(path_for(args.out, rollout_id), samples, rollout_id=rollout_id)
+        info = summary_of(samples) | {"device": device, "dtype": dtype, "temperature": args.temperature,
+                                      "inject": args.inject, "seed": seed, "file": str(path)}  # fmt: skip
+        print(f"rollout file: {json.dumps(info)}")
     return ExitCode.OK
 
 

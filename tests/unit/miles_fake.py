@@ -162,13 +162,6 @@ ray.shutdown()
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%Y-%m-%d %H:%M:%S",
                     format=f"(MegatronTrainRayActor pid={{os.getpid()}}) [%(asctime)s miles] %(filename)s:%(lineno)d - %(message)s")
 log = logging.getLogger("miles")
-payload = torch.load(flag("--load-debug-rollout-data").format(rollout_id=0), weights_only=False)
-samples = payload["samples"]
-for s in samples:
-    s["status"]  # Sample.from_dict: KeyError without it
-    n = s["response_length"]
-    assert len(s["tokens"]) >= n and len(s["loss_mask"]) == n and len(s["rollout_log_probs"]) == n, s["index"]
-assert len(samples) == int(flag("--rollout-batch-size")) * int(flag("--n-samples-per-prompt")), len(samples)
 T = float(flag("--rollout-temperature"))
 model = AutoModelForCausalLM.from_pretrained(flag("--hf-checkpoint"), dtype=torch.float32)
 model.train(False)
@@ -185,37 +178,49 @@ def sample_mean(values):  # per sample over its loss mask, then across samples
     return sum((v * torch.tensor(s["loss_mask"])).sum() / max(1, sum(s["loss_mask"])) for v, s in zip(values, samples)) / len(samples)
 
 
-with torch.no_grad():
-    old = [train_logprobs(s) for s in samples]
-rollout_lp = [torch.tensor(s["rollout_log_probs"]) for s in samples]
-diff = sample_mean([(o - r).abs() for o, r in zip(old, rollout_lp)]).item()
-ratio = [torch.clamp(o - r, -20, 20) for o, r in zip(old, rollout_lp)]
-kl = sample_mean([torch.clamp(torch.exp(r) - 1 - r, -10, 10) for r in ratio]).item()
-rewards = torch.tensor([float(s["reward"]) for s in samples])
-advantages = torch.zeros_like(rewards)
-for g in {{s["group_index"] for s in samples}}:
-    rows = [i for i, s in enumerate(samples) if s["group_index"] == g]
-    group = rewards[rows]
-    advantages[rows] = (group - group.mean()) / (group.std() + 1e-6)
-new = [train_logprobs(s) for s in samples]
-loss = sample_mean([-a * torch.exp(n - o) for a, n, o in zip(advantages, new, old)])
-loss.backward()
-grad_norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)).item()
-ppo_kl = sample_mean([o - n.detach() for o, n in zip(old, new)]).item()
-rollout = {{"rollout/raw_reward": rewards.mean().item(), "rollout/rollout_log_probs": sample_mean(rollout_lp).item(),
-            "rollout/log_probs": sample_mean(old).item()}}
-step = {{"train/loss": loss.item(), "train/pg_loss": loss.item(), "train/ppo_kl": ppo_kl, "train/pg_clipfrac": 0.0,
-         "train/train_rollout_logprob_abs_diff": diff, "train/train_rollout_kl": kl, "train/grad_norm": grad_norm,
-         "train/step": 0}}
-log.info(f"rollout 0: {{rollout}}")
-log.info(f"step 0: {{step}}")
-log.info(f"step 0: {{step}}")
+series = {{}}
+for rollout_id in range(int(flag("--num-rollout"))):  # Miles' train loop: rollout i from file i, then step i
+    payload = torch.load(flag("--load-debug-rollout-data").format(rollout_id=rollout_id), weights_only=False)
+    assert payload["rollout_id"] == rollout_id, payload["rollout_id"]
+    samples = payload["samples"]
+    for s in samples:
+        s["status"]  # Sample.from_dict: KeyError without it
+        n = s["response_length"]
+        assert len(s["tokens"]) >= n and len(s["loss_mask"]) == n and len(s["rollout_log_probs"]) == n, s["index"]
+    assert len(samples) == int(flag("--rollout-batch-size")) * int(flag("--n-samples-per-prompt")), len(samples)
+    with torch.no_grad():
+        old = [train_logprobs(s) for s in samples]
+    rollout_lp = [torch.tensor(s["rollout_log_probs"]) for s in samples]
+    diff = sample_mean([(o - r).abs() for o, r in zip(old, rollout_lp)]).item()
+    ratio = [torch.clamp(o - r, -20, 20) for o, r in zip(old, rollout_lp)]
+    kl = sample_mean([torch.clamp(torch.exp(r) - 1 - r, -10, 10) for r in ratio]).item()
+    rewards = torch.tensor([float(s["reward"]) for s in samples])
+    advantages = torch.zeros_like(rewards)
+    for g in {{s["group_index"] for s in samples}}:
+        rows = [i for i, s in enumerate(samples) if s["group_index"] == g]
+        group = rewards[rows]
+        advantages[rows] = (group - group.mean()) / (group.std() + 1e-6)
+    model.zero_grad()
+    new = [train_logprobs(s) for s in samples]
+    loss = sample_mean([-a * torch.exp(n - o) for a, n, o in zip(advantages, new, old)])
+    loss.backward()
+    grad_norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)).item()
+    ppo_kl = sample_mean([o - n.detach() for o, n in zip(old, new)]).item()
+    rollout = {{"rollout/raw_reward": rewards.mean().item(), "rollout/rollout_log_probs": sample_mean(rollout_lp).item(),
+                "rollout/log_probs": sample_mean(old).item()}}
+    step = {{"train/loss": loss.item(), "train/pg_loss": loss.item(), "train/ppo_kl": ppo_kl, "train/pg_clipfrac": 0.0,
+             "train/train_rollout_logprob_abs_diff": diff, "train/train_rollout_kl": kl, "train/grad_norm": grad_norm,
+             "train/step": rollout_id}}
+    log.info(f"rollout {{rollout_id}}: {{rollout}}")
+    log.info(f"step {{rollout_id}}: {{step}}")
+    log.info(f"step {{rollout_id}}: {{step}}")
+    for k, v in {{**rollout, **step}}.items():
+        if k in ("train/grad_norm", "train/ppo_kl", "train/train_rollout_logprob_abs_diff", "train/train_rollout_kl",
+                 "rollout/raw_reward"):
+            series.setdefault(k, []).append([rollout_id, v])
 folder = os.environ.get("MILES_CI_GATE_RECORD_DIR")
 if folder:
     os.makedirs(folder, exist_ok=True)
-    series = {{k: [[0, v]] for k, v in {{**rollout, **step}}.items() if k in (
-        "train/grad_norm", "train/ppo_kl", "train/train_rollout_logprob_abs_diff", "train/train_rollout_kl",
-        "rollout/raw_reward")}}
     with open(os.path.join(folder, f"{{os.getpid()}}-{{uuid.uuid4().hex}}.jsonl"), "w") as f:
         f.writelines(json.dumps({{"metric": k, "series": v}}) + "\\n" for k, v in series.items())
 """

@@ -10,6 +10,7 @@ import json
 import shlex
 
 import pytest
+import torch
 from miles_fake import commands, write_root
 
 from rlsmoke.cases import Case
@@ -158,3 +159,21 @@ def test_the_train_only_flow_runs_end_to_end_and_its_twin_fails_its_gate(tmp_pat
     assert "convert: skipped" in (tmp_path / "twin" / "flow.log").read_text()
     assert [c["kind"] for c in commands(root)] == ["convert", "train", "train"]
     assert shlex.join(commands(root)[-1]["argv"]).count("--rollout-temperature 0.7") == 1
+
+    # --repeat 3: one launch of three steps, step i on seed i's rollout; each step gated as its seed
+    assert _run(tmp_path, root, tmp_path / "seeds", "--repeat", "3") == 0, capsys.readouterr()
+    summary = json.loads((tmp_path / "seeds" / "summary.json").read_text())
+    assert summary["seeds"] == [0, 1, 2] and summary["per_repeat_verdict"] == ["PASS"] * 3
+    diffs = [seed["train/train_rollout_logprob_abs_diff"] for seed in summary["per_repeat"]]
+    assert len(set(diffs)) == 3  # three rollouts, not one read three times
+    train = shlex.join(commands(root)[-1]["argv"])
+    assert train.count("--num-rollout 3") == 1
+    files = [
+        torch.load(tmp_path / "seeds" / "rollout_data" / f"{i}.pt", weights_only=False) for i in range(3)
+    ]
+    assert [f["rollout_id"] for f in files] == [0, 1, 2]
+    assert files[0]["samples"][0]["tokens"] == torch.load(tmp_path / "art" / "rollout_data" / "0.pt",
+                                                           weights_only=False)["samples"][0]["tokens"]  # fmt: skip
+    assert main(["calibrate", str(tmp_path / "seeds"), "--write", str(tmp_path / "cal" / "miles.json")]) == 0
+    entry = json.loads((tmp_path / "cal" / "miles.json").read_text())["entries"][0]
+    assert entry["provenance"]["runs"] == 3 and entry["key"]["launcher"] == "miles"

@@ -55,6 +55,7 @@ class TrainOnlyPlan:
     tiny: bool = False
     seed: int = 0
     inject: str | None = None
+    repeat: int = 1  # seeds: rollout i is seed + i, Miles' step i trains on it
 
     @property
     def rollout_template(self) -> str:
@@ -70,17 +71,23 @@ def value(launch: Launch, flag: str) -> str:
 
 
 def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tiny: bool = False, seed: int = 0,
-              inject: str | None = None) -> TrainOnlyPlan:  # fmt: skip
-    """The case's plan at one rollout, then its launch made train-only (`launch.train_only_argv.train_only`)."""
+              inject: str | None = None, repeat: int = 1) -> TrainOnlyPlan:  # fmt: skip
+    """The case's plan at `repeat` rollouts, then its launch made train-only (`launch.train_only_argv.train_only`).
+
+    --repeat K is one launch of K steps, step i on seed + i's rollout: K seeds for `rlsmoke calibrate` for one
+    start-up. Step i trains on weights i steps of --lr (1e-6) past the initial ones; in bf16 most weights
+    have not moved by then (an Adam step of 1e-6 is under a hundredth of a bf16 step at 0.02)."""
+    from dataclasses import replace
+
     from rlsmoke.launch.rollout_file import check_template
 
-    recipe = recipe or Recipe(num_rollout=1)
+    recipe = replace(recipe or Recipe(), num_rollout=repeat)
     plan = case.plan(paths=paths, recipe=recipe)
     template = f"{out}/{ROLLOUT_TEMPLATE}"
     check_template(template)
     launch = train_only(plan.launch, rollout_template=template, prompt_data=str(PROMPT_DATA),
                         miles_root=paths.miles_root, uses_dsa="index_topk" in plan.spec.hf_extra)  # fmt: skip
-    return TrainOnlyPlan(plan, launch, paths, out, tiny, seed, inject)
+    return TrainOnlyPlan(plan, launch, paths, out, tiny, seed, inject, repeat)
 
 
 def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
@@ -92,7 +99,8 @@ def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
             "--max-response-len", value(launch, "--rollout-max-response-len"),
             "--temperature", value(launch, "--rollout-temperature"), "--seed", str(tp.seed),
             "--prompt-data", str(PROMPT_DATA), *(["--tiny"] if tp.tiny else []),
-            *(["--inject", tp.inject] if tp.inject else []))  # fmt: skip
+            *(["--inject", tp.inject] if tp.inject else []),
+            *(["--repeat", str(tp.repeat)] if tp.repeat > 1 else []))  # fmt: skip
     return flow.Step("rollout", "the built-in engine's rollout as Miles' debug-rollout file", argv)
 
 
@@ -251,7 +259,7 @@ def write_summary(tp: TrainOnlyPlan, device: str) -> dict:
     info = rollout_info(Path(tp.out))
     fields = {"case": tp.plan.case.name, "platform": tp.plan.topology.platform, "device": device,
               "launcher": "miles", "dtype": f"{info.get('dtype', 'bfloat16')}/float32",
-              "width": "tiny" if tp.tiny else "full", "num_gpus": 1, "seed": tp.seed, "mode": "train-only",
+              "width": "tiny" if tp.tiny else "full", "num_gpus": 1, "seed": tp.seed, "repeat": tp.repeat, "mode": "train-only",
               "inject": tp.inject or "none", "rollout_temperature": float(value(tp.launch, "--rollout-temperature")),
               "rollout": info, "miles_root": tp.paths.miles_root, "artifacts": tp.out}  # fmt: skip
     update_summary(tp.out, fields)
@@ -260,15 +268,18 @@ def write_summary(tp: TrainOnlyPlan, device: str) -> dict:
 
 def gate(out: Path):
     """Miles' logged metrics (run.log, checked against its CiHistory JSONL) against the thresholds of the
-    run's key; the verdict goes into summary.json."""
-    from rlsmoke.metrics import load_record, update_summary
-    from rlsmoke.runkey import RunKey
-    from rlsmoke.thresholds import lookup_gates
+    run's key, each step as its seed's record (metrics.jsonl, `repeat` i for step i), as `rlsmoke run
+    --repeat` gates its seeds; the verdict goes into summary.json."""
+    from rlsmoke.artifacts import write_atomic
+    from rlsmoke.metrics import KINDS, load_record
+    from rlsmoke.run_command import gate_run
 
-    record = load_record(out)
-    verdict = lookup_gates(RunKey.from_summary(record.meta)).check(record)
-    update_summary(out, verdict.summary_fields())
-    return verdict
+    record = load_record(out / "run.log")
+    steps = sorted({i for kind in KINDS for i in record.entries.get(kind, {})})
+    lines = [{"kind": kind, "index": 0, "repeat": i, "metrics": dict(record.entries[kind][i])}
+             for i in steps for kind in KINDS if i in record.entries.get(kind, {})]  # fmt: skip
+    write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
+    return gate_run(out)
 
 
 def handler(args) -> int:
@@ -288,6 +299,9 @@ def handler(args) -> int:
         raise RlsmokeError(f"miles_root={root} is not a Miles checkout (no train.py)", rule="launcher.miles_root",
                            fix="pass --miles-root DIR, a checkout of radixark/miles")  # fmt: skip
     check_inject(args.inject)
+    if args.repeat < 1:
+        raise RlsmokeError(f"repeat={args.repeat}: a run has at least one seed", rule="run.repeat",
+                           fix="pass --repeat K with K >= 1")  # fmt: skip
     host = detect()
     args.platform = args.platform or host.platform
     args.target = args.target or TARGET
@@ -301,9 +315,8 @@ def handler(args) -> int:
     recipe = Recipe(num_rollout=1, rollout_batch_size=args.n_prompts or 8, n_samples_per_prompt=args.n_samples or 8,
                     rollout_max_response_len=args.max_response_len or 100,
                     rollout_temperature=args.rollout_temperature)  # fmt: skip
-    tp = make_plan(
-        case, paths=paths, out=str(out), recipe=recipe, tiny=tiny, seed=args.seed, inject=args.inject
-    )
+    tp = make_plan(case, paths=paths, out=str(out), recipe=recipe, tiny=tiny, seed=args.seed, inject=args.inject,
+                   repeat=args.repeat)  # fmt: skip
     prepare_hf(tp)
     result = run(tp, miles_root=Path(paths.miles_root), env={})
     if result is not None and not result.ok:
@@ -313,9 +326,10 @@ def handler(args) -> int:
         return ExitCode.RUN_FAILED
     device = host.device if host.platform == case.platform else "CPU"
     write_summary(tp, device)
-    verdict = gate(out)
-    print(f"{case.name} launcher=miles train-only device={device} seed={args.seed} inject={args.inject}")
-    print(verdict.table())
+    verdict, seeds = gate(out)
+    print(f"{case.name} launcher=miles train-only device={device} seed={args.seed} repeat={args.repeat} "
+          f"inject={args.inject}")  # fmt: skip
+    print(verdict.table() if args.repeat == 1 else seeds.table())
     print(verdict.report() if not verdict.passed else f"artifacts: {out}")  # the report names the artifacts
     return ExitCode.OK if verdict.passed else ExitCode.GATE_FAILED
 

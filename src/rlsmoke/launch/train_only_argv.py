@@ -14,9 +14,8 @@ from rlsmoke.launch.miles import Launch, flag_values
 TRAIN_ONLY_DROPPED = ("--colocate", "--rematerialize-param-from-master-weight", "--moe-enable-deepep",
                       "--load", "--save", "--save-interval", "--dump-details")  # fmt: skip
 # What it sets instead: TE's cuDNN fused attention (flash-attn has no binary wheel), the all-to-all MoE
-# dispatcher (DeepEP's flex dispatcher needs deep_ep), and one rollout.
-TRAIN_ONLY_SET = {"--attention-backend": ("fused",), "--moe-token-dispatcher-type": ("alltoall",),
-                  "--num-rollout": ("1",)}  # fmt: skip
+# dispatcher (DeepEP's flex dispatcher needs deep_ep).
+TRAIN_ONLY_SET = {"--attention-backend": ("fused",), "--moe-token-dispatcher-type": ("alltoall",)}
 # GLM-5's DSA top-k takes 2048 tokens of a packed micro-batch
 DSA_PAD = ("--data-pad-size-multiplier", "4096")
 
