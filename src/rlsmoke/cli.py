@@ -18,7 +18,7 @@ from pathlib import Path
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError
 from rlsmoke.platforms import PLATFORMS
-from rlsmoke.topology import TARGETS
+from rlsmoke.targets import TARGETS
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
 EXTERNAL = {
@@ -119,9 +119,8 @@ def cmd_plan(args) -> int:
 
         recipe = dataclasses.replace(recipe, master_addr=head)
         plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
-    if (
-        args.check_miles
-    ):  # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
+    # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
+    if args.check_miles:
         from rlsmoke.launch.preflight import check_flags
 
         check_flags(plan.launch, args.check_miles)
@@ -246,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     except RlsmokeError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return ExitCode.USAGE
-    except (
-        KeyboardInterrupt
-    ) as exc:  # Ctrl-C, or SIGTERM, SIGHUP, SIGQUIT in `run` and `prepare` (errors.Interrupted)
+    # Ctrl-C, or SIGTERM, SIGHUP, SIGQUIT in `run` and `prepare` (errors.Interrupted)
+    except KeyboardInterrupt as exc:
         import signal
 
         signum = getattr(exc, "signum", signal.SIGINT)

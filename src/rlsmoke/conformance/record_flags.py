@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rlsmoke.conformance.device_facts import EmptyModuleFinder
 from rlsmoke.launch.miles_parser_driver import miles_parser
-from rlsmoke.topology import TARGETS
+from rlsmoke.targets import TARGETS
 
 FORMAT = 1
 

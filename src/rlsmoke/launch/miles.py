@@ -17,7 +17,8 @@ from rlsmoke.launch.substitutions import SUBSTITUTIONS
 from rlsmoke.models import ModelSpec
 from rlsmoke.platforms import get_platform
 from rlsmoke.recipe import Recipe
-from rlsmoke.topology import Target, Topology
+from rlsmoke.targets import Target
+from rlsmoke.topology import Topology
 
 # The folder of `rlsmoke_reward.py`, Miles' `--custom-rm-path` module: a plain file that needs no rlsmoke
 # installed where the job runs, only this folder on its PYTHONPATH.
