@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +92,7 @@ class GateResult:
         return f"{self.gate.name}: {self.gate.summary_key} = {self.shown}, bound {op} {self.gate.bound:.4g}, margin {self.margin:.3g}"
 
 
-def aligned(rows: list[tuple[str, ...]]) -> list[str]:
+def aligned(rows: Sequence[tuple[str, ...]]) -> list[str]:
     """Rows of text as columns, each as wide as its widest cell."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
