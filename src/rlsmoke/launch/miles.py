@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlsmoke.launch.substitutions import SUBSTITUTIONS
@@ -44,14 +44,8 @@ class Paths:
 
     @classmethod
     def placeholders(cls) -> Paths:
-        return cls(
-            "<MODEL_DIR>",
-            "<DATA_DIR>",
-            "<OUTPUT_DIR>",
-            "<MEGATRON_ROOT>",
-            "<MILES_ROOT>",
-            "<RLSMOKE_REWARD_DIR>",
-        )
+        names = ("MODEL_DIR", "DATA_DIR", "OUTPUT_DIR", "MEGATRON_ROOT", "MILES_ROOT", "RLSMOKE_REWARD_DIR")
+        return cls(*(f"<{name}>" for name in names))
 
 
 LOOPBACK = "127.0.0.1"
@@ -82,9 +76,10 @@ class Launch:
     env: dict[str, str]
     ray_num_gpus: int
     master_addr: str = LOOPBACK
-    extra: dict = field(default_factory=dict)
     num_nodes: int = 1
-    target: str = ""  # the target whose flags these are (topology.TARGETS)
+    target: str = ""  # the target whose flags these are (targets.TARGETS)
+    hf_checkpoint: str = ""  # the folders the ckpt group names: the flow prepares and converts them
+    ref_load: str = ""  # the torch_dist folder
 
     @property
     def argv(self) -> list[str]:
@@ -145,9 +140,7 @@ def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def _rows(topo: Topology, uses_dsa: bool):
     """The substitution rows that hold for the plan's launcher, mode, model and actor size."""
-    return [
-        row for row in SUBSTITUTIONS if row.holds(topo.target.launcher, topo.mode, uses_dsa, topo.actor_gpus)
-    ]
+    return [r for r in SUBSTITUTIONS if r.holds(topo.target.launcher, topo.mode, uses_dsa, topo.actor_gpus)]
 
 
 def _substituted(platform: str, group: str, topo: Topology, uses_dsa: bool) -> list[str]:
@@ -266,6 +259,8 @@ def render(
         master_addr=head_addr(topo, recipe),
         num_nodes=topo.num_nodes,
         target=topo.target.name,
+        hf_checkpoint=hf_dir,
+        ref_load=f"{hf_dir}_torch_dist",
     )
 
 
@@ -279,17 +274,16 @@ def _uneven_stages(pp_layers: tuple[int, ...]) -> list[str]:
 
 def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool = True) -> dict[str, str]:
     plat = topo.platform if topo.platform != "cpu" else "nvidia"
+    head = head_addr(topo, recipe)
     env = {
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
-        "no_proxy": ",".join(
-            dict.fromkeys((LOOPBACK, head_addr(topo, recipe)))
-        ),  # the head once, on one node
-        "MASTER_ADDR": head_addr(topo, recipe),
-        "PYTHONPATH": paths.megatron_root
-        if recipe.reward != "target"
-        else f"{paths.megatron_root}:{paths.reward_dir}",
+        "no_proxy": ",".join(dict.fromkeys((LOOPBACK, head))),  # the head once, on one node
+        "MASTER_ADDR": head,
+        "PYTHONPATH": f"{paths.megatron_root}:{paths.reward_dir}"
+        if recipe.reward == "target"
+        else paths.megatron_root,
     }
     for row in _rows(topo, uses_dsa):
         env.update(row.env(plat))
