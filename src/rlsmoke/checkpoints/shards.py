@@ -205,7 +205,7 @@ def read_header(path: Path) -> dict[str, Entry]:
     """Parse a shard header without validating it (verify does that); raises on unreadable bytes."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
-        raw = f.read(n)
+        raw = f.read(min(n, MAX_HEADER_BYTES))
     header = json.loads(raw)
     base = 8 + n
     return {
@@ -255,9 +255,6 @@ def raw_tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     out = {}
     for name, shard in load_index(folder).items():
         entry = read_header(folder / shard)[name]
-        out[name] = (
-            entry.dtype,
-            tuple(entry.shape),
-            read_tensor(folder / shard, entry).view(torch.uint8).numpy().tobytes(),
-        )
+        data = read_tensor(folder / shard, entry).view(torch.uint8).numpy().tobytes()
+        out[name] = (entry.dtype, tuple(entry.shape), data)
     return out
