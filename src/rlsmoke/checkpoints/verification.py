@@ -8,7 +8,6 @@ sha256 manifest. All faults are collected; the error shows the first and counts 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -16,6 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.checkpoints.identity import sha256_file
 from rlsmoke.checkpoints.progress import ProgressBar
 from rlsmoke.checkpoints.shards import (
     DTYPE_SIZES,
@@ -282,13 +282,3 @@ def _check_manifest(folder: Path, rep: Report, *, progress: bool = False) -> Non
             elif sha256_file(folder / name, on_bytes=bar) != digest:
                 rep.add(name, "", f"sha256 differs from {MANIFEST_NAME}")
     rep.checksummed = True
-
-
-def sha256_file(path: Path, chunk: int = 16 * 2**20, on_bytes=None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while buf := f.read(chunk):
-            h.update(buf)
-            if on_bytes is not None:
-                on_bytes(len(buf))
-    return h.hexdigest()
