@@ -166,6 +166,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# Session's fields that no `rlsmoke run` flag of the same name sets (--launcher picks Miles or not,
+# --variants is text): the rest are read off the flags by name.
+NOT_FLAGS = frozenset({"host", "gpus", "one_gpu_variant", "launcher", "gated", "variants"})
+
+
 def case_and_session(args) -> tuple[Case, Session]:
     """The flags as the case they name (on the given platform, else the detected one) and the session."""
     platform = get_platform(args.platform or detect().platform)
@@ -174,16 +179,8 @@ def case_and_session(args) -> tuple[Case, Session]:
     variants = (
         tuple(parse_variants(args.variants, args.rollout_temperature)) if args.variants is not None else ()
     )
-    session = Session(
-        trainer=args.trainer, launcher=args.launcher_label, gated=not args.records_only, seed=args.seed,
-        repeat=args.repeat, variants=variants, rollout_dtype=args.rollout_dtype, train_dtype=args.train_dtype,
-        compute_dtype=args.compute_dtype, compute_path=args.compute_path,
-        rollout_temperature=args.rollout_temperature, inject=args.inject, num_rollout=args.num_rollout,
-        n_prompts=args.n_prompts, n_samples=args.n_samples, max_response_len=args.max_response_len,
-        rollout_batch=args.rollout_batch, reward=args.reward, gradient_checkpointing=args.gradient_checkpointing,
-        offload=args.offload, offload_train=args.offload_train, checkpoint=args.checkpoint,
-        prompt_data=args.prompt_data,
-    )  # fmt: skip
+    same = {f.name: getattr(args, f.name) for f in dataclasses.fields(Session) if f.name not in NOT_FLAGS}
+    session = Session(**same, launcher=args.launcher_label, gated=not args.records_only, variants=variants)
     return case, session
 
 
