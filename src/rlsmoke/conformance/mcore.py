@@ -19,7 +19,7 @@ from rlsmoke.conformance.verdict import Verdict, flag_value
 
 PARSER = "mcore"
 
-# field -> converter; the flag is `--` + the field with dashes. Booleans are store_true flags.
+# field -> converter (MLA's below); the flag is `--` + the field with dashes. Booleans are store_true flags.
 FIELDS = {
     # training grid
     "tensor_model_parallel_size": int,
@@ -57,7 +57,8 @@ FIELDS = {
     "recompute_granularity": str,
     "recompute_method": str,
     "recompute_num_layers": int,
-    # MLA (MLATransformerConfig only)
+}
+MLA_FIELDS = {  # MLATransformerConfig only
     "q_lora_rank": int,
     "kv_lora_rank": int,
     "qk_head_dim": int,
@@ -102,17 +103,7 @@ def config_kwargs(argv: list[str], *, mla: bool) -> dict:
     import torch
 
     kwargs: dict = {"bf16": True, "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16}
-    mla_only = {
-        "q_lora_rank",
-        "kv_lora_rank",
-        "qk_head_dim",
-        "v_head_dim",
-        "qk_pos_emb_head_dim",
-        "rotary_base",
-    }
-    for field, convert in FIELDS.items():
-        if field in mla_only and not mla:
-            continue
+    for field, convert in (FIELDS | MLA_FIELDS if mla else FIELDS).items():
         flag = "--" + field.replace("_", "-")
         if convert is bool:
             if flag in argv:
