@@ -1,22 +1,9 @@
 """Device memory per GPU, estimated from the plan before anything loads. No torch here.
 
-Parameter counts are exact and live in `rlsmoke.models.params`.
-
-The estimate follows what the built-in engine keeps resident in each phase of a colocated run:
-
-- load: the trainer (train dtype; under FSDP2 its shard plus one block being sharded) and the rollout copy;
-- rollout: the rollout copy, its KV cache, the MoE decode's gathered expert weights and the
-  next-token logits; with offload the train state is in host memory, otherwise the master
-  weights, the compute copy and the AdamW moments stay;
-- train: master weights, grads, the AdamW moments and foreach AdamW's one state-sized temporary at
-  the step; in backward the unsharded blocks (FSDP2) or the compute-dtype weight casts autocast
-  saves (one device), plus one micro-batch's activations (GLM-5.3-Flash: the hyper-connections'
-  widened residual stream, and on the reference KDA path its float32 chunk temporaries); with
-  offload the rollout copy is on the host;
-- sync: master weights, the rollout copy and one parameter gathered in full.
-
-The peak is the max over the phases. Async mode places the trainer and the rollout engine on
-different GPUs: the estimate per GPU is the larger of the two.
+Parameter counts are exact and live in `rlsmoke.models.params`. The estimate follows what the built-in
+engine keeps resident in each phase of a colocated run (load, rollout, train, sync: `estimate`'s terms
+name each tensor), with and without the offload; the peak is the max over the phases. Async mode places
+the trainer and the rollout engine on different GPUs: the estimate per GPU is the larger of the two.
 """
 
 from __future__ import annotations

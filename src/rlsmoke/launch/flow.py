@@ -1,14 +1,10 @@
-"""The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model:
+"""The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model: prepare the HF
+checkpoint (`rlsmoke prepare`), convert it to torch_dist with the user's Miles tool (skipped once the
+tracker reads `release`, which the tool writes last), start Ray's head, submit the job with
+`MILES_CI_GATE_RECORD_DIR` set so Miles writes its CI metrics into the run's artifacts.
 
-1. prepare: the HF checkpoint under the model dir (`rlsmoke prepare`); the suite verifies it is there,
-   then the user's Miles parses the argv (`launch.preflight`);
-2. convert: HF -> Megatron torch_dist with the user's Miles tool (`tools/convert_hf_to_torch_dist.py`
-   under torchrun), skipped when the folder's tracker reads `release`, which the tool writes last;
-3. ray-head: `ray start --head` with the plan's GPUs;
-4. submit: `ray job submit ... -- python3 train.py ...`, with `MILES_CI_GATE_RECORD_DIR` set so Miles
-   writes its CI metrics (CiHistoryBackend's JSONL) into the run's artifacts.
-
-`steps` is what `rlsmoke plan` prints; `run` runs them. No torch here.
+`steps` is what `rlsmoke plan` prints; `run` runs them (the suite prepares and verifies the checkpoint
+first, and the user's Miles parses the argv, `launch.preflight`). No torch here.
 """
 
 from __future__ import annotations
