@@ -83,9 +83,7 @@ def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
                        | {"gates": [], "verdict": "FAIL", "error": exc.one_line()})  # fmt: skip
         raise
     first = int(records[0].meta.get("seed", 0))
-    seeds = SeedVerdicts(
-        tuple(first + r for r in range(len(records))), tuple(gates.check(rec) for rec in records)
-    )
+    seeds = SeedVerdicts(tuple(range(first, first + len(records))), tuple(map(gates.check, records)))
     verdict = seeds.verdicts[0] if len(records) == 1 else seeds.worst()
     fields = verdict.summary_fields()  # --repeat K: each gate's worst seed
     if len(records) > 1:

@@ -122,19 +122,14 @@ def flag_values(tokens: list[str]) -> list[tuple[str, list[str]]]:
 
 def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
     """A flag set by a later group replaces the same flag set by an earlier one."""
-    last_group = {}
+    last_group = {f: g for g in GROUP_ORDER for f, _ in flag_values(groups.get(g, []))}
+    out: dict[str, list[str]] = {g: [] for g in GROUP_ORDER}
+    seen = set()
     for g in GROUP_ORDER:
-        for flag, _ in flag_values(groups.get(g, [])):
-            last_group[flag] = g
-    out = {}
-    for g in GROUP_ORDER:
-        kept = [(f, v) for f, v in flag_values(groups.get(g, [])) if last_group[f] == g]
-        seen, toks = set(), []
-        for f, v in kept:
-            if f not in seen:
+        for f, v in flag_values(groups.get(g, [])):
+            if last_group[f] == g and f not in seen:  # within one group, the first setting stands
                 seen.add(f)
-                toks += [f, *v]
-        out[g] = toks
+                out[g] += [f, *v]
     return out
 
 
