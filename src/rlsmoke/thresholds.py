@@ -132,11 +132,10 @@ class Verdict:
 
     def report(self) -> str:
         """Every failure with value, bound, margin and provenance, then where the artifacts are."""
+        key = self.key.text() if self.key else "no key"
         if self.passed:
-            return (
-                f"all {len(self.results)} gates passed ({_key_text(self.key)}); artifacts: {self.artifacts}"
-            )
-        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({_key_text(self.key)}):"]
+            return f"all {len(self.results)} gates passed ({key}); artifacts: {self.artifacts}"
+        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({key}):"]
         for r in self.failures:
             lines.append(f"  - {r.line()}{' (' + r.note + ')' if r.note else ''}")
             lines.append(f"    provenance: {r.gate.provenance}")
@@ -144,10 +143,6 @@ class Verdict:
         lines.append("next: open run.log and metrics.jsonl there; if the bound itself is stale, recalibrate: "
                      "`rlsmoke run CASE --repeat 10`, then `rlsmoke calibrate DIR --write FILE`")  # fmt: skip
         return "\n".join(lines)
-
-
-def _key_text(key: RunKey | None) -> str:
-    return key.text() if key else "no key"
 
 
 @dataclass(frozen=True)
