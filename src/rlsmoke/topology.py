@@ -258,16 +258,10 @@ def _candidates(topo: Topology, spec: ModelSpec) -> list[int]:
     """The sizes a single fix may take: every rule is a divisibility, so the divisors of the counts
     and of the model's heads and experts hold every value that can pass; the small sizes besides.
     Found in time of the square root of NUM_GPUS, not linear in it."""
-    t = topo
-    counts = (
-        t.num_gpus,
-        t.actor_gpus,
-        t.rollout_gpus,
-        t.rollout.gpus_per_engine,
-        spec.num_experts,
-        spec.tp_divisor,
-    )
-    found = set(range(1, min(topo.num_gpus, 64) + 1)).union(*map(_divisors, counts))
+    gpus = (topo.num_gpus, topo.actor_gpus, topo.rollout_gpus, topo.rollout.gpus_per_engine)
+    found = set(range(1, min(topo.num_gpus, 64) + 1))
+    for n in (*gpus, spec.num_experts, spec.tp_divisor):
+        found |= _divisors(n)
     return sorted(v for v in found if 1 <= v <= topo.num_gpus)
 
 
