@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError
+from rlsmoke.facts import DEFAULT_REWARD, REWARDS, VERSION
 from rlsmoke.platforms import PLATFORMS
 from rlsmoke.targets import TARGETS
 
@@ -161,8 +162,6 @@ def _check(plan) -> int:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    from rlsmoke.facts import VERSION
-
     parser = _Parser(prog="rlsmoke", description="One-step end-to-end tests for GRPO on large MoE models.")
     parser.add_argument("--version", action="version", version=f"rlsmoke {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -188,7 +187,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
-    p.add_argument("--reward", choices=("target", "deepscaler"), default="target",
+    p.add_argument("--reward", choices=REWARDS, default=DEFAULT_REWARD,
                    help="the job's reward: rlsmoke's dense target reward through --custom-rm-path (default), or "
                    "Miles' 0/1 deepscaler reward (grad_norm can then only be gated finite)")  # fmt: skip
     p.add_argument(
