@@ -40,9 +40,8 @@ def round_sig(x: float, up: bool) -> float:
         return x
     exp = math.floor(math.log10(abs(x))) - 1
     scaled = round(x / 10**exp, 9)  # 0.10000000000000009 is 0.1: float noise must not round up a digit
-    return float(
-        f"{(math.ceil(scaled) if up else math.floor(scaled)) * 10**exp:.3g}"
-    )  # no 0.35000000000000003
+    rounded = (math.ceil(scaled) if up else math.floor(scaled)) * 10**exp
+    return float(f"{rounded:.3g}")  # no 0.35000000000000003
 
 
 def definition(gate: dict) -> str:
@@ -50,13 +49,8 @@ def definition(gate: dict) -> str:
     return re.sub(r"^(\d+ seeds: [^;]*; )+", "", gate["provenance"])
 
 
-KEY_TEXT_FIELDS = (
-    "case",
-    "platform",
-    "device",
-    "launcher",
-    "width",
-)  # RunKey's fields a summary names as text
+# RunKey's fields a summary names as text
+KEY_TEXT_FIELDS = ("case", "platform", "device", "launcher", "width")
 
 
 def summary_of(run: Path) -> dict:
@@ -144,21 +138,19 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
     rows, gates, not_logged = [], [], []
     for tmpl in template:
         gate = {k: v for k, v in tmpl.items() if k not in ("max_observed", "provenance")}
+        metric = thresholds.summary_key(gate["metric"], gate.get("reduce", "max"))
         values = [r.value(gate["metric"], gate.get("reduce", "max")) for r in records]
         values = [v for v in values if v is not None]
         bad = [f"seed {i}: {v}" for i, v in enumerate(values) if not math.isfinite(v)]
         if bad:  # a bound from a NaN is NaN, which no run passes and strict JSON cannot hold
-            raise RlsmokeError(f"runs {', '.join(map(str, runs))} logged {gate['name']}'s metric "
-                               f"{thresholds.summary_key(gate['metric'], gate.get('reduce', 'max'))} as "
+            raise RlsmokeError(f"runs {', '.join(map(str, runs))} logged {gate['name']}'s metric {metric} as "
                                f"{', '.join(bad[:3])}", rule="calibrate.finite",
                                fix="calibrate from runs whose metrics are finite (a NaN is a broken run: see its run.log)")  # fmt: skip
         if not values:
             not_logged.append(gate["name"])  # no gate rather than a guessed one; the entry says so
             continue
         lo, med, hi = min(values), statistics.median(values), max(values)
-        rows.append(
-            (gate["name"], thresholds.summary_key(gate["metric"], gate.get("reduce", "max")), lo, med, hi)
-        )
+        rows.append((gate["name"], metric, lo, med, hi))
         if gate["name"] in DEFINITIONAL:
             pass
         elif gate["op"] in ("<=", "<"):
@@ -177,12 +169,11 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
         raise RlsmokeError(f"runs {', '.join(map(str, runs))} logged none of the gated metrics",
                            rule="calibrate.metrics", fix="pass the run folders of finished runs")  # fmt: skip
     versions = summary.get("versions") or {}
+    calibrated = len(records) >= MIN_CALIBRATED_RUNS
     entry = {
         "key": key.to_json(),
         "provenance": {
-            "status": "calibrated"
-            if len(records) >= MIN_CALIBRATED_RUNS
-            else f"provisional ({len(records)} runs)",
+            "status": "calibrated" if calibrated else f"provisional ({len(records)} runs)",
             "runs": len(records),
             "device": key.device,
             "date": date.today().isoformat(),
@@ -265,9 +256,8 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
     doc["entries"] = kept + new
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(
-            path, json.dumps(doc, indent=2, allow_nan=False) + "\n"
-        )  # no temporary file left on failure
+        # no temporary file left on failure
+        write_atomic(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         raise from_os_error(exc, "--write", path) from None
 

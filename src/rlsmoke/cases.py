@@ -76,7 +76,7 @@ def add_case_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_tiny_arg(p: argparse._ActionsContainer, default: str) -> None:
-    p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--tiny", action=argparse.BooleanOptionalAction,
                    help=f"the tiny width of the case, seconds on a CPU (default: {default})")  # fmt: skip
 
 
@@ -86,26 +86,21 @@ def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) 
     if detect_platform:
         p.add_argument(
             "--platform",
-            default=None,
             help=f"{' | '.join(PLATFORMS)} (default: detected: nvidia-smi, then rocm-smi, else cpu)",
         )
     else:
         p.add_argument("--platform", required=True, help=" | ".join(PLATFORMS))
-    p.add_argument(
-        "--num-gpus", default=None, help="total GPUs (NUM_GPUS); every parallel size derives from it"
-    )
-    p.add_argument("--mode", default=None, help=f"{' | '.join(MODES)} (default: {default_mode_text()})")
+    p.add_argument("--num-gpus", help="total GPUs (NUM_GPUS); every parallel size derives from it")
+    p.add_argument("--mode", help=f"{' | '.join(MODES)} (default: {default_mode_text()})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
     p.add_argument(
         "--gpus-per-node",
         type=int,
-        default=None,
         help=f"default: {DEFAULT_GPUS_PER_NODE}, or NUM_GPUS when smaller",
     )
     p.add_argument(
         "--target",
-        default=None,
         help=f"Miles/SGLang versions to render flags for: {' | '.join(TARGETS)} (default {DEFAULT_TARGET})",
     )
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError
+from rlsmoke.facts import DEFAULT_REWARD, REWARDS, VERSION
 from rlsmoke.platforms import PLATFORMS
-from rlsmoke.topology import TARGETS
+from rlsmoke.targets import TARGETS
 
 # Subcommands registered by other packages: name -> module with `register(subparsers)`.
 EXTERNAL = {
@@ -119,9 +120,8 @@ def cmd_plan(args) -> int:
 
         recipe = dataclasses.replace(recipe, master_addr=head)
         plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
-    if (
-        args.check_miles
-    ):  # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
+    # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
+    if args.check_miles:
         from rlsmoke.launch.preflight import check_flags
 
         check_flags(plan.launch, args.check_miles)
@@ -162,8 +162,6 @@ def _check(plan) -> int:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    from rlsmoke.facts import VERSION
-
     parser = _Parser(prog="rlsmoke", description="One-step end-to-end tests for GRPO on large MoE models.")
     parser.add_argument("--version", action="version", version=f"rlsmoke {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -189,7 +187,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--check", action="store_true", help="also run the real Miles/SGLang/Megatron validators")
     p.add_argument("--no-validate", action="store_true", help="render even if a topology rule fails")
-    p.add_argument("--reward", choices=("target", "deepscaler"), default="target",
+    p.add_argument("--reward", choices=REWARDS, default=DEFAULT_REWARD,
                    help="the job's reward: rlsmoke's dense target reward through --custom-rm-path (default), or "
                    "Miles' 0/1 deepscaler reward (grad_norm can then only be gated finite)")  # fmt: skip
     p.add_argument(
@@ -246,9 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     except RlsmokeError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return ExitCode.USAGE
-    except (
-        KeyboardInterrupt
-    ) as exc:  # Ctrl-C, or SIGTERM, SIGHUP, SIGQUIT in `run` and `prepare` (errors.Interrupted)
+    # Ctrl-C, or SIGTERM, SIGHUP, SIGQUIT in `run` and `prepare` (errors.Interrupted)
+    except KeyboardInterrupt as exc:
         import signal
 
         signum = getattr(exc, "signum", signal.SIGINT)

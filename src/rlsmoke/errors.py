@@ -44,12 +44,10 @@ class TopologyError(RlsmokeError):
     def __init__(self, violations: list[tuple[str, str, str]]):
         self.violations = violations
         rule, message, fix = violations[0]
-        extra = (
-            f" (+{len(violations) - 1} more: {', '.join(v[0] for v in violations[1:])})"
-            if len(violations) > 1
-            else ""
+        more = ", ".join(v[0] for v in violations[1:])
+        super().__init__(
+            message + (f" (+{len(violations) - 1} more: {more})" if more else ""), rule=rule, fix=fix
         )
-        super().__init__(message + extra, rule=rule, fix=fix)
 
 
 class CheckpointError(RlsmokeError):

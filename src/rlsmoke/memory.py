@@ -1,22 +1,9 @@
 """Device memory per GPU, estimated from the plan before anything loads. No torch here.
 
-Parameter counts are exact and live in `rlsmoke.models.params`.
-
-The estimate follows what the built-in engine keeps resident in each phase of a colocated run:
-
-- load: the trainer (train dtype; under FSDP2 its shard plus one block being sharded) and the rollout copy;
-- rollout: the rollout copy, its KV cache, the MoE decode's gathered expert weights and the
-  next-token logits; with offload the train state is in host memory, otherwise the master
-  weights, the compute copy and the AdamW moments stay;
-- train: master weights, grads, the AdamW moments and foreach AdamW's one state-sized temporary at
-  the step; in backward the unsharded blocks (FSDP2) or the compute-dtype weight casts autocast
-  saves (one device), plus one micro-batch's activations (GLM-5.3-Flash: the hyper-connections'
-  widened residual stream, and on the reference KDA path its float32 chunk temporaries); with
-  offload the rollout copy is on the host;
-- sync: master weights, the rollout copy and one parameter gathered in full.
-
-The peak is the max over the phases. Async mode places the trainer and the rollout engine on
-different GPUs: the estimate per GPU is the larger of the two.
+Parameter counts are exact and live in `rlsmoke.models.params`. The estimate follows what the built-in
+engine keeps resident in each phase of a colocated run (load, rollout, train, sync: `estimate`'s terms
+name each tensor), with and without the offload; the peak is the max over the phases. Async mode places
+the trainer and the rollout engine on different GPUs: the estimate per GPU is the larger of the two.
 """
 
 from __future__ import annotations
@@ -46,9 +33,8 @@ class Plan:
     rollout_dtype: str = "bfloat16"
     compute_dtype: str = "bfloat16"  # the trainer's autocast dtype (FSDP2's param dtype)
     offload: bool = True  # train state in host memory during rollout, rollout copy during the train step
-    offload_train: bool = (
-        True  # with the offload: the train state does leave for the rollout (else only the copy)
-    )
+    # with the offload: the train state does leave for the rollout (else only the copy)
+    offload_train: bool = True
     # One device: the trainer forwards a copy of the weights in the compute dtype over the fp32 master
     # weights (engine.precision), and backward fills that copy's grads before they reach the master's.
     compute_copy: bool = False
@@ -176,9 +162,8 @@ def _rollout_working(spec, plan: Plan) -> int:
     attention_layers = spec.num_layers - kda_layers(spec)
     kv = n * seq * _kv_elements(spec) * r * (attention_layers + 1)
     kv += n * _kda_state(spec, r) * kda_layers(spec) if kda_layers(spec) else 0
-    experts = (
-        n * spec.moe_topk * 3 * spec.moe_ffn_hidden_size * spec.hidden_size * r if spec.num_moe_layers else 0
-    )
+    expert = 3 * spec.moe_ffn_hidden_size * spec.hidden_size * r  # gate, up and down: 3 x I x h
+    experts = n * spec.moe_topk * expert if spec.num_moe_layers else 0
     logits = n * spec.vocab_size * (r + 4 * 4)
     return kv + experts + logits
 
@@ -191,9 +176,8 @@ def estimate(spec, plan: Plan) -> Estimate:
         rollout = p.total * BYTES[plan.rollout_dtype] + _rollout_working(spec, plan)
         phases = {"load": max(train.phases["load"], rollout), "rollout": rollout, "train": train.phases["train"],
                   "sync": max(train.phases["sync"], rollout)}  # fmt: skip
-        return Estimate(
-            phases, {"train": train.terms["train"], "rollout": {"rollout copy": rollout}}, p.total
-        )
+        terms = {"train": train.terms["train"], "rollout": {"rollout copy": rollout}}
+        return Estimate(phases, terms, p.total)
     w, t, r, c = plan.world, BYTES[plan.train_dtype], BYTES[plan.rollout_dtype], BYTES[plan.compute_dtype]
     has_rollout = plan.mode != "train-only"
     master = -(-p.total * t // w)  # ceil: FSDP2 pads the shards
@@ -202,9 +186,8 @@ def estimate(spec, plan: Plan) -> Estimate:
     act = _activations(spec, plan)
     compute = p.total * c if plan.compute_copy and w == 1 else 0
     if compute:
-        unsharded = (
-            0  # the compute copy is resident (below); its grads live until they are added to the master's
-        )
+        # the compute copy is resident (below); its grads live until they are added to the master's
+        unsharded = 0
         loading = {"master": master, "compute copy": compute}
     elif w == 1:
         # autocast saves a compute-dtype cast of every matmul weight for backward (the lookup stays fp32)

@@ -158,9 +158,8 @@ def load_record(path: str | Path) -> Record:
         raise RlsmokeError(f"log={path} has no `step N: {{...}}` or `rollout N: {{...}}` lines", rule="metrics.log",
                            fix="point at the Miles job log (ray job logs) or a run folder")  # fmt: skip
     lines = [{"kind": kind, "index": i, "metrics": m} for kind, i, m in _fold_repeats(parsed, path)]
-    record = Record.from_lines(
-        lines, source=str(path), artifacts=str(folder), meta=meta or {"launcher": "miles"}
-    )
+    meta = meta or {"launcher": "miles"}
+    record = Record.from_lines(lines, source=str(path), artifacts=str(folder), meta=meta)
     history = folder / CI_HISTORY
     return _with_ci_history(record, history) if history.is_dir() else record
 
@@ -197,11 +196,6 @@ def _fold_repeats(parsed: list[tuple[str, int, dict]], path: Path) -> list[tuple
 CI_HISTORY = "ci_history"  # the run's MILES_CI_GATE_RECORD_DIR, under its artifacts (launch.flow)
 CI_HISTORY_METRICS = ("train/grad_norm", "train/ppo_kl", "train/train_rollout_logprob_abs_diff",
                       "train/train_rollout_kl", "rollout/raw_reward")  # fmt: skip
-_NONFINITE = {
-    "NaN": math.nan,
-    "Infinity": math.inf,
-    "-Infinity": -math.inf,
-}  # how it writes them: strict JSON
 
 
 def read_ci_history(folder: Path) -> dict[str, dict[int, float]]:
@@ -217,7 +211,8 @@ def read_ci_history(folder: Path) -> dict[str, dict[int, float]]:
                 continue
             try:
                 item = json.loads(line)
-                points = [(int(step), float(_NONFINITE.get(v, v))) for step, v in item["series"]]
+                # float() reads the strings strict JSON writes for non-finite values: NaN, Infinity, -Infinity
+                points = [(int(step), float(v)) for step, v in item["series"]]
                 metric = str(item["metric"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise RlsmokeError(f"ci_history={file} line {n} is not a CI history record ({exc})",
@@ -284,8 +279,4 @@ def update_summary(folder: str | Path, fields: Mapping[str, object]) -> None:
     """Merge `fields` into the run's summary.json, atomically (a reader never sees half a file)."""
     path = Path(folder) / "summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else {}
-    write_atomic(path, json.dumps(summary | dict(fields), indent=2, default=_json_default) + "\n")
-
-
-def _json_default(x):
-    return str(x)
+    write_atomic(path, json.dumps(summary | dict(fields), indent=2, default=str) + "\n")

@@ -47,29 +47,24 @@ def _split_kv(item: str) -> tuple[str, str]:
 
 
 def _coerce(key: str, kind: str, raw: Any) -> object:
-    if not isinstance(raw, str):
-        if kind == _LAYERS:
-            return tuple(_in_range(key, int(n)) for n in raw)
-        return (
-            _in_range(key, raw)
-            if kind == _INT and isinstance(raw, int) and not isinstance(raw, bool)
-            else raw
-        )
-    try:
-        if kind == _INT:
-            number = int(raw)
-        elif kind == _LAYERS:
-            numbers = tuple(int(v) for v in raw.split(","))
-    except ValueError:
-        raise RlsmokeError(
-            f"--set {key}={raw} is not {'an integer' if kind == _INT else 'a comma list of integers'}",
-            rule="set.value",
-            fix=f"give {key} a number",
-        ) from None
-    if kind == _INT:
-        return _in_range(key, number)
+    """A string value parsed to its kind; a value of a mapping taken as given, its sizes bounded."""
+    if kind == _BOOL:
+        return _boolean(key, raw) if isinstance(raw, str) else raw
+    if isinstance(raw, str):
+        try:
+            raw = int(raw) if kind == _INT else tuple(int(v) for v in raw.split(","))
+        except ValueError:
+            raise RlsmokeError(
+                f"--set {key}={raw} is not {'an integer' if kind == _INT else 'a comma list of integers'}",
+                rule="set.value",
+                fix=f"give {key} a number",
+            ) from None
     if kind == _LAYERS:
-        return tuple(_in_range(key, n) for n in numbers)
+        return tuple(_in_range(key, int(n)) for n in raw)
+    return _in_range(key, raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
+
+
+def _boolean(key: str, raw: str) -> bool:
     if raw.lower() in ("1", "true", "yes", "on"):
         return True
     if raw.lower() in ("0", "false", "no", "off"):
@@ -91,10 +86,7 @@ def parse_num_gpus(value: object) -> int:
         n = int(str(value))
     except ValueError:
         n = 0
-        ok = False
-    else:
-        ok = n > 0
-    if not ok:
+    if n < 1:
         raise RlsmokeError(
             f"num_gpus={value!r} must be a positive integer",
             rule="gpus.positive",

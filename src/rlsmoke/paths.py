@@ -110,22 +110,6 @@ def check_dir(path: Path | str, what: str, *, must_exist: bool = True, fix: str 
     return path
 
 
-def check_writable_dir(path: Path | str, what: str) -> Path:
-    """An existing folder that this process can create files in (a read-only mount included)."""
-    path = check_dir(path, what)
-    if not os.access(path, os.W_OK | os.X_OK):
-        rule = "path.read_only" if _read_only_mount(path) else "path.denied"
-        raise RlsmokeError(f"{what}={path} cannot be written", rule=rule, fix=_fix(rule, what))
-    return path
-
-
-def _read_only_mount(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
 def check_name(path: Path | str, what: str) -> Path:
     """Only that the path can be named at all (each part within the file system's length): for a path
     that a command creates."""

@@ -1,4 +1,4 @@
-"""Platforms, device classes, detection, and the NVIDIA -> ROCm substitutions as data.
+"""Platforms, device classes, their detection, and each process's share of the CPU cores.
 
 Detection never imports torch: it reads `nvidia-smi` / `rocm-smi` (or `amd-smi`) output, so
 `rlsmoke plan` stays fast and works on a login node.
@@ -86,11 +86,8 @@ def detect() -> Host:
     names = _query(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
     if names:
         return Host("nvidia", _device_class("nvidia", names[0]), _visible_count("nvidia", len(names)))
-    names = [
-        line
-        for line in _query(["rocm-smi", "--showproductname"])
-        if "Card series" in line or "Card SKU" in line
-    ]
+    rocm = _query(["rocm-smi", "--showproductname"])
+    names = [line for line in rocm if "Card series" in line or "Card SKU" in line]
     if names:
         count = len([n for n in names if "Card series" in n]) or len(names)
         return Host("rocm", _device_class("rocm", names[0].split(":")[-1]), _visible_count("rocm", count))
@@ -99,8 +96,8 @@ def detect() -> Host:
 
 def _visible_count(platform: str, physical: int) -> int:
     var = PLATFORMS[platform].visible_devices_var
-    value = os.environ.get(var or "", None)
-    if value is None or value == "":
+    value = os.environ.get(var or "")
+    if not value:
         return physical
     return min(physical, len([v for v in value.split(",") if v.strip()]))
 

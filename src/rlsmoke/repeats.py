@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlsmoke.thresholds import GateResult, Verdict
+from rlsmoke.thresholds import GateResult, Verdict, aligned
 
 
 def _badness(result: GateResult) -> tuple[bool, float]:
@@ -55,15 +55,12 @@ class SeedVerdicts:
         """Each gate's worst seed: its value, bound and margin, which seed it is, and every failing seed."""
         rows = [("gate", "metric", "worst", "seed", "bound", "margin", "")]
         for r, seed, failing in self.per_gate():
-            op = {"abs<": "|x|<", "finite>": "fin>"}.get(r.gate.op, r.gate.op)
+            name, metric, value, bound, margin = r.cells()
             result = "PASS" if r.passed else f"FAIL (seed {', '.join(map(str, failing))})"
-            rows.append((r.gate.name, r.gate.summary_key, "missing" if r.value is None else f"{r.value:.4g}",
-                         str(seed), f"{op} {r.gate.bound:.4g}", f"{r.margin:.3g}", result))  # fmt: skip
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+            rows.append((name, metric, value, str(seed), bound, margin, result))
         seeds = f"{len(self.seeds)} seeds ({', '.join(map(str, self.seeds))})"
         failed = self.failed_seeds()
         verdict = f"verdict: {'PASS' if self.passed else 'FAIL'} over {seeds}"
         if failed:
             verdict += f"; failed: seed {', '.join(map(str, failed))}"
-        return "\n".join([f"each gate's worst of {seeds}:", *lines, verdict])
+        return "\n".join([f"each gate's worst of {seeds}:", *aligned(rows), verdict])

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from rlsmoke import history
 from rlsmoke.errors import ExitCode, RlsmokeError
-from rlsmoke.history import BANDS, check_bands
-from rlsmoke.history import runs as load_runs
 from rlsmoke.runkey import SERIES
 
 SUMMARY_MD = "summary.md"
@@ -94,15 +92,10 @@ def series(runs: list[dict]) -> dict[tuple, dict[str, list[tuple[int, float, boo
     """{(case, platform, device, launcher): {metric: [(run id, value, trusted)]}} over band and gate metrics."""
     out: dict[tuple, dict[str, list]] = {}
     for run in runs:
-        key = tuple(run[f] for f in SERIES)
-        metrics = out.setdefault(key, {})
-        for metric, value in run["metrics"].items():
+        metrics = out.setdefault(tuple(run[f] for f in SERIES), {})
+        gated = {g["metric"]: g["value"] for g in run["gates"] if g.get("value") is not None}
+        for metric, value in (gated | run["metrics"]).items():  # a value the run stored wins over its gate's
             metrics.setdefault(metric, []).append((run["id"], value, bool(run["trusted"])))
-        for gate in run["gates"]:
-            if gate.get("value") is not None and gate["metric"] not in run["metrics"]:
-                metrics.setdefault(gate["metric"], []).append(
-                    (run["id"], gate["value"], bool(run["trusted"]))
-                )
     return out
 
 
@@ -122,7 +115,7 @@ def plot_history(db: Path, out: Path) -> list[Path]:
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
 
-    runs = load_runs(db)
+    runs = history.runs(db)
     limits = bounds(runs)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -135,13 +128,12 @@ def plot_history(db: Path, out: Path) -> list[Path]:
                        color="tab:blue", label="trusted", zorder=2)  # fmt: skip
             ax.scatter([x for x, p in zip(xs, points, strict=True) if not p[2]], [p[1] for p in points if not p[2]],
                        color="tab:orange", marker="x", label="untrusted", zorder=2)  # fmt: skip
-            if (
-                history.band_metric(metric) in BANDS
-            ):  # the band each run was judged against: its trusted predecessors
+            # the band each run was judged against: its trusted predecessors
+            if history.band_metric(metric) in history.BANDS:
                 lo, hi, bx = [], [], []
                 for i in range(len(points)):
-                    past = [{metric: v} for _, v, t in points[:i] if t][-20:]
-                    res = check_bands({metric: points[i][1]}, past)
+                    past = [{metric: v} for _, v, t in points[:i] if t][-history.DEFAULT_K :]
+                    res = history.check_bands({metric: points[i][1]}, past)
                     if res:
                         bx.append(i)
                         lo.append(res[0].lower)

@@ -42,9 +42,8 @@ class Session:
     suite's options). None: the default, decided by `resolve`."""
 
     host: Host | None = None  # None: detected (a CPU run needs none)
-    gpus: int | None = (
-        None  # the session's GPU count (the suite's --num-gpus / NUM_GPUS): the case runs at it
-    )
+    # the session's GPU count (the suite's --num-gpus / NUM_GPUS): the case runs at it
+    gpus: int | None = None
     one_gpu_variant: bool = False  # on one GPU a case too wide for it runs its ONE_GPU_VARIANT (the suite)
     trainer: str = DEFAULT_TRAINER
     launcher: str | None = None  # the thresholds key's launcher: builtin, or builtin-megatron
@@ -93,11 +92,8 @@ def _defaults(case: Case, session: Session, host: Host, *, validate: bool = True
     platform = get_platform(case.platform)
     topo = plan_topology(case.spec(), platform.name, case.num_gpus, case.mode, dict(case.overrides),
                          gpus_per_node=case.gpus_per_node, target=case.target, validate=validate)  # fmt: skip
-    if (
-        validate
-        and topo.mode == "async"
-        and (topo.actor_gpus, topo.rollout_gpus) != (1, BUILTIN_ASYNC_GPUS - 1)
-    ):
+    one_each = (topo.actor_gpus, topo.rollout_gpus) == (1, BUILTIN_ASYNC_GPUS - 1)
+    if validate and topo.mode == "async" and not one_each:
         raise RlsmokeError(f"mode=async with {topo.actor_gpus} train + {topo.rollout_gpus} rollout GPUs: the built-in "
                            "engine places one trainer and one rollout engine", rule="engine.placement",
                            fix=f"use --mode async --num-gpus {BUILTIN_ASYNC_GPUS}")  # fmt: skip

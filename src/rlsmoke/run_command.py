@@ -33,9 +33,7 @@ from rlsmoke.thresholds import Verdict, lookup_gates
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run one GRPO step on the built-in engine and check its gates")
     add_run_args(p)
-    add_train_only_args(
-        p
-    )  # --launcher miles --miles-root R --train-only: Miles' trainer on the engine's rollout
+    add_train_only_args(p)  # --launcher miles --train-only: Miles' trainer on the engine's rollout
     p.set_defaults(func=handler)
 
 
@@ -57,10 +55,9 @@ class CommandLog:
         self.path, self.started = out / "run.log", started
 
     def __call__(self, text: str, *, block: str = "") -> None:
+        stamp = f"[{time.perf_counter() - self.started:7.2f}s]"
         with self.path.open("a") as f:
-            f.write(
-                f"[{time.perf_counter() - self.started:7.2f}s] {text}\n" + (block + "\n" if block else "")
-            )
+            f.write(f"{stamp} {text}\n" + (block + "\n" if block else ""))
 
     def interrupted(self, exc: KeyboardInterrupt) -> None:
         """Unless the engine said so already: an interrupt before the run began, or after it ended."""
@@ -86,9 +83,7 @@ def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
                        | {"gates": [], "verdict": "FAIL", "error": exc.one_line()})  # fmt: skip
         raise
     first = int(records[0].meta.get("seed", 0))
-    seeds = SeedVerdicts(
-        tuple(first + r for r in range(len(records))), tuple(gates.check(rec) for rec in records)
-    )
+    seeds = SeedVerdicts(tuple(range(first, first + len(records))), tuple(map(gates.check, records)))
     verdict = seeds.verdicts[0] if len(records) == 1 else seeds.worst()
     fields = verdict.summary_fields()  # --repeat K: each gate's worst seed
     if len(records) > 1:
@@ -156,23 +151,20 @@ def _handle(args, started: float) -> int:
     before.lap("config")
     with contextlib.ExitStack() as held:
         folders = [held.enter_context(RunFolder(out, overwrite=args.overwrite)) for out in outs]
-        runs = [
-            (cfg, folder.records) for cfg, folder in zip(cfgs, folders, strict=True)
-        ]  # --overwrite: staging
+        # a folder's records: under --overwrite, staged beside it until the commit
+        runs = [(cfg, folder.records) for cfg, folder in zip(cfgs, folders, strict=True)]
         logs = [CommandLog(out, started) for _, out in runs]
         try:
             code = _run_and_gate(runs, args, logs, started, before)
-            if (
-                signals.received() is not None
-            ):  # a stop whose exception a finalizer swallowed: stopped all the same
+            # a stop whose exception a finalizer swallowed: stopped all the same
+            if signals.received() is not None:
                 raise Interrupted(signals.received())
             if code in (ExitCode.OK, ExitCode.GATE_FAILED):
                 for folder in folders:
                     folder.commit()
             return code
-        except (
-            KeyboardInterrupt
-        ) as exc:  # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
+        # Ctrl-C or SIGTERM (Interrupted): the engine stopped what it started
+        except KeyboardInterrupt as exc:
             if signals.received() is not None and getattr(exc, "signum", None) != signals.received():
                 exc = Interrupted(signals.received())
             for log, folder in zip(logs, folders, strict=True):

@@ -29,21 +29,17 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     cpu, gpu = BatchShape.for_platform("cpu"), BatchShape.for_platform("nvidia")
     add_tiny_arg(g, "on for --platform cpu, off otherwise")
-    g.add_argument(
-        "--rollout-dtype", default=None, help="float32 | bfloat16 (default: float32 on CPU, bfloat16 on GPU)"
-    )
+    g.add_argument("--rollout-dtype", help="float32 | bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
     g.add_argument(
         "--train-dtype", default="float32", help="master weights and optimizer state (default float32)"
     )
     g.add_argument(
         "--inject",
-        default=None,
         metavar="FAULT",
         help=f"{faults_text()} (bridge-*: with --trainer megatron)",
     )
     g.add_argument(
         "--compute-dtype",
-        default=None,
         help="the trainer's forward/backward dtype over the master weights (default: the rollout "
         "dtype on GPUs, as Megatron's bf16 training; the train dtype on CPU)",
     )
@@ -66,7 +62,6 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--variants",
-        default=None,
         metavar="V1,V2,...",
         help="several runs of the seed on one load, each from the initial weights and gated as its own "
         "run in --out/SLUG: clean, or an --inject fault, each with @T for its rollout temperature "
@@ -78,21 +73,18 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--n-prompts",
         type=int,
-        default=None,
         help=f"prompts per rollout (default on GPUs: seed 004's {gpu.prompts}; on CPU: {cpu.prompts}, or "
         "one per data-parallel rank when more)",
     )
     g.add_argument(
         "--n-samples",
         type=int,
-        default=None,
         help=f"samples per prompt, the GRPO group (default on GPUs: seed 004's {gpu.n_samples}; on CPU: "
         f"{cpu.n_samples})",
     )
     g.add_argument(
         "--max-response-len",
         type=int,
-        default=None,
         help=f"response cap in tokens (default on GPUs: seed 004's {gpu.max_response_len}; on CPU: "
         f"{cpu.max_response_len}, for speed)",
     )
@@ -115,25 +107,20 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--offload",
         action=argparse.BooleanOptionalAction,
-        default=None,
         help="colocate: keep the train state in host memory while rolling out and the rollout copy "
         f"there while training (default: {OFFLOAD_DEFAULT})".replace("%", "%%"),
     )
     g.add_argument(
         "--offload-train",
         action=argparse.BooleanOptionalAction,
-        default=None,
         help="with the offload on, the train state leaves the device during the rollout too (default: "
         "on with --offload; otherwise on unless the rollout fits beside the resident train state "
         f"in {RESIDENT_FRACTION:.0%}% of the device, so only the rollout copy moves)",
     )
-    g.add_argument(
-        "--checkpoint", type=Path, default=None, help="an HF checkpoint folder (default: prepared and cached)"
-    )
+    g.add_argument("--checkpoint", type=Path, help="an HF checkpoint folder (default: prepared and cached)")
     g.add_argument(
         "--prompt-data",
         type=Path,
-        default=None,
         help="a JSONL of prompts and labels (default the shipped data/math.jsonl)",
     )
     g.add_argument(
@@ -146,7 +133,6 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--launcher-label",
-        default=None,
         help="the launcher field of the thresholds key (default: builtin; builtin-megatron with "
         "--trainer megatron)",
     )
@@ -155,7 +141,6 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--out",
         type=Path,
-        default=None,
         help="artifacts folder; one that holds an earlier run's records is refused unless --overwrite "
         "(default: a new ./rlsmoke-runs/CASE/YYYYmmdd-HHMMSS)",
     )
@@ -166,6 +151,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# Session's fields that no `rlsmoke run` flag of the same name sets (--launcher picks Miles or not,
+# --variants is text): the rest are read off the flags by name.
+NOT_FLAGS = frozenset({"host", "gpus", "one_gpu_variant", "launcher", "gated", "variants"})
+
+
 def case_and_session(args) -> tuple[Case, Session]:
     """The flags as the case they name (on the given platform, else the detected one) and the session."""
     platform = get_platform(args.platform or detect().platform)
@@ -174,16 +164,8 @@ def case_and_session(args) -> tuple[Case, Session]:
     variants = (
         tuple(parse_variants(args.variants, args.rollout_temperature)) if args.variants is not None else ()
     )
-    session = Session(
-        trainer=args.trainer, launcher=args.launcher_label, gated=not args.records_only, seed=args.seed,
-        repeat=args.repeat, variants=variants, rollout_dtype=args.rollout_dtype, train_dtype=args.train_dtype,
-        compute_dtype=args.compute_dtype, compute_path=args.compute_path,
-        rollout_temperature=args.rollout_temperature, inject=args.inject, num_rollout=args.num_rollout,
-        n_prompts=args.n_prompts, n_samples=args.n_samples, max_response_len=args.max_response_len,
-        rollout_batch=args.rollout_batch, reward=args.reward, gradient_checkpointing=args.gradient_checkpointing,
-        offload=args.offload, offload_train=args.offload_train, checkpoint=args.checkpoint,
-        prompt_data=args.prompt_data,
-    )  # fmt: skip
+    same = {f.name: getattr(args, f.name) for f in dataclasses.fields(Session) if f.name not in NOT_FLAGS}
+    session = Session(**same, launcher=args.launcher_label, gated=not args.records_only, variants=variants)
     return case, session
 
 
@@ -208,9 +190,7 @@ def add_train_only_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--train-only", action="store_true", help="with --launcher miles: the built-in engine rolls out, "
                    "Miles trains one step on its rollout file (--debug-train-only), no SGLang")  # fmt: skip
-    g.add_argument("--miles-root", type=Path, default=None, help="a Miles checkout (train.py in it)")
-    g.add_argument(
-        "--megatron-root", default=None, help="Miles' Megatron-LM checkout (default /root/Megatron-LM)"
-    )
-    g.add_argument("--model-dir", type=Path, default=None, help="where <case> and <case>_torch_dist live "
+    g.add_argument("--miles-root", type=Path, help="a Miles checkout (train.py in it)")
+    g.add_argument("--megatron-root", help="Miles' Megatron-LM checkout (default /root/Megatron-LM)")
+    g.add_argument("--model-dir", type=Path, help="where <case> and <case>_torch_dist live "
                    "(default: rlsmoke's cache, miles-models/)")  # fmt: skip

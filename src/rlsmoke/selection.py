@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rlsmoke import resolve
 from rlsmoke.engine import megatron
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.facts import DEFAULT_TRAINER, GPU_PLATFORMS
 from rlsmoke.platforms import Host
 from rlsmoke.resolve import effective_case
+from rlsmoke.resolve import shortfall as memory_shortfall  # why a GPU case does not fit: a skip reason
 
 VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
 
@@ -93,8 +93,3 @@ def trainer_refusal(trainer: str, case=None, inject: str | None = None) -> str:
     if case is None:
         return megatron.unwired(inject=inject or "")
     return megatron.refusal(case.spec(), case.num_gpus, case.mode) or megatron.unwired(inject=inject or "")
-
-
-def memory_shortfall(case, host: Host) -> str:
-    """Why a full-width GPU case cannot fit this host's devices ("" when it fits), as a skip reason."""
-    return resolve.shortfall(case, host)

@@ -18,18 +18,17 @@ class Target:
     # Whose launcher the flags follow: "seed-004" (the seeds' scripts, Miles of May 2026) or "main-2026-08"
     # (Miles main's GLM-5 launcher and its 2-GPU CI test). Rows of launch.substitutions name the launchers they hold for.
     launcher: str = "seed-004"
-    megatron: str = (
-        "bundled"  # the Megatron-LM the target's Miles runs with: a commit of its `miles-main` branch
-    )
+    # the Megatron-LM the target's Miles runs with: a commit of its `miles-main` branch
+    megatron: str = "bundled"
 
     @property
     def main(self) -> bool:
         return self.launcher == "main-2026-08"
 
 
-TARGETS = {
+_TARGETS = (
     # Miles main 31f1ca961 (2026-08-21) with Megatron-LM miles-main 2e64d788b and its SGLang 0.5.16 fork.
-    "miles-2026-08-21": Target(
+    Target(
         "miles-2026-08-21",
         "31f1ca961",
         "0.5.16",
@@ -38,11 +37,10 @@ TARGETS = {
         launcher="main-2026-08",
         megatron="2e64d788b",
     ),
-    "miles-0.0.2": Target("miles-0.0.2", "0.0.2", "bundled", "nsa", "glm_moe_dsa"),
-    "sglang-0.5.23": Target(
-        "sglang-0.5.23", "main", "0.5.23", "dsa", "glm_moe_dsa", "cuda-graph-max-bs-decode"
-    ),
+    Target("miles-0.0.2", "0.0.2", "bundled", "nsa", "glm_moe_dsa"),
+    Target("sglang-0.5.23", "main", "0.5.23", "dsa", "glm_moe_dsa", "cuda-graph-max-bs-decode"),
     # Seed 004's era: the older Miles that wanted a DeepseekV32 config.
-    "miles-2026-05": Target("miles-2026-05", "2026-05", "bundled", "nsa", "deepseek_v32"),
-}
+    Target("miles-2026-05", "2026-05", "bundled", "nsa", "deepseek_v32"),
+)
+TARGETS = {t.name: t for t in _TARGETS}
 DEFAULT_TARGET = "miles-2026-08-21"

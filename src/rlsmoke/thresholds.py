@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,10 +77,25 @@ class GateResult:
                 "bound": g.bound, "op": g.op, "passed": self.passed, "margin": _jsonable(self.margin),
                 "provenance": g.provenance}  # fmt: skip
 
+    @property
+    def shown(self) -> str:
+        return "missing" if self.value is None else f"{self.value:.4g}"
+
+    def cells(self) -> tuple[str, str, str, str, str]:
+        """The gate, its metric, the value, the bound and the margin: a table's row."""
+        op = {"abs<": "|x|<", "finite>": "fin>"}.get(self.gate.op, self.gate.op)
+        g = self.gate
+        return g.name, g.summary_key, self.shown, f"{op} {g.bound:.4g}", f"{self.margin:.3g}"
+
     def line(self) -> str:
-        shown = "missing" if self.value is None else f"{self.value:.4g}"
         op = {"abs<": "|x| <", "finite>": "finite and >"}.get(self.gate.op, self.gate.op)
-        return f"{self.gate.name}: {self.gate.summary_key} = {shown}, bound {op} {self.gate.bound:.4g}, margin {self.margin:.3g}"
+        return f"{self.gate.name}: {self.gate.summary_key} = {self.shown}, bound {op} {self.gate.bound:.4g}, margin {self.margin:.3g}"
+
+
+def aligned(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """Rows of text as columns, each as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def _jsonable(x):
@@ -112,21 +127,15 @@ class Verdict:
 
     def table(self) -> str:
         rows = [("gate", "metric", "value", "bound", "margin", "")]
-        for r in self.results:
-            op = {"abs<": "|x|<", "finite>": "fin>"}.get(r.gate.op, r.gate.op)
-            rows.append((r.gate.name, r.gate.summary_key, "missing" if r.value is None else f"{r.value:.4g}",
-                         f"{op} {r.gate.bound:.4g}", f"{r.margin:.3g}", "PASS" if r.passed else "FAIL"))  # fmt: skip
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-        return "\n".join(lines + [f"verdict: {'PASS' if self.passed else 'FAIL'}"])
+        rows += [(*r.cells(), "PASS" if r.passed else "FAIL") for r in self.results]
+        return "\n".join(aligned(rows) + [f"verdict: {'PASS' if self.passed else 'FAIL'}"])
 
     def report(self) -> str:
         """Every failure with value, bound, margin and provenance, then where the artifacts are."""
+        key = self.key.text() if self.key else "no key"
         if self.passed:
-            return (
-                f"all {len(self.results)} gates passed ({_key_text(self.key)}); artifacts: {self.artifacts}"
-            )
-        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({_key_text(self.key)}):"]
+            return f"all {len(self.results)} gates passed ({key}); artifacts: {self.artifacts}"
+        lines = [f"{len(self.failures)} of {len(self.results)} gates failed ({key}):"]
         for r in self.failures:
             lines.append(f"  - {r.line()}{' (' + r.note + ')' if r.note else ''}")
             lines.append(f"    provenance: {r.gate.provenance}")
@@ -134,10 +143,6 @@ class Verdict:
         lines.append("next: open run.log and metrics.jsonl there; if the bound itself is stale, recalibrate: "
                      "`rlsmoke run CASE --repeat 10`, then `rlsmoke calibrate DIR --write FILE`")  # fmt: skip
         return "\n".join(lines)
-
-
-def _key_text(key: RunKey | None) -> str:
-    return key.text() if key else "no key"
 
 
 @dataclass(frozen=True)
@@ -236,14 +241,8 @@ def gate_from_spec(spec: dict, entry_provenance: dict, source: Path | str = "") 
         p = entry_provenance
         own = (f"{p.get('status', '?')}: {p.get('runs', '?')} runs on {p.get('device', '?')}, {p.get('date', '?')}, "
                f"{p.get('versions', '?')}; max observed {spec.get('max_observed', '?')}; {p.get('margin_rule', '')}")  # fmt: skip
-    return Gate(
-        spec["name"],
-        spec["metric"],
-        spec["op"],
-        float(spec["bound"]),
-        spec.get("reduce", "max"),
-        own.strip("; "),
-    )
+    name, metric, op = spec["name"], spec["metric"], spec["op"]
+    return Gate(name, metric, op, float(spec["bound"]), spec.get("reduce", "max"), own.strip("; "))
 
 
 def thresholds_dirs() -> list[Path]:

@@ -19,18 +19,7 @@ from rlsmoke.models import ModelSpec
 from rlsmoke.overrides import MAX_NUM_GPUS, check_gpus_per_node, parse_num_gpus, parse_overrides
 from rlsmoke.platforms import get_platform
 from rlsmoke.targets import DEFAULT_TARGET, TARGETS, Target
-from rlsmoke.topology_rules import RULE_IDS, RULES, violations
-
-__all__ = [
-    "DEFAULT_TARGET",
-    "RULES",
-    "RULE_IDS",
-    "TARGETS",
-    "Target",
-    "Topology",
-    "plan_topology",
-    "violations",
-]
+from rlsmoke.topology_rules import violations
 
 
 @dataclass(frozen=True)
@@ -269,15 +258,9 @@ def _candidates(topo: Topology, spec: ModelSpec) -> list[int]:
     """The sizes a single fix may take: every rule is a divisibility, so the divisors of the counts
     and of the model's heads and experts hold every value that can pass; the small sizes besides.
     Found in time of the square root of NUM_GPUS, not linear in it."""
+    gpus = (topo.num_gpus, topo.actor_gpus, topo.rollout_gpus, topo.rollout.gpus_per_engine)
     found = set(range(1, min(topo.num_gpus, 64) + 1))
-    for n in (
-        topo.num_gpus,
-        topo.actor_gpus,
-        topo.rollout_gpus,
-        topo.rollout.gpus_per_engine,
-        spec.num_experts,
-        spec.tp_divisor,
-    ):
+    for n in (*gpus, spec.num_experts, spec.tp_divisor):
         found |= _divisors(n)
     return sorted(v for v in found if 1 <= v <= topo.num_gpus)
 

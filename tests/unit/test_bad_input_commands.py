@@ -101,7 +101,7 @@ def test_check_miles_on_a_file_or_a_missing_folder(tmp_path, capsys, name, rule)
 
 
 def test_plan_diff_names_the_targets_it_also_takes(capsys):
-    from rlsmoke.topology import TARGETS
+    from rlsmoke.targets import TARGETS
 
     err = refused(
         capsys, ["plan", CASE, "--platform", "nvidia", "--num-gpus", "8", "--diff", "miles-9.9"], "plan.diff"

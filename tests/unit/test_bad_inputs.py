@@ -173,7 +173,8 @@ def test_every_topology_size_has_an_upper_bound(argv, rule):
 
 def test_the_largest_plan_finds_its_fixes_without_a_loop_over_every_gpu_count():
     from rlsmoke.models import model_spec
-    from rlsmoke.topology import MAX_NUM_GPUS, _candidates, plan_topology
+    from rlsmoke.overrides import MAX_NUM_GPUS
+    from rlsmoke.topology import _candidates, plan_topology
 
     spec = model_spec(CASE)
     topo = plan_topology(spec, "rocm", MAX_NUM_GPUS, validate=False)

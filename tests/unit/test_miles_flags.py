@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlsmoke.conformance.flag_table import FlagTable, recorded_targets, refusals
-from rlsmoke.topology import DEFAULT_TARGET, TARGETS
+from rlsmoke.targets import DEFAULT_TARGET, TARGETS
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
 GOLDENS = sorted(GOLDEN.glob("*/*.txt"))

@@ -14,7 +14,7 @@ import pytest
 
 from rlsmoke.launch import rollout_file
 from rlsmoke.launch.rollout_file import RolloutSample, mismatches, recorded_schema, schema_of
-from rlsmoke.topology import TARGETS
+from rlsmoke.targets import TARGETS
 
 MILES_ROOT = os.environ.get("MILES_ROOT")
 needs_miles = pytest.mark.skipif(

@@ -4,7 +4,8 @@ import pytest
 
 from rlsmoke.errors import TopologyError
 from rlsmoke.models import model_spec
-from rlsmoke.topology import RULE_IDS, RULES, plan_topology, split_layers, violations
+from rlsmoke.topology import plan_topology, split_layers
+from rlsmoke.topology_rules import RULE_IDS, RULES, violations
 
 GLM5 = "glm5-744b-a40b-4layer"
 

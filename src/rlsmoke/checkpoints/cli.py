@@ -77,8 +77,8 @@ def prepare_handler(args: argparse.Namespace) -> int:
     from rlsmoke.models import model_spec
 
     model_spec(args.case)  # an unknown case: the named error before anything else
-    args.tiny = bool(args.tiny)
-    progress = not args.no_progress
+    both = dict(tiny=bool(args.tiny), seed=args.seed, dialect=args.dialect, fp8=args.fp8,
+                progress=not args.no_progress, say=_say)  # fmt: skip
     if args.out is None:
         if args.prune_from or args.from_hub or args.keep_mtp or args.dtype != "bf16" or args.force:
             raise CheckpointError(
@@ -86,21 +86,11 @@ def prepare_handler(args: argparse.Namespace) -> int:
                 rule="prepare.out",
                 fix="pass --out DIR, or drop them to use the cache",
             )
-        path = prepare(
-            args.case,
-            tiny=args.tiny,
-            seed=args.seed,
-            dialect=args.dialect,
-            fp8=args.fp8,
-            progress=progress,
-            say=_say,
-        )
+        path = prepare(args.case, **both)
     else:
-        path = prepare_to(
-            args.out, args.case, tiny=args.tiny, seed=args.seed, dialect=args.dialect, fp8=args.fp8,
-            prune_from=args.prune_from, from_hub=args.from_hub, keep_mtp=args.keep_mtp, dtype=args.dtype,
-            max_shard_bytes=args.max_shard_size, force=args.force, progress=progress, say=_say,
-        )  # fmt: skip
+        path = prepare_to(args.out, args.case, **both, prune_from=args.prune_from, from_hub=args.from_hub,
+                          keep_mtp=args.keep_mtp, dtype=args.dtype, max_shard_bytes=args.max_shard_size,
+                          force=args.force)  # fmt: skip
     print(path)
     return ExitCode.OK
 

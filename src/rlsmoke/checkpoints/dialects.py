@@ -40,34 +40,22 @@ def check_dialect_name(dialect: str, model_type: str | None = None) -> None:
         )
 
 
-def dialect_problems(cfg: dict, dialect: str, num_layers: int | None = None) -> list[str]:
+def dialect_problems(cfg: dict, dialect: str) -> list[str]:
     """What a Miles of `dialect` would reject in this config.json (empty: it is accepted)."""
     check_dialect_name(dialect, cfg.get("model_type"))
+    model_type, arch, says = {NATIVE: (NATIVE, NATIVE_ARCH, "the newer Miles requires"),
+                              OLD_MILES: (OLD_MILES, OLD_ARCH, "the older Miles expects")}[dialect]  # fmt: skip
     problems = []
-    if dialect == NATIVE:
-        if cfg.get("model_type") != NATIVE:
-            problems.append(f"model_type={cfg.get('model_type')!r}, the newer Miles requires {NATIVE!r}")
-        if cfg.get("architectures") != [NATIVE_ARCH]:
-            problems.append(
-                f"architectures={cfg.get('architectures')!r}, the newer Miles requires [{NATIVE_ARCH!r}]"
-            )
-        if "auto_map" in cfg:
-            problems.append("has an auto_map, which the newer Miles refuses")
-        if num_layers is not None and cfg.get("num_hidden_layers") != num_layers:
-            problems.append(
-                f"num_hidden_layers={cfg.get('num_hidden_layers')} but the Megatron model has {num_layers} layers"
-            )
-    else:
-        if cfg.get("model_type") != OLD_MILES:
-            problems.append(f"model_type={cfg.get('model_type')!r}, the older Miles expects {OLD_MILES!r}")
-        if cfg.get("architectures") != [OLD_ARCH]:
-            problems.append(
-                f"architectures={cfg.get('architectures')!r}, the older Miles expects [{OLD_ARCH!r}]"
-            )
-        if cfg.get("auto_map") != OLD_AUTO_MAP:
-            problems.append("has no DeepseekV32 auto_map, which the older Miles loads through")
-        if "rope_theta" not in cfg:
-            problems.append("has no top-level rope_theta, which older mbridge reads")
+    if cfg.get("model_type") != model_type:
+        problems.append(f"model_type={cfg.get('model_type')!r}, {says} {model_type!r}")
+    if cfg.get("architectures") != [arch]:
+        problems.append(f"architectures={cfg.get('architectures')!r}, {says} [{arch!r}]")
+    if dialect == NATIVE and "auto_map" in cfg:
+        problems.append("has an auto_map, which the newer Miles refuses")
+    if dialect == OLD_MILES and cfg.get("auto_map") != OLD_AUTO_MAP:
+        problems.append("has no DeepseekV32 auto_map, which the older Miles loads through")
+    if dialect == OLD_MILES and "rope_theta" not in cfg:
+        problems.append("has no top-level rope_theta, which older mbridge reads")
     return problems
 
 

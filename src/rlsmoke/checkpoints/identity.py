@@ -88,11 +88,14 @@ def _stamp(path: Path, digest: str, stamps: Path) -> Path:
     return stamps / hashlib.sha256(key.encode()).hexdigest()
 
 
-def _sha256(path: Path, chunk: int = 16 * 2**20) -> str:
+def sha256_file(path: Path, chunk: int = 16 * 2**20, on_bytes=None) -> str:
+    """The file's sha256, read `chunk` bytes at a time; `on_bytes(n)` hears each read (a progress bar)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while buf := f.read(chunk):
             h.update(buf)
+            if on_bytes is not None:
+                on_bytes(len(buf))
     return h.hexdigest()
 
 
@@ -155,7 +158,7 @@ def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) 
         if stamp.is_file():
             continue
         hashed += path.stat().st_size
-        if _sha256(path) != digest:
+        if sha256_file(path) != digest:
             raise CheckpointError(f"{folder}/{name}: sha256 differs from {MANIFEST_NAME}", rule="checkpoint.verify",
                                   fix=fix)  # fmt: skip
         if _stamp(path, digest, stamps) == stamp:  # unchanged while it was read

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 from rlsmoke.checkpoints.shards import (
     DEFAULT_MAX_SHARD_BYTES,
-    INDEX_NAME,
-    MANIFEST_NAME,
     TensorPlan,
+    copier,
     load_index,
-    read_chunk,
-    read_header,
-    write_shards,
+    tensors_in_order,
+    write_derived,
 )
 from rlsmoke.errors import CheckpointError
 
@@ -116,16 +113,11 @@ def _plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[Tensor
     mtp = {int(m.group(2)) for k in weight_map if (m := _LAYER.match(k)) and int(m.group(2)) >= n}
     mapping = layer_map(text, dense, moe, keep_mtp, mtp)
     plans = []
-    for shard in sorted(set(weight_map.values())):
-        for name, entry in sorted(read_header(src / shard).items(), key=lambda kv: kv[1].begin):
-            new = rename(name, mapping)
-            if new is not None:
-                plans.append(TensorPlan(new, entry.dtype, entry.shape, _copier(src / shard, entry)))
+    for shard, name, entry in tensors_in_order(src):
+        new = rename(name, mapping)
+        if new is not None:
+            plans.append(TensorPlan(new, entry.dtype, entry.shape, copier(shard, entry)))
     return plans, pruned_config(cfg, mapping, dense, moe, keep_mtp)
-
-
-def _copier(path: Path, entry):
-    return lambda i: read_chunk(path, entry, i)
 
 
 def prune_into(
@@ -139,13 +131,5 @@ def prune_into(
     progress: bool = False,
 ) -> None:
     """prune() without the safety wrapper: writes into an existing empty folder."""
-    from rlsmoke.checkpoints.progress import ProgressBar
-
     plans, cfg = _plans(Path(src), dense, moe, keep_mtp)
-    skip = {"config.json", INDEX_NAME, MANIFEST_NAME}
-    for f in Path(src).iterdir():
-        if f.is_file() and f.name not in skip and not f.name.endswith(".safetensors"):
-            shutil.copyfile(f, folder / f.name)  # tokenizer, generation config, remote code
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    with ProgressBar(sum(p.nbytes for p in plans), "prune", progress) as bar:
-        write_shards(folder, plans, max_shard_bytes=max_shard_bytes, progress=bar)
+    write_derived(folder, Path(src), plans, cfg, "prune", max_shard_bytes=max_shard_bytes, progress=progress)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -19,15 +18,14 @@ import torch.nn.functional as F
 from rlsmoke.checkpoints.shards import (
     CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
-    INDEX_NAME,
-    MANIFEST_NAME,
     Entry,
     TensorPlan,
+    copier,
     load_index,
-    read_header,
     read_tensor,
     tensor_bytes,
-    write_shards,
+    tensors_in_order,
+    write_derived,
 )
 from rlsmoke.errors import CheckpointError
 
@@ -106,10 +104,7 @@ def _plans(src: Path, device: str | None) -> tuple[list[TensorPlan], dict]:
     verify(src, checksums=False, config=False)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     weight_map = load_index(src)
-    entries = {}
-    for shard in sorted(set(weight_map.values())):
-        for name, e in sorted(read_header(src / shard).items(), key=lambda kv: kv[1].begin):
-            entries[name] = (src / shard, e)
+    entries = {name: (shard, e) for shard, name, e in tensors_in_order(src)}
     fp8_already = [n for n, (_, e) in entries.items() if e.dtype.startswith("F8")]
     if fp8_already:
         raise CheckpointError(
@@ -128,7 +123,7 @@ def _plans(src: Path, device: str | None) -> tuple[list[TensorPlan], dict]:
     plans, skipped = [], []
     for name, (path, e) in entries.items():
         if not quantizes(name, e):
-            plans.append(TensorPlan(name, e.dtype, e.shape, _copier(path, e)))
+            plans.append(TensorPlan(name, e.dtype, e.shape, copier(path, e)))
             if name.endswith(".weight") and len(e.shape) == 2:
                 skipped.append(name[: -len(".weight")])
             continue
@@ -146,12 +141,6 @@ def _plans(src: Path, device: str | None) -> tuple[list[TensorPlan], dict]:
         **({"scale_fmt": "ue8m0"} if ue8m0 else {}),
     }
     return plans, cfg
-
-
-def _copier(path: Path, e: Entry):
-    from rlsmoke.checkpoints.shards import read_chunk
-
-    return lambda i: read_chunk(path, e, i)
 
 
 def _fp8_chunk(quantized, name: str):
@@ -175,17 +164,8 @@ def fp8_into(
     progress: bool = False,
 ) -> None:
     """fp8() without the safety wrapper: writes into an existing empty folder."""
-    from rlsmoke.checkpoints.progress import ProgressBar
-
     plans, cfg = _plans(Path(src), device)
-    for f in Path(src).iterdir():
-        if (
-            f.is_file()
-            and f.name not in ("config.json", INDEX_NAME, MANIFEST_NAME)
-            and f.suffix != ".safetensors"
-        ):
-            shutil.copyfile(f, folder / f.name)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    with ProgressBar(sum(p.nbytes for p in plans), "fp8", progress) as bar:
-        # One worker: quantizing a tensor twice in parallel would only waste the cores it needs.
-        write_shards(folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, workers=1)
+    # One worker: quantizing a tensor twice in parallel would only waste the cores it needs.
+    write_derived(
+        folder, Path(src), plans, cfg, "fp8", max_shard_bytes=max_shard_bytes, progress=progress, workers=1
+    )

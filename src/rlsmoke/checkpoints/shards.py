@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import struct
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -205,7 +206,7 @@ def read_header(path: Path) -> dict[str, Entry]:
     """Parse a shard header without validating it (verify does that); raises on unreadable bytes."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
-        raw = f.read(n)
+        raw = f.read(min(n, MAX_HEADER_BYTES))
     header = json.loads(raw)
     base = 8 + n
     return {
@@ -255,9 +256,36 @@ def raw_tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     out = {}
     for name, shard in load_index(folder).items():
         entry = read_header(folder / shard)[name]
-        out[name] = (
-            entry.dtype,
-            tuple(entry.shape),
-            read_tensor(folder / shard, entry).view(torch.uint8).numpy().tobytes(),
-        )
+        data = read_tensor(folder / shard, entry).view(torch.uint8).numpy().tobytes()
+        out[name] = (entry.dtype, tuple(entry.shape), data)
     return out
+
+
+def tensors_in_order(folder: Path) -> Iterator[tuple[Path, str, Entry]]:
+    """(shard, name, entry) of every tensor of a checkpoint, shard by shard in file order."""
+    for shard in sorted(set(load_index(folder).values())):
+        for name, entry in sorted(read_header(folder / shard).items(), key=lambda kv: kv[1].begin):
+            yield folder / shard, name, entry
+
+
+def copier(path: Path, entry: Entry) -> Callable[[int], bytes]:
+    """A TensorPlan's chunks that copy the tensor's bytes from its shard, never decoded."""
+    return lambda i: read_chunk(path, entry, i)
+
+
+def write_derived(folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, desc: str, *,
+                  max_shard_bytes: int, progress: bool, workers: int | None = None) -> None:  # fmt: skip
+    """A checkpoint made from `src` into an empty `folder`: its other files (tokenizer, generation
+    config, remote code) copied, `cfg` as config.json, the tensors of `plans` as shards."""
+    from rlsmoke.checkpoints.progress import ProgressBar
+
+    for f in Path(src).iterdir():
+        if (
+            f.is_file()
+            and f.name not in ("config.json", INDEX_NAME, MANIFEST_NAME)
+            and f.suffix != ".safetensors"
+        ):
+            shutil.copyfile(f, folder / f.name)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    with ProgressBar(sum(p.nbytes for p in plans), desc, progress) as bar:
+        write_shards(folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, workers=workers)

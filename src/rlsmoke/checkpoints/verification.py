@@ -8,17 +8,23 @@ sha256 manifest. All faults are collected; the error shows the first and counts 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.checkpoints.identity import sha256_file
 from rlsmoke.checkpoints.progress import ProgressBar
-from rlsmoke.checkpoints.shards import DTYPE_SIZES, INDEX_NAME, MANIFEST_NAME, MAX_HEADER_BYTES, SINGLE_NAME
+from rlsmoke.checkpoints.shards import (
+    DTYPE_SIZES,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    MAX_HEADER_BYTES,
+    SINGLE_NAME,
+    read_header,
+)
 from rlsmoke.errors import CheckpointError
 
 BLOCK = 128  # FP8 weight block; a weight_scale_inv has ceil(shape / BLOCK)
@@ -129,10 +135,7 @@ def _read_index(folder: Path, rep: Report) -> dict[str, str]:
         return wm or {}
     if (folder / SINGLE_NAME).exists():
         try:
-            with open(folder / SINGLE_NAME, "rb") as f:
-                n = struct.unpack("<Q", f.read(8))[0]
-                names = json.loads(f.read(min(n, MAX_HEADER_BYTES)))
-            return {k: SINGLE_NAME for k in names if k != "__metadata__"}
+            return {k: SINGLE_NAME for k in read_header(folder / SINGLE_NAME)}
         except Exception:  # the shard check below reports the header fault precisely
             return {"": SINGLE_NAME}
     rep.add(INDEX_NAME, "", f"is missing, and so is {SINGLE_NAME}")
@@ -140,13 +143,8 @@ def _read_index(folder: Path, rep: Report) -> dict[str, str]:
 
 
 def _plain_name(name: str) -> bool:
-    return (
-        bool(name)
-        and name not in (".", "..")
-        and "/" not in name
-        and "\\" not in name
-        and not os.path.isabs(name)
-    )
+    """A file of the folder itself: no separator (an absolute path has one), neither `.` nor `..`."""
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
 
 def _check_shard(path: Path, rep: Report) -> dict | None:
@@ -284,13 +282,3 @@ def _check_manifest(folder: Path, rep: Report, *, progress: bool = False) -> Non
             elif sha256_file(folder / name, on_bytes=bar) != digest:
                 rep.add(name, "", f"sha256 differs from {MANIFEST_NAME}")
     rep.checksummed = True
-
-
-def sha256_file(path: Path, chunk: int = 16 * 2**20, on_bytes=None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while buf := f.read(chunk):
-            h.update(buf)
-            if on_bytes is not None:
-                on_bytes(len(buf))
-    return h.hexdigest()

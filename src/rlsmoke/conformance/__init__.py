@@ -7,18 +7,10 @@ valid when every parser that speaks its target's dialect accepts it. Nothing her
 
 from __future__ import annotations
 
-from rlsmoke.conformance.runner import check_plans, interpreter
-from rlsmoke.conformance.verdict import PARSERS, Verdict
+from rlsmoke.conformance.runner import check_plans
+from rlsmoke.conformance.verdict import Verdict
 
-__all__ = [
-    "PARSERS",
-    "Verdict",
-    "check_plan",
-    "check_plans",
-    "format_verdicts",
-    "interpreter",
-    "real_verdict",
-]
+__all__ = ["Verdict", "check_plan", "check_plans", "format_verdicts", "real_verdict"]
 
 
 def check_plan(plan_json: dict) -> list[Verdict]:

@@ -28,11 +28,10 @@ def render(name: str) -> str:
     from rlsmoke.models.hf import hf_config
 
     data = hf_config(model_spec(name)).to_dict()
-    for key in _VOLATILE:
-        data.pop(key, None)
-    if isinstance(data.get("text_config"), dict):
-        for key in _VOLATILE:
-            data["text_config"].pop(key, None)
+    for part in (data, data.get("text_config")):
+        if isinstance(part, dict):
+            for key in _VOLATILE:
+                part.pop(key, None)
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -17,19 +17,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import enum
-import importlib.abc
-import importlib.machinery
 import importlib.metadata
-import importlib.util
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-from rlsmoke.conformance.device_facts import EmptyModuleFinder
+from rlsmoke.conformance.device_facts import EmptyModuleFinder, stub_triton
 from rlsmoke.launch.miles_parser_driver import miles_parser
-from rlsmoke.topology import TARGETS
+from rlsmoke.targets import TARGETS
 
 FORMAT = 1
 
@@ -119,10 +116,7 @@ class _StandInFinder(EmptyModuleFinder):
 def install_stand_ins() -> None:
     """torchvision as a stand-in that SGLang's image imports find; triton as SGLang's stub if missing."""
     sys.meta_path.insert(0, _StandInFinder("torchvision"))
-    if importlib.util.find_spec("triton") is None:
-        from rlsmoke.conformance.device_facts import stub_triton
-
-        stub_triton()
+    stub_triton()  # only where triton is not installed
 
 
 def record(target: str, command: str) -> dict:

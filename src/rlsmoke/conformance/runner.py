@@ -45,20 +45,10 @@ def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
         plans_file, out_file = Path(tmp) / "plans.json", Path(tmp) / "verdicts.json"
         plans_file.write_text(json.dumps(plans))
         # The worker imports the same rlsmoke as this process, whatever its venv has installed.
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(_SRC), os.environ.get("PYTHONPATH")])),
-        }
-        cmd = [
-            str(python),
-            "-m",
-            "rlsmoke.conformance.worker",
-            parser,
-            "--plans",
-            str(plans_file),
-            "--out",
-            str(out_file),
-        ]
+        search = os.pathsep.join(filter(None, [str(_SRC), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": search}
+        cmd = [str(python), "-m", "rlsmoke.conformance.worker", parser]
+        cmd += ["--plans", str(plans_file), "--out", str(out_file)]
         try:
             proc = subprocess.run(
                 cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S

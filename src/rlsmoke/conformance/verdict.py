@@ -48,18 +48,13 @@ class Verdict:
 
 
 def topology_of(plan: dict) -> dict:
-    """The topology part of a rendered plan (`rlsmoke plan --format json`), nested or flat."""
-    return plan.get("topology", plan)
+    """The topology part of a rendered plan (`rlsmoke plan --format json`, `Plan.to_json`)."""
+    return plan["topology"]
 
 
 def target_of(plan: dict) -> dict:
-    """{"miles": ..., "sglang": "bundled" | "0.5.23"}: Miles 0.0.2 with its bundled SGLang by default.
-
-    The topology names its target (`"target": "miles-0.0.2"`) and gives the versions in `target_versions`.
-    """
-    topo = topology_of(plan)
-    versions = topo.get("target_versions") or (topo["target"] if isinstance(topo.get("target"), dict) else {})
-    return {"miles": "0.0.2", "sglang": "bundled", **versions}
+    """{"miles": ..., "sglang": "bundled" | "0.5.23"}: the versions the plan's target renders flags for."""
+    return topology_of(plan)["target_versions"]
 
 
 def applies(parser: str, plan: dict) -> bool:
@@ -95,6 +90,4 @@ def _short_path(filename: str) -> str:
 
 def model_of(plan: dict) -> str:
     """The model name of the plan's case (the key of its HF config fixture)."""
-    topo = topology_of(plan)
-    model = topo.get("model") or plan.get("model") or topo["case"]
-    return model["name"] if isinstance(model, dict) else str(model)
+    return plan["case"]

@@ -1,14 +1,10 @@
-"""The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model:
+"""The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model: prepare the HF
+checkpoint (`rlsmoke prepare`), convert it to torch_dist with the user's Miles tool (skipped once the
+tracker reads `release`, which the tool writes last), start Ray's head, submit the job with
+`MILES_CI_GATE_RECORD_DIR` set so Miles writes its CI metrics into the run's artifacts.
 
-1. prepare: the HF checkpoint under the model dir (`rlsmoke prepare`); the suite verifies it is there,
-   then the user's Miles parses the argv (`launch.preflight`);
-2. convert: HF -> Megatron torch_dist with the user's Miles tool (`tools/convert_hf_to_torch_dist.py`
-   under torchrun), skipped when the folder's tracker reads `release`, which the tool writes last;
-3. ray-head: `ray start --head` with the plan's GPUs;
-4. submit: `ray job submit ... -- python3 train.py ...`, with `MILES_CI_GATE_RECORD_DIR` set so Miles
-   writes its CI metrics (CiHistoryBackend's JSONL) into the run's artifacts.
-
-`steps` is what `rlsmoke plan` prints; `run` runs them. No torch here.
+`steps` is what `rlsmoke plan` prints; `run` runs them (the suite prepares and verifies the checkpoint
+first, and the user's Miles parses the argv, `launch.preflight`). No torch here.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from typing import TextIO
 from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.launch import preflight, runner
-from rlsmoke.launch.miles import Launch, Paths, flag_values
+from rlsmoke.launch.miles import Paths
 from rlsmoke.metrics import CI_HISTORY
 
 RECORD_DIR_VAR = "MILES_CI_GATE_RECORD_DIR"  # Miles' CiHistoryBackend writes only when this is set
@@ -53,20 +49,11 @@ class Step:
                 "skip_when": self.skip_when}  # fmt: skip
 
 
-def _value(launch: Launch, flag: str) -> str:
-    return next(v[0] for f, v in flag_values(launch.groups["ckpt"]) if f == flag)
-
-
-def checkpoint_dirs(launch: Launch) -> tuple[str, str]:
-    """The HF checkpoint and the torch_dist folder the launch names (`--hf-checkpoint`, `--ref-load`)."""
-    return _value(launch, "--hf-checkpoint"), _value(launch, "--ref-load")
-
-
 def convert_step(plan, paths: Paths) -> Step:
     """Miles' `_prepare_megatron_ckpt`: a model of <= 4 layers converts on min(4, GPUs of a node) ranks with
     TP, ETP, PP and EP 1; a larger one on a node's GPUs with TP and ETP 1 (the tool then splits the layers
     over the ranks as pipeline stages)."""
-    hf, dst = checkpoint_dirs(plan.launch)
+    hf, dst = plan.launch.hf_checkpoint, plan.launch.ref_load
     gpus = plan.topology.gpus_per_node
     parallel = ["--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "1"]
     if plan.spec.num_layers <= SMALL_MODEL_LAYERS:
@@ -84,7 +71,7 @@ def convert_step(plan, paths: Paths) -> Step:
 def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
     """Every command of the flow, in order; `record_dir` default: `<output_dir>/<case>/ci_history`."""
     launch = plan.launch
-    hf, _ = checkpoint_dirs(launch)
+    hf = launch.hf_checkpoint
     record_dir = record_dir or f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
     prepare = ("rlsmoke", "prepare", plan.case.name, "--out", hf)
     if plan.spec.hf_model_type in DIALECTS:  # GLM-5: the config dialect the target's Miles reads
@@ -119,12 +106,12 @@ def torch_dist_done(dst: Path) -> bool:
 def check(plan) -> None:
     """What the flow refuses before anything starts: no HF checkpoint (the prepare step not done), or
     a half-written torch_dist folder."""
-    hf, dst = checkpoint_dirs(plan.launch)
+    hf = plan.launch.hf_checkpoint
     if not Path(hf).is_dir():
         raise RlsmokeError(f"hf_checkpoint={hf} does not exist: Miles converts and loads it", rule="checkpoint.missing",
                            fix=f"prepare it with `rlsmoke prepare {plan.case.name} --out {hf}`, or pass --model-dir "
                            "with the folder that holds it")  # fmt: skip
-    torch_dist_done(Path(dst))
+    torch_dist_done(Path(plan.launch.ref_load))
 
 
 def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], artifacts: Path,
@@ -132,7 +119,7 @@ def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], art
     """The convert step unless done (the tracker reads `release`); its Result when it ran and failed, else
     None. Logged in `artifacts/flow.log`, the converter's own output in `artifacts/convert.log`."""
     step = convert_step(plan, paths)
-    dst = Path(checkpoint_dirs(plan.launch)[1])
+    dst = Path(plan.launch.ref_load)
     with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
         if torch_dist_done(dst):
             log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlsmoke.launch.substitutions import SUBSTITUTIONS
 from rlsmoke.models import ModelSpec
 from rlsmoke.platforms import get_platform
 from rlsmoke.recipe import Recipe
-from rlsmoke.topology import Target, Topology
+from rlsmoke.targets import Target
+from rlsmoke.topology import Topology
 
 # The folder of `rlsmoke_reward.py`, Miles' `--custom-rm-path` module: a plain file that needs no rlsmoke
 # installed where the job runs, only this folder on its PYTHONPATH.
@@ -43,14 +44,8 @@ class Paths:
 
     @classmethod
     def placeholders(cls) -> Paths:
-        return cls(
-            "<MODEL_DIR>",
-            "<DATA_DIR>",
-            "<OUTPUT_DIR>",
-            "<MEGATRON_ROOT>",
-            "<MILES_ROOT>",
-            "<RLSMOKE_REWARD_DIR>",
-        )
+        names = ("MODEL_DIR", "DATA_DIR", "OUTPUT_DIR", "MEGATRON_ROOT", "MILES_ROOT", "RLSMOKE_REWARD_DIR")
+        return cls(*(f"<{name}>" for name in names))
 
 
 LOOPBACK = "127.0.0.1"
@@ -81,9 +76,10 @@ class Launch:
     env: dict[str, str]
     ray_num_gpus: int
     master_addr: str = LOOPBACK
-    extra: dict = field(default_factory=dict)
     num_nodes: int = 1
-    target: str = ""  # the target whose flags these are (topology.TARGETS)
+    target: str = ""  # the target whose flags these are (targets.TARGETS)
+    hf_checkpoint: str = ""  # the folders the ckpt group names: the flow prepares and converts them
+    ref_load: str = ""  # the torch_dist folder
 
     @property
     def argv(self) -> list[str]:
@@ -126,27 +122,20 @@ def flag_values(tokens: list[str]) -> list[tuple[str, list[str]]]:
 
 def _dedupe(groups: dict[str, list[str]]) -> dict[str, list[str]]:
     """A flag set by a later group replaces the same flag set by an earlier one."""
-    last_group = {}
+    last_group = {f: g for g in GROUP_ORDER for f, _ in flag_values(groups.get(g, []))}
+    out: dict[str, list[str]] = {g: [] for g in GROUP_ORDER}
+    seen = set()
     for g in GROUP_ORDER:
-        for flag, _ in flag_values(groups.get(g, [])):
-            last_group[flag] = g
-    out = {}
-    for g in GROUP_ORDER:
-        kept = [(f, v) for f, v in flag_values(groups.get(g, [])) if last_group[f] == g]
-        seen, toks = set(), []
-        for f, v in kept:
-            if f not in seen:
+        for f, v in flag_values(groups.get(g, [])):
+            if last_group[f] == g and f not in seen:  # within one group, the first setting stands
                 seen.add(f)
-                toks += [f, *v]
-        out[g] = toks
+                out[g] += [f, *v]
     return out
 
 
 def _rows(topo: Topology, uses_dsa: bool):
     """The substitution rows that hold for the plan's launcher, mode, model and actor size."""
-    return [
-        row for row in SUBSTITUTIONS if row.holds(topo.target.launcher, topo.mode, uses_dsa, topo.actor_gpus)
-    ]
+    return [r for r in SUBSTITUTIONS if r.holds(topo.target.launcher, topo.mode, uses_dsa, topo.actor_gpus)]
 
 
 def _substituted(platform: str, group: str, topo: Topology, uses_dsa: bool) -> list[str]:
@@ -265,6 +254,8 @@ def render(
         master_addr=head_addr(topo, recipe),
         num_nodes=topo.num_nodes,
         target=topo.target.name,
+        hf_checkpoint=hf_dir,
+        ref_load=f"{hf_dir}_torch_dist",
     )
 
 
@@ -278,17 +269,16 @@ def _uneven_stages(pp_layers: tuple[int, ...]) -> list[str]:
 
 def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool = True) -> dict[str, str]:
     plat = topo.platform if topo.platform != "cpu" else "nvidia"
+    head = head_addr(topo, recipe)
     env = {
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
-        "no_proxy": ",".join(
-            dict.fromkeys((LOOPBACK, head_addr(topo, recipe)))
-        ),  # the head once, on one node
-        "MASTER_ADDR": head_addr(topo, recipe),
-        "PYTHONPATH": paths.megatron_root
-        if recipe.reward != "target"
-        else f"{paths.megatron_root}:{paths.reward_dir}",
+        "no_proxy": ",".join(dict.fromkeys((LOOPBACK, head))),  # the head once, on one node
+        "MASTER_ADDR": head,
+        "PYTHONPATH": f"{paths.megatron_root}:{paths.reward_dir}"
+        if recipe.reward == "target"
+        else paths.megatron_root,
     }
     for row in _rows(topo, uses_dsa):
         env.update(row.env(plat))

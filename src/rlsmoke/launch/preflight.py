@@ -86,7 +86,7 @@ def _parse_in_own_group(cmd: list[str], cwd: Path, env: dict, timeout: float) ->
 
 
 def _commit(target: str) -> str:
-    from rlsmoke.topology import TARGETS
+    from rlsmoke.targets import TARGETS
 
     t = TARGETS.get(target)
     if t is None:

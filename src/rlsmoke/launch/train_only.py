@@ -91,7 +91,7 @@ def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tin
 
 
 def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
-    hf, _ = flow.checkpoint_dirs(tp.plan.launch)
+    hf = tp.plan.launch.hf_checkpoint
     launch = tp.launch
     argv = ("python3", "-m", "rlsmoke.miles_rollout", tp.plan.case.name, "--checkpoint", hf,
             "--out", tp.rollout_template, "--n-prompts", value(launch, "--rollout-batch-size"),
@@ -105,7 +105,7 @@ def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
 
 
 def steps(tp: TrainOnlyPlan) -> list[flow.Step]:
-    hf, _ = flow.checkpoint_dirs(tp.plan.launch)
+    hf = tp.plan.launch.hf_checkpoint
     prepare = ("rlsmoke", "prepare", tp.plan.case.name, "--out", hf, *(["--tiny"] if tp.tiny else []))
     if tp.plan.spec.hf_model_type in DIALECTS:
         prepare += ("--dialect", tp.plan.topology.target.checkpoint_dialect)
@@ -233,7 +233,7 @@ def prepare_hf(tp: TrainOnlyPlan) -> Path:
     from rlsmoke.checkpoints import prepare
     from rlsmoke.engine.model import checkpoint_dir
 
-    hf = Path(flow.checkpoint_dirs(tp.plan.launch)[0])
+    hf = Path(tp.plan.launch.hf_checkpoint)
     name = tp.plan.case.name
     if hf.exists():
         return checkpoint_dir(name, tiny=tp.tiny, given=hf)

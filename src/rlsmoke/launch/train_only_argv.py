@@ -49,7 +49,7 @@ def train_only(
     groups["rollout"] += ["--debug-train-only", "--load-debug-rollout-data", rollout_template]
     env = dict(launch.env)
     env["PYTHONPATH"] = ":".join([miles_root, env["PYTHONPATH"]])
-    return Launch("train.py", groups, env, 1, launch.master_addr, dict(launch.extra), 1, launch.target)
+    return Launch("train.py", groups, env, 1, launch.master_addr, 1, launch.target)
 
 
 def ray_head_train_only(launch: Launch) -> list[str]:
