@@ -10,8 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
-from rlsmoke.thresholds import GateResult, Verdict, aligned
+from rlsmoke.errors import RlsmokeError
+from rlsmoke.metrics import seed_records, update_summary
+from rlsmoke.runkey import RunKey
+from rlsmoke.thresholds import GateResult, Verdict, aligned, lookup_gates
 
 
 def _badness(result: GateResult) -> tuple[bool, float]:
@@ -64,3 +68,37 @@ class SeedVerdicts:
         if failed:
             verdict += f"; failed: seed {', '.join(map(str, failed))}"
         return "\n".join([f"each gate's worst of {seeds}:", *aligned(rows), verdict])
+
+
+def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
+    """The thresholds' verdict on a finished run folder, written into its summary.json.
+
+    --repeat K: every seed is its own record and is gated; each gate shows its worst seed, and any
+    failing seed fails the run.
+    """
+    records = seed_records(out)
+    try:
+        gates = lookup_gates(RunKey.from_summary(records[0].meta))
+    except RlsmokeError as exc:
+        # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
+        values = [{k: rec.value(k) for k in rec.keys()} for rec in records]
+        update_summary(out, ({"metrics": values[0]} if len(records) == 1 else {"per_repeat": values})
+                       | {"gates": [], "verdict": "FAIL", "error": exc.one_line()})  # fmt: skip
+        raise
+    first = int(str(records[0].meta.get("seed", 0)))
+    seeds = SeedVerdicts(tuple(range(first, first + len(records))), tuple(map(gates.check, records)))
+    verdict = seeds.verdicts[0] if len(records) == 1 else seeds.worst()
+    fields = verdict.summary_fields()  # --repeat K: each gate's worst seed
+    if len(records) > 1:
+        gate_rows: list[dict] = fields["gates"]  # type: ignore[assignment]  # summary_fields' own list
+        for gate_json, (_, seed, failing) in zip(gate_rows, seeds.per_gate(), strict=True):
+            gate_json |= {"seed": seed, "failing_seeds": failing}
+        fields["seeds"] = list(seeds.seeds)
+        fields["failed_seeds"] = seeds.failed_seeds()
+        # each seed's gated values and verdict
+        fields["per_repeat"] = [
+            {g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records
+        ]
+        fields["per_repeat_verdict"] = ["PASS" if v.passed else "FAIL" for v in seeds.verdicts]
+    update_summary(out, fields)
+    return verdict, seeds

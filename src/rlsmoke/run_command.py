@@ -23,11 +23,8 @@ from rlsmoke.engine import signals
 from rlsmoke.engine.config import RunConfig, Variant
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 from rlsmoke.facts import TOKENIZER_MODULE, modeling_module
-from rlsmoke.metrics import seed_records, update_summary
-from rlsmoke.repeats import SeedVerdicts
+from rlsmoke.repeats import gate_run
 from rlsmoke.run_flags import add_run_args, add_train_only_args, config_from_args, variants_from_args
-from rlsmoke.runkey import RunKey
-from rlsmoke.thresholds import Verdict, lookup_gates
 
 
 def register(subparsers) -> None:
@@ -65,39 +62,6 @@ class CommandLog:
         last = self.path.read_text().rstrip().splitlines()[-1:] if self.path.exists() else []
         if not (last and f"] interrupted by {name}" in last[0]):
             self(f"interrupted by {name}")
-
-
-def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
-    """The thresholds' verdict on a finished run folder, written into its summary.json.
-
-    --repeat K: every seed is its own record and is gated; each gate shows its worst seed, and any
-    failing seed fails the run.
-    """
-    records = seed_records(out)
-    try:
-        gates = lookup_gates(RunKey.from_summary(records[0].meta))
-    except RlsmokeError as exc:
-        # A new device or dtype has no thresholds yet: keep what calibration needs, then say so.
-        values = [{k: rec.value(k) for k in rec.keys()} for rec in records]
-        update_summary(out, ({"metrics": values[0]} if len(records) == 1 else {"per_repeat": values})
-                       | {"gates": [], "verdict": "FAIL", "error": exc.one_line()})  # fmt: skip
-        raise
-    first = int(records[0].meta.get("seed", 0))
-    seeds = SeedVerdicts(tuple(range(first, first + len(records))), tuple(map(gates.check, records)))
-    verdict = seeds.verdicts[0] if len(records) == 1 else seeds.worst()
-    fields = verdict.summary_fields()  # --repeat K: each gate's worst seed
-    if len(records) > 1:
-        for gate_json, (_, seed, failing) in zip(fields["gates"], seeds.per_gate(), strict=True):
-            gate_json |= {"seed": seed, "failing_seeds": failing}
-        fields["seeds"] = list(seeds.seeds)
-        fields["failed_seeds"] = seeds.failed_seeds()
-        # each seed's gated values and verdict
-        fields["per_repeat"] = [
-            {g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records
-        ]
-        fields["per_repeat_verdict"] = ["PASS" if v.passed else "FAIL" for v in seeds.verdicts]
-    update_summary(out, fields)
-    return verdict, seeds
 
 
 def _process_started() -> float:

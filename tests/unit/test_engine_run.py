@@ -18,7 +18,7 @@ from procs import alive
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
 from rlsmoke.errors import ExitCode
-from rlsmoke.run_command import gate_run
+from rlsmoke.repeats import gate_run
 from rlsmoke.suite import CaseRun
 
 CASE = "glm5-744b-a40b-4layer"

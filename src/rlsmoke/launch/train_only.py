@@ -272,7 +272,7 @@ def gate(out: Path):
     --repeat` gates its seeds; the verdict goes into summary.json."""
     from rlsmoke.artifacts import write_atomic
     from rlsmoke.metrics import KINDS, load_record
-    from rlsmoke.run_command import gate_run
+    from rlsmoke.repeats import gate_run
 
     record = load_record(out / "run.log")
     steps = sorted({i for kind in KINDS for i in record.entries.get(kind, {})})
