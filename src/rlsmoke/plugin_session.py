@@ -127,16 +127,3 @@ def declared_run(item: pytest.Item):
             else None
         )
     return spec if isinstance(spec, CaseRun) else None
-
-
-def shared_module(item: pytest.Item) -> str | None:
-    """The module of `item` when its tests share something the module builds once: a module-scoped
-    fixture of its own (a run, a wheel, a checkpoint), or its SHARED_RUN (`rlsmoke_variant_runs`)."""
-    module = getattr(item, "module", None)
-    if module is None:
-        return None
-    path = item.nodeid.split("::", 1)[0]
-    fixtures = getattr(item, "_fixtureinfo", None)
-    defs = fixtures.name2fixturedefs.values() if fixtures is not None else ()
-    own = any(d.scope == "module" and d.baseid == path for seq in defs for d in seq)
-    return path if own or getattr(module, "SHARED_RUN", None) else None

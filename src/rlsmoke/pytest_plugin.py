@@ -199,15 +199,6 @@ def pytest_report_header(config: pytest.Config) -> str:
             f"artifacts={_artifacts_root(config)}")  # fmt: skip
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Under `--dist loadgroup` (an xdist worker's option) a module's tests that share what its module builds
-    once run on one worker, which builds it once (`plugin_session.shared_module`)."""
-    if getattr(item.config.option, "loadgroup", False):
-        module = plugin_session.shared_module(item)
-        if module:
-            item.add_marker(pytest.mark.xdist_group(module))
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from rlsmoke.errors import RlsmokeError
