@@ -3,6 +3,7 @@ call in a child process of its own, and `rlsmoke ...` run in this process (`run_
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -81,3 +82,34 @@ def run_cli(argv, *, env, timeout: float | None = None) -> subprocess.CompletedP
         return subprocess.CompletedProcess(
             list(argv), result.returncode, stdout, err.read_text(errors="replace")
         )
+
+
+class ForkedCli:
+    """The part of `subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, text=True, start_new_session=True)`
+    the process tests use, for `python -m rlsmoke.cli ...` forked from multiprocessing's fork server
+    (`launch.here.start_forked`): the run as a spawned one, without an interpreter's imports."""
+
+    def __init__(self, argv, folder: Path, env=None):
+        folder.mkdir(parents=True, exist_ok=True)
+        self._out, self._err = folder / "stdout", folder / "stderr"
+        for path in (self._out, self._err):
+            path.write_text("")
+        self._run = here.start_forked(argv, dict(os.environ if env is None else env), self._out, self._err)
+        self.pid = self._run.pid
+
+    @property
+    def returncode(self):
+        return self._run.returncode
+
+    def poll(self):
+        return self._run.poll()
+
+    def wait(self, timeout=None):
+        return self._run.wait(timeout)
+
+    def send_signal(self, sig):
+        os.kill(self.pid, sig)
+
+    def communicate(self, timeout=None):
+        self._run.wait(timeout)
+        return self._out.read_text(errors="replace"), self._err.read_text(errors="replace")

@@ -10,9 +10,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
+from procs import ForkedCli
 
 from rlsmoke.artifacts import LOCK_NAME, RECORDS, RunFolder, write_atomic
 from rlsmoke.errors import ExitCode, RlsmokeError
@@ -20,9 +23,13 @@ from rlsmoke.errors import ExitCode, RlsmokeError
 CASE = "glm4.5-355b-a32b-4layer"
 
 
-def rlsmoke_run(out, *argv: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out),
-                             *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
+def rlsmoke_run(out, *argv: str, **popen):
+    """`rlsmoke run` into `out`, forked with the engine imported; spawned where `popen` asks more of the
+    process (a file-size limit)."""
+    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out), *argv]
+    if not popen:
+        return ForkedCli(argv, Path(tempfile.mkdtemp(prefix="rlsmoke-io-")))  # not beside --out: a full disk
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
 def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
@@ -50,9 +57,10 @@ def leftovers(folder) -> list[str]:
                   if p.name.endswith(".tmp") or p.name == LOCK_NAME or p.name.endswith(".rlsmoke-new"))  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def prepared_checkpoint():
-    """The cached checkpoint, built before any run here races for it or runs out of room."""
+    """The cached checkpoint, built before any run here races for it or runs out of room (a cache hit
+    after the first: per test, so that the module's tests need not share a worker)."""
     from rlsmoke.checkpoints import prepare
 
     prepare(CASE, tiny=True)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import alive, descendants, stat_fields
+from procs import ForkedCli, alive, descendants, stat_fields
 
 CASE = "glm5-744b-a40b-4layer"
 OUTLIVE_S = 5.0
@@ -62,9 +62,12 @@ def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_p
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--mode", "async", "--num-gpus", "2",
             "--num-rollout", "8", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    if moment == "torch loading":  # the import's moment needs a fresh interpreter
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+    else:  # the same run from the CLI's first line, forked with the engine imported
+        proc = ForkedCli(argv, tmp_path / "io")
     seen: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 240
@@ -112,9 +115,7 @@ def test_signals_ctrl_c_on_a_run_of_several_ranks_is_one_line_without_a_rank_s_t
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "4", "--tiny",
             "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    proc = ForkedCli(argv, tmp_path / "io")
     try:
         deadline = time.monotonic() + 240
         while len(descendants(proc.pid)) < 4 or not (out / "run.log").exists():
@@ -142,9 +143,7 @@ def test_a_run_of_ranks_signalled_alone_leaves_no_process_behind(tmp_path, sig):
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "2", "--tiny",
             "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    proc = ForkedCli(argv, tmp_path / "io")
     try:
         deadline = time.monotonic() + 240
         while len(descendants(proc.pid)) < 2 or not (out / "run.log").exists():

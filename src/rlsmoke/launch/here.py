@@ -161,17 +161,22 @@ class ForkedRun:
         return self.process.exitcode
 
 
-def start_forked(argv: Sequence[str], env: Mapping[str, str], log: Path) -> ForkedRun:
+def start_forked(
+    argv: Sequence[str], env: Mapping[str, str], log: Path, errors: Path | None = None
+) -> ForkedRun:
     """`argv` (`can_run_here`) forked from the fork server, which imported the engine once per process:
     a run in a process of its own (its own session, as `runner.Process` ends it) without an
-    interpreter's start. For `runner.Process(start=...)`."""
+    interpreter's start, its output appended to `log` (its stderr to `errors` when given). For
+    `runner.Process(start=...)`."""
     from rlsmoke.engine import procs
 
     ctx = procs.RankContext()
     ctx.set_forkserver_preload([procs.SERVER_SETUP, *procs.preloadable((*procs.HEAVY_MODULES, *PRELOAD))])
     ready_r, ready_w = ctx.Pipe(duplex=False)
     process = ctx.Process(
-        target=_forked_main, args=(list(argv[3:]), dict(env), str(log), ready_w), daemon=False
+        target=_forked_main,
+        args=(list(argv[3:]), dict(env), str(log), str(errors or log), ready_w),
+        daemon=False,
     )
     process.start()
     ready_w.close()
@@ -183,16 +188,16 @@ def start_forked(argv: Sequence[str], env: Mapping[str, str], log: Path) -> Fork
     return ForkedRun(process)
 
 
-def _forked_main(args: list[str], env: dict, log: str, ready) -> None:
+def _forked_main(args: list[str], env: dict, log: str, errors: str, ready) -> None:
     os.setsid()
     ready.send(True)
     ready.close()
     os.environ.clear()
     os.environ.update(env)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
-    for target in (1, 2):
+    for target, path in ((1, log), (2, errors)):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(fd, target)
-    os.close(fd)
+        os.close(fd)
     code = _exit_code(args)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
