@@ -6,7 +6,8 @@
 #                                                    core, build TE's torch extension against the host's
 #                                                    torch, probe Ray, prepare the HF checkpoint
 #   bench/gpu_miles_train_only.sh te OUT             once every piece is there: TE's core; probe TE, the imports
-#   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT)
+#   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT), then
+#                                                    ten seeds in one launch and a key calibrated from them
 # Nothing of the host is upgraded: Miles' packages go --no-deps into $MILES_ENV/site, ahead on PYTHONPATH.
 set -uo pipefail
 stage=${1:?receive, misc, te or suite}; out=${2:-/tmp/miles-out}
@@ -18,6 +19,7 @@ steps_out=$out budget=${BUDGET_S:-3000} start=$(date +%s)
 export PYTHONPATH=$here/bench/miles_overlay:$site:$here/src PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
 export NVTE_FRAMEWORK=pytorch RLSMOKE_STANDIN_LOG=$out/standin.log RLSMOKE_CACHE=${RLSMOKE_CACHE:-/root/rlsmoke-cache}
 export RLSMOKE_MILES_ROOT=$env_dir/src/miles RLSMOKE_MEGATRON_ROOT=$env_dir/src/Megatron-LM
+export RLSMOKE_MILES_MODELS=$env_dir/models
 
 case $stage in
 receive)
@@ -50,7 +52,13 @@ suite)
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
   cd "$here" && timed suite timeout "$(left)" python3 -m pytest -p no:cacheprovider -m nvidia -x -v \
     tests/e2e/test_miles_train_only_nvidia.py --junitxml "$out/junit.xml" --artifacts-dir "$out/artifacts" "$@"
-  tail -40 "$out/suite.txt"; cat "$out/timing.txt"
+  # ten seeds in one launch (--repeat: step i on seed i's rollout), then a calibrated key from them
+  [ "$(left)" -gt 600 ] && timed seeds timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
+    run glm4.5-355b-a32b-4layer --launcher miles --train-only --miles-root "$RLSMOKE_MILES_ROOT" \
+    --megatron-root "$RLSMOKE_MEGATRON_ROOT" --platform nvidia --num-gpus 1 --model-dir "$RLSMOKE_MILES_MODELS" --repeat 10 --out "$out/seeds"
+  [ -f "$out/seeds/summary.json" ] && timed calibrate python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
+    calibrate "$out/seeds" --write "$out/miles-calibrated.json"
+  tail -40 "$out/suite.txt"; tail -15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/timing.txt"
   [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
 *) echo "error: [bench.stage] $stage is not receive, misc, te or suite"; exit 2 ;;
 esac

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +39,9 @@ def gate(summary: dict, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("miles-models")  # the HF and torch_dist checkpoints, shared by both runs
+    """The HF and torch_dist checkpoints, shared by both runs (and kept in RLSMOKE_MILES_MODELS when set)."""
+    kept = os.environ.get("RLSMOKE_MILES_MODELS")
+    return Path(kept) if kept else tmp_path_factory.mktemp("miles-models")
 
 
 def test_one_step_on_miles_trainer(tmp_path, model_dir):
