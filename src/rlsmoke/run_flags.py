@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from rlsmoke.cases import Case, add_case_args, add_tiny_arg, case_from_args
-from rlsmoke.engine.config import ROLLOUT_BATCHES, RunConfig, parse_variants
+from rlsmoke.engine.config import ROLLOUT_BATCHES, ROLLOUT_DECODES, RunConfig, parse_variants
 from rlsmoke.facts import (
     DEFAULT_REWARD,
     DEFAULT_TRAINER,
@@ -104,6 +104,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
         "model with KDA layers, which left padding would pass through)",
     )
+    g.add_argument("--rollout-decode", default="generate", choices=ROLLOUT_DECODES,
+                   help="generate: transformers' (default); static: a static KV cache, the decode step captured as "
+                   "CUDA graphs on a GPU; a model that cannot falls back to generate, named in the summary")  # fmt: skip
     g.add_argument(
         "--reward",
         default=DEFAULT_REWARD,
@@ -180,7 +183,7 @@ def case_and_session(args) -> tuple[Case, Session]:
         compute_dtype=args.compute_dtype, compute_path=args.compute_path,
         rollout_temperature=args.rollout_temperature, inject=args.inject, num_rollout=args.num_rollout,
         n_prompts=args.n_prompts, n_samples=args.n_samples, max_response_len=args.max_response_len,
-        rollout_batch=args.rollout_batch, reward=args.reward, gradient_checkpointing=args.gradient_checkpointing,
+        rollout_batch=args.rollout_batch, rollout_decode=args.rollout_decode, reward=args.reward, gradient_checkpointing=args.gradient_checkpointing,
         offload=args.offload, offload_train=args.offload_train, checkpoint=args.checkpoint,
         prompt_data=args.prompt_data,
     )  # fmt: skip

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from typing import Any
 
 import torch
 
@@ -67,7 +68,7 @@ class StaticDecoder:
         )  # transformers 5.17 says the latter
         self.keep_one = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # one cache per (rows, length), reset between calls: a graph holds its buffers' addresses
-        self.caches: dict[tuple[int, int], object] = {}
+        self.caches: dict[tuple[int, int], Any] = {}
         self.step = self._forward
         if self.compiled:
             compile_caches()
@@ -132,3 +133,15 @@ def ended_by(response: torch.Tensor, eos_id: int) -> int:
     if not bool(is_eos.any(1).all()):
         return response.shape[1]
     return int(is_eos.int().argmax(1).max().item()) + 1
+
+
+def record(asked: str, decodes) -> dict:
+    """summary.json's `rollout_decode`: the decode asked for, those that sampled the run's groups, and why
+    a static decode asked for did not (`decodes`: each group's (decode, fallback))."""
+    decodes = set(decodes)
+    reasons = sorted({why for _, why in decodes if why})
+    return {
+        "asked": asked,
+        "ran": sorted({ran for ran, _ in decodes}),
+        "fallback": "; ".join(reasons) or None,
+    }
