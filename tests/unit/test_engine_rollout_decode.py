@@ -11,6 +11,7 @@ the rounding crosses would show as other tokens, and none does at these seeds.
 
 import pytest
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from rlsmoke.engine import decode
 from rlsmoke.engine.data import encode, read_prompts
@@ -162,3 +163,36 @@ def test_generate_stays_the_default_and_an_unknown_decode_is_refused():
     assert RunConfig(case=CASES[0], tiny=True).rollout_decode == "generate"
     with pytest.raises(RlsmokeError, match=r"rollout_decode='cuda-graphs' is unknown.*--rollout-decode"):
         RunConfig(case=CASES[0], tiny=True, rollout_decode="cuda-graphs").validate()
+
+
+def test_a_gpu_captures_the_models_whose_decode_step_has_fixed_shapes(loaded):
+    """UNCAPTURED is measured, not assumed: GLM-5's and GLM-4.5's decode step over the static cache traces
+    as one graph of fixed shapes; GLM-5.3-Flash's holds shapes its data decide, which a CUDA graph cannot
+    (inductor skips such a graph), so a GPU keeps generate for it and says why."""
+    model, prompts, _ = loaded
+    static = decode.StaticDecoder(model)
+    ids = torch.tensor([prompts[0]] * 2)
+    width = ids.shape[1]
+    cache = static._cache(2, decode.LENGTH_BUCKET)
+    mask = torch.zeros(2, decode.LENGTH_BUCKET, dtype=torch.long)
+    mask[:, : width + 1] = 1
+    positions = torch.arange(width)[None].expand(2, -1)
+    captured = type(model).__name__ not in decode.UNCAPTURED
+    sized_by_data = []
+
+    def inspect_graph(gm, example_inputs):  # what inductor asks before it captures a graph
+        values = [n.meta["example_value"] for n in gm.graph.nodes if "example_value" in n.meta]
+        sized_by_data.extend(str(s) for v in values for s in free_unbacked_symbols(v))
+        return gm.forward
+
+    one_graph = torch.compile(static._forward, backend=inspect_graph, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        logits = static._forward(ids, positions, mask[:, :width], cache)
+        try:
+            one_graph(logits.argmax(-1)[:, None], positions[:, -1:] + 1, mask, cache)
+        finally:
+            torch._dynamo.reset()
+    assert (sized_by_data == []) == captured, sized_by_data[:3]
+    why = decode.unsupported(model, compiled=True)
+    assert (why is None) == captured
+    assert decode.unsupported(model, compiled=False) is None  # eager on CPU: the tests above

@@ -24,13 +24,26 @@ import torch
 
 CHECK_EVERY = 16
 LENGTH_BUCKET = 128
+# Modeling whose decode step holds shapes that its data decide, which a CUDA graph cannot (inductor skips
+# capturing such a graph; without fullgraph dynamo breaks the step into 14): measured by tracing the step
+# (tests/unit/test_engine_rollout_decode.py), the same on transformers 5.17 and 5.25. Eager (CPU), it
+# decodes over the static cache all the same.
+UNCAPTURED = {
+    "Glm5NextForConditionalGeneration": "GLM-5.3-Flash's indexer keeps the key pools that a data-dependent "
+    "mask selects (nonzero): its decode step has shapes CUDA graphs cannot hold",
+}
 
 
-def unsupported(model) -> str | None:
-    """Why `model` cannot decode over a static cache, in a line for the summary; None when it can."""
+def unsupported(model, *, compiled: bool | None = None) -> str | None:
+    """Why `model` cannot decode over a static cache (`compiled`, default on CUDA: captured), in a line for
+    the summary; None when it can."""
     import transformers
 
     name, version = type(model).__name__, transformers.__version__
+    if compiled is None:
+        compiled = next(model.parameters()).device.type == "cuda"
+    if compiled and name in UNCAPTURED:
+        return f"{UNCAPTURED[name]} (transformers {version})"
     params = inspect.signature(model.forward).parameters
     if not {"cache", "past_key_values"} & set(params) or "position_ids" not in params:
         return f"{name}.forward takes no KV cache and position ids (transformers {version})"
