@@ -62,6 +62,7 @@ class Session:
     n_samples: int | None = None
     max_response_len: int | None = None
     rollout_batch: str = "auto"
+    rollout_decode: str = "generate"
     reward: str = DEFAULT_REWARD
     gradient_checkpointing: bool = False
     offload: bool | None = None  # None: residency.offload_needed (facts.OFFLOAD_DEFAULT)
@@ -115,7 +116,7 @@ def _defaults(case: Case, session: Session, host: Host, *, validate: bool = True
         compute_path=s.compute_path, gradient_checkpointing=s.gradient_checkpointing, offload=s.offload,
         offload_train=s.offload_train, checkpoint=s.checkpoint,
         launcher=s.launcher or ("builtin-megatron" if s.trainer == "megatron" else "builtin"),
-        trainer=s.trainer, rollout_batch=s.rollout_batch,
+        trainer=s.trainer, rollout_batch=s.rollout_batch, rollout_decode=s.rollout_decode,
         prompt_data=s.prompt_data or RunConfig.prompt_data,  # the field's default: the shipped prompts
     )  # fmt: skip
 

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from rlsmoke.cases import Case, add_case_args, add_tiny_arg, case_from_args
-from rlsmoke.engine.config import ROLLOUT_BATCHES, RunConfig, parse_variants
+from rlsmoke.engine.config import ROLLOUT_BATCHES, ROLLOUT_DECODES, RunConfig, parse_variants
 from rlsmoke.facts import (
     DEFAULT_REWARD,
     DEFAULT_TRAINER,
@@ -96,6 +96,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
         "model with KDA layers, which left padding would pass through)",
     )
+    g.add_argument("--rollout-decode", default="generate", choices=ROLLOUT_DECODES,
+                   help="generate: transformers' (default); static: a static KV cache, the decode step captured as "
+                   "CUDA graphs on a GPU; a model that cannot falls back to generate, named in the summary")  # fmt: skip
     g.add_argument(
         "--reward",
         default=DEFAULT_REWARD,

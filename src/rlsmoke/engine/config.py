@@ -34,6 +34,8 @@ COMPUTE_PATHS = ("params", "autocast")
 # The rollout's generate calls (engine.rollout.batch_for): auto; group, one per group; rank, one per rank,
 # the groups left-padded; length, one per prompt length (no padding through KDA's recurrent layers)
 ROLLOUT_BATCHES = ("auto", "group", "rank", "length")
+# The rollout's decode (engine.decode): generate, transformers' own; static, a static KV cache and CUDA graphs
+ROLLOUT_DECODES = ("generate", "static")
 # name -> whether it takes a value (`rollout-noise=0.01`)
 INJECTIONS = {name: value is not None for name, value in FAULTS.items()}
 # Every metric the built-in engine logs (both trainers; sync/ranks with several ranks), and the one
@@ -200,6 +202,7 @@ class RunConfig:
     trainer: str = DEFAULT_TRAINER
     # auto: a rank's groups in one generate call on a GPU, one call per group on CPU (engine.rollout.batch_for)
     rollout_batch: str = "auto"
+    rollout_decode: str = "generate"
 
     @functools.cached_property
     def spec(self) -> ModelSpec:
@@ -265,6 +268,9 @@ class RunConfig:
         if self.rollout_batch not in ROLLOUT_BATCHES:
             problems.append(f"rollout_batch={self.rollout_batch!r} is unknown ({', '.join(ROLLOUT_BATCHES)}). "
                             "Adjust --rollout-batch")  # fmt: skip
+        if self.rollout_decode not in ROLLOUT_DECODES:
+            problems.append(f"rollout_decode={self.rollout_decode!r} is unknown ({', '.join(ROLLOUT_DECODES)}). "
+                            "Adjust --rollout-decode")  # fmt: skip
         if self.reward not in REWARDS:
             problems.append(f"reward={self.reward!r} is unknown ({', '.join(REWARDS)}). Adjust --reward")
         if self.inject.kind == "temperature-mismatch" and self.rollout_temperature == 1.0:

@@ -102,7 +102,8 @@ class RolloutWorker:
         self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
                                     inject=cfg.inject, batch=batch_for(cfg.rollout_batch, cfg.device, spec.family,
-                                                                    kda.choose(cfg.device, spec.family)))  # fmt: skip
+                                                                    kda.choose(cfg.device, spec.family)),
+                                    decode=cfg.rollout_decode)  # fmt: skip
 
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
         return self.engine.generate(prompt_ids, n, seed)

@@ -1,4 +1,5 @@
-"""Rollout: sampling with the model's KV cache (transformers `generate`), one group per prompt.
+"""Rollout: sampling with the model's KV cache, one group per prompt: transformers `generate`, or the
+static decode (`engine.decode`, `--rollout-decode static`), which samples the same way.
 
 The engine reports its own log-prob of each sampled token under the sampling temperature (the
 log-softmax of logits / T), as SGLang does; Miles' trainer divides by the same temperature. The n
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from rlsmoke.engine import decode as decode_mod
 from rlsmoke.engine.config import Inject
 
 
@@ -29,6 +31,8 @@ class Group:
     mask: torch.Tensor  # (n, R) 1.0 up to and including the first EOS
     rollout_logprobs: torch.Tensor  # (n, R) float32
     rewards: torch.Tensor | None = None  # (n,)
+    decode: str = "generate"  # what sampled it: "generate" or "static" (engine.decode)
+    fallback: str | None = None  # why a static decode asked for was not the one that ran
 
     @property
     def response(self) -> torch.Tensor:
@@ -116,13 +120,17 @@ def batch_for(choice: str, device: str, family: str, kda: str = "") -> str:
 
 class RolloutEngine:
     def __init__(self, model, *, temperature: float, max_new_tokens: int, eos_id: int, pad_id: int,
-                 inject: Inject | None = None, batch: str = "group"):  # fmt: skip
+                 inject: Inject | None = None, batch: str = "group", decode: str = "generate"):  # fmt: skip
         self.model = model
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.eos_id, self.pad_id, self.inject = eos_id, pad_id, inject or Inject()
         self.batch = batch
         if batch != "group":
             keep_grouped_experts(model)
+        self.static: decode_mod.StaticDecoder | None = None
+        self.fallback = decode_mod.unsupported(model) if decode == "static" else None
+        if decode == "static" and self.fallback is None:
+            self.static = decode_mod.StaticDecoder(model)
 
     def set_variant(self, inject: Inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the next run's fault and sampling temperature."""
@@ -158,28 +166,51 @@ class RolloutEngine:
         def generators(offset: int) -> list[torch.Generator]:
             return [torch.Generator(device=device).manual_seed(seed * 1000 + i + offset) for i, _ in prompts]
 
-        processors = LogitsProcessorList()
-        if self.inject.kind == "rollout-noise":
-            processors.append(_Noise(self.inject.value, rows, generators(7)))
-        # temperature-mismatch: the engine reports the raw logits' log-probs while the trainer applies
-        # the temperature; one side forgetting T is the classic mismatch
-        mismatch = self.inject.kind == "temperature-mismatch"
-        recorder = LogprobRecorder(1.0 if mismatch else self.temperature)
-        processors.append(recorder)
-        processors.append(GroupSampler(self.temperature, rows, generators(0)))
-        out = self.model.generate(
-            tokens, attention_mask=attention, do_sample=False, max_new_tokens=self.max_new_tokens, min_new_tokens=1,
-            logits_processor=processors, eos_token_id=self.eos_id, pad_token_id=self.pad_id, use_cache=True,
-        )  # fmt: skip
-        response = out[:, width:]  # (N, R'), R' <= max_new_tokens when every sample hit EOS early
+        def processors() -> tuple[LogitsProcessorList, LogprobRecorder]:
+            # fresh generators each time: a call the static decode gave up on draws the same numbers again
+            chain = LogitsProcessorList()
+            if self.inject.kind == "rollout-noise":
+                chain.append(_Noise(self.inject.value, rows, generators(7)))
+            # temperature-mismatch: the engine reports the raw logits' log-probs while the trainer applies
+            # the temperature; one side forgetting T is the classic mismatch
+            mismatch = self.inject.kind == "temperature-mismatch"
+            recorder = LogprobRecorder(1.0 if mismatch else self.temperature)
+            chain.append(recorder)
+            chain.append(GroupSampler(self.temperature, rows, generators(0)))
+            return chain, recorder
+
+        response = None
+        if self.static is not None:
+            chain, recorder = processors()
+            try:
+                response = self.static.sample(tokens, attention, chain, max_new_tokens=self.max_new_tokens,
+                                              eos_id=self.eos_id, pad_id=self.pad_id)  # fmt: skip
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # a model the compiler cannot capture: generate from here on, and why
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                self.static, self.fallback, response = None, f"{type(exc).__name__}: {first}", None
+        if response is None:
+            chain, recorder = processors()
+            out = self.model.generate(
+                tokens, attention_mask=attention, do_sample=False, max_new_tokens=self.max_new_tokens,
+                min_new_tokens=1, logits_processor=chain, eos_token_id=self.eos_id, pad_token_id=self.pad_id,
+                use_cache=True,
+            )  # fmt: skip
+            response = out[:, width:]  # (N, R'), R' <= max_new_tokens when every sample hit EOS early
         logprobs = recorder.finish(response[:, -1])  # (N, R')
+        # the static decode looks for the end only now and then: its columns past the last row's EOS go
+        ends = decode_mod.ended_by(response, self.eos_id)
+        response, logprobs = response[:, :ends], logprobs[:, :ends]
         mask = response_mask(response, self.eos_id)
         groups = []
         for (index, ids), r in zip(prompts, rows, strict=True):
             # a group ends where its own longest sample ends, as a call for it alone would
             length = int(mask[r].sum(1).max().item())
             groups.append(Group(index, len(ids), torch.cat([tokens[r, width - len(ids) :], response[r, :length]], 1).cpu(),
-                                mask[r, :length].cpu(), logprobs[r, :length].cpu()))  # fmt: skip
+                                mask[r, :length].cpu(), logprobs[r, :length].cpu(),
+                                decode="static" if self.static is not None else "generate",
+                                fallback=self.fallback))  # fmt: skip
         return groups
 
 

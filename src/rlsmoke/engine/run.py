@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from rlsmoke.artifacts import write_atomic
-from rlsmoke.engine import grpo, kda, signals
+from rlsmoke.engine import decode, grpo, kda, signals
 from rlsmoke.engine.config import Inject, RunConfig, Variant
 from rlsmoke.engine.data import encode, read_prompts
 from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
@@ -48,8 +48,9 @@ class RunLog:
 
 
 def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
-            clock: PhaseClock | None = None) -> list[dict]:  # fmt: skip
-    """The GRPO loop for one seed; returns the metrics.jsonl lines."""
+            clock: PhaseClock | None = None, decodes: set | None = None) -> list[dict]:  # fmt: skip
+    """The GRPO loop for one seed; returns the metrics.jsonl lines. `decodes` gathers what sampled each
+    group (engine.decode.record)."""
     lines = []
     score = REWARDS[cfg.reward]
     clock = clock or PhaseClock()
@@ -57,6 +58,8 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
         groups = clock(
             "rollout", workers.generate, [p.ids for p in prompts], cfg.n_samples, seed=seed * 100 + i
         )
+        if decodes is not None:
+            decodes.update((g.decode, g.fallback) for g in groups)
         for g, p in zip(groups, prompts, strict=True):
             rows = [resp[mask > 0].tolist() for resp, mask in zip(g.response, g.mask, strict=True)]
             g.rewards = torch.tensor([score(tokenizer.decode(r), r, p.label) for r in rows])  # (n,)
@@ -127,7 +130,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
     mem_estimate = estimate(cfg.spec, plan_of_run(cfg))
-    done: list[tuple[list, dict, list]] = []  # each run's metrics lines, timing and memory peaks
+    done: list[tuple[list, dict, list, set]] = []  # each run's metrics lines, timing, memory peaks, decodes
 
     def unfinished(text: str) -> None:  # what cut the command short, in the log of each run it cut short
         _fanout(logs[len(done) :] or logs)(text)
@@ -172,7 +175,8 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                     timing["process_s"] = dict(process_s)
                 if variants:
                     timing["shared_load"] = {"runs": names, "counted_in": names[0]}
-                lines = []
+                lines: list = []
+                decodes: set = set()
                 moved_before: dict[str, float] = {}
                 for r, seed in enumerate(seeds):
                     seed_start = time.perf_counter()
@@ -184,7 +188,9 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                         workers.set_variant(run_cfg.inject, run_cfg.rollout_temperature)
                     workers.manual_seed(seed)  # in every process that draws (train-dropout's masks)
                     clock = PhaseClock()
-                    run_lines = one_run(run_cfg, workers, prompts_of[seed], tokenizer, seed, log, clock)
+                    run_lines = one_run(
+                        run_cfg, workers, prompts_of[seed], tokenizer, seed, log, clock, decodes
+                    )
                     timing["per_seed_s"].append(time.perf_counter() - seed_start)
                     moved = workers.move_seconds()  # cumulative: this seed's are the difference
                     timing["seed_phases_s"].append(phase_seconds(clock.seconds, minus(moved, moved_before)))
@@ -196,7 +202,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                     lines += run_lines
                 peaks = workers.memory()  # this run's own: each report opens a new window (engine.offload)
                 log(f"memory: estimate {mem_estimate.gib()} GiB per GPU; measured per rank {peaks}")
-                done.append((lines, timing, peaks))
+                done.append((lines, timing, peaks, decodes))
         finally:
             workers.close()
             del workers
@@ -225,7 +231,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
         for run_log in logs:
             run_log.close()
     summaries = []
-    for (run_cfg, out), (lines, timing, peaks) in zip(runs, done, strict=True):
+    for (run_cfg, out), (lines, timing, peaks, decodes) in zip(runs, done, strict=True):
         if variants:  # each run's own seconds, the first one's with the load
             seconds = sum(timing[k] for k in ("checkpoint_s", "compile_s", "load_s")) + sum(
                 timing["per_seed_s"]
@@ -233,12 +239,12 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
         else:
             seconds = time.perf_counter() - t0
         summaries.append(_write_records(run_cfg, out, lines, timing, peaks, mem_estimate, where, parallel, repeat,
-                                        seconds))  # fmt: skip
+                                        seconds, decodes))  # fmt: skip
     return summaries
 
 
 def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: list, mem_estimate, where: dict,
-                   parallel: dict, repeat: int, seconds: float) -> dict:  # fmt: skip
+                   parallel: dict, repeat: int, seconds: float, decodes: set | None = None) -> dict:  # fmt: skip
     """metrics.jsonl and summary.json of one run, each written whole or not at all."""
     spec = cfg.spec
     write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
@@ -264,6 +270,9 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
             "num_rollout": cfg.num_rollout,
             "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family, kda_path),
         },  # fmt: skip
+        "rollout_decode": decode.record(
+            cfg.rollout_decode, decodes or ()
+        ),  # and why not static, if it was not
         # GLM-5.3-Flash's linear attention: "fla" (Triton kernels) or "reference" (PyTorch)
         "kda": kda_path or None,
         "fla_configs": dict(kda.CONFIGS)

@@ -111,7 +111,8 @@ class Rank(SharedDevice):
         self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
                                     inject=cfg.inject, batch=batch_for(cfg.rollout_batch, self.device, spec.family,
-                                                                    kda.choose(self.device, spec.family)))  # fmt: skip
+                                                                    kda.choose(self.device, spec.family)),
+                                    decode=cfg.rollout_decode)  # fmt: skip
         self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
                              rollout_model=self.rollout_model, ranks_on_host=world,
                              offload_train=cfg.offload_train_active)  # fmt: skip

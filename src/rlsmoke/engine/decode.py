@@ -1,0 +1,160 @@
+"""The rollout's static decode (`--rollout-decode static`): a KV cache allocated once, a decode step of fixed
+shapes, captured as CUDA graphs on a GPU.
+
+`generate` pays a step in kernel launches: on an H200 GLM-5 4-layer decodes 2,400-3,400 tokens/s where its
+floor is about 24,000. Here the prompts' prefill runs eagerly into a transformers `StaticCache`, and each
+further token is one forward of N rows of one token over an (N, L) mask, L the cache's length rounded up to
+LENGTH_BUCKET so that seeds with other prompt widths reuse the graphs. On CUDA that step is
+`torch.compile(mode="reduce-overhead")`, which captures it as CUDA graphs; elsewhere it runs eagerly.
+
+Sampling stays outside the graph, on the device, and is `generate`'s: the engine's own logits processors
+(noise, the log-prob recorder, each group's sampler with its own generator) in the same order, after
+`min_new_tokens=1`'s ban of EOS at the first step, and a finished row takes the pad token. The host waits
+for the device once every CHECK_EVERY steps, to stop when every row has ended; the steps run past that
+only add pad columns, which the response drops.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import torch
+
+CHECK_EVERY = 16
+LENGTH_BUCKET = 128
+# Modeling whose decode step holds shapes that its data decide, which a CUDA graph cannot (inductor skips
+# capturing such a graph; without fullgraph dynamo breaks the step into 14): measured by tracing the step
+# (tests/unit/test_engine_rollout_decode.py), the same on transformers 5.17 and 5.25. Eager (CPU), it
+# decodes over the static cache all the same.
+UNCAPTURED = {
+    "Glm5NextForConditionalGeneration": "GLM-5.3-Flash's indexer keeps the key pools that a data-dependent "
+    "mask selects (nonzero): its decode step has shapes CUDA graphs cannot hold",
+}
+
+
+def unsupported(model, *, compiled: bool | None = None) -> str | None:
+    """Why `model` cannot decode over a static cache (`compiled`, default on CUDA: captured), in a line for
+    the summary; None when it can."""
+    import transformers
+
+    name, version = type(model).__name__, transformers.__version__
+    if compiled is None:
+        compiled = next(model.parameters()).device.type == "cuda"
+    if compiled and name in UNCAPTURED:
+        return f"{UNCAPTURED[name]} (transformers {version})"
+    params = inspect.signature(model.forward).parameters
+    if not {"cache", "past_key_values"} & set(params) or "position_ids" not in params:
+        return f"{name}.forward takes no KV cache and position ids (transformers {version})"
+    try:
+        from transformers import StaticCache
+
+        StaticCache(config=model.config, max_cache_len=LENGTH_BUCKET)
+    except ImportError:
+        return f"transformers {version} has no StaticCache"
+    except (KeyError, ValueError, TypeError, AttributeError, NotImplementedError) as exc:
+        return f"{name}'s layers have no static cache in transformers {version}: {type(exc).__name__} {exc}"
+    return None
+
+
+def compile_caches() -> None:
+    """inductor's and Triton's compiled kernels under $RLSMOKE_CACHE, unless the user chose folders: a
+    machine compiles a shape once."""
+    from rlsmoke.checkpoints.cache_paths import cache_home
+    from rlsmoke.engine import kda
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
+    kda.triton_cache()
+
+
+class StaticDecoder:
+    """`model`'s sampling over a static cache; `compiled` (default: on CUDA) captures the decode step."""
+
+    def __init__(self, model, *, compiled: bool | None = None):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.compiled = self.device.type == "cuda" if compiled is None else compiled
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = (
+            "cache" if "cache" in params else "past_key_values"
+        )  # transformers 5.17 says the latter
+        self.keep_one = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # one cache per (rows, length), reset between calls: a graph holds its buffers' addresses
+        self.caches: dict[tuple[int, int], Any] = {}
+        self.step = self._forward
+        if self.compiled:
+            compile_caches()
+            self.step = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
+
+    def _forward(self, tokens, positions, mask, cache) -> torch.Tensor:
+        out = self.model(tokens, attention_mask=mask, position_ids=positions, use_cache=True,
+                         **{self.cache_arg: cache}, **self.keep_one)  # fmt: skip
+        return out.logits[:, -1].float()
+
+    def _cache(self, rows: int, length: int):
+        from transformers import StaticCache
+
+        key = (rows, length)
+        if key not in self.caches:
+            self.caches.clear()  # a rank's calls share one shape; another frees the last one's memory
+            self.caches[key] = StaticCache(config=self.model.config, max_cache_len=length)
+        else:
+            self.caches[key].reset()
+        return self.caches[key]
+
+    @torch.no_grad()
+    def sample(self, tokens: torch.Tensor, attention: torch.Tensor, processors, *, max_new_tokens: int,
+               eos_id: int, pad_id: int) -> torch.Tensor:  # fmt: skip
+        """The (N, S) response `generate(do_sample=False, min_new_tokens=1, logits_processor=processors)`
+        returns for the left-padded `tokens` (N, W), and up to CHECK_EVERY - 1 columns of pad after the
+        step at which it would have stopped (`ended_by`); `processors` saw each of the S steps."""
+        rows, width = tokens.shape
+        length = -(-(width + max_new_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
+        cache = self._cache(rows, length)
+        mask = torch.zeros(rows, length, dtype=attention.dtype, device=self.device)
+        mask[:, :width] = attention
+        # generate's positions: a left-padded row counts from its first real token
+        positions = (attention.long().cumsum(-1) - 1).masked_fill_(attention == 0, 1)
+        logits = self._forward(tokens, positions, mask[:, :width], cache)  # the prefill: eager, any width
+        last = positions[:, -1:]
+        response = torch.full((rows, max_new_tokens), pad_id, dtype=tokens.dtype, device=self.device)
+        unfinished = torch.ones(rows, dtype=torch.bool, device=self.device)
+        eos = torch.zeros(logits.shape[-1], dtype=torch.bool, device=self.device)
+        eos[eos_id] = True
+        steps = 0
+        for t in range(max_new_tokens):
+            if t:
+                mask[:, width + t - 1] = 1
+                if self.compiled:
+                    torch.compiler.cudagraph_mark_step_begin()
+                logits = self.step(response[:, t - 1 : t], last + t, mask, cache)
+            scores = torch.where(eos, float("-inf"), logits) if t == 0 else logits
+            scores = processors(response[:, max(t - 1, 0) : t], scores)  # the recorder reads the last token
+            token = scores.argmax(-1)
+            response[:, t] = torch.where(unfinished, token, pad_id)
+            unfinished &= response[:, t] != eos_id
+            steps = t + 1
+            if steps % CHECK_EVERY == 0 and not bool(unfinished.any()):
+                break
+        return response[:, :steps]
+
+
+def ended_by(response: torch.Tensor, eos_id: int) -> int:
+    """The columns `generate` would have returned: up to the step at which the last row ended."""
+    is_eos = response == eos_id
+    if not bool(is_eos.any(1).all()):
+        return response.shape[1]
+    return int(is_eos.int().argmax(1).max().item()) + 1
+
+
+def record(asked: str, decodes) -> dict:
+    """summary.json's `rollout_decode`: the decode asked for, those that sampled the run's groups, and why
+    a static decode asked for did not (`decodes`: each group's (decode, fallback))."""
+    decodes = set(decodes)
+    reasons = sorted({why for _, why in decodes if why})
+    return {
+        "asked": asked,
+        "ran": sorted({ran for ran, _ in decodes}),
+        "fallback": "; ".join(reasons) or None,
+    }

@@ -1,0 +1,198 @@
+"""The static decode (`--rollout-decode static`, engine.decode) samples what `generate` samples: the same
+tokens from each group's generator and the same log-probs, to fp32 rounding, on every model it supports.
+
+Why a tolerance and not equality: the static cache attends over its whole bucket (the unwritten keys
+masked), `generate`'s over the keys written so far, so the attention's sums run in another order; in fp32
+on CPU the logits move by about 1e-5 (measured on the three tiny models, transformers 5.17 and 5.25).
+LOGPROB_TOL is under the CPU gates' bound on train/train_rollout_logprob_abs_diff_max (4.3e-5 to 8.4e-5,
+fixtures/thresholds/builtin.json), so the gates cannot tell the paths apart; a sample drawn at a threshold
+the rounding crosses would show as other tokens, and none does at these seeds.
+"""
+
+import pytest
+import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from rlsmoke.engine import decode
+from rlsmoke.engine.data import encode, read_prompts
+from rlsmoke.engine.model import checkpoint_dir, load_policy, load_tokenizer
+from rlsmoke.engine.rollout import RolloutEngine
+from rlsmoke.engine.train import token_logprobs
+from rlsmoke.models import model_spec
+from rlsmoke.shipped import FIXTURES
+
+N, TOKENS, SEED, T = 3, 8, 5, 0.9
+LOGPROB_TOL = 4e-5
+CASES = ("glm5-744b-a40b-4layer", "glm4.5-355b-a32b-4layer", "glm5.3-flash-4layer")
+
+
+def _load(case):
+    ckpt = checkpoint_dir(case, tiny=True)
+    tok = load_tokenizer(ckpt)
+    model = load_policy(ckpt, model_spec(case, tiny=True), "float32", "cpu")
+    prompts = [encode(tok, p).ids for p in read_prompts(FIXTURES / "data" / "math.jsonl", 3, 0)]
+    return model, prompts, tok.eos_token_id
+
+
+@pytest.fixture(scope="module", params=CASES)
+def loaded(request):
+    return _load(request.param)
+
+
+@pytest.fixture(scope="module")
+def glm5():
+    return _load(CASES[0])
+
+
+def _rollout(model, prompts, eos, decode_as, batch, seed=SEED):
+    engine = RolloutEngine(model, temperature=T, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch=batch,
+                           decode=decode_as)  # fmt: skip
+    return engine, engine.generate(prompts, N, seed)
+
+
+def differences(expected, got) -> list[str]:
+    """What tells two rollouts apart: tokens, masks, or a log-prob past LOGPROB_TOL."""
+    out = []
+    for a, b in zip(expected, got, strict=True):
+        if not (torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)):
+            out.append(f"group {a.prompt_index}: other tokens")
+            continue
+        gap = (a.rollout_logprobs - b.rollout_logprobs).abs()[a.mask > 0].max().item()
+        if gap > LOGPROB_TOL:
+            out.append(f"group {a.prompt_index}: log-probs {gap:.2e} apart")
+    return out
+
+
+def test_static_samples_what_generate_samples(loaded):
+    """One left-padded call for the rank (the GPU batch), then one call per prompt length, which resets
+    and reuses the cache (the recurrent KDA state too); the train forward agrees with either as closely."""
+    model, prompts, eos = loaded
+    for batch in ("rank", "length"):
+        _, expected = _rollout(model, prompts, eos, "generate", batch)
+        engine, got = _rollout(model, prompts, eos, "static", batch)
+        assert engine.fallback is None and {g.decode for g in got} == {"static"}
+        assert differences(expected, got) == []
+    for g in got:
+        train_lp, _ = token_logprobs(model, g, temperature=T)
+        assert (train_lp - g.rollout_logprobs).abs()[g.mask > 0].max() < LOGPROB_TOL
+
+
+def test_rows_that_end_early_end_as_generate_ends_them(glm5, monkeypatch):
+    """EOS mid-response: the row takes the pad token after it, the call stops when every row has ended (the
+    host looks every CHECK_EVERY steps, here 2) and the columns past that are dropped."""
+    model, prompts, eos = glm5
+    _, first = _rollout(model, prompts, eos, "generate", "rank")
+    eos = int(first[0].response[0, 2])  # a token sampled at step 2: row 0 of group 0 ends there
+    monkeypatch.setattr(decode, "CHECK_EVERY", 2)
+    _, expected = _rollout(model, prompts, eos, "generate", "rank")
+    _, got = _rollout(model, prompts, eos, "static", "rank")
+    assert expected[0].mask[0].sum() == 3 and (expected[0].response[0, 3:] == eos).all()
+    assert differences(expected, got) == []
+
+
+def test_a_cache_written_one_slot_late_is_caught(loaded):
+    """The twin: after the prefill every layer writes one slot past where the mask says (the step's own key
+    masked out, an empty one read in its place); the tokens or the log-probs move past the tolerance."""
+    model, prompts, eos = loaded
+    _, expected = _rollout(model, prompts, eos, "generate", "rank")
+    engine = RolloutEngine(model, temperature=T, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch="rank",
+                           decode="static")  # fmt: skip
+    static = engine.static
+    assert static is not None
+    moved = []
+
+    def one_slot_late(tokens, positions, mask, cache):
+        if not moved:
+            for layer in cache.layers:
+                for name in ("cumulative_length", "indexer_cumulative_length"):
+                    if isinstance(written := getattr(layer, name, None), torch.Tensor):
+                        moved.append(written.add_(1))
+        return static._forward(tokens, positions, mask, cache)
+
+    static.step = one_slot_late
+    assert differences(expected, engine.generate(prompts, N, SEED)) != []
+    assert moved
+
+
+def test_a_failed_capture_falls_back_to_generate_named(glm5):
+    """A step that raises (the compiler refusing a model's modeling) leaves the call to generate, which draws
+    the same numbers from fresh generators; the run keeps generate and the groups say why."""
+    model, prompts, eos = glm5
+    _, expected = _rollout(model, prompts, eos, "generate", "rank")
+    engine = RolloutEngine(model, temperature=T, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch="rank",
+                           decode="static")  # fmt: skip
+
+    def refused(*args):
+        raise RuntimeError("cannot capture this step\nsecond line")
+
+    assert engine.static is not None
+    engine.static.step = refused
+    got = engine.generate(prompts, N, SEED)
+    assert [(g.decode, g.fallback) for g in got] == [
+        ("generate", "RuntimeError: cannot capture this step")
+    ] * 3
+    assert all(torch.equal(a.tokens, b.tokens) and torch.equal(a.rollout_logprobs, b.rollout_logprobs)
+               for a, b in zip(expected, got, strict=True))  # fmt: skip
+    assert engine.static is None
+    assert decode.record("static", {(g.decode, g.fallback) for g in got}) == {
+        "asked": "static", "ran": ["generate"], "fallback": "RuntimeError: cannot capture this step"}  # fmt: skip
+
+
+def test_a_model_without_a_kv_cache_keeps_generate_and_says_why():
+    """Mamba's forward takes its own recurrent cache, no KV cache nor positions: static is refused before
+    any call, and the rollout is generate's."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=2, eos_token_id=1,
+                         pad_token_id=0, bos_token_id=0)  # fmt: skip
+    model = MambaForCausalLM(config).eval()
+    prompts = [(5, 6, 7), (8, 9)]
+    engine, got = _rollout(model, prompts, 1, "static", "group")
+    _, expected = _rollout(model, prompts, 1, "generate", "group")
+    assert engine.static is None and "MambaForCausalLM.forward takes no KV cache" in (engine.fallback or "")
+    assert {(g.decode, g.fallback) for g in got} == {("generate", engine.fallback)}
+    assert differences(expected, got) == []
+    assert decode.record("static", {(g.decode, g.fallback) for g in got})["fallback"] == engine.fallback
+
+
+def test_generate_stays_the_default_and_an_unknown_decode_is_refused():
+    from rlsmoke.engine.config import RunConfig
+    from rlsmoke.errors import RlsmokeError
+
+    assert RunConfig(case=CASES[0], tiny=True).rollout_decode == "generate"
+    with pytest.raises(RlsmokeError, match=r"rollout_decode='cuda-graphs' is unknown.*--rollout-decode"):
+        RunConfig(case=CASES[0], tiny=True, rollout_decode="cuda-graphs").validate()
+
+
+def test_a_gpu_captures_the_models_whose_decode_step_has_fixed_shapes(loaded):
+    """UNCAPTURED is measured, not assumed: GLM-5's and GLM-4.5's decode step over the static cache traces
+    as one graph of fixed shapes; GLM-5.3-Flash's holds shapes its data decide, which a CUDA graph cannot
+    (inductor skips such a graph), so a GPU keeps generate for it and says why."""
+    model, prompts, _ = loaded
+    static = decode.StaticDecoder(model)
+    ids = torch.tensor([prompts[0]] * 2)
+    width = ids.shape[1]
+    cache = static._cache(2, decode.LENGTH_BUCKET)
+    mask = torch.zeros(2, decode.LENGTH_BUCKET, dtype=torch.long)
+    mask[:, : width + 1] = 1
+    positions = torch.arange(width)[None].expand(2, -1)
+    captured = type(model).__name__ not in decode.UNCAPTURED
+    sized_by_data = []
+
+    def inspect_graph(gm, example_inputs):  # what inductor asks before it captures a graph
+        values = [n.meta["example_value"] for n in gm.graph.nodes if "example_value" in n.meta]
+        sized_by_data.extend(str(s) for v in values for s in free_unbacked_symbols(v))
+        return gm.forward
+
+    one_graph = torch.compile(static._forward, backend=inspect_graph, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        logits = static._forward(ids, positions, mask[:, :width], cache)
+        try:
+            one_graph(logits.argmax(-1)[:, None], positions[:, -1:] + 1, mask, cache)
+        finally:
+            torch._dynamo.reset()
+    assert (sized_by_data == []) == captured, sized_by_data[:3]
+    why = decode.unsupported(model, compiled=True)
+    assert (why is None) == captured
+    assert decode.unsupported(model, compiled=False) is None  # eager on CPU: the tests above
