@@ -88,7 +88,11 @@ def main() -> None:
     clock("read")
     trainer = build_rank(spec, hf, Parallel(), 0, cfg=cfg, device=args.device, phases=phases)
     clock = LoadLaps(phases)
-    load_policy(args.dir, spec, "bfloat16", args.device)
+    import inspect
+
+    # as the colocated run builds it: from the trainer's read, where this checkout's load_policy takes it
+    built_from_read = "state" in inspect.signature(load_policy).parameters
+    load_policy(args.dir, spec, "bfloat16", args.device, **({"state": hf} if built_from_read else {}))
     clock("rollout copy")
     if prof:
         prof.disable()
