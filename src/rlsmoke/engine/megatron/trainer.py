@@ -270,9 +270,10 @@ class MegatronTrainWorker:
         self.defect = cfg.inject.kind if cfg.inject.kind.startswith("bridge-") else None
         self.load_phases: dict[str, float] = {}  # summary.json timing.load_phases_s
         clock = LoadLaps(self.load_phases)
-        import megatron.core.models.gpt  # noqa: F401 - seconds of its own, not the process group's
-        import megatron.core.parallel_state  # noqa: F401
+        import importlib
 
+        for name in megatron.MODULES:  # imported with the engine by `rlsmoke run`; a caller's own here
+            importlib.import_module(name)
         clock("megatron import")
         if not tdist.is_initialized():
             dist.init(0, self.par, dist.free_port(), backend=dist.backend_for(cfg.device))
