@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 
 from rlsmoke.artifacts import RunFolder, disk_full, earlier_records, final_folder, no_room
-from rlsmoke.engine import signals
+from rlsmoke.engine import megatron, signals
 from rlsmoke.engine.config import RunConfig, Variant
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 from rlsmoke.facts import TOKENIZER_MODULE, modeling_module
@@ -170,6 +170,8 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
         from rlsmoke.engine.timing import describe_timing  # torch and transformers
 
         lazy = [TOKENIZER_MODULE, modeling_module(cfg.spec.hf_model_type)]
+        if cfg.trainer == "megatron":
+            lazy += megatron.MODULES
         for name in lazy + (["ray", "ray.util.placement_group"] if cfg.mode == "async" else []):
             with contextlib.suppress(ImportError):  # the engine says what is missing, where it needs it
                 importlib.import_module(name)

@@ -88,8 +88,9 @@ class TrainWorker:
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, threads: int | None = None,
-                 source=None):  # fmt: skip
-        """`source`: the trainer's loaded weights on the same device, cast instead of a second read."""
+                 source=None, state=None):  # fmt: skip
+        """`source`: the trainer's loaded weights on the same device, cast instead of a second read;
+        `state`: the checkpoint's tensors the trainer read, built from instead of a second read."""
         process_settings(threads)
         spec = cfg.spec
         self.load_phases: dict[str, float] = {}
@@ -97,7 +98,7 @@ class RolloutWorker:
         if source is not None:
             self.model = derive_policy(source, spec, cfg.rollout_dtype)
         else:
-            self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device)
+            self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device, state=state)
         lap("rollout copy")
         self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
                                     max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -28,6 +29,21 @@ class LoadLaps:
         now = time.perf_counter()
         self.phases[name] = self.phases.get(name, 0.0) + now - self.last
         self.last = now
+
+
+@contextlib.contextmanager
+def unfilled():
+    """torch.empty as without deterministic algorithms: memory every byte of which is written next (a
+    checkpoint's read, a model whose every parameter is then loaded) is not first filled with NaN. On a
+    host that fill is a page fault and a write per page (5 of 5.9 s of a 1.1 B-parameter megatron build)."""
+    import torch.utils.deterministic as det
+
+    before = det.fill_uninitialized_memory
+    det.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = before
 
 
 def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None = None) -> Path:
@@ -86,13 +102,17 @@ def model_class(spec: ModelSpec):
     return transformers.AutoModelForCausalLM
 
 
-def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str):
-    """The model in `dtype` on `device`, in eval mode. Raises CheckpointError on a broken folder."""
+def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str,
+                state: dict[str, torch.Tensor] | None = None):  # fmt: skip
+    """The model in `dtype` on `device`, in eval mode. Raises CheckpointError on a broken folder.
+    `state`: the folder's tensors already read (`engine.read`, on `device`), built from rather than read again."""
     from rlsmoke.engine import kda
 
     kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks it up per call
     try:
-        if device.startswith("cuda"):
+        if state is not None:
+            model = from_state_dict(path, spec, dtype, device, state)
+        elif device.startswith("cuda"):
             # the files straight onto the GPU (engine.read), where transformers then fuses the experts
             from rlsmoke.engine.read import read_checkpoint
 

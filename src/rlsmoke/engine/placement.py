@@ -32,7 +32,8 @@ class Colocated(SharedDevice):
             torch.cuda.reset_peak_memory_stats()  # the load phase's peak counts from here (a --repeat reuses the process)
         self.train = train_worker(cfg, ckpt)
         master = self.train.trainer.master if isinstance(self.train, TrainWorker) else None
-        self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id, source=master)
+        read = getattr(self.train, "take_checkpoint", lambda: None)()  # the megatron trainer's read
+        self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id, source=master, state=read)
         self.trainer, self.rollout_model, self.engine = (
             self.train.trainer,
             self.rollout.model,

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from rlsmoke.checkpoints.shards import CHUNK_BYTES, DTYPES, read_header
+from rlsmoke.engine.model import unfilled
 from rlsmoke.errors import CheckpointError
 
 READERS = 4  # threads reading a file at once; each has a buffer of CHUNK_BYTES of its own (pinned on a GPU)
@@ -40,8 +41,9 @@ def read_file(path: Path, device: torch.device, *, staged: bool = False) -> dict
     request, so the path a GPU takes runs in CI too."""
     entries = read_header(path)
     start = min((e.begin for e in entries.values()), default=0)
-    data = torch.empty(max((e.end for e in entries.values()), default=start) - start, dtype=torch.uint8,
-                       device=device)  # fmt: skip
+    with unfilled():  # every byte is read into it
+        data = torch.empty(max((e.end for e in entries.values()), default=start) - start, dtype=torch.uint8,
+                           device=device)  # fmt: skip
     fd = os.open(path, os.O_RDONLY)
     try:
         if staged or device.type != "cpu":

@@ -3,6 +3,11 @@
 megatron-core is optional (`pip install rlsmoke[megatron]`); nothing here is imported by `rlsmoke plan`.
 """
 
+# megatron-core's modules the trainer builds from: the megatron trainer's modeling code, imported with
+# the engine as the case's transformers modeling module is (`rlsmoke run`, the suite's fork server), not
+# in the load. Most of their seconds are torch's compiler and DTensor, which megatron-core imports.
+MODULES = ("megatron.core.models.gpt", "megatron.core.parallel_state")
+
 
 def refusal(spec, num_gpus: int = 1, mode: str | None = None) -> str:
     """Why the megatron trainer cannot run `spec` at `num_gpus` in `mode` ("" when it can): the one rule
