@@ -103,7 +103,7 @@ def test_a_tensor_the_bridge_passed_through_is_copied_and_one_it_cast_is_not():
 def test_unfilled_leaves_the_nan_fill_off_only_inside_and_as_it_was_after():
     import torch.utils.deterministic as det
 
-    from rlsmoke.engine.model import unfilled
+    from rlsmoke.engine.read import unfilled
 
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 
@@ -29,21 +28,6 @@ class LoadLaps:
         now = time.perf_counter()
         self.phases[name] = self.phases.get(name, 0.0) + now - self.last
         self.last = now
-
-
-@contextlib.contextmanager
-def unfilled():
-    """torch.empty as without deterministic algorithms: memory every byte of which is written next (a
-    checkpoint's read, a model whose every parameter is then loaded) is not first filled with NaN. On a
-    host that fill is a page fault and a write per page (5 of 5.9 s of a 1.1 B-parameter megatron build)."""
-    import torch.utils.deterministic as det
-
-    before = det.fill_uninitialized_memory
-    det.fill_uninitialized_memory = False
-    try:
-        yield
-    finally:
-        det.fill_uninitialized_memory = before
 
 
 def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None = None) -> Path:

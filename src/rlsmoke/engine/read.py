@@ -13,6 +13,7 @@ path runs in CI with plain buffers (tests/unit/test_engine_read.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,10 +21,24 @@ from pathlib import Path
 import torch
 
 from rlsmoke.checkpoints.shards import CHUNK_BYTES, DTYPES, read_header
-from rlsmoke.engine.model import unfilled
 from rlsmoke.errors import CheckpointError
 
 READERS = 4  # threads reading a file at once; each has a buffer of CHUNK_BYTES of its own (pinned on a GPU)
+
+
+@contextlib.contextmanager
+def unfilled():
+    """torch.empty as without deterministic algorithms: memory every byte of which is written next (a
+    checkpoint's read, a model whose every parameter is then loaded) is not first filled with NaN. On a
+    host that fill is a page fault and a write per page (5 of 5.9 s of a 1.1 B-parameter megatron build)."""
+    import torch.utils.deterministic as det
+
+    before = det.fill_uninitialized_memory
+    det.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = before
 
 
 def read_checkpoint(folder: Path, device: str | torch.device) -> dict[str, torch.Tensor]:

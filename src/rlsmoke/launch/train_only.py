@@ -72,11 +72,9 @@ def value(launch: Launch, flag: str) -> str:
 
 def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tiny: bool = False, seed: int = 0,
               inject: str | None = None, repeat: int = 1) -> TrainOnlyPlan:  # fmt: skip
-    """The case's plan at `repeat` rollouts, then its launch made train-only (`launch.train_only_argv.train_only`).
-
-    --repeat K is one launch of K steps, step i on seed + i's rollout: K seeds for `rlsmoke calibrate` for one
-    start-up. Step i trains on weights i steps of --lr (1e-6) past the initial ones; in bf16 most weights
-    have not moved by then (an Adam step of 1e-6 is under a hundredth of a bf16 step at 0.02)."""
+    """The case's plan at `repeat` rollouts, its launch made train-only (`train_only_argv.train_only`).
+    --repeat K: one launch of K steps, step i on seed + i's rollout, K seeds for one start-up; step i's
+    weights are i Adam steps of 1e-6 on, under a hundredth of a bf16 step at 0.02 (most have not moved)."""
     from dataclasses import replace
 
     from rlsmoke.launch.rollout_file import check_template

@@ -27,7 +27,8 @@ from rlsmoke.bridge.convert import Parallel, hf_to_megatron, megatron_to_hf, sha
 from rlsmoke.engine import precision
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.megatron.modules import HFStyle, MainParams
-from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, unfilled
+from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps
+from rlsmoke.engine.read import unfilled
 from rlsmoke.engine.train import (
     STEP_SUMS,
     checksums,
