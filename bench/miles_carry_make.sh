@@ -5,7 +5,7 @@
 # Needs: git mirrors of radixark/miles and radixark/Megatron-LM in MILES_GIT and MEGATRON_GIT, and in
 # TORCH_PYTHON an interpreter with a CUDA build of torch (any version; no GPU needed).
 set -euo pipefail
-piece=${1:-56}
+piece=${1:-52}
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${MILES_CARRY_WORK:-/tmp/miles-carry-work}
 miles_commit=31f1ca961 megatron_commit=2e64d788b   # Miles main and Megatron-LM miles-main, as docs/miles.md
