@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlsmoke.checkpoints import prepare
 from rlsmoke.checkpoints.identity import check_checkpoint, check_checksums, check_identity
@@ -75,6 +76,28 @@ def test_the_checkpoint_is_this_cases_and_is_intact_a_flipped_byte_in_the_cache_
     assert "failed verification, rebuilding" in said and "sha256 differs" in said, said
     check_checksums(cached, cache_dir=tmp_path)  # rebuilt: every shard as its manifest says
     assert (cached / "checksums.sha256").read_text() == manifest  # the same bytes as before the flip
+
+
+def test_a_cached_checkpoint_in_another_transformers_dtypes_is_rebuilt_not_reused(tmp_path, capsys):
+    """transformers 5.24 keeps GLM-5's router gate in fp32; 5.12 wrote it in bf16, with the same names and
+    shapes. A cache a 5.12 environment filled is rebuilt: the trainer's fp32 router must read fp32."""
+    from safetensors.torch import load_file, save_file
+
+    from rlsmoke.checkpoints.identity import sha256_file
+    from rlsmoke.checkpoints.shards import write_manifest
+
+    cached = prepare(GLM5, tiny=True, cache_dir=tmp_path)
+    [shard] = cached.glob("*.safetensors")
+    gate = "model.layers.3.mlp.gate.weight"
+    tensors = load_file(shard)
+    assert tensors[gate].dtype == torch.float32
+    tensors[gate] = tensors[gate].to(torch.bfloat16)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    write_manifest(cached, {shard.name: sha256_file(shard)})  # the checksums agree: only the dtype tells
+    assert prepare(GLM5, tiny=True, cache_dir=tmp_path) == cached
+    said = capsys.readouterr().err
+    assert "failed verification, rebuilding" in said and "builds it in F32" in said, said
+    assert load_file(shard)[gate].dtype == torch.float32
 
 
 def test_a_checksum_is_paid_once_per_file_version(tmp_path):

@@ -53,7 +53,7 @@ def prepare(
         if not out.is_dir():
             return False
         try:
-            verify(out, checksums=False)
+            verify(out, checksums=False, dtypes=True)
             check_checksums(out, cache_dir=cache_dir)  # hashed once, then a stamp that a write invalidates
             return True
         except CheckpointError as e:

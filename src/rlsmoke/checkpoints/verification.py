@@ -73,11 +73,15 @@ def verify(
     checksums: bool = True,
     config: bool = True,
     dialect: str | None = None,
+    dtypes: bool = False,
     progress: bool = False,
 ) -> Report:
     """Check `folder`; return a Report, or raise CheckpointFaults naming every bad file and tensor.
 
-    `progress` shows a byte bar over the sha256 pass, the slow part (seconds per GB).
+    `dtypes` also holds each tensor to the dtype this transformers builds it in (bf16 weights, and
+    whatever the modeling keeps in fp32): the cache asks it, so a checkpoint written under another
+    transformers version is rebuilt rather than reused. `progress` shows a byte bar over the sha256
+    pass, the slow part (seconds per GB).
     """
     folder = Path(folder)
     rep = Report(folder)
@@ -102,7 +106,7 @@ def verify(
             rep.shards.append(shard)
     _check_index_vs_shards(weight_map, headers, rep)
     if config and cfg is not None and not rep.faults:
-        _check_config(cfg, headers, weight_map, rep)
+        _check_config(cfg, headers, weight_map, rep, dtypes=dtypes)
     if dialect is not None and cfg is not None:
         from rlsmoke.checkpoints.dialects import dialect_problems
 
@@ -208,7 +212,9 @@ def _check_index_vs_shards(weight_map: dict[str, str], headers: dict[str, dict],
                 rep.add(shard, tensor, f"in this shard but {where} in {INDEX_NAME}")
 
 
-def _check_config(cfg: dict, headers: dict[str, dict], weight_map: dict[str, str], rep: Report) -> None:
+def _check_config(
+    cfg: dict, headers: dict[str, dict], weight_map: dict[str, str], rep: Report, *, dtypes: bool = False
+) -> None:
     """Compare the tensors with what transformers builds from config.json."""
     from rlsmoke.checkpoints.synthesis import expected_layout
 
@@ -222,12 +228,16 @@ def _check_config(cfg: dict, headers: dict[str, dict], weight_map: dict[str, str
         return
     have = {t: headers[s][t] for t, s in weight_map.items() if s in headers and t in headers[s]}
     n_layers = _num_layers(cfg)
-    for name, (_, shape) in layout.tensors.items():
+    for name, (want_dtype, shape) in layout.tensors.items():
         if name not in have:
             rep.add("config.json", name, "expected by config.json but missing from every shard")
         elif have[name][1] != shape:
             rep.add(
                 weight_map[name], name, f"shape {list(have[name][1])} but config.json implies {list(shape)}"
+            )
+        elif dtypes and have[name][0] != want_dtype and f"{name}_scale_inv" not in have:  # FP8 has a scale
+            rep.add(
+                weight_map[name], name, f"{have[name][0]} but this transformers builds it in {want_dtype}"
             )
     for name, (_, shape, _, _) in have.items():
         if name in layout.tensors:
