@@ -30,8 +30,8 @@ class Artifacts:
     num_gpus: int | None = None  # --num-gpus / NUM_GPUS when given: replaces the module's NUM_GPUS
     miles_root: Path | None = None
     model_dir: Path | None = None
-    lease: object | None = None  # launch.lease.GpuLease
-    ports: object | None = None  # launch.lease.PortLease
+    lease: object | None = None  # processes.lease.GpuLease
+    ports: object | None = None  # processes.lease.PortLease
     timeout: float | None = None
     update_golden: bool = False
     history: Path | None = None

@@ -122,7 +122,7 @@ def cmd_plan(args) -> int:
         plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
     # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
     if args.check_miles:
-        from rlsmoke.launch.preflight import check_flags
+        from rlsmoke.processes.preflight import check_flags
 
         check_flags(plan.launch, args.check_miles)
         print(f"miles: {args.check_miles} accepts every flag of target {plan.launch.target}", file=sys.stderr)

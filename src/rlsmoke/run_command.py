@@ -93,7 +93,7 @@ class ProcessClock:
 
 def handler(args) -> int:
     if getattr(args, "launcher", "builtin") == "miles":
-        from rlsmoke.launch import train_only
+        from rlsmoke.processes import train_only
 
         return train_only.handler(args)
     started = _process_started()

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from rlsmoke.conformance.device_facts import EmptyModuleFinder, stub_triton
-from rlsmoke.launch.miles_parser_driver import miles_parser
+from rlsmoke.processes.miles_parser_driver import miles_parser
 from rlsmoke.targets import TARGETS
 
 FORMAT = 1

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from rlsmoke.launch.runner import Result
+from rlsmoke.processes.runner import Result
 
 MODULE_ARGV = ("-m", "rlsmoke.cli")
 

@@ -125,7 +125,7 @@ class Process:
     """One launched command in its own session, logged to `log`. Use as a context manager.
 
     Without `echo` the command writes to the log itself: no reader thread here. `start(argv, env, log)`,
-    when given, starts the command instead of a spawn (`launch.here.start_forked`), the log its output.
+    when given, starts the command instead of a spawn (`processes.here.start_forked`), the log its output.
     """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
