@@ -138,7 +138,7 @@ def default_rollout(
         return dict(gpus_per_engine=gpe, dp=gpe if dp_attention else 1, ep=gpe, dense_tp_lm_head=lm_head)
 
     if gpus_per_engine is not None:
-        return layout(int(gpus_per_engine))
+        return layout(gpus_per_engine)
     for gpe in range(min(2 if rocm else g.engine_gpus, rollout_gpus), 1, -1):
         r = layout(gpe)
         engines = RolloutLayout(**r, engines=rollout_gpus // gpe, tp=gpe, dp_attention=r["dp"] > 1)
@@ -200,7 +200,8 @@ def plan_topology(
     t["dp"] = actor // model_parallel if model_parallel > 0 else 0
     train = TrainGrid(**t)
 
-    r = default_rollout(spec, plat.name, mode, max(rollout, 1), sets.get("rollout.gpus_per_engine"))
+    gpe = sets.get("rollout.gpus_per_engine")  # an int once parsed
+    r = default_rollout(spec, plat.name, mode, max(rollout, 1), gpe if isinstance(gpe, int) else None)
     r.update({k[8:]: v for k, v in sets.items() if k.startswith("rollout.")})
     r.setdefault("tp", r["gpus_per_engine"])
     r.setdefault("dp_attention", r["dp"] > 1)
