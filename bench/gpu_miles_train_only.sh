@@ -52,10 +52,10 @@ te)
   read -r _ misc_bytes < <(grep '^misc ' sizes)
   timed unpack-te bash -c "cat piece-* | tail -c +$((misc_bytes + 1)) | xz -d | tar -x -C $env_dir"
   until [ -f "$env_dir/build.done" ] || [ "$(left)" -lt 60 ]; do sleep 5; done  # the misc stage's build
-  cat "$env_dir/build-out/timing.txt"; tail -5 "$env_dir"/build-out/{te-torch-build,probe-ray,prepare}.txt
+  cat "$env_dir/build-out/timing.txt"; tail -n 5 "$env_dir"/build-out/{te-torch-build,probe-ray,prepare}.txt
   timed probe-te timeout 180 python3 -c 'import torch, transformer_engine.pytorch as te; l = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda(); print(l(torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)).shape, te.__file__)'
   timed probe-miles timeout 300 env PYTHONPATH=$RLSMOKE_MILES_ROOT:$RLSMOKE_MEGATRON_ROOT:$PYTHONPATH python3 -c 'import train, miles.backends.megatron_utils.actor; print("miles imports")'
-  cat "$out/timing.txt"; tail -5 "$out"/probe-*.txt ;;
+  cat "$out/timing.txt"; tail -n 5 "$out"/probe-*.txt ;;
 suite)
   shift 2
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
@@ -71,7 +71,7 @@ suite)
   tar -czf "$out/runs.tgz" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.distcp' --exclude='*_torch_dist' \
     -C "$out" pt seeds 2>/dev/null
   for log in "$out"/pt/*/*/run.log; do [ -f "$log" ] && { echo "== $log"; tail -25 "$log"; }; done
-  tail -40 "$out/suite.txt"; tail -15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/timing.txt"
+  tail -40 "$out/suite.txt"; tail -n 15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/timing.txt"
   [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
 *) echo "error: [bench.stage] $stage is not receive, misc, build, te or suite"; exit 2 ;;
 esac
