@@ -31,8 +31,7 @@ def init(rank: int, par: Parallel, port: int, *, backend: str = "gloo") -> None:
 
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    # the address in the call, not in os.environ: a colocated megatron run keeps its group for the
-    # process's life, and a MASTER_PORT left behind would send a later run's ranks to a port in use
+    # the address in the call, not os.environ: a later run's ranks would find a stale MASTER_PORT
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=par.world_size
     )
@@ -50,8 +49,7 @@ def _model_parallel(par: Parallel) -> None:
 
 
 def relayout(par: Parallel) -> None:
-    """Re-form megatron-core's model-parallel groups for `par` over the same world (one set of ranks
-    can then train at several layouts)."""
+    """Re-form the model-parallel groups for `par` over the same world."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -71,12 +69,8 @@ def close() -> None:
 
 
 def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
-    """Run `fn(rank, par, *args)` on every rank of `par` in its own process; the ranks' results.
-
-    A rank sends its result pickled by value (plain pickle, not torch's shared-memory reductions, whose
-    tensors live only as long as the rank that shared them). A rank that fails or dies fails the call,
-    and the ranks still waiting on it in a collective are stopped.
-    """
+    """`fn(rank, par, *args)` on every rank in its own process; results pickled by value (torch's shared
+    tensors die with their rank). A failed rank fails the call and stops the others."""
     from multiprocessing.connection import wait
 
     from rlsmoke.engine.procs import frozen_for_forks, rank_context
