@@ -1,10 +1,5 @@
-"""FP8 for rollout, as Miles' converter does it: e4m3fn in 128x128 blocks with a weight_scale_inv.
-
-Per block, scale = amax / 448 (fp32), q = w / scale, and the checkpoint stores `<module>.weight` as
-F8_E4M3 and `<module>.weight_scale_inv` = scale, so that w ~= q * weight_scale_inv. For DSA models
-(any tensor name contains "indexer") the config says scale_fmt "ue8m0"; there the scale is rounded up
-to a power of two, which is what that format can hold, so the config does not lie about the bytes.
-"""
+"""FP8 for rollout, as Miles' converter does it: e4m3fn in 128x128 blocks with a weight_scale_inv
+(amax / 448). DSA models' config says scale_fmt "ue8m0", so their scale is rounded up to a power of two."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Verify a checkpoint folder before anything loads it; every fault names the file and the tensor.
-
-Checks, in order: the index (plain shard names, every shard present), each shard's header (parses,
-known dtypes, byte length = dtype size x shape, contiguous offsets, file length), index <-> shard
-agreement, config.json against the tensors (names and shapes transformers expects), and the optional
-sha256 manifest. All faults are collected; the error shows the first and counts the rest.
-"""
+"""Verify a checkpoint folder before anything loads it; every fault names the file and the tensor: index,
+shard headers and lengths, config vs tensors, the sha256 manifest. All faults are collected."""
 
 from __future__ import annotations
 
@@ -76,13 +71,8 @@ def verify(
     dtypes: bool = False,
     progress: bool = False,
 ) -> Report:
-    """Check `folder`; return a Report, or raise CheckpointFaults naming every bad file and tensor.
-
-    `dtypes` also holds each tensor to the dtype this transformers builds it in (bf16 weights, and
-    whatever the modeling keeps in fp32): the cache asks it, so a checkpoint written under another
-    transformers version is rebuilt rather than reused. `progress` shows a byte bar over the sha256
-    pass, the slow part (seconds per GB).
-    """
+    """Return a Report, or raise CheckpointFaults naming every bad file and tensor. `dtypes`: each tensor in
+    this transformers' dtype (the cache rebuilds otherwise); `progress`: a bar over the sha256 pass."""
     folder = Path(folder)
     rep = Report(folder)
     if not folder.is_dir():

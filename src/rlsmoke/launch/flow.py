@@ -1,10 +1,6 @@
-"""The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model: prepare the HF
-checkpoint (`rlsmoke prepare`), convert it to torch_dist with the user's Miles tool (skipped once the
-tracker reads `release`, which the tool writes last), start Ray's head, submit the job with
-`MILES_CI_GATE_RECORD_DIR` set so Miles writes its CI metrics into the run's artifacts.
-
-`steps` is what `rlsmoke plan` prints; `run` runs them (the suite prepares and verifies the checkpoint
-first, and the user's Miles parses the argv, `launch.preflight`). No torch here.
+"""The Miles launcher's flow as steps, the way Miles' own CI test runs a model: prepare the HF checkpoint,
+convert it to torch_dist with the user's Miles tool (skipped once the tracker reads `release`, written
+last), start Ray's head, submit the job with `MILES_CI_GATE_RECORD_DIR` set. No torch here.
 """
 
 from __future__ import annotations
@@ -50,9 +46,8 @@ class Step:
 
 
 def convert_step(plan, paths: Paths) -> Step:
-    """Miles' `_prepare_megatron_ckpt`: a model of <= 4 layers converts on min(4, GPUs of a node) ranks with
-    TP, ETP, PP and EP 1; a larger one on a node's GPUs with TP and ETP 1 (the tool then splits the layers
-    over the ranks as pipeline stages)."""
+    """Miles' `_prepare_megatron_ckpt`: <= 4 layers convert on min(4, node GPUs) ranks, all parallelism 1;
+    larger on a node's GPUs with TP and ETP 1 (the layers split as pipeline stages)."""
     hf, dst = plan.launch.hf_checkpoint, plan.launch.ref_load
     gpus = plan.topology.gpus_per_node
     parallel = ["--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "1"]
@@ -91,8 +86,8 @@ def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
 
 
 def torch_dist_done(dst: Path) -> bool:
-    """True when converted; False when there is nothing yet; a folder with files but no `release`
-    tracker is a conversion that stopped half-way and is refused (Miles would load what is there)."""
+    """True when converted, False when nothing is there yet; files without a `release` tracker are a
+    half-done conversion, refused (Miles would load what is there)."""
     tracker = dst / TRACKER
     if tracker.is_file() and tracker.read_text().strip() == RELEASE:
         return True
@@ -104,8 +99,7 @@ def torch_dist_done(dst: Path) -> bool:
 
 
 def check(plan) -> None:
-    """What the flow refuses before anything starts: no HF checkpoint (the prepare step not done), or
-    a half-written torch_dist folder."""
+    """No HF checkpoint, or a half-written torch_dist folder, is refused before anything starts."""
     hf = plan.launch.hf_checkpoint
     if not Path(hf).is_dir():
         raise RlsmokeError(f"hf_checkpoint={hf} does not exist: Miles converts and loads it", rule="checkpoint.missing",
@@ -116,8 +110,7 @@ def check(plan) -> None:
 
 def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], artifacts: Path,
             timeout: float) -> runner.Result | None:  # fmt: skip
-    """The convert step unless done (the tracker reads `release`); its Result when it ran and failed, else
-    None. Logged in `artifacts/flow.log`, the converter's own output in `artifacts/convert.log`."""
+    """The convert step unless done; its Result when it ran and failed, else None."""
     step = convert_step(plan, paths)
     dst = Path(plan.launch.ref_load)
     with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
@@ -139,9 +132,7 @@ def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], art
 
 def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
         echo: TextIO | None = None) -> runner.Result:  # fmt: skip
-    """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
-    step that fails ends the flow and its Result is returned. The prepare step is the suite's (verified
-    before this)."""
+    """The pre-flight, convert, Ray's head and the job; the first failing step's Result ends the flow."""
     started = time.monotonic()
     # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
     preflight.check_flags(plan.launch, miles_root)
