@@ -213,7 +213,7 @@ _NO_PATHS = ("cases", "plan")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """0/1 the verdict, 2 and one `error: [rule] ... Fix:` line for bad input, 3 a crash (its traceback logged)."""
+    """0/1 the verdict, 2 and one `error: [rule] ... Fix:` line for bad input, 3 a crash (traceback logged)."""
     from rlsmoke.paths import cwd_exists, from_os_error
 
     argv = sys.argv[1:] if argv is None else argv
