@@ -22,8 +22,7 @@ class Verdict:
     parser: str  # a key of PARSERS
     accepted: bool | None
     message: str
-    # False when the plan's target renders another dialect than this parser's: its rejection of the
-    # dialect's flags is drift, not a topology verdict.
+    # False when the target renders another dialect: its rejection is drift, not a topology verdict.
     applies: bool = True
 
     @property
