@@ -260,11 +260,3 @@ def unshard(states: Sequence[Mapping[str, torch.Tensor]], spec: ModelSpec, hf_na
         else:
             out[rule.megatron] = _join(rule, [by_tp[i][rule.megatron] for i in range(par.tp)])
     return out
-
-
-def megatron_shapes(hf_shapes: Mapping[str, tuple[int, ...]], spec: ModelSpec, par: Parallel,
-                    rank: int = 0, *, vocab_size: int | None = None) -> dict[str, tuple[int, ...]]:  # fmt: skip
-    """HF name -> shape in, one rank's Megatron name -> shape out, without any data (meta tensors)."""
-    hf = {n: torch.empty(s, device="meta") for n, s in hf_shapes.items()}
-    full = hf_to_megatron(hf, spec, vocab_size=vocab_size)
-    return {n: tuple(t.shape) for n, t in shard(full, spec, hf, par, rank).items()}

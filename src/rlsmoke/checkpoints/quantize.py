@@ -67,12 +67,6 @@ def quantize_blocks(w: torch.Tensor, *, ue8m0: bool = False) -> tuple[torch.Tens
     return q.view(nr * BLOCK, nc * BLOCK)[:r, :c].contiguous(), scale
 
 
-def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    r, c = q.shape
-    s = scale_inv.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:r, :c]
-    return q.float() * s
-
-
 def fp8(
     src: Path | str,
     out: Path | str,

@@ -39,11 +39,6 @@ class Paths:
     miles_root: str = "/root/miles"
     reward_dir: str = str(REWARD_DIR)  # where the job imports `rlsmoke_reward` from
 
-    @classmethod
-    def placeholders(cls) -> Paths:
-        names = ("MODEL_DIR", "DATA_DIR", "OUTPUT_DIR", "MEGATRON_ROOT", "MILES_ROOT", "RLSMOKE_REWARD_DIR")
-        return cls(*(f"<{name}>" for name in names))
-
 
 LOOPBACK = "127.0.0.1"
 HEAD_PLACEHOLDER = "<HEAD_ADDR>"

@@ -37,10 +37,6 @@ class ParamCount:
     def dense(self) -> int:
         return self.total - self.experts
 
-    @property
-    def checkpoint_numel(self) -> int:
-        return self.total + self.buffers
-
 
 def _mla(h: int, heads: int, x: dict) -> int:
     q_rank, kv_rank = x["q_lora_rank"], x["kv_lora_rank"]

@@ -235,6 +235,7 @@ class MegatronTrainWorker:
 
         from rlsmoke.engine import megatron
         from rlsmoke.engine.megatron import dist
+        from rlsmoke.engine.procs import free_port
         from rlsmoke.engine.read import read_checkpoint
 
         if not megatron.available():
@@ -253,7 +254,7 @@ class MegatronTrainWorker:
             importlib.import_module(name)
         clock("megatron import")
         if not tdist.is_initialized():
-            dist.init(0, self.par, dist.free_port(), backend=dist.backend_for(cfg.device))
+            dist.init(0, self.par, free_port(), backend=dist.backend_for(cfg.device))
         clock("process group")
         hf = read_checkpoint(ckpt, cfg.device)  # on a GPU straight onto it, where the bridge converts
         clock("read")
