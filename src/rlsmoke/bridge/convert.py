@@ -26,8 +26,7 @@ DEFECTS = {
 
 @dataclass(frozen=True)
 class Parallel:
-    """A training layout: world = tp x dp ranks, experts over ep x etp of them; megatron-core's rank order
-    (TP fastest, then EP)."""
+    """A training layout: world = tp x dp ranks, experts over ep x etp; megatron-core's rank order."""
 
     tp: int = 1
     ep: int = 1
@@ -121,14 +120,12 @@ INDEXER_HEAD_DIM_ROWS = tuple(f"core_attention.indexer.{n}" for n in
 
 
 def moves_indexer_rope(spec: ModelSpec) -> bool:
-    """GLM-5's HF indexer ropes the first `qk_rope_head_dim` dims of each head, megatron-core's `DSAIndexer`
-    the last; only the indexer's top-k sees the layout. GLM-5.3-Flash keeps the 1:1 mapping."""
+    """GLM-5's HF indexer ropes the first dims of each head, megatron-core's `DSAIndexer` the last."""
     return spec.family == "glm5"
 
 
 def _indexer_rope(spec: ModelSpec, t: torch.Tensor, *, to_megatron: bool) -> torch.Tensor:
-    """Per indexer head, the RoPE rows moved between first (HF) and last (Megatron), as Miles' converter
-    (`megatron_to_hf/deepseekv3.py`, `indexer_rope_interleave`) does."""
+    """Per indexer head, the RoPE rows moved between first and last, as Miles' converter does."""
     head, rope = spec.hf_extra["index_head_dim"], spec.hf_extra["qk_rope_head_dim"]
     heads = t.reshape(-1, head, *t.shape[1:])
     cut = rope if to_megatron else head - rope

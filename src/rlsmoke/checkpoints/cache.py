@@ -109,8 +109,7 @@ def prepare_to(
     say=None,
     cache_dir: Path | str | None = None,
 ) -> Path:
-    """Build one checkpoint into `out` atomically and verify it; `say` hears the size first. The checksums
-    are stamped under `cache_dir`, so the first use does not hash again."""
+    """Build one checkpoint into `out` atomically, verify it and stamp its checksums under `cache_dir`."""
     from rlsmoke.checkpoints import dialects, pruning, quantize, synthesis
     from rlsmoke.checkpoints.identity import file_versions, stamp_hashed
     from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight, sibling

@@ -120,8 +120,7 @@ def stamp_hashed(
     *,
     cache_dir: Path | str | None = None,
 ) -> None:
-    """Stamp `hashed` under another path: a build renames its verified folder into place, keeping inodes
-    and times (saves 11 s for GLM-5 4-layer's first use). A file that changed since is left."""
+    """Stamp `hashed` under another path: a build renames its verified folder into place, inodes kept."""
     folder, stamps = Path(folder), stamp_dir(cache_dir)
     now = file_versions(folder)
     for digest, name in _manifest_files(folder):

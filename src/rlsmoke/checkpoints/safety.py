@@ -47,8 +47,7 @@ _TMP = re.compile(r"\.tmp-(\d+)-(new|old|bf16)-[0-9a-f]{8}$")
 
 
 def check_target(out: Path, force: bool) -> None:
-    """`out` is absent, or `force` and it is empty or rlsmoke's checkpoint. Anything else is refused
-    untouched: replacing the folder would delete a user's files."""
+    """`out` is absent, or `force` and it is empty or ours; a user's files are never deleted."""
     from rlsmoke.paths import check_dir
 
     check_dir(out, "--out", must_exist=False, fix="pass --out a folder, or a path that does not exist yet")

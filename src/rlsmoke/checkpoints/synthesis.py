@@ -73,8 +73,7 @@ LAYOUT_VERSION = 1
 
 
 def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
-    """Names, dtypes and shapes `from_pretrained` expects for `cfg`, in the hub's form; cached on disk,
-    since building them takes about 0.3 s on every verify."""
+    """Names, dtypes and shapes `from_pretrained` expects for `cfg`; cached, as they take 0.3 s a verify."""
     import transformers
 
     memo = _layout_memo(cfg, dtype, transformers.__version__)
@@ -126,8 +125,7 @@ UNIFORM_LEVELS_STD = math.sqrt((128**2 - 1) / 12) / 128  # std of the 128 levels
 
 
 def uniform_levels(rng: np.random.Generator, n: int, std: float, dtype: torch.dtype) -> torch.Tensor:
-    """n values, mean 0 and std `std`, uniform over 128 levels: random bits into bf16's mantissa run 3x
-    torch's normal_ and scale with threads; PCG64 gives the same bits on every platform."""
+    """n values, mean 0, std `std`, uniform over 128 levels: 3x torch's normal_, the same bits everywhere."""
     bits = rng.integers(0, 1 << 16, n, dtype=np.uint16)
     bits &= 0x7F
     bits |= 0x3F80  # bf16 with sign 0 and exponent 127: 1 + k/128, k = 0..127 from 7 random bits

@@ -71,8 +71,7 @@ def verify(
     dtypes: bool = False,
     progress: bool = False,
 ) -> Report:
-    """Return a Report, or raise CheckpointFaults naming every bad file and tensor. `dtypes`: each tensor in
-    this transformers' dtype (the cache rebuilds otherwise); `progress`: a bar over the sha256 pass."""
+    """A Report, or CheckpointFaults naming every bad file and tensor; `dtypes`: this transformers' too."""
     folder = Path(folder)
     rep = Report(folder)
     if not folder.is_dir():

@@ -111,8 +111,7 @@ class Variant:
 
 
 def parse_variants(text: str, temperature: float) -> list[Variant]:
-    """`--variants clean,stale-weights,temperature-mismatch@0.8`: faults as --inject takes them, `@T` a
-    rollout temperature."""
+    """`--variants clean,stale-weights,temperature-mismatch@0.8`: --inject's faults, `@T` a temperature."""
     fix = "write --variants as comma-separated faults, e.g. clean,stale-weights,temperature-mismatch@0.8"
     variants = []
     for item in text.split(","):

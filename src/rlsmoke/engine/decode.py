@@ -92,8 +92,7 @@ class StaticDecoder:
     @torch.no_grad()
     def sample(self, tokens: torch.Tensor, attention: torch.Tensor, processors, *, max_new_tokens: int,
                eos_id: int, pad_id: int) -> torch.Tensor:  # fmt: skip
-        """What `generate(do_sample=False, min_new_tokens=1, logits_processor=processors)` returns for the
-        left-padded `tokens`, plus up to CHECK_EVERY - 1 pad columns past its stop."""
+        """What greedy `generate` with `processors` returns for `tokens`, plus up to CHECK_EVERY - 1 pads."""
         rows, width = tokens.shape
         length = -(-(width + max_new_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
         cache = self._cache(rows, length)

@@ -123,9 +123,8 @@ def _fla_call(kernel, reference):
 
 
 def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
-    """Compile and autotune fla's kernels here, not in a seed: each model's first KDA layer forward and
-    backward, and for the rollout model a short generate (prefill and decode take other kernel variants).
-    `models`: (model, with_grad, rows), since fla's autotune keys hold the batch size. Returns seconds."""
+    """Compile and autotune fla's kernels before the first seed, at each model's rows (autotune keys hold
+    the batch size); the rollout model also generates, for the prefill and decode variants. Seconds."""
     import torch
 
     start = time.perf_counter()

@@ -127,8 +127,7 @@ def from_state_dict(path: Path, spec: ModelSpec, dtype: str, device: str, state:
 
 @torch.no_grad()
 def derive_policy(source, spec: ModelSpec, dtype: str):
-    """A copy of `source` in `dtype`, as `load_policy` would load it from the same checkpoint but with no
-    second read: bit-identical from an fp32 source (tests/unit/test_engine_load.py)."""
+    """A copy of `source` in `dtype` as `load_policy` would load it, without a second read (bit-identical)."""
     device = next(source.parameters()).device
     with torch.device("meta"):
         copy = type(source)._from_config(source.config, dtype=TORCH_DTYPES[dtype])

@@ -196,8 +196,7 @@ class Phases:
         return self.meter.phase
 
     def enter(self, phase: str) -> None:
-        """What leaves the device moves first, inside the old phase's window; what comes back counts in the
-        phase that uses it."""
+        """What leaves moves in the old phase's window; what comes back counts in the phase that uses it."""
         if phase == self.phase:
             return
         arriving: list[tuple[str, str]] = []
@@ -230,8 +229,7 @@ class Phases:
 
     @torch.no_grad()
     def _park_compute(self) -> None:
-        """The compute copy to the host, but what is the master's cast bit for bit (all of it between
-        steps) is freed and cast again on return (GLM-4.5 4-layer: 12 GiB less each way, four times a seed)."""
+        """The compute copy to the host, its exact casts of the master freed and cast again on return."""
         model, self._rebuilt = self.trainer.model, []
         if model is self.trainer.master:
             return

@@ -73,8 +73,7 @@ class Colocated(SharedDevice):
 
 
 class RayAsync:
-    """Two actors on one placement group: bundle 0 trains, bundle 1 rolls out, on a local Ray cluster
-    the engine starts and stops."""
+    """Two actors on one placement group (bundle 0 trains, 1 rolls out) on a local Ray cluster of ours."""
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
         if "ray" not in sys.modules:  # Ray reads it once, on import; the cluster's head is given the same

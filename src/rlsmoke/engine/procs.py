@@ -228,8 +228,7 @@ def fork_is_safe() -> bool:
 
 @contextlib.contextmanager
 def frozen_for_forks():
-    """Forked ranks' collections neither walk the driver's objects (0.25 s each over torch's and
-    transformers' modules) nor write to their pages (a copy each)."""
+    """Forked ranks' collections neither walk the driver's objects (0.25 s each) nor copy their pages."""
     gc.freeze()
     try:
         yield
@@ -238,8 +237,7 @@ def frozen_for_forks():
 
 
 def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> mp_context.BaseContext:
-    """The multiprocessing context rank processes start from. `cpu_only`: fork from the driver where
-    safe, after importing what the ranks will (`rank_modules`): once per driver, not once per rank."""
+    """The context ranks start from: forked from the driver where safe (`cpu_only`), else the fork server."""
     if cpu_only and fork_is_safe():
         megatron = any(name.startswith("rlsmoke.engine.megatron") for name in rank_modules)
         for name in preloadable((*HEAVY_MODULES, *rank_modules)):

@@ -78,8 +78,7 @@ class LocalCluster:
         return json.loads(line)["address"]
 
     def stop(self) -> None:
-        """SIGKILL every process of the cluster's session (nothing needs saving; Ray's drain takes seconds)
-        and remove its temp folder."""
+        """SIGKILL every process of the cluster's session (Ray's drain is slow); remove its temp folder."""
         if self.proc is not None:
             while signal_session(self.proc.pid, signal.SIGKILL):
                 try:

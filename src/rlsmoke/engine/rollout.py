@@ -49,8 +49,7 @@ class _Noise(LogitsProcessor):
 
 
 class GroupSampler(LogitsProcessor):
-    """Samples each group's next tokens from its own generator, then leaves only that token possible for
-    generate's greedy pick: the same numbers as `generate(do_sample=True)` for that group alone."""
+    """Samples each group's tokens from its own generator and leaves only those for generate's greedy pick."""
 
     def __init__(self, temperature: float, rows: list[slice], generators: list[torch.Generator]):
         self.temperature, self.rows, self.generators = temperature, rows, generators
@@ -193,8 +192,7 @@ class RolloutEngine:
 
 
 def keep_grouped_experts(model) -> None:
-    """On a GPU transformers decodes MoE experts with batched_mm, which gathers an expert's weights for
-    every (token, expert) pair; grouped_mm reads each once (docs/benchmarks.md)."""
+    """grouped_mm reads each expert once; GPU generate's batched_mm gathers one per (token, expert) pair."""
     if hasattr(model, "_optimize_model_for_decode"):
         model._optimize_model_for_decode = contextlib.nullcontext
 

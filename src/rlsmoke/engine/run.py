@@ -90,14 +90,12 @@ def _mean(values) -> float:
 
 
 def execute(cfg: RunConfig, out: Path, *, repeat: int = 1, process_s: dict | None = None) -> dict:
-    """Run `repeat` seeds from the same initial weights and write the records; nothing is gated here.
-    `process_s`: what the process spent before the engine's clock."""
+    """Run `repeat` seeds from the same initial weights and write the records; nothing is gated here."""
     return _execute(cfg, [(cfg, Path(out))], repeat=repeat, process_s=process_s)[0]
 
 
 def execute_variants(runs: list[tuple[RunConfig, Path]], *, process_s: dict | None = None) -> list[dict]:
-    """`rlsmoke run --variants`: the workers load once, then each run restores the initial weights and
-    sets its own fault and temperature on the workers."""
+    """`rlsmoke run --variants`: one load, then each run from the restored initial weights."""
     return _execute(runs[0][0].replace(inject=Inject()), [(c, Path(out)) for c, out in runs], repeat=1, variants=True,
                     process_s=process_s)  # fmt: skip
 

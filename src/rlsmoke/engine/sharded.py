@@ -39,8 +39,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 def shard(model, *, device_type: str, dtype: torch.dtype | None) -> None:
-    """FSDP2 in `dtype` on `device_type`'s mesh: without one, a CPU (gloo) run on a GPU host would move its
-    shards onto cuda:0."""
+    """FSDP2 in `dtype` on `device_type`'s mesh (else a gloo run on a GPU host shards onto cuda:0)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -189,10 +189,8 @@ REPEATED_SIGTERM_S = 5.0
 
 
 def sigterm_interrupts_session() -> Callable[[], None] | None:
-    """SIGTERM (a CI job's timeout) becomes Ctrl-C once, so pytest's teardown ends the runs it spawned,
-    which lead sessions of their own and would keep the GPU. A handler someone else set is kept (None).
-    A fork gets SIGTERM's default back as it starts (`Pool.terminate` counts on it). Returns what puts
-    the default back."""
+    """SIGTERM (a CI job's timeout) becomes Ctrl-C once, so pytest's teardown ends the runs it spawned; a
+    handler someone else set is kept (None). A fork gets the default back. Returns what restores it."""
     if not can_host() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return None
     session_pid = os.getpid()

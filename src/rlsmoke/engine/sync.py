@@ -52,8 +52,7 @@ def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, fl
 def load_and_compare(
     model, weights: Iterable[tuple[str, torch.Tensor]], *, load: bool = True
 ) -> dict[str, float]:
-    """Copy each weight in as it is built and compare (`load=False`: compare only, the stale-weights fault).
-    A name or shape the engine lacks counts as mismatched."""
+    """Copy each weight in and compare (`load=False`: compare only); a missing name or shape mismatches."""
 
     def copied(params):
         for name, tensor in weights:

@@ -13,8 +13,7 @@ from rlsmoke.errors import RunError
 
 
 def token_logprobs(model, group: Group, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob and entropy of each response token under the rollout temperature, as Miles' trainer
-    divides the logits (loss_hub/logit_processors.py)."""
+    """Per-token log-prob and entropy at the rollout temperature, as Miles' logit processor divides."""
     device = next(model.parameters()).device
     tokens = group.tokens.to(device)  # (n, P+R)
     logits = model(input_ids=tokens, use_cache=False).logits  # (n, P+R, V)

@@ -46,8 +46,7 @@ class Step:
 
 
 def convert_step(plan, paths: Paths) -> Step:
-    """Miles' `_prepare_megatron_ckpt`: <= 4 layers convert on min(4, node GPUs) ranks, all parallelism 1;
-    larger on a node's GPUs with TP and ETP 1 (the layers split as pipeline stages)."""
+    """Miles' `_prepare_megatron_ckpt`: <= 4 layers on min(4, node GPUs) ranks, larger on a node's GPUs."""
     hf, dst = plan.launch.hf_checkpoint, plan.launch.ref_load
     gpus = plan.topology.gpus_per_node
     parallel = ["--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "1"]
@@ -86,8 +85,7 @@ def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
 
 
 def torch_dist_done(dst: Path) -> bool:
-    """True when converted, False when nothing is there yet; files without a `release` tracker are a
-    half-done conversion, refused (Miles would load what is there)."""
+    """Converted; nothing yet; or files without a `release` tracker: half-done, refused."""
     tracker = dst / TRACKER
     if tracker.is_file() and tracker.read_text().strip() == RELEASE:
         return True

@@ -157,8 +157,7 @@ class ForkedRun:
 def start_forked(
     argv: Sequence[str], env: Mapping[str, str], log: Path, errors: Path | None = None
 ) -> ForkedRun:
-    """`argv` forked from the fork server (the engine imported once per process), in a session of its own
-    as `runner.Process` ends it. For `runner.Process(start=...)`."""
+    """`argv` forked from the fork server in a session of its own. For `runner.Process(start=...)`."""
     from rlsmoke.engine import procs
 
     ctx = procs.RankContext()

@@ -61,8 +61,7 @@ class GpuLease:
 
 def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float = 3600.0,
                poll: float = 0.2, folder: Path | None = None) -> GpuLease:  # fmt: skip
-    """Hold `n` free GPU ids of `pool`, waiting up to `timeout` s. All-or-nothing under one allocator lock,
-    so two 8-GPU tests on one 8-GPU host run one after the other, never deadlock."""
+    """Hold `n` free GPU ids of `pool` all-or-nothing under one lock (no deadlock), up to `timeout` s."""
     if n <= 0:
         return GpuLease(platform, ())
     if n > len(pool):
@@ -133,8 +132,7 @@ def _bindable(port: int) -> bool:
 
 
 def lease_ports(*, start: int = 0, folder: Path | None = None, base: int | None = None) -> PortLease:
-    """The first free block from `start` whose ports are also bindable now (something outside the suite
-    may hold one)."""
+    """The first free block from `start` whose ports are also bindable now."""
     folder = folder or lease_dir()
     base = base if base is not None else int(os.environ.get("RLSMOKE_PORT_BASE", PORT_BASE))
     for i in range(PORT_BLOCKS):

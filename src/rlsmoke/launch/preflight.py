@@ -28,8 +28,7 @@ def _flags_in(message: str) -> list[str]:
 
 
 def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None:
-    """`[miles.flags]` when the Miles at `miles_root` refuses `launch.argv`; `[miles.preflight]` when its
-    parser cannot run here."""
+    """`[miles.flags]` when Miles refuses `launch.argv`; `[miles.preflight]` when its parser cannot run."""
     miles_root = check_dir(
         miles_root, "--check-miles", fix="pass --check-miles the folder of a Miles checkout"
     ).resolve()

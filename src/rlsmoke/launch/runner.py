@@ -55,8 +55,7 @@ def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
 
 
 def tree_pids(token: str, sid: int | None = None) -> list[int]:
-    """Live pids of a launch: in session `sid` (Ray overwrites its env block) or holding `token` in their
-    env (a setsid daemon). Zombies are excluded."""
+    """Live pids of a launch: in session `sid`, or with `token` in their env; zombies excluded."""
     needle = f"{TOKEN_VAR}={token}".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -196,8 +195,7 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: floa
 
 
 def ray_start_argv(ray_start: Sequence[str], ports, temp_dir: str) -> list[str]:
-    """The plan's `ray start --head` with our ports, temp dir and `--block` (the head leads our session,
-    so stopping it stops this cluster only; `ray stop` would stop every one on the host)."""
+    """The plan's `ray start --head` with our ports, temp dir and `--block` (stopping it stops ours only)."""
     lo, hi = ports.worker_ports
     return [*ray_start, "--port", str(ports.gcs), "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(ports.dashboard), "--include-dashboard", "true",
@@ -251,8 +249,7 @@ def wait_dashboard(port: int, proc: Process, timeout: float) -> None:
 
 def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
               timeout: float, echo: TextIO | None = None) -> Result:  # fmt: skip
-    """Upstream's launch under `miles_root`: a Ray head, the job, then stop Ray. `env` goes to every process,
-    like upstream's `--runtime-env-json`."""
+    """Upstream's launch under `miles_root`: a Ray head, the job, then stop Ray; `env` to every process."""
     started = time.monotonic()
     # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
     full_env = clean_env({**launch.env, **env, "RAY_AUTH_MODE": "disabled"})

@@ -37,8 +37,7 @@ def tiny(spec: ModelSpec, *, heads: int, query_groups: int, **extra) -> ModelSpe
 
 @dataclass(frozen=True)
 class ParallelGrid:
-    """A family's default NVIDIA colocate layout from its seed, as caps: each size the largest up to its cap
-    that divides the GPUs (and heads or experts). "Long": more than 8 layers."""
+    """A family's default NVIDIA colocate layout as caps, each the largest divisor up to its cap."""
 
     tp: int  # divides the actor GPUs and the heads (GQA: the query groups)
     ep: int  # divides the GPUs of a pipeline stage and the experts

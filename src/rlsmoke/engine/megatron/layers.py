@@ -75,8 +75,7 @@ def duplicated_linear_cls():
 
 
 class SequenceParallelNorm:
-    """`WrappedTorchNorm` asserts no sequence parallelism (megatron-core 0.16.1); TE's norms mark their
-    weights `sequence_parallel` for `finalize_model_grads` instead, and so does this one."""
+    """`WrappedTorchNorm` refuses sequence parallelism; marked `sequence_parallel` as TE's norms are."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_):
         norm_cls = torch.nn.LayerNorm if config.normalization == "LayerNorm" else torch.nn.RMSNorm

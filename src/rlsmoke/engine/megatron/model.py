@@ -80,9 +80,8 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
 
 
 def layer_spec(config):
-    """The local decoder block spec with our core attention, and MLA's down projections duplicated on every
-    TP rank as the TE spec builds them: split by rows, the shared RoPE key got one rank's heads' gradient
-    only (50-110% off at TP=2, tiny GLM-5)."""
+    """The local block spec with our core attention and MLA's down projections duplicated as TE's spec
+    does: split by rows, the shared RoPE key's grad was 50-110% off at TP=2 (tiny GLM-5)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
@@ -121,8 +120,7 @@ def device_shim(device: str):
 
 
 def _without_transformer_engine() -> None:
-    """megatron-core 0.16.1 without TransformerEngine: moe_utils' `te_general_gemm` and MLA's `TELinear`
-    get the None their fallback means."""
+    """megatron-core 0.16.1 without TE: `te_general_gemm` and `TELinear` get the None their fallback means."""
     from megatron.core.transformer import multi_latent_attention as mla
     from megatron.core.transformer.moe import moe_utils
 
@@ -166,8 +164,7 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
 
 
 def _mark_tensor_parallel(model) -> None:
-    """megatron-core 0.16.1 marks TP-split weights only inside its initializer, which a checkpoint load
-    skips: unmarked, the TP=2 grad norm came out 158.2 where one rank's is 223.7 (tiny GLM-5)."""
+    """megatron-core marks TP-split weights only in its initializer: unmarked, TP=2's grad norm was wrong."""
     from megatron.core.tensor_parallel.layers import (
         ColumnParallelLinear,
         RowParallelLinear,

@@ -141,8 +141,7 @@ class MegatronTrainer:
 
 def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank: int, *, cfg: RunConfig,
                device: str, defect: str | None = None, phases: dict[str, float] | None = None) -> MegatronTrainer:  # fmt: skip
-    """This rank's GPTModel under megatron-core DDP, its fp32 main parameters, and the trainer over both.
-    `phases` gets the seconds of each part."""
+    """This rank's GPTModel under DDP, its fp32 main parameters and the trainer; `phases` gets seconds."""
     clock = LoadLaps(phases)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
@@ -207,8 +206,7 @@ def _owned(t: torch.Tensor, dtype: torch.dtype, borrowed: set[int]) -> torch.Ten
 
 def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel,
                       dtype: torch.dtype, defect: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
-    """Every rank's compute parameters gathered in `dtype`, one tensor at a time, into HF tensors through
-    the bridge. Every rank gets the whole state: each holds a rollout copy."""
+    """Every rank's compute parameters gathered in `dtype` into HF tensors; each rank holds a rollout copy."""
     import torch.distributed as dist
 
     from rlsmoke.engine.megatron.model import rank_state
@@ -264,8 +262,7 @@ class MegatronTrainWorker:
         self._read: dict[str, torch.Tensor] | None = hf  # until the rollout copy is built from it
 
     def take_checkpoint(self) -> dict[str, torch.Tensor] | None:
-        """The checkpoint's tensors as read, once: the colocated rollout copy is built from them (0.7 s of
-        GLM-5 4-layer's load on an H200). No trainer tensor shares their storage."""
+        """The checkpoint's tensors as read, once, for the colocated rollout copy (0.7 s on GLM-5 4-layer)."""
         read, self._read = self._read, None
         return read
 
