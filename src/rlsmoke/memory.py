@@ -3,6 +3,8 @@ what the built-in engine keeps resident in each phase; async takes the larger of
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass, field
 
 from rlsmoke.facts import CPU_MAX_RESPONSE_LEN, CPU_N_PROMPTS, CPU_N_SAMPLES
@@ -199,20 +201,9 @@ def plan_of_run(cfg) -> Plan:
                 rollout_dtype=cfg.rollout_dtype, compute_dtype=cfg.train_compute_dtype, offload=cfg.offload_active,
                 offload_train=cfg.offload_train_active, initial_on_device=cfg.initial_on_device,
                 n_prompts=cfg.n_prompts, n_samples=cfg.n_samples, response_len=cfg.max_response_len,
-                kda="fla" if cfg.device.startswith("cuda") and _fla_importable() and _kda_env() != "reference"
+                kda="fla" if cfg.device.startswith("cuda") and importlib.util.find_spec("fla") is not None
+                and os.environ.get("RLSMOKE_KDA", "").strip().lower() != "reference"
                 else "reference",
                 compute_copy=cfg.separate_compute_copy and cfg.trainer != "megatron"
                 and (cfg.num_gpus == 1 or cfg.mode == "async"),
                 fused_adamw=cfg.device.startswith("cuda") and (cfg.num_gpus == 1 or cfg.mode == "async"))  # fmt: skip
-
-
-def _kda_env() -> str:
-    import os
-
-    return os.environ.get("RLSMOKE_KDA", "").strip().lower()
-
-
-def _fla_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("fla") is not None

@@ -216,7 +216,7 @@ def _check_config(
         rep.add("config.json", "", f"transformers cannot build a model from it: {type(e).__name__}: {e}")
         return
     have = {t: headers[s][t] for t, s in weight_map.items() if s in headers and t in headers[s]}
-    n_layers = _num_layers(cfg)
+    n_layers = (cfg.get("text_config") or cfg)["num_hidden_layers"]
     for name, (want_dtype, shape) in layout.tensors.items():
         if name not in have:
             rep.add("config.json", name, "expected by config.json but missing from every shard")
@@ -241,10 +241,6 @@ def _check_config(
         if m and int(m.group(1)) >= n_layers:
             continue  # an MTP layer: transformers ignores it, Miles and SGLang may use it
         rep.add(weight_map[name], name, "not expected by config.json (unexpected tensor)")
-
-
-def _num_layers(cfg: dict) -> int:
-    return (cfg.get("text_config") or cfg)["num_hidden_layers"]
 
 
 def config_from_dict(cfg: dict):

@@ -117,13 +117,6 @@ def server_preload(rank_modules: tuple[str, ...] = ()) -> list[str]:
     ]
 
 
-def _import_if_installed(name: str) -> None:
-    try:
-        importlib.import_module(name)
-    except ImportError:  # megatron-core is an optional extra
-        pass
-
-
 def _stop_progress_monitors() -> None:
     """tqdm's monitor threads, which a bar leaves running; the next bar starts its own again."""
     tqdm_std = sys.modules.get("tqdm.std")
@@ -242,7 +235,8 @@ def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> 
         megatron = any(name.startswith("rlsmoke.engine.megatron") for name in rank_modules)
         for name in preloadable((*HEAVY_MODULES, *rank_modules)):
             if megatron or not name.startswith("megatron"):
-                _import_if_installed(name)
+                with contextlib.suppress(ImportError):  # megatron-core is an optional extra
+                    importlib.import_module(name)
         return ForkContext()
     ctx = RankContext()
     ctx.set_forkserver_preload(server_preload(rank_modules))

@@ -30,12 +30,6 @@ from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import ModelSpec
 
 
-def _dp_group():
-    from megatron.core import parallel_state
-
-    return parallel_state.get_data_parallel_group()
-
-
 class MegatronTrainer:
     """One rank's trainer, with the attributes `engine.offload.Phases` moves."""
 
@@ -75,11 +69,12 @@ class MegatronTrainer:
 
     def step(self, groups, old, advantages) -> dict[str, float]:
         """One optimizer step over this data-parallel rank's groups; metrics over the whole batch."""
+        from megatron.core import parallel_state
         from megatron.core.distributed import finalize_model_grads
 
         from rlsmoke.engine.megatron.model import device_shim
 
-        dp_group = _dp_group()
+        dp_group = parallel_state.get_data_parallel_group()
         self.model.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad(set_to_none=True)
