@@ -62,18 +62,12 @@ OFFLOAD_DEFAULT = (
 
 # How long the suite lets one run take before it stops it, by platform (seconds).
 RUN_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
-# The signals that stop a run: the workers and the Ray cluster it started are stopped, and it exits 128 + N.
-STOP_SIGNALS = ("SIGINT", "SIGTERM")
 
 # --- the modeling code ---------------------------------------------------------------------------
 
-# the cases' transformers model types and their modules, preloaded so an interrupt never lands mid-import
-HF_MODEL_TYPES = ("glm4_moe", "glm_moe_dsa", "glm5_next")
+# preloaded so an interrupt never lands mid-import
 TOKENIZER_MODULE = "transformers.models.auto.tokenization_auto"
 
 
 def modeling_module(hf_model_type: str) -> str:
     return f"transformers.models.{hf_model_type}.modeling_{hf_model_type}"
-
-
-MODELING_MODULES = tuple(modeling_module(t) for t in HF_MODEL_TYPES)
