@@ -1,10 +1,6 @@
 """Topology: one pure function from (model, platform, NUM_GPUS, mode, overrides) to a validated plan.
-
-Every count in a launch comes from here. Values are *derived unless set*: `--set train.tp=2` fixes
-TP and everything that depends on it (SP, DP) is derived again. Validation is a table of rules
-(`topology_rules`) evaluated by one loop; all failures are reported together, the first with the
-one-key changes that fix the whole plan.
-"""
+Every count in a launch comes from here, derived unless set; all rule failures are reported together,
+the first with the one-key changes that fix the whole plan."""
 
 from __future__ import annotations
 
@@ -272,9 +268,7 @@ def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], 
 
 
 def _candidates(topo: Topology, spec: ModelSpec) -> list[int]:
-    """The sizes a single fix may take: every rule is a divisibility, so the divisors of the counts
-    and of the model's heads and experts hold every value that can pass; the small sizes besides.
-    Found in time of the square root of NUM_GPUS, not linear in it."""
+    """The sizes a single fix may take: the divisors of the counts, heads and experts, found in sqrt time."""
     gpus = (topo.num_gpus, topo.actor_gpus, topo.rollout_gpus, topo.rollout.gpus_per_engine)
     found = set(range(1, min(topo.num_gpus, 64) + 1))
     for n in (*gpus, spec.num_experts, spec.tp_divisor):

@@ -1,10 +1,7 @@
-"""The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model: prepare the HF
-checkpoint (`rlsmoke prepare`), convert it to torch_dist with the user's Miles tool (skipped once the
-tracker reads `release`, which the tool writes last), start Ray's head, submit the job with
-`MILES_CI_GATE_RECORD_DIR` set so Miles writes its CI metrics into the run's artifacts.
-
-`steps` is what `rlsmoke plan` prints; `processes.miles_flow` runs them (the suite prepares and verifies
-the checkpoint first, and the user's Miles parses the argv, `processes.preflight`). No torch here.
+"""The Miles launcher's flow as steps, the way Miles' own CI test runs a model: prepare the HF checkpoint,
+convert it to torch_dist with the user's Miles tool (skipped once the tracker reads `release`, written
+last), start Ray's head, submit the job with `MILES_CI_GATE_RECORD_DIR` set; `processes.miles_flow` runs
+them. No torch here.
 """
 
 from __future__ import annotations
@@ -45,9 +42,7 @@ class Step:
 
 
 def convert_step(plan, paths: Paths) -> Step:
-    """Miles' `_prepare_megatron_ckpt`: a model of <= 4 layers converts on min(4, GPUs of a node) ranks with
-    TP, ETP, PP and EP 1; a larger one on a node's GPUs with TP and ETP 1 (the tool then splits the layers
-    over the ranks as pipeline stages)."""
+    """Miles' `_prepare_megatron_ckpt`: <= 4 layers on min(4, node GPUs) ranks, larger on a node's GPUs."""
     hf, dst = plan.launch.hf_checkpoint, plan.launch.ref_load
     gpus = plan.topology.gpus_per_node
     parallel = ["--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "1"]
@@ -86,8 +81,7 @@ def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
 
 
 def torch_dist_done(dst: Path) -> bool:
-    """True when converted; False when there is nothing yet; a folder with files but no `release`
-    tracker is a conversion that stopped half-way and is refused (Miles would load what is there)."""
+    """Converted; nothing yet; or files without a `release` tracker: half-done, refused."""
     tracker = dst / TRACKER
     if tracker.is_file() and tracker.read_text().strip() == RELEASE:
         return True
@@ -99,8 +93,7 @@ def torch_dist_done(dst: Path) -> bool:
 
 
 def check(plan) -> None:
-    """What the flow refuses before anything starts: no HF checkpoint (the prepare step not done), or
-    a half-written torch_dist folder."""
+    """No HF checkpoint, or a half-written torch_dist folder, is refused before anything starts."""
     hf = plan.launch.hf_checkpoint
     if not Path(hf).is_dir():
         raise RlsmokeError(f"hf_checkpoint={hf} does not exist: Miles converts and loads it", rule="checkpoint.missing",
