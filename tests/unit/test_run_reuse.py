@@ -62,7 +62,10 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path
     assert timing["load_s"] > 0
     assert timing["compile_s"] == 0  # no fla kernels on CPU: nothing compiles before the first seed
     # where the load's seconds went, inside load_s: each part in one process; keeping the initial weights always
-    assert sum(timing["load_phases_s"].values()) <= timing["load_s"]
+    # summary.json rounds each figure to the millisecond: the sum of n rounded parts may pass the rounded
+    # whole by half a millisecond each
+    phases = timing["load_phases_s"]
+    assert sum(phases.values()) <= timing["load_s"] + 0.0005 * (len(phases) + 1)
     trained_by = ["megatron import", "process group", "read", "build", "convert", "trainer setup"] \
         if spec.trainer == "megatron" else ["read", "compute copy", "trainer setup"]  # fmt: skip
     one_process = [*trained_by, "rollout copy"] if spec.case.num_gpus == 1 else []
