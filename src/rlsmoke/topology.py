@@ -272,12 +272,7 @@ def _candidates(topo: Topology, spec: ModelSpec) -> list[int]:
     gpus = (topo.num_gpus, topo.actor_gpus, topo.rollout_gpus, topo.rollout.gpus_per_engine)
     found = set(range(1, min(topo.num_gpus, 64) + 1))
     for n in (*gpus, spec.num_experts, spec.tp_divisor):
-        found |= _divisors(n)
+        if 0 < n <= MAX_NUM_GPUS:
+            small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+            found |= set(small) | {n // d for d in small}
     return sorted(v for v in found if 1 <= v <= topo.num_gpus)
-
-
-def _divisors(n: int) -> set[int]:
-    if not 0 < n <= MAX_NUM_GPUS:
-        return set()
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return set(small) | {n // d for d in small}

@@ -76,7 +76,9 @@ def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
     """Names, dtypes and shapes `from_pretrained` expects for `cfg`; cached, as they take 0.3 s a verify."""
     import transformers
 
-    memo = _layout_memo(cfg, dtype, transformers.__version__)
+    key = json.dumps({"config": cfg.to_dict(), "dtype": str(dtype), "transformers": transformers.__version__,
+                      "version": LAYOUT_VERSION}, sort_keys=True, default=str)  # fmt: skip
+    memo = cache_home() / "layouts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     try:
         tensors = json.loads(memo.read_text())
         return Layout({name: (dtype_name, tuple(shape)) for name, (dtype_name, shape) in tensors.items()})
@@ -91,12 +93,6 @@ def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
     except OSError:  # a read-only cache: the next verify computes it again
         pass
     return layout
-
-
-def _layout_memo(cfg, dtype: torch.dtype, transformers_version: str) -> Path:
-    key = json.dumps({"config": cfg.to_dict(), "dtype": str(dtype), "transformers": transformers_version,
-                      "version": LAYOUT_VERSION}, sort_keys=True, default=str)  # fmt: skip
-    return cache_home() / "layouts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
 def _built_layout(cfg, dtype: torch.dtype, transformers) -> Layout:

@@ -127,13 +127,6 @@ def _stop_progress_monitors() -> None:
             thread.exit()
 
 
-def _fork_aware_threads() -> set:
-    """Threads reset in a fork's child by their owner: multiprocessing's fd sharer."""
-    sharer = sys.modules.get("multiprocessing.resource_sharer")
-    thread = getattr(getattr(sharer, "_resource_sharer", None), "_thread", None)
-    return {thread} if thread is not None else set()
-
-
 # torch's process-group threads outlive the group, and a fork's child crashes on their state (SIGSEGV).
 DISTRIBUTED_THREADS = ("pt_", "gloo", "nccl", "NCCL")
 # autograd's per-GPU threads: no group's, and `fork_is_safe` rules on the GPU driver itself.
@@ -211,7 +204,10 @@ def fork_is_safe() -> bool:
     """Nothing a fork would copy half-way: other threads, an OpenMP team, a GPU driver, a process group."""
     torch = sys.modules.get("torch")
     _stop_progress_monitors()
-    others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
+    sharer = sys.modules.get("multiprocessing.resource_sharer")
+    # multiprocessing's fd sharer: its owner resets it in a fork's child
+    fork_aware = getattr(getattr(sharer, "_resource_sharer", None), "_thread", None)
+    others = set(threading.enumerate()) - {threading.main_thread(), fork_aware}
     if others or distributed_leftovers() or gpu_driver_initialized():
         return False
     if torch is None:

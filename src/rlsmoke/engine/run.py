@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import platform as pyplatform
 import time
 from collections.abc import Callable
@@ -279,7 +278,7 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
         "seconds": round(seconds, 2),
         "timing": _rounded(timing),
     }
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
 
@@ -291,12 +290,6 @@ def _rounded(x):
     if isinstance(x, list):
         return [_rounded(v) for v in x]
     return x
-
-
-def _json_default(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return str(x)
 
 
 __all__ = ["execute", "execute_variants", "one_run", "RunError"]

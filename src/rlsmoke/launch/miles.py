@@ -158,7 +158,9 @@ def render(
     perf = [
         "--tensor-model-parallel-size", str(t.tp), *(["--sequence-parallel"] if t.sp else []),
         "--pipeline-model-parallel-size", str(t.pp),
-        *_uneven_stages(t.pp_layers),
+        # Megatron's first/last stage sizes, when the split is not even (e.g. 11/11/11/12)
+        *(["--decoder-first-pipeline-num-layers", str(t.pp_layers[0]),
+           "--decoder-last-pipeline-num-layers", str(t.pp_layers[-1])] if len(set(t.pp_layers)) > 1 else []),
         "--context-parallel-size", str(t.cp),
         "--expert-model-parallel-size", str(t.ep),
         "--expert-tensor-parallel-size", str(t.etp),
@@ -249,14 +251,6 @@ def render(
         hf_checkpoint=hf_dir,
         ref_load=f"{hf_dir}_torch_dist",
     )
-
-
-def _uneven_stages(pp_layers: tuple[int, ...]) -> list[str]:
-    """Megatron's first/last stage sizes, when the split is not even (e.g. 11/11/11/12)."""
-    if len(pp_layers) < 2 or len(set(pp_layers)) == 1:
-        return []
-    return ["--decoder-first-pipeline-num-layers", str(pp_layers[0]),
-            "--decoder-last-pipeline-num-layers", str(pp_layers[-1])]  # fmt: skip
 
 
 def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool = True) -> dict[str, str]:

@@ -70,11 +70,6 @@ def _kda(h: int, x: dict) -> int:
     return n
 
 
-def _hyper_connection(h: int, mult: int) -> int:
-    width = (2 + mult) * mult
-    return width * mult * h + width + 3  # fn, base, scale
-
-
 # transformers' Glm5NextVisionConfig defaults, used where the spec leaves the vision tower unset.
 GLM5_NEXT_VISION = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "in_channels": 3, "patch_size": 14,
                     "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 1536,
@@ -116,7 +111,9 @@ def parameter_count(spec) -> ParamCount:
         kpool = x.get("index_kpool", 16)
         attn = [_kda(h, x) if is_kda_layer(spec, i) else _mla(h, spec.num_attention_heads, x) + _indexer(h, x, kpool=kpool)
                 for i in range(spec.num_layers)]  # fmt: skip
-        norm += 2 * _hyper_connection(h, x.get("hc_mult", 4))  # attn_hc, ffn_hc
+        hc = x.get("hc_mult", 4)
+        width = (2 + hc) * hc
+        norm += 2 * (width * hc * h + width + 3)  # attn_hc, ffn_hc: each a fn, base and scale
         root += _glm5_next_vision(dict(spec.hf_outer))
     elif spec.hf_model_type == "glm4_moe":
         heads, groups = spec.num_attention_heads, spec.num_query_groups

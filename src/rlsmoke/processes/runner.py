@@ -268,15 +268,10 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
     finally:
         head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
         head.stop(grace=HEAD_GRACE_S)  # Ray's logs say what went wrong: kept when something did
-        if head_died or result is None or not result.ok:
-            _keep_ray_logs(temp_dir, artifacts)
+        logs = Path(temp_dir) / "session_latest" / "logs"
+        if (head_died or result is None or not result.ok) and logs.is_dir():
+            shutil.copytree(
+                logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
+            )
         shutil.rmtree(temp_dir, ignore_errors=True)
     return result
-
-
-def _keep_ray_logs(temp_dir: str, artifacts: Path) -> None:
-    logs = Path(temp_dir) / "session_latest" / "logs"
-    if logs.is_dir():
-        shutil.copytree(
-            logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
-        )
