@@ -108,11 +108,11 @@ def _plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[Tensor
     n = text["num_hidden_layers"]
     mtp = {int(m.group(2)) for k in weight_map if (m := _LAYER.match(k)) and int(m.group(2)) >= n}
     mapping = layer_map(text, dense, moe, keep_mtp, mtp)
-    plans = []
-    for shard, name, entry in tensors_in_order(src):
-        new = rename(name, mapping)
-        if new is not None:
-            plans.append(TensorPlan(new, entry.dtype, entry.shape, copier(shard, entry)))
+    plans = [
+        TensorPlan(new, entry.dtype, entry.shape, copier(shard, entry))
+        for shard, name, entry in tensors_in_order(src)
+        if (new := rename(name, mapping)) is not None
+    ]
     return plans, pruned_config(cfg, mapping, dense, moe, keep_mtp)
 
 

@@ -8,6 +8,7 @@ dominant (`next_token_entropy`); its rows beyond the fixture tokenizer's vocab a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -79,19 +80,16 @@ def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
     key = json.dumps({"config": cfg.to_dict(), "dtype": str(dtype), "transformers": transformers.__version__,
                       "version": LAYOUT_VERSION}, sort_keys=True, default=str)  # fmt: skip
     memo = cache_home() / "layouts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
-    try:
+    # none yet, or unreadable: computed again
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         tensors = json.loads(memo.read_text())
         return Layout({name: (dtype_name, tuple(shape)) for name, (dtype_name, shape) in tensors.items()})
-    except (OSError, ValueError, TypeError, AttributeError):  # none yet, or unreadable: computed again
-        pass
     layout = _built_layout(cfg, dtype, transformers)
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache: the next verify computes it again
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(layout.tensors))
         os.replace(tmp, memo)  # whole or not at all: a concurrent reader never sees half
-    except OSError:  # a read-only cache: the next verify computes it again
-        pass
     return layout
 
 

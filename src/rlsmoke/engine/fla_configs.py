@@ -5,6 +5,7 @@ version. A user's own FLA_CONFIG_DIR or FLA_CACHE_MODE wins."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.metadata
 import json
@@ -27,10 +28,8 @@ def gpu_folder(device_name: str) -> str:
 
 def fla_version() -> str:
     for dist in ("fla-core", "flash-linear-attention"):
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
     return ""
 
 

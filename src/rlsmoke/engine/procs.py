@@ -136,10 +136,8 @@ AUTOGRAD_DEVICE_THREADS = "pt_autograd_"
 def _native_thread_names() -> list[str]:
     names = []
     for task in os.listdir("/proc/self/task"):
-        try:
+        with contextlib.suppress(OSError):  # ended while we looked
             names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
-        except OSError:  # ended while we looked
-            continue
     return names
 
 

@@ -222,12 +222,9 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
             run_log.close()
     summaries = []
     for (run_cfg, out), (lines, timing, peaks, decodes) in zip(runs, done, strict=True):
-        if variants:  # each run's own seconds, the first one's with the load
-            seconds = sum(timing[k] for k in ("checkpoint_s", "compile_s", "load_s")) + sum(
-                timing["per_seed_s"]
-            )
-        else:
-            seconds = time.perf_counter() - t0
+        # a variant's own seconds, the first one's with the load
+        own = sum(timing[k] for k in ("checkpoint_s", "compile_s", "load_s")) + sum(timing["per_seed_s"])
+        seconds = own if variants else time.perf_counter() - t0
         summaries.append(_write_records(run_cfg, out, lines, timing, peaks, mem_estimate, where, parallel, repeat,
                                         seconds, decodes))  # fmt: skip
     return summaries

@@ -7,6 +7,7 @@ ranks through pipes: the same path with gloo on CPU (CI) and NCCL on GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from collections.abc import Callable
@@ -264,10 +265,8 @@ class Sharded:
 
     def close(self) -> None:
         for conn in self.conns:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 conn.send(("close", ()))
-            except (BrokenPipeError, OSError):
-                pass
         for proc in self.procs:
             proc.join(timeout=30)
             if proc.is_alive():  # only our own children, by handle

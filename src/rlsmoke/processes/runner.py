@@ -6,6 +6,7 @@ process still carrying the token (a setsid daemon, as Ray's) is killed by pid. N
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -61,7 +62,7 @@ def tree_pids(token: str, sid: int | None = None) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):  # gone, or not ours to read
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             if fields[0] == "Z":
                 continue
@@ -69,16 +70,12 @@ def tree_pids(token: str, sid: int | None = None) -> list[int]:
                 found.append(int(entry))
             elif needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 found.append(int(entry))
-        except (OSError, IndexError, ValueError):  # gone, or not ours to read
-            continue
     return found
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -> None:
@@ -94,15 +91,11 @@ def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -
         if not pids:
             break
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         time.sleep(0.05)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
@@ -235,12 +228,10 @@ def wait_dashboard(port: int, proc: Process, timeout: float) -> None:
         if proc.proc.poll() is not None:
             raise RuntimeError(f"`ray start` exited with {proc.proc.returncode} before its dashboard came up; "
                                f"see {proc.log}")  # fmt: skip
-        try:
+        with contextlib.suppress(OSError):
             with opener.open(f"http://127.0.0.1:{port}/api/version", timeout=2) as resp:
                 if resp.status == 200:
                     return
-        except OSError:
-            pass
         time.sleep(0.5)
     raise TimeoutError(
         f"Ray's dashboard on port {port} did not answer within {timeout:.0f} s; see {proc.log}"
