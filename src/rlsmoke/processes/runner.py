@@ -187,18 +187,28 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: floa
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------
 
 
-def ray_start_argv(ray_start: Sequence[str], ports, temp_dir: str) -> list[str]:
-    """The plan's `ray start --head` with our ports, temp dir and `--block` (stopping it stops ours only)."""
+def ray_head_ports(ports, temp_dir: str) -> list[str]:
+    """A `ray start --head`'s flags for our leased ports, our temp dir and `--block` (the head is our session's
+    leader: stopping it stops this cluster only, never another one on the host)."""
     lo, hi = ports.worker_ports
-    return [*ray_start, "--port", str(ports.gcs), "--dashboard-host", "127.0.0.1",
-            "--dashboard-port", str(ports.dashboard), "--include-dashboard", "true",
-            "--dashboard-agent-listen-port", str(ports.dashboard_agent_listen),
+    return ["--port", str(ports.gcs), "--dashboard-agent-listen-port", str(ports.dashboard_agent_listen),
             "--dashboard-agent-grpc-port", str(ports.dashboard_agent_grpc),
             "--metrics-export-port", str(ports.metrics_export),
             "--node-manager-port", str(ports.node_manager), "--object-manager-port", str(ports.object_manager),
             "--runtime-env-agent-port", str(ports.runtime_env_agent),
-            "--min-worker-port", str(lo), "--max-worker-port", str(hi),
-            "--temp-dir", temp_dir, "--block", *_client_port(ports)]  # fmt: skip
+            "--min-worker-port", str(lo), "--max-worker-port", str(hi), "--temp-dir", temp_dir, "--block"]  # fmt: skip
+
+
+def stop_ray_head(head: Process, temp_dir: str, artifacts: Path, result: Result | None) -> None:
+    """The head and its cluster end; Ray's own logs say what went wrong, kept when something did."""
+    head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
+    head.stop(grace=HEAD_GRACE_S)
+    logs = Path(temp_dir) / "session_latest" / "logs"
+    if (head_died or result is None or not result.ok) and logs.is_dir():
+        shutil.copytree(
+            logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
+        )
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _client_port(ports) -> list[str]:
@@ -247,7 +257,9 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
     # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
     # Each Process has its own token: the job's stop must not SIGKILL the cluster before the head's stop.
-    head = Process(ray_start_argv(launch.ray_start(), ports, temp_dir), env=full_env, cwd=miles_root,
+    dashboard = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports.dashboard)]
+    dashboard += ["--include-dashboard", "true", *_client_port(ports)]
+    head = Process([*launch.ray_start(), *ray_head_ports(ports, temp_dir), *dashboard], env=full_env, cwd=miles_root,
                    log=artifacts / "ray-head.log")  # fmt: skip
     result = None
     try:
@@ -257,12 +269,5 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
         submit = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
         result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left, echo=echo)
     finally:
-        head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
-        head.stop(grace=HEAD_GRACE_S)  # Ray's logs say what went wrong: kept when something did
-        logs = Path(temp_dir) / "session_latest" / "logs"
-        if (head_died or result is None or not result.ok) and logs.is_dir():
-            shutil.copytree(
-                logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
-            )
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop_ray_head(head, temp_dir, artifacts, result)
     return result
