@@ -126,9 +126,8 @@ def resolve(case: Case, session: Session = Session()) -> RunConfig:
         raise RlsmokeError(f"repeat={session.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
     cfg.validate()  # the trainer's refusal (megatron) with every other bad combination
     limits.check_numbers(cfg, repeat=session.repeat)
-    prompt_rows(
-        cfg.prompt_data, cfg.n_prompts
-    )  # read again by the run: a bad file is refused here, not there
+    # read again by the run: a bad file is refused here, not there
+    prompt_rows(cfg.prompt_data, cfg.n_prompts)
     longest = limits.longest_prompt(cfg.prompt_data, cfg.checkpoint)
     limits.check_context(cfg, longest, limits.context_limits(cfg.spec, cfg.checkpoint))
     if cfg.platform == "cpu":

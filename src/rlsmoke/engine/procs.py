@@ -193,9 +193,8 @@ def gpu_driver_initialized() -> bool:
     except OSError:
         return True
     count = ctypes.c_int()
-    return (
-        driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
-    )  # asks, initializes nothing
+    # asks, initializes nothing
+    return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
 
 
 def fork_is_safe() -> bool:

@@ -23,7 +23,6 @@ from rlsmoke.errors import RlsmokeError
 from rlsmoke.shipped import FIXTURES
 
 SCHEMA = FIXTURES / "miles_rollout" / "schema.json"
-FILE_KEYS = ("rollout_id", "metadata", "samples")
 STATUSES = ("completed", "truncated")  # what a finished generation is; Miles' other states are for retries
 TEMPLATE_FIELD = "{rollout_id}"  # Miles formats the path with the rollout's id
 
@@ -40,9 +39,8 @@ class RolloutSample:
     response_tokens: tuple[int, ...]
     response_text: str
     reward: float
-    rollout_log_probs: tuple[
-        float, ...
-    ]  # log_softmax(logits / T) of each response token, T = --rollout-temperature
+    # log_softmax(logits / T) of each response token, T = --rollout-temperature
+    rollout_log_probs: tuple[float, ...]
     truncated: bool  # the response hit the length cap without EOS
 
 

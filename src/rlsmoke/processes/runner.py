@@ -45,10 +45,8 @@ class Result:
 
 def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
     """os.environ without proxy variables, plus `extra`; the interpreter's bin dir first."""
-    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
-    env.update(extra)
-    for var in PROXY_VARS:  # a plan could not reintroduce one either
-        env.pop(var, None)
+    # a plan could not reintroduce a proxy variable either
+    env = {k: v for k, v in {**os.environ, **extra}.items() if k not in PROXY_VARS}
     bindir = str(Path(sys.executable).parent)
     if env.get("PATH", "").split(os.pathsep)[0] != bindir:  # `python3`, `ray`, `rlsmoke` of this venv
         env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
@@ -66,9 +64,8 @@ def tree_pids(token: str, sid: int | None = None) -> list[int]:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             if fields[0] == "Z":
                 continue
-            if sid is not None and int(fields[3]) == sid:
-                found.append(int(entry))
-            elif needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+            in_session = sid is not None and int(fields[3]) == sid
+            if in_session or needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 found.append(int(entry))
     return found
 
