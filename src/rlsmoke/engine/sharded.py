@@ -8,6 +8,7 @@ ranks through pipes: the same path with gloo on CPU (CI) and NCCL on GPUs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import traceback
 from collections.abc import Callable
@@ -274,11 +275,10 @@ class Sharded:
                 proc.join()
 
 
+_MISSING = object()
+
+
 def _interleave(shares: list[list]) -> list:
     """Undo `items[r::W]`: the r-th share's k-th item was item k*W + r."""
-    total = sum(len(s) for s in shares)
-    out = [None] * total
-    for r, share in enumerate(shares):
-        for k, item in enumerate(share):
-            out[k * len(shares) + r] = item
-    return out
+    rows = itertools.zip_longest(*shares, fillvalue=_MISSING)  # the k-th row: items k*W .. k*W + W-1
+    return [item for row in rows for item in row if item is not _MISSING]
