@@ -18,7 +18,7 @@ LENGTH_BUCKET = 128
 # tracing: tests/unit/test_engine_rollout_decode.py). Eager, it decodes over the static cache all the same.
 UNCAPTURED = {
     "Glm5NextForConditionalGeneration": "GLM-5.3-Flash's indexer keeps the key pools that a data-dependent "
-    "mask selects (nonzero): its decode step has shapes CUDA graphs cannot hold",
+    "mask selects (nonzero): its decode step has shapes CUDA graphs cannot hold"
 }
 
 

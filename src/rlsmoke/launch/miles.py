@@ -167,14 +167,8 @@ def render(
     ]  # fmt: skip
     if plat == "nvidia":
         # Seed 004 NVIDIA: full recompute and padded, chunked log-probs; the ROCm port drops them.
-        perf += [
-            "--recompute-granularity",
-            "full",
-            "--recompute-method",
-            "uniform",
-            "--recompute-num-layers",
-            "1",
-        ]
+        perf += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+        perf += ["--recompute-num-layers", "1"]
     perf += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(recipe.max_tokens_per_gpu)]
     if plat == "nvidia":
         perf += ["--data-pad-size-multiplier", "4096", "--log-probs-chunk-size", "1024"]

@@ -15,10 +15,7 @@ import torch
 from rlsmoke.bridge.convert import Parallel, padded_vocab
 from rlsmoke.engine.megatron import refusal
 from rlsmoke.engine.megatron.flags import config_kwargs, flag_value
-from rlsmoke.engine.megatron.layers import (
-    core_attention_cls,
-    sequence_parallel_norms,
-)
+from rlsmoke.engine.megatron.layers import core_attention_cls, sequence_parallel_norms
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
@@ -136,9 +133,7 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
     why = refusal(spec)  # RunConfig.validate refuses it first, before anything loads
     if why:
         raise RlsmokeError(
-            why,
-            rule="megatron.model",
-            fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
+            why, rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested"
         )
     from megatron.core.models.gpt import GPTModel
 
