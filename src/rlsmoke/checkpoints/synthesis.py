@@ -181,7 +181,7 @@ def tensor_plan(
             t[max(0, zero_from - lo) :] = 0
         return tensor_bytes(t)
 
-    plan = TensorPlan(name, dtype, shape, chunk)
+    plan = TensorPlan(name, dtype, shape, chunk)  # `chunk` reads its chunk_elems
     return plan
 
 
@@ -196,10 +196,8 @@ def synth_config(spec: ModelSpec, dtype: torch.dtype):
         c.pad_token_id = tok["pad"]
         c.bos_token_id = None
         c.dtype = dtype
-        if hasattr(c, "num_nextn_predict_layers"):
-            c.num_nextn_predict_layers = (
-                0  # no MTP tensors are synthesized; say so, or SGLang's MTP looks for them
-            )
+        if hasattr(c, "num_nextn_predict_layers"):  # no MTP tensors are synthesized: else SGLang's MTP looks
+            c.num_nextn_predict_layers = 0
     return cfg
 
 

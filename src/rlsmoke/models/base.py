@@ -44,9 +44,8 @@ class ParallelGrid:
     pp: int = 1  # a long model's stages ...
     pp_from: int = 0  # ... from this many GPUs
     cp: int = 1  # seed 004's launcher: this CP once the GPUs left after TP number at least as many
-    main_cp_from: int = (
-        0  # Miles main's launcher: CP `cp` only for a long model from this many GPUs (0: never)
-    )
+    # Miles main's launcher: CP `cp` only for a long model from this many GPUs (0: never)
+    main_cp_from: int = 0
     whole_from: int = 0  # a long model from this many GPUs takes `whole` as it stands
     whole: Mapping = field(default_factory=frozen)
     engine_gpus: int = 8  # the rollout's GPUs per engine, at most the rollout GPUs
