@@ -133,26 +133,18 @@ DISTRIBUTED_THREADS = ("pt_", "gloo", "nccl", "NCCL")
 AUTOGRAD_DEVICE_THREADS = "pt_autograd_"
 
 
-def _native_thread_names() -> list[str]:
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):  # ended while we looked
-            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
-    return names
-
-
 LIVE_GROUP = "an initialized process group"
 
 
 def distributed_leftovers() -> list[str]:
     """What process groups left in this process: a live group, and torch's threads that outlive it."""
     torch = sys.modules.get("torch")
+    names = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # ended while we looked
+            names.add(Path(f"/proc/self/task/{task}/comm").read_text().strip())
     left = sorted(
-        {
-            name
-            for name in _native_thread_names()
-            if name.startswith(DISTRIBUTED_THREADS) and not name.startswith(AUTOGRAD_DEVICE_THREADS)
-        }
+        n for n in names if n.startswith(DISTRIBUTED_THREADS) and not n.startswith(AUTOGRAD_DEVICE_THREADS)
     )
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         left.insert(0, LIVE_GROUP)

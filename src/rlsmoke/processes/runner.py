@@ -46,7 +46,7 @@ class Result:
 def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
     """os.environ without proxy variables, plus `extra`; the interpreter's bin dir first."""
     # a plan could not reintroduce a proxy variable either
-    env = {k: v for k, v in {**os.environ, **extra}.items() if k not in PROXY_VARS}
+    env = {k: v for k, v in {**os.environ, **dict(extra)}.items() if k not in PROXY_VARS}
     bindir = str(Path(sys.executable).parent)
     if env.get("PATH", "").split(os.pathsep)[0] != bindir:  # `python3`, `ray`, `rlsmoke` of this venv
         env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
