@@ -32,13 +32,8 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
     with tempfile.TemporaryDirectory(prefix="rlsmoke-preflight-") as tmp:
         args_file, result_file = Path(tmp) / "argv.json", Path(tmp) / "result.json"
         args_file.write_text(json.dumps(launch.argv[2:]))
-        cmd = [
-            sys.executable,
-            "-m",
-            "rlsmoke.processes.miles_parser_driver",
-            str(args_file),
-            str(result_file),
-        ]
+        cmd = [sys.executable, "-m", "rlsmoke.processes.miles_parser_driver"]
+        cmd += [str(args_file), str(result_file)]
         try:
             proc = _parse_in_own_group(cmd, miles_root, env, timeout)
         except subprocess.TimeoutExpired:
