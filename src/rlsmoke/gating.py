@@ -68,6 +68,5 @@ class CaseGates:
         return verdict
 
 
-def gates_for(case, artifacts: Artifacts | None = None) -> CaseGates:
-    """The gates of `case`: thresholds from fixtures/thresholds/ for the run's key, plus the history band."""
-    return CaseGates(case, artifacts)
+# The gates of a case: thresholds from fixtures/thresholds/ for the run's key, plus the history band.
+gates_for = CaseGates

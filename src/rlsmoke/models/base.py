@@ -92,7 +92,7 @@ class ModelSpec:
 
     def hf_text_kwargs(self) -> dict:
         """Constructor kwargs of the (text) HF config. Derived per-layer lists are left to transformers."""
-        kw = {
+        return {
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.ffn_hidden_size,
@@ -104,9 +104,7 @@ class ModelSpec:
             "num_experts_per_tok": self.moe_topk,
             "first_k_dense_replace": self.first_k_dense,
             "tie_word_embeddings": False,
-        }
-        kw.update(self.hf_extra)
-        return kw
+        } | dict(self.hf_extra)
 
     def megatron_args(self) -> list[str]:
         assert self.megatron_args_fn is not None, f"{self.name} has no Megatron args"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -69,7 +70,7 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
             out.write(f"rlsmoke: timed out after {time.monotonic() - started:.0f} s; stopped the run\n")
     timed_out = expired.is_set()
     if got and not timed_out:
-        signals.raise_again(got[0])  # the caller's handler: pytest's ends the session
+        signal.raise_signal(got[0])  # again, for the caller's own handler: pytest's ends the session
     return Result(argv, None if timed_out else code, timed_out, time.monotonic() - started, log)
 
 
