@@ -57,11 +57,8 @@ class Host:
 
 
 def _device_class(platform: str, product_name: str) -> str:
-    upper = product_name.upper()
-    for device in PLATFORMS[platform].devices:
-        if device in upper:
-            return device
-    return product_name.strip() or "unknown"
+    known = (d for d in PLATFORMS[platform].devices if d in product_name.upper())
+    return next(known, product_name.strip() or "unknown")
 
 
 def _query(argv: list[str]) -> list[str]:

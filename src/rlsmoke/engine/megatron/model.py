@@ -19,11 +19,9 @@ from rlsmoke.engine.megatron.layers import core_attention_cls, sequence_parallel
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
-# Flags whose feature needs TransformerEngine (or a CUDA-only kernel) and the local equivalent used.
-LOCAL_EQUIVALENTS = {
-    "moe_grouped_gemm": False,  # SequentialMLP: one Linear pair per expert, same math
-    "moe_permute_fusion": False,
-}
+# Flags whose feature needs TransformerEngine (or a CUDA-only kernel) and the local equivalent used
+# (without grouped GEMM, SequentialMLP: one Linear pair per expert, same math).
+LOCAL_EQUIVALENTS = {"moe_grouped_gemm": False, "moe_permute_fusion": False}
 
 
 def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, params_dtype: torch.dtype,
