@@ -66,10 +66,8 @@ def pruned_config(cfg: dict, mapping: dict[int, int], dense: int, moe: int, keep
         text["num_nextn_predict_layers"] = 0
     q = cfg.get("quantization_config") or {}
     if "modules_to_not_convert" in q:
-        q["modules_to_not_convert"] = [
-            r for m in q["modules_to_not_convert"] if (r := rename(m + ".", mapping))
-        ]
-        q["modules_to_not_convert"] = [m[:-1] for m in q["modules_to_not_convert"]]
+        kept_modules = (rename(m + ".", mapping) for m in q["modules_to_not_convert"])
+        q["modules_to_not_convert"] = [m[:-1] for m in kept_modules if m]
     return cfg
 
 

@@ -95,6 +95,11 @@ class Launch:
         return ["ray", "job", "submit", "--address", f"http://{self.master_addr}:8265",
                 "--runtime-env-json", runtime_env_json, "--", *self.argv]  # fmt: skip
 
+    def script_lines(self) -> list[str]:
+        """argv as a shell script writes it: the command, then each group on a continued line."""
+        body = [shlex.join(toks) for toks in self.groups.values() if toks]
+        return [shlex.join(self.argv[:2]) + " \\", *(f"  {line} \\" for line in body[:-1]), f"  {body[-1]}"]
+
     def shell(self) -> str:
         """The launch as one shell-safe command line (env prefix, then argv)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())

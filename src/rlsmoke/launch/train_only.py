@@ -129,11 +129,7 @@ def shell_script(tp: TrainOnlyPlan) -> str:
             lines.append(step.shell())
         elif step.name == "train":
             lines += [f"export {k}={shlex.quote(v)}" for k, v in step.env.items()]
-            lines.append(shlex.join(tp.launch.argv[:2]) + " \\")
-            body = [toks for toks in tp.launch.groups.values() if toks]
-            lines += [
-                "  " + shlex.join(toks) + (" \\" if i < len(body) - 1 else "") for i, toks in enumerate(body)
-            ]
+            lines += tp.launch.script_lines()
         else:
             lines.append(f"{step.skip_when} || {step.shell()}" if step.skip_when else step.shell())
     return "\n".join(lines)
