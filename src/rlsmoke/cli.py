@@ -117,9 +117,7 @@ def cmd_plan(args) -> int:
         print(json.dumps(plan.to_json() | {"steps": [s.to_json() for s in steps]}, indent=2))
     else:
         print(shell_script(plan, steps))
-    if args.check:
-        return _check(plan)
-    return ExitCode.OK
+    return _check(plan) if args.check else ExitCode.OK
 
 
 def _head_addr(args, topo) -> str | None:

@@ -91,9 +91,7 @@ def detect() -> Host:
 def _visible_count(platform: str, physical: int) -> int:
     var = PLATFORMS[platform].visible_devices_var
     value = os.environ.get(var or "")
-    if not value:
-        return physical
-    return min(physical, len([v for v in value.split(",") if v.strip()]))
+    return min(physical, len([v for v in value.split(",") if v.strip()])) if value else physical
 
 
 # --- CPU cores: each pytest worker, and each engine process under it, gets its share -----------------

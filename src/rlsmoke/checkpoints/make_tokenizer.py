@@ -15,25 +15,10 @@ from pathlib import Path
 
 VOCAB_SIZE = 4096
 # GLM-4.5/GLM-5's special tokens, in GLM's order; the ids differ (they start at 0 here).
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "[MASK]",
-    "[gMASK]",
-    "[sMASK]",
-    "<sop>",
-    "<eop>",
-    "<|system|>",
-    "<|user|>",
-    "<|assistant|>",
-    "<|observation|>",
-    "<|begin_of_image|>",
-    "<|end_of_image|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<|pad|>",
-]
+SPECIAL_TOKENS = (
+    "<|endoftext|> [MASK] [gMASK] [sMASK] <sop> <eop> <|system|> <|user|> <|assistant|> <|observation|> "
+    "<|begin_of_image|> <|end_of_image|> <think> </think> <tool_call> </tool_call> <|pad|>"
+).split()
 EOS_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>"]  # GLM stops on all three
 
 # GLM's chat format; enable_thinking=False closes an empty think block, as GLM-4.5 does.

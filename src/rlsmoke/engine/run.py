@@ -284,9 +284,7 @@ def _rounded(x):
         return round(x, 3)
     if isinstance(x, dict):
         return {k: _rounded(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_rounded(v) for v in x]
-    return x
+    return [_rounded(v) for v in x] if isinstance(x, list) else x
 
 
 __all__ = ["execute", "execute_variants", "one_run", "RunError"]
