@@ -249,7 +249,6 @@ MAX_FIXES = 3
 
 def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], rule_id: str) -> list[str]:
     """`KEY=VALUE` changes of one key that make the whole plan valid, nearest the failing value first."""
-    target = next(name for name, t in TARGETS.items() if t == failed.target)
     found = []
     for key in FIX_KEYS.get(rule_id, ()):
         group, field = key.split(".")
@@ -259,7 +258,8 @@ def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], 
                 continue
             try:
                 topo = plan_topology(spec, failed.platform, failed.num_gpus, failed.mode, {**sets, key: value},
-                                     gpus_per_node=failed.gpus_per_node, target=target, validate=False)  # fmt: skip
+                                     gpus_per_node=failed.gpus_per_node, target=failed.target.name,
+                                     validate=False)  # fmt: skip
             except RlsmokeError:
                 continue
             if not violations(topo, spec):
