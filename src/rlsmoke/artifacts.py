@@ -59,11 +59,6 @@ _RECORD_NAME = re.compile(
 )
 
 
-def _is_record(path: Path) -> bool:
-    """A file a run writes: a record, a record's temporary file (write_atomic's), or the write probe."""
-    return path.is_file() and not path.is_symlink() and bool(_RECORD_NAME.match(path.name))
-
-
 def final_folder(records: Path) -> Path:
     """The folder a run's records end up in: --out itself, also while an --overwrite run stages them."""
     records = Path(records)
@@ -156,7 +151,12 @@ class RunFolder:
         """An earlier --overwrite's staged records go; anything else there is not ours to delete."""
         if not self.staging.exists():
             return
-        foreign = [p.name for p in self.staging.iterdir() if not _is_record(p)]
+        # a record, a record's temporary file (write_atomic's), or the write probe is ours
+        foreign = [
+            p.name
+            for p in self.staging.iterdir()
+            if not (p.is_file() and not p.is_symlink() and _RECORD_NAME.match(p.name))
+        ]
         if foreign:
             self.release()
             raise RlsmokeError(f"--out {self.out} holds {STAGING_NAME}/ with files rlsmoke did not write "

@@ -95,9 +95,7 @@ def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) 
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
     p.add_argument(
-        "--gpus-per-node",
-        type=int,
-        help=f"default: {DEFAULT_GPUS_PER_NODE}, or NUM_GPUS when smaller",
+        "--gpus-per-node", type=int, help=f"default: {DEFAULT_GPUS_PER_NODE}, or NUM_GPUS when smaller"
     )
     p.add_argument(
         "--target",

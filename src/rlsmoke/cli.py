@@ -75,12 +75,7 @@ def shell_script(plan, steps) -> str:
         lines += [f"# {step.name}: {step.what}, unless done", f"{step.skip_when} || {step.shell()}"]
     lines.append("# submit: the job (`--format json` has its `ray job submit` form)")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in by_name["submit"].env.items()]
-    lines.append(shlex.join(plan.launch.argv[:2]) + " \\")
-    body = [toks for toks in plan.launch.groups.values() if toks]
-    for i, toks in enumerate(body):
-        tail = " \\" if i < len(body) - 1 else ""
-        lines.append(f"  {shlex.join(toks)}{tail}")
-    return "\n".join(lines)
+    return "\n".join(lines + plan.launch.script_lines())
 
 
 def cmd_plan(args) -> int:
@@ -122,9 +117,7 @@ def cmd_plan(args) -> int:
         print(json.dumps(plan.to_json() | {"steps": [s.to_json() for s in steps]}, indent=2))
     else:
         print(shell_script(plan, steps))
-    if args.check:
-        return _check(plan)
-    return ExitCode.OK
+    return _check(plan) if args.check else ExitCode.OK
 
 
 def _head_addr(args, topo) -> str | None:

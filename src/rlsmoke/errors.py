@@ -20,8 +20,7 @@ class RlsmokeError(ValueError):
     """Bad user input. `rule` names what was violated; `fix` says what to change."""
 
     def __init__(self, message: str, *, rule: str = "", fix: str = ""):
-        self.rule = rule
-        self.fix = fix
+        self.rule, self.fix = rule, fix
         super().__init__(message)
 
     def one_line(self) -> str:

@@ -34,7 +34,10 @@ class CaseGates:
 
     def check(self, record, artifacts: Artifacts | None = None):
         """Apply the thresholds and the history band; raise `GateFailure` listing every failure."""
-        art = artifacts or self.artifacts or _artifacts_of(record)
+        # the Artifacts a suite run returned with its record (`CaseRecord`), else a bare one for its folder
+        folder = getattr(record, "artifacts", "")
+        bare = Artifacts(Path(folder)) if folder else None
+        art = artifacts or self.artifacts or getattr(record, "ran_with", None) or bare
         verdict = self.verdict(record, artifacts)
         bands = []
         if art is not None and art.history is not None and not art.update_golden:
@@ -65,15 +68,5 @@ class CaseGates:
         return verdict
 
 
-def _artifacts_of(record) -> Artifacts | None:
-    """The Artifacts a suite run returned with its record (`CaseRecord`), else a bare one for its folder."""
-    ran_with = getattr(record, "ran_with", None)
-    if ran_with is not None:
-        return ran_with
-    folder = getattr(record, "artifacts", "")
-    return Artifacts(Path(folder)) if folder else None
-
-
-def gates_for(case, artifacts: Artifacts | None = None) -> CaseGates:
-    """The gates of `case`: thresholds from fixtures/thresholds/ for the run's key, plus the history band."""
-    return CaseGates(case, artifacts)
+# The gates of a case: thresholds from fixtures/thresholds/ for the run's key, plus the history band.
+gates_for = CaseGates

@@ -187,9 +187,8 @@ def estimate(spec, plan: Plan) -> Estimate:
     if sum(backward.values()) > sum(terms["train"].values()):
         terms["train"] = backward
     if plan.initial_on_device:
-        kept = {
-            "initial weights": -(-p.total * min(t, r) // w)
-        }  # a bf16 checkpoint's fp32 master fits in bf16
+        # a bf16 checkpoint's fp32 master fits in bf16
+        kept = {"initial weights": -(-p.total * min(t, r) // w)}
         terms = {phase: parts | kept for phase, parts in terms.items()}
     phases = {k: sum(v.values()) for k, v in terms.items()}
     return Estimate(phases, terms, p.total)

@@ -23,13 +23,6 @@ MEAN_DIFF = "rollout/logprob_mean_diff"
 MEAN_DIFF_OF = ("rollout/log_probs", "rollout/rollout_log_probs")  # train engine's, rollout engine's
 
 
-def _derive(values: dict[str, float]) -> None:
-    """Add the derived metrics a rollout entry's own metrics define (both engines' logs get them)."""
-    train, rollout = MEAN_DIFF_OF
-    if MEAN_DIFF not in values and train in values and rollout in values:
-        values[MEAN_DIFF] = values[train] - values[rollout]
-
-
 # Miles' lines may carry logging's and Ray's prefixes and Ray's `[repeated Nx across cluster]` tail; a
 # critic's lines are not the actor's.
 _LINE = re.compile(r"(?<![-\w])(step|rollout) (\d+): (\{.*\})(?:\s*\[repeated \d+x across cluster\])?\s*$")
@@ -114,8 +107,10 @@ class Record:
                                    fix=f"use one of: {', '.join(KINDS)}")  # fmt: skip
             slot = entries[line["kind"]].setdefault(int(line["index"]), {})
             slot.update({k: float(v) for k, v in line["metrics"].items() if _is_number(v)})
+        train, rollout = MEAN_DIFF_OF  # derived for both engines' logs
         for values in entries["rollout"].values():
-            _derive(values)
+            if MEAN_DIFF not in values and train in values and rollout in values:
+                values[MEAN_DIFF] = values[train] - values[rollout]
         return Record(entries, **kwargs)
 
 
@@ -157,10 +152,6 @@ def load_record(path: str | Path) -> Record:
     return _with_ci_history(record, history) if history.is_dir() else record
 
 
-def _same(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
-    return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-
-
 def _close(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
@@ -171,11 +162,11 @@ def _fold_repeats(parsed: list[tuple[str, int, dict]], path: Path) -> list[tuple
     out = []
     for kind, i, values in parsed:
         first = seen.setdefault((kind, i), values)
+        diff = sorted(k for k in first.keys() | values.keys() if k not in first or k not in values
+                      or not _close(first[k], values[k]))  # fmt: skip
         if first is values:
             out.append((kind, i, values))
-        elif not _same(first, values):
-            diff = sorted(k for k in first.keys() | values.keys() if k not in first or k not in values
-                          or not _close(first[k], values[k]))  # fmt: skip
+        elif diff:
             shown = ", ".join(f"{k}: {first.get(k)} then {values.get(k)}" for k in diff[:3])
             raise RlsmokeError(f"log={path} has `{kind} {i}` twice with different values ({shown})",
                                rule="metrics.log_repeat", fix="one run per log: was it appended to, or do two "
@@ -251,10 +242,8 @@ def seed_records(run: str | Path) -> list[Record]:
     if not jsonl.is_file():
         return [load_record(run)]
     by_seed: dict[int, list[dict]] = {}
-    for line in jsonl.read_text().splitlines():
-        if line.strip():
-            line = json.loads(line)
-            by_seed.setdefault(line.get("repeat", 0), []).append(line)
+    for line in map(json.loads, filter(str.strip, jsonl.read_text().splitlines())):
+        by_seed.setdefault(line.get("repeat", 0), []).append(line)
     meta = load_meta(Path(run))
     return [
         Record.from_lines(by_seed[k], source=str(jsonl), artifacts=str(run), meta=meta)

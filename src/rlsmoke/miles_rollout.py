@@ -45,9 +45,8 @@ def roll_out(case: str, checkpoint: Path, *, tiny: bool, n_prompts: int, n_sampl
     for seed in seeds:
         prompts = [encode(tokenizer, p) for p in read_prompts(prompt_data, n_prompts, seed)]
         torch.manual_seed(seed)
-        groups = engine.generate(
-            [p.ids for p in prompts], n_samples, seed=seed * 100
-        )  # `rlsmoke run`'s rollout 0
+        # the seed of `rlsmoke run`'s rollout 0
+        groups = engine.generate([p.ids for p in prompts], n_samples, seed=seed * 100)
         rollouts.append(samples_of(groups, prompts, tokenizer, eos))
     return rollouts
 

@@ -77,33 +77,25 @@ def _stat(path: Path, what: str) -> os.stat_result | None:
         raise from_os_error(exc, what, path) from None
 
 
+def _check_kind(path: Path, what: str, is_kind, noun: str, fix: str, must_exist: bool = True) -> Path:
+    st = _stat(path, what)
+    if st is None and must_exist:
+        raise RlsmokeError(f"{what}={path} does not exist", rule="path.missing",
+                           fix=fix or _fix("path.missing", what))  # fmt: skip
+    if st is not None and not is_kind(st.st_mode):
+        raise RlsmokeError(f"{what}={path} is {_kind(st.st_mode)}, not {noun}", rule="path.kind",
+                           fix=fix or f"give {what} {noun}")  # fmt: skip
+    return path
+
+
 def check_file(path: Path | str, what: str, *, fix: str = "") -> Path:
     """`path` names a regular file that can be read: else path.missing, path.kind, path.too_long..."""
-    path = Path(path)
-    st = _stat(path, what)
-    if st is None:
-        raise RlsmokeError(
-            f"{what}={path} does not exist", rule="path.missing", fix=fix or _fix("path.missing", what)
-        )
-    if not stat.S_ISREG(st.st_mode):
-        raise RlsmokeError(f"{what}={path} is {_kind(st.st_mode)}, not a regular file", rule="path.kind",
-                           fix=fix or f"give {what} a regular file")  # fmt: skip
-    return path
+    return _check_kind(Path(path), what, stat.S_ISREG, "a regular file", fix)
 
 
 def check_dir(path: Path | str, what: str, *, must_exist: bool = True, fix: str = "") -> Path:
     """`path` names a folder (or, unless `must_exist`, nothing yet, under a parent that can be a folder)."""
-    path = Path(path)
-    st = _stat(path, what)
-    if st is None:
-        if must_exist:
-            raise RlsmokeError(f"{what}={path} does not exist", rule="path.missing",
-                               fix=fix or _fix("path.missing", what))  # fmt: skip
-        return path
-    if not stat.S_ISDIR(st.st_mode):
-        raise RlsmokeError(f"{what}={path} is {_kind(st.st_mode)}, not a folder", rule="path.kind",
-                           fix=fix or f"give {what} a folder")  # fmt: skip
-    return path
+    return _check_kind(Path(path), what, stat.S_ISDIR, "a folder", fix, must_exist)
 
 
 def check_name(path: Path | str, what: str) -> Path:

@@ -57,11 +57,8 @@ class Host:
 
 
 def _device_class(platform: str, product_name: str) -> str:
-    upper = product_name.upper()
-    for device in PLATFORMS[platform].devices:
-        if device in upper:
-            return device
-    return product_name.strip() or "unknown"
+    known = (d for d in PLATFORMS[platform].devices if d in product_name.upper())
+    return next(known, product_name.strip() or "unknown")
 
 
 def _query(argv: list[str]) -> list[str]:
@@ -94,9 +91,7 @@ def detect() -> Host:
 def _visible_count(platform: str, physical: int) -> int:
     var = PLATFORMS[platform].visible_devices_var
     value = os.environ.get(var or "")
-    if not value:
-        return physical
-    return min(physical, len([v for v in value.split(",") if v.strip()]))
+    return min(physical, len([v for v in value.split(",") if v.strip()])) if value else physical
 
 
 # --- CPU cores: each pytest worker, and each engine process under it, gets its share -----------------

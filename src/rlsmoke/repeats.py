@@ -14,11 +14,6 @@ from rlsmoke.runkey import RunKey
 from rlsmoke.thresholds import GateResult, Verdict, aligned, lookup_gates
 
 
-def _badness(result: GateResult) -> tuple[bool, float]:
-    margin = result.margin if math.isfinite(result.margin) else -math.inf
-    return result.passed, margin
-
-
 @dataclass(frozen=True)
 class SeedVerdicts:
     seeds: tuple[int, ...]
@@ -35,7 +30,8 @@ class SeedVerdicts:
         """For each gate: its worst seed's result, that seed, and every seed that failed it."""
         rows = []
         for per_seed in zip(*(v.results for v in self.verdicts), strict=True):
-            i = min(range(len(per_seed)), key=lambda k: _badness(per_seed[k]))
+            badness = [(r.passed, r.margin if math.isfinite(r.margin) else -math.inf) for r in per_seed]
+            i = min(range(len(per_seed)), key=badness.__getitem__)
             failing = [s for s, r in zip(self.seeds, per_seed, strict=True) if not r.passed]
             rows.append((per_seed[i], self.seeds[i], failing))
         return rows

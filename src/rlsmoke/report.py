@@ -3,6 +3,7 @@ per gated metric and series; matplotlib is imported only there)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
@@ -46,10 +47,8 @@ def write_session_summary(artifacts_dir: Path) -> Path | None:
     for path in sorted(root.rglob("summary.json")):
         if any(part.startswith(".") for part in path.relative_to(root).parts):
             continue  # a hidden folder holds no test's run (the shared runs a test copies from, a staging folder)
-        try:
+        with contextlib.suppress(OSError, json.JSONDecodeError):
             runs.append((path.parent, json.loads(path.read_text())))
-        except (OSError, json.JSONDecodeError):
-            continue
     if not runs:
         return None
     lines = ["# rlsmoke runs", "", "| run | case | platform | device | launcher | verdict | failed gates |",

@@ -112,48 +112,36 @@ def _defaults(case: Case, session: Session, host: Host, *, validate: bool = True
     )  # fmt: skip
 
 
-def _host(case: Case, session: Session) -> Host:
-    if case.platform == "cpu":
-        return Host("cpu", "CPU", 0)
-    return session.host or detect()
-
-
 def resolve(case: Case, session: Session = Session()) -> RunConfig:
     """The run of `case` under `session`, decided and validated before anything heavy is imported."""
     case = effective_case(case, session.gpus, one_gpu_variant=session.one_gpu_variant)
-    cfg = _defaults(case, session, _host(case, session))
+    host = Host("cpu", "CPU", 0) if case.platform == "cpu" else session.host or detect()
+    cfg = _defaults(case, session, host)
     if session.repeat < 1:
         raise RlsmokeError(f"repeat={session.repeat} must be >= 1", rule="run.config", fix="adjust --repeat")
     cfg.validate()  # the trainer's refusal (megatron) with every other bad combination
     limits.check_numbers(cfg, repeat=session.repeat)
-    prompt_rows(
-        cfg.prompt_data, cfg.n_prompts
-    )  # read again by the run: a bad file is refused here, not there
+    # read again by the run: a bad file is refused here, not there
+    prompt_rows(cfg.prompt_data, cfg.n_prompts)
     longest = limits.longest_prompt(cfg.prompt_data, cfg.checkpoint)
     limits.check_context(cfg, longest, limits.context_limits(cfg.spec, cfg.checkpoint))
     if cfg.platform == "cpu":
         limits.check_host_memory(cfg, longest.tokens)
     if session.gated:  # gated after the run: a broken thresholds file is refused before it
         check_thresholds(cfg.run_key, BUILTIN_METRICS)
-    if cfg.platform != "cpu":
-        cfg = _memory_policy(cfg, keeps_initial=session.repeat > 1 or bool(session.variants))
+    if cfg.platform != "cpu":  # the offload where not asked for; where --repeat and --variants keep weights
+        if cfg.offload is None:
+            cfg = cfg.replace(offload=residency.offload_needed(cfg, cfg.spec))
+            if cfg.offload and cfg.offload_train is None:
+                cfg = cfg.replace(offload_train=residency.offload_train_needed(cfg, cfg.spec))
+        if session.repeat > 1 or session.variants:  # each further run starts from weights kept after the load
+            cfg = cfg.replace(initial_on_device=residency.initial_on_device(cfg, cfg.spec))
         residency.check_run_fits(cfg, cfg.spec, prompt_tokens=longest.tokens)  # refused here, not by an OOM
     if cfg.offload_train is not None and not cfg.offload_active:  # it would be ignored
         flag = "--offload-train" if cfg.offload_train else "--no-offload-train"
         raise RlsmokeError(f"{flag} with the colocate offload off for this run (mode={cfg.mode}, "
                            f"platform={cfg.platform})", rule="run.offload_train",
                            fix=f"add --offload (colocate), or drop {flag}")  # fmt: skip
-    return cfg
-
-
-def _memory_policy(cfg: RunConfig, *, keeps_initial: bool) -> RunConfig:
-    """The offload (where not asked for) and where --repeat / --variants keep the initial weights."""
-    if cfg.offload is None:
-        cfg = cfg.replace(offload=residency.offload_needed(cfg, cfg.spec))
-        if cfg.offload and cfg.offload_train is None:
-            cfg = cfg.replace(offload_train=residency.offload_train_needed(cfg, cfg.spec))
-    if keeps_initial:  # each further run starts from weights kept after the load
-        cfg = cfg.replace(initial_on_device=residency.initial_on_device(cfg, cfg.spec))
     return cfg
 
 

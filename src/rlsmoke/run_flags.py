@@ -32,11 +32,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--train-dtype", default="float32", help="master weights and optimizer state (default float32)"
     )
-    g.add_argument(
-        "--inject",
-        metavar="FAULT",
-        help=f"{faults_text()} (bridge-*: with --trainer megatron)",
-    )
+    g.add_argument("--inject", metavar="FAULT", help=f"{faults_text()} (bridge-*: with --trainer megatron)")
     g.add_argument(
         "--compute-dtype",
         help="the trainer's forward/backward dtype over the master weights (default: the rollout "
@@ -121,9 +117,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--checkpoint", type=Path, help="an HF checkpoint folder (default: prepared and cached)")
     g.add_argument(
-        "--prompt-data",
-        type=Path,
-        help="a JSONL of prompts and labels (default the shipped data/math.jsonl)",
+        "--prompt-data", type=Path, help="a JSONL of prompts and labels (default the shipped data/math.jsonl)"
     )
     g.add_argument(
         "--trainer",

@@ -21,9 +21,7 @@ def gpu_count(n) -> str:
 
 def dtype_text(dtype) -> str | None:
     """A summary's dtype, flat: `{"rollout": r, "train": t, ...}` (the engine's summary) -> "r/t"."""
-    if isinstance(dtype, Mapping):
-        return f"{dtype.get('rollout')}/{dtype.get('train')}"
-    return dtype
+    return f"{dtype.get('rollout')}/{dtype.get('train')}" if isinstance(dtype, Mapping) else dtype
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,7 @@ def requirement(markers: Iterable[str], gpus_marker: int | None, override: int |
     if gpu_platforms:
         gpus = override if override is not None else (gpus_marker if gpus_marker is not None else 1)
         return Requirement(gpu_platforms[0], gpus)
-    if "cpu" in names:
-        return Requirement("cpu", 0)
-    return None
+    return Requirement("cpu", 0) if "cpu" in names else None
 
 
 def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", miles_root: str | None = None,

@@ -307,15 +307,12 @@ def same_key(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
 
 def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -> tuple[Path, dict] | None:
     """The most specific entry whose key matches (exact fields beat "*"; the first read wins a tie)."""
-    best, best_score = None, -1
-    for path, entry in all_entries([thresholds_dir] if thresholds_dir else None):
-        ekey = entry["key"]
-        if not _applies(ekey, key):
-            continue
-        score = sum(ekey.get(f, "*") != "*" for f in KEY_FIELDS)
-        if score > best_score:
-            best, best_score = (path, entry), score
-    return best
+    matches = [
+        (p, e)
+        for p, e in all_entries([thresholds_dir] if thresholds_dir else None)
+        if _applies(e["key"], key)
+    ]
+    return max(matches, key=lambda m: sum(m[1]["key"].get(f, "*") != "*" for f in KEY_FIELDS), default=None)
 
 
 def lookup_gates(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:

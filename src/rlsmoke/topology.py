@@ -249,7 +249,6 @@ MAX_FIXES = 3
 
 def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], rule_id: str) -> list[str]:
     """`KEY=VALUE` changes of one key that make the whole plan valid, nearest the failing value first."""
-    target = next(name for name, t in TARGETS.items() if t == failed.target)
     found = []
     for key in FIX_KEYS.get(rule_id, ()):
         group, field = key.split(".")
@@ -259,7 +258,8 @@ def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], 
                 continue
             try:
                 topo = plan_topology(spec, failed.platform, failed.num_gpus, failed.mode, {**sets, key: value},
-                                     gpus_per_node=failed.gpus_per_node, target=target, validate=False)  # fmt: skip
+                                     gpus_per_node=failed.gpus_per_node, target=failed.target.name,
+                                     validate=False)  # fmt: skip
             except RlsmokeError:
                 continue
             if not violations(topo, spec):
@@ -272,12 +272,7 @@ def _candidates(topo: Topology, spec: ModelSpec) -> list[int]:
     gpus = (topo.num_gpus, topo.actor_gpus, topo.rollout_gpus, topo.rollout.gpus_per_engine)
     found = set(range(1, min(topo.num_gpus, 64) + 1))
     for n in (*gpus, spec.num_experts, spec.tp_divisor):
-        found |= _divisors(n)
+        if 0 < n <= MAX_NUM_GPUS:
+            small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+            found |= set(small) | {n // d for d in small}
     return sorted(v for v in found if 1 <= v <= topo.num_gpus)
-
-
-def _divisors(n: int) -> set[int]:
-    if not 0 < n <= MAX_NUM_GPUS:
-        return set()
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return set(small) | {n // d for d in small}

@@ -4,12 +4,12 @@ import json
 
 import pytest
 import torch
+from checkpoint_bytes import raw_tensors
 
 from rlsmoke.checkpoints import prune, synthesize, verify
 from rlsmoke.checkpoints.shards import (
     TensorPlan,
     load_index,
-    raw_tensors,
     read_chunk,
     read_header,
     tensor_bytes,

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 import transformers
+from checkpoint_bytes import raw_tensors
 
 from rlsmoke.checkpoints import synthesize
-from rlsmoke.checkpoints.shards import load_index, raw_tensors
+from rlsmoke.checkpoints.shards import load_index
 from rlsmoke.checkpoints.synthesis import LOGIT_STD, next_token_entropy
 from rlsmoke.models import model_spec
 

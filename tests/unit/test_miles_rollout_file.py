@@ -14,7 +14,7 @@ import pytest
 
 from rlsmoke.conformance.rollout_schema import record_schema
 from rlsmoke.launch import rollout_file
-from rlsmoke.launch.rollout_file import RolloutSample, mismatches, recorded_schema, schema_of
+from rlsmoke.launch.rollout_file import SCHEMA, RolloutSample, schema_of
 from rlsmoke.targets import TARGETS
 
 MILES_ROOT = os.environ.get("MILES_ROOT")
@@ -22,6 +22,41 @@ needs_miles = pytest.mark.skipif(
     not (MILES_ROOT and Path(MILES_ROOT, "miles", "utils", "types.py").is_file()),
     reason="needs a Miles checkout in MILES_ROOT (CI has none: the schema test gates)",
 )
+
+
+STATUSES = ("completed", "truncated")  # what a finished generation is; Miles' other states are for retries
+
+
+def recorded_schema() -> dict:
+    return json.loads(SCHEMA.read_text())
+
+
+def mismatches(payload: dict, schema: dict | None = None) -> list[str]:
+    """One line per difference between a loaded file and the recorded schema: a field missing, extra, or
+    of another type; plus what Miles' loader and `Sample.validate` refuse."""
+    want = schema or recorded_schema()
+    got = schema_of(payload)
+    out = []
+    for part in ("file", "sample"):
+        for key in sorted(want[part].keys() | got[part].keys()):
+            if key not in got[part]:
+                out.append(f"{part} field {key!r} is missing (Miles' Sample has it)")
+            elif key not in want[part]:
+                out.append(f"{part} field {key!r} is not one of Miles' Sample fields")
+            elif got[part][key] != want[part][key]:
+                out.append(f"{part} field {key!r} is {got[part][key]}, Miles writes {want[part][key]}")
+    for s in payload.get("samples", []):
+        n = s.get("response_length", -1)
+        for key in ("loss_mask", "rollout_log_probs"):
+            if len(s.get(key) or ()) != n:
+                out.append(
+                    f"sample {s.get('index')}: {key} has {len(s.get(key) or ())} entries, response_length {n}"
+                )
+        if s.get("status") not in STATUSES:
+            out.append(
+                f"sample {s.get('index')}: status {s.get('status')!r} is not one of {', '.join(STATUSES)}"
+            )
+    return out
 
 
 def _samples(n_groups=2, n=3) -> list[RolloutSample]:

@@ -133,9 +133,7 @@ def _indexer_rope(spec: ModelSpec, t: torch.Tensor, *, to_megatron: bool) -> tor
 
 
 def _expert_source(e: int, spec: ModelSpec, defect: str | None) -> int:
-    if defect == "bridge-expert-swap" and e in (0, 1) and spec.num_experts > 1:
-        return 1 - e
-    return e
+    return 1 - e if defect == "bridge-expert-swap" and e in (0, 1) and spec.num_experts > 1 else e
 
 
 def _check_defect(defect: str | None) -> None:

@@ -35,23 +35,16 @@ def _mlp(spec: ModelSpec, i: int, moe: bool) -> list[Rule]:
             Rule(mg + "linear_fc1.weight", (hf + "gate_proj.weight", hf + "up_proj.weight"), "gate_up"),
             Rule(mg + "linear_fc2.weight", (hf + "down_proj.weight",), "row"),
         ]
-    ex = mg + "experts.local_experts.{e}."
+    ex, expert, shared = mg + "experts.local_experts.{e}.", hf + "experts.{e}.", hf + "shared_experts."
+    expert_fc1 = (expert + "gate_proj.weight", expert + "up_proj.weight")
+    shared_fc1 = (shared + "gate_proj.weight", shared + "up_proj.weight")
     return [
         Rule(mg + "router.weight", (hf + "gate.weight",)),
         Rule(mg + "router.expert_bias", (hf + "gate.e_score_correction_bias",)),
-        Rule(
-            ex + "linear_fc1.weight",
-            (hf + "experts.{e}.gate_proj.weight", hf + "experts.{e}.up_proj.weight"),
-            "gate_up",
-            expert=True,
-        ),  # fmt: skip
-        Rule(ex + "linear_fc2.weight", (hf + "experts.{e}.down_proj.weight",), "row", expert=True),
-        Rule(
-            mg + "shared_experts.linear_fc1.weight",
-            (hf + "shared_experts.gate_proj.weight", hf + "shared_experts.up_proj.weight"),
-            "gate_up",
-        ),  # fmt: skip
-        Rule(mg + "shared_experts.linear_fc2.weight", (hf + "shared_experts.down_proj.weight",), "row"),
+        Rule(ex + "linear_fc1.weight", expert_fc1, "gate_up", expert=True),
+        Rule(ex + "linear_fc2.weight", (expert + "down_proj.weight",), "row", expert=True),
+        Rule(mg + "shared_experts.linear_fc1.weight", shared_fc1, "gate_up"),
+        Rule(mg + "shared_experts.linear_fc2.weight", (shared + "down_proj.weight",), "row"),
     ]
 
 

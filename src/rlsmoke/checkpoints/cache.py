@@ -63,7 +63,12 @@ def prepare(
         lock = FileLock(str(root / f"{key}.lock"))
         lock.acquire()
     except OSError as exc:
-        raise _unwritable(exc, root, key) from None
+        from rlsmoke.paths import from_os_error
+
+        why = from_os_error(exc, "RLSMOKE_CACHE", cache_home())
+        raise CheckpointError(f"{why} and holds no intact {key} to read (the cache's checkpoints: {root})", rule=why.rule,
+                              fix="point RLSMOKE_CACHE at a folder you can write, or prepare the checkpoint into it "
+                                  "first (`rlsmoke prepare CASE [--tiny]` with the cache writable)") from None  # fmt: skip
     try:
         if not intact(say_why=True):  # else another process built it meanwhile
             prepare_to(out, case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8, force=True, progress=progress,
@@ -71,15 +76,6 @@ def prepare(
     finally:
         lock.release()
     return out
-
-
-def _unwritable(exc: OSError, root: Path, key: str) -> CheckpointError:
-    from rlsmoke.paths import from_os_error
-
-    why = from_os_error(exc, "RLSMOKE_CACHE", cache_home())
-    return CheckpointError(f"{why} and holds no intact {key} to read (the cache's checkpoints: {root})", rule=why.rule,
-                           fix="point RLSMOKE_CACHE at a folder you can write, or prepare the checkpoint into it "
-                               "first (`rlsmoke prepare CASE [--tiny]` with the cache writable)")  # fmt: skip
 
 
 def _check_dialect(case: str, tiny: bool, dialect: str | None) -> None:

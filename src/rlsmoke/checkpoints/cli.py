@@ -73,8 +73,9 @@ def prepare_handler(args: argparse.Namespace) -> int:
     from rlsmoke.models import model_spec
 
     model_spec(args.case)  # an unknown case: the named error before anything else
+    # `say` to stderr: stdout is the folder alone, for scripts
     both = dict(tiny=bool(args.tiny), seed=args.seed, dialect=args.dialect, fp8=args.fp8,
-                progress=not args.no_progress, say=_say)  # fmt: skip
+                progress=not args.no_progress, say=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
     if args.out is None:
         if args.prune_from or args.from_hub or args.keep_mtp or args.dtype != "bf16" or args.force:
             raise CheckpointError(
@@ -89,10 +90,6 @@ def prepare_handler(args: argparse.Namespace) -> int:
                           force=args.force)  # fmt: skip
     print(path)
     return ExitCode.OK
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)  # stdout is the folder alone, for scripts
 
 
 def verify_handler(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from rlsmoke.errors import CheckpointError
 IDENTITY_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",
                    "n_routed_experts", "num_attention_heads", "num_key_value_heads", "vocab_size")  # fmt: skip
 MODEL_TYPE_ALIASES = {"deepseek_v32": "glm_moe_dsa"}
+Version = tuple[int, int, int, int]  # a file's size, mtime, ctime and inode
 
 
 def _config(folder: Path) -> dict:
@@ -103,7 +104,7 @@ def _manifest_files(folder: Path) -> list[tuple[str, str]]:
     return [(digest, name) for digest, _, name in entries if name]
 
 
-def file_versions(folder: Path | str) -> dict[str, tuple[int, int, int, int]]:
+def file_versions(folder: Path | str) -> dict[str, Version]:
     """Each manifest file's size, times and inode: what a stamp holds besides the path and the digest."""
     folder = Path(folder)
     versions = {}
@@ -115,10 +116,7 @@ def file_versions(folder: Path | str) -> dict[str, tuple[int, int, int, int]]:
 
 
 def stamp_hashed(
-    folder: Path | str,
-    hashed: Mapping[str, tuple[int, int, int, int]],
-    *,
-    cache_dir: Path | str | None = None,
+    folder: Path | str, hashed: Mapping[str, Version], *, cache_dir: Path | str | None = None
 ) -> None:
     """Stamp `hashed` under another path: a build renames its verified folder into place, inodes kept."""
     folder, stamps = Path(folder), stamp_dir(cache_dir)

@@ -8,31 +8,17 @@ The corpus is generated here, so the output is reproducible; 4096 fits every mod
 from __future__ import annotations
 
 import json
+import operator
 import random
 import sys
 from pathlib import Path
 
 VOCAB_SIZE = 4096
 # GLM-4.5/GLM-5's special tokens, in GLM's order; the ids differ (they start at 0 here).
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "[MASK]",
-    "[gMASK]",
-    "[sMASK]",
-    "<sop>",
-    "<eop>",
-    "<|system|>",
-    "<|user|>",
-    "<|assistant|>",
-    "<|observation|>",
-    "<|begin_of_image|>",
-    "<|end_of_image|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<|pad|>",
-]
+SPECIAL_TOKENS = (
+    "<|endoftext|> [MASK] [gMASK] [sMASK] <sop> <eop> <|system|> <|user|> <|assistant|> <|observation|> "
+    "<|begin_of_image|> <|end_of_image|> <think> </think> <tool_call> </tool_call> <|pad|>"
+).split()
 EOS_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>"]  # GLM stops on all three
 
 # GLM's chat format; enable_thinking=False closes an empty think block, as GLM-4.5 does.
@@ -63,11 +49,7 @@ PARAGRAPH = (
 
 def corpus(n: int = 20000, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    ops = [
-        ("+", "plus", lambda a, b: a + b),
-        ("-", "minus", lambda a, b: a - b),
-        ("*", "times", lambda a, b: a * b),
-    ]
+    ops = [("+", "plus", operator.add), ("-", "minus", operator.sub), ("*", "times", operator.mul)]
     lines = [PARAGRAPH] * 50
     for _ in range(n):
         a, b = rng.randint(0, 999), rng.randint(0, 999)

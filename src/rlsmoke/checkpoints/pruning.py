@@ -66,10 +66,8 @@ def pruned_config(cfg: dict, mapping: dict[int, int], dense: int, moe: int, keep
         text["num_nextn_predict_layers"] = 0
     q = cfg.get("quantization_config") or {}
     if "modules_to_not_convert" in q:
-        q["modules_to_not_convert"] = [
-            r for m in q["modules_to_not_convert"] if (r := rename(m + ".", mapping))
-        ]
-        q["modules_to_not_convert"] = [m[:-1] for m in q["modules_to_not_convert"]]
+        kept_modules = (rename(m + ".", mapping) for m in q["modules_to_not_convert"])
+        q["modules_to_not_convert"] = [m[:-1] for m in kept_modules if m]
     return cfg
 
 
@@ -108,11 +106,11 @@ def _plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[Tensor
     n = text["num_hidden_layers"]
     mtp = {int(m.group(2)) for k in weight_map if (m := _LAYER.match(k)) and int(m.group(2)) >= n}
     mapping = layer_map(text, dense, moe, keep_mtp, mtp)
-    plans = []
-    for shard, name, entry in tensors_in_order(src):
-        new = rename(name, mapping)
-        if new is not None:
-            plans.append(TensorPlan(new, entry.dtype, entry.shape, copier(shard, entry)))
+    plans = [
+        TensorPlan(new, entry.dtype, entry.shape, copier(shard, entry))
+        for shard, name, entry in tensors_in_order(src)
+        if (new := rename(name, mapping)) is not None
+    ]
     return plans, pruned_config(cfg, mapping, dense, moe, keep_mtp)
 
 

@@ -27,16 +27,8 @@ from rlsmoke.errors import CheckpointError
 BLOCK = 128
 FP8_MAX = 448.0  # largest finite e4m3fn
 # Kept in bf16, from models.md; `shared_head.head` is the MTP layer's own lm_head.
-SKIP = (
-    "norm",
-    "embed",
-    "mlp.gate.",
-    "lm_head",
-    "shared_head.head",
-    "eh_proj",
-    "indexer.weights_proj",
-    "visual",
-    "vision",
+SKIP = tuple(
+    "norm embed mlp.gate. lm_head shared_head.head eh_proj indexer.weights_proj visual vision".split()
 )
 FLOAT_SOURCES = ("BF16", "F16", "F32")
 

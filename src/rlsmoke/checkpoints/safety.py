@@ -87,11 +87,6 @@ def not_built_here(folder: Path) -> list[str]:
             if e.name not in allowed or not e.is_file(follow_symlinks=False)]  # fmt: skip
 
 
-def _record_owned(folder: Path) -> None:
-    names = sorted(e.name for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
-    (folder / OWNED_NAME).write_text("".join(f"{n}\n" for n in names if n != OWNED_NAME))
-
-
 @contextlib.contextmanager
 def atomic_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary folder next to `out`; rename it to `out` only if the block succeeds."""
@@ -105,7 +100,8 @@ def atomic_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        _record_owned(tmp)
+        names = sorted(e.name for e in os.scandir(tmp) if e.is_file(follow_symlinks=False))
+        (tmp / OWNED_NAME).write_text("".join(f"{n}\n" for n in names if n != OWNED_NAME))
         _fsync_dir(tmp)
         if out.exists():
             # Rename first, delete after: there is always a complete folder at `out`.

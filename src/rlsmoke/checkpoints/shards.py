@@ -242,17 +242,6 @@ def load_index(ckpt: Path) -> dict[str, str]:
     return {k: SINGLE_NAME for k in read_header(single)}
 
 
-def raw_tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    """{name: (dtype, shape, raw bytes)} of every tensor of a checkpoint: for byte-exact comparisons."""
-    folder = Path(folder)
-    out = {}
-    for name, shard in load_index(folder).items():
-        entry = read_header(folder / shard)[name]
-        data = read_tensor(folder / shard, entry).view(torch.uint8).numpy().tobytes()
-        out[name] = (entry.dtype, tuple(entry.shape), data)
-    return out
-
-
 def tensors_in_order(folder: Path) -> Iterator[tuple[Path, str, Entry]]:
     """(shard, name, entry) of every tensor of a checkpoint, shard by shard in file order."""
     for shard in sorted(set(load_index(folder).values())):

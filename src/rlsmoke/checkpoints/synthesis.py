@@ -8,6 +8,7 @@ dominant (`next_token_entropy`); its rows beyond the fixture tokenizer's vocab a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -76,27 +77,20 @@ def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
     """Names, dtypes and shapes `from_pretrained` expects for `cfg`; cached, as they take 0.3 s a verify."""
     import transformers
 
-    memo = _layout_memo(cfg, dtype, transformers.__version__)
-    try:
+    key = json.dumps({"config": cfg.to_dict(), "dtype": str(dtype), "transformers": transformers.__version__,
+                      "version": LAYOUT_VERSION}, sort_keys=True, default=str)  # fmt: skip
+    memo = cache_home() / "layouts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    # none yet, or unreadable: computed again
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         tensors = json.loads(memo.read_text())
         return Layout({name: (dtype_name, tuple(shape)) for name, (dtype_name, shape) in tensors.items()})
-    except (OSError, ValueError, TypeError, AttributeError):  # none yet, or unreadable: computed again
-        pass
     layout = _built_layout(cfg, dtype, transformers)
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache: the next verify computes it again
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(layout.tensors))
         os.replace(tmp, memo)  # whole or not at all: a concurrent reader never sees half
-    except OSError:  # a read-only cache: the next verify computes it again
-        pass
     return layout
-
-
-def _layout_memo(cfg, dtype: torch.dtype, transformers_version: str) -> Path:
-    key = json.dumps({"config": cfg.to_dict(), "dtype": str(dtype), "transformers": transformers_version,
-                      "version": LAYOUT_VERSION}, sort_keys=True, default=str)  # fmt: skip
-    return cache_home() / "layouts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
 def _built_layout(cfg, dtype: torch.dtype, transformers) -> Layout:
@@ -187,7 +181,7 @@ def tensor_plan(
             t[max(0, zero_from - lo) :] = 0
         return tensor_bytes(t)
 
-    plan = TensorPlan(name, dtype, shape, chunk)
+    plan = TensorPlan(name, dtype, shape, chunk)  # `chunk` reads its chunk_elems
     return plan
 
 
@@ -202,10 +196,8 @@ def synth_config(spec: ModelSpec, dtype: torch.dtype):
         c.pad_token_id = tok["pad"]
         c.bos_token_id = None
         c.dtype = dtype
-        if hasattr(c, "num_nextn_predict_layers"):
-            c.num_nextn_predict_layers = (
-                0  # no MTP tensors are synthesized; say so, or SGLang's MTP looks for them
-            )
+        if hasattr(c, "num_nextn_predict_layers"):  # no MTP tensors are synthesized: else SGLang's MTP looks
+            c.num_nextn_predict_layers = 0
     return cfg
 
 

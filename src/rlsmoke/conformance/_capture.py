@@ -27,8 +27,7 @@ def plan_env(env: dict[str, str]) -> Iterator[None]:
 
 def run_validator(parser: str, fn: Callable[[], str], *, applies: bool = True) -> Verdict:
     """`fn` calls the real code and returns a note; anything it raises (argparse's exit) is a rejection."""
-    err = io.StringIO()
-    out = io.StringIO()
+    err, out = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             note = fn()

@@ -65,15 +65,9 @@ def check(plan: dict) -> Verdict:
         checked = min(engines, _MAX_ENGINES_CHECKED)
 
         def stage2() -> str:
+            loopback = {"dist_init_addr": "127.0.0.1:20000", "nccl_port": 20001, "host": "127.0.0.1"}
             for rank in range(checked):
-                kwargs, _ = _compute_server_args(
-                    args,
-                    rank,
-                    dist_init_addr="127.0.0.1:20000",
-                    nccl_port=20001,
-                    host="127.0.0.1",
-                    port=30000 + rank,
-                )
+                kwargs, _ = _compute_server_args(args, rank, port=30000 + rank, **loopback)
                 kwargs["device"] = facts.device
                 sglang_server_args.ServerArgs(**kwargs)
             return (

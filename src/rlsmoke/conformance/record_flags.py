@@ -38,40 +38,21 @@ def capture_parser() -> argparse.ArgumentParser:
         sys.argv = saved_argv
 
 
-def _choices(choices) -> list[str] | None:
-    """Sorted: some parsers build theirs from a set, whose order varies between runs."""
-    return None if choices is None else sorted(_spelled(c) for c in choices)
-
-
-def _nargs(action: argparse.Action) -> int | str:
-    """How many values the flag takes: 0 (a switch), an int, or argparse's '?', '*', '+'."""
-    if action.nargs == 0:  # store_true/false/const, count, help, --x/--no-x
-        return 0
-    return 1 if action.nargs is None else action.nargs
-
-
-def _type_name(action: argparse.Action) -> str | None:
-    kind = action.type
-    if kind is None:
-        return None
-    return getattr(kind, "__name__", type(kind).__name__)
-
-
-def _spelled(choice: object) -> str:
-    """A choice as the command line spells it: an enum member by its name (Megatron's `AttnBackend[...]`)."""
-    return choice.name if isinstance(choice, enum.Enum) else str(choice)
-
-
 def flag_table(parser: argparse.ArgumentParser) -> dict[str, dict]:
     flags: dict[str, dict] = {}
     for action in parser._actions:
         for opt in action.option_strings:
             if not opt.startswith("--"):
                 continue
+            kind, choices = action.type, action.choices
             flags[opt] = {
-                "nargs": _nargs(action),
-                "type": _type_name(action),
-                "choices": _choices(action.choices),
+                # 0 (a switch), an int, or argparse's '?', '*', '+'
+                "nargs": 1 if action.nargs is None else action.nargs,
+                "type": None if kind is None else getattr(kind, "__name__", type(kind).__name__),
+                # sorted: some parsers build theirs from a set; an enum member as the command line spells it
+                "choices": None
+                if choices is None
+                else sorted(c.name if isinstance(c, enum.Enum) else str(c) for c in choices),
             }
     return dict(sorted(flags.items()))
 

@@ -18,7 +18,7 @@ LENGTH_BUCKET = 128
 # tracing: tests/unit/test_engine_rollout_decode.py). Eager, it decodes over the static cache all the same.
 UNCAPTURED = {
     "Glm5NextForConditionalGeneration": "GLM-5.3-Flash's indexer keeps the key pools that a data-dependent "
-    "mask selects (nonzero): its decode step has shapes CUDA graphs cannot hold",
+    "mask selects (nonzero): its decode step has shapes CUDA graphs cannot hold"
 }
 
 
@@ -62,9 +62,8 @@ class StaticDecoder:
         self.device = next(model.parameters()).device
         self.compiled = self.device.type == "cuda" if compiled is None else compiled
         params = inspect.signature(model.forward).parameters
-        self.cache_arg = (
-            "cache" if "cache" in params else "past_key_values"
-        )  # transformers 5.17 says the latter
+        # transformers 5.17 says the latter
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.keep_one = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # one cache per (rows, length), reset between calls: a graph holds its buffers' addresses
         self.caches: dict[tuple[int, int], Any] = {}

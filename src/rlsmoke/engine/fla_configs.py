@@ -5,6 +5,7 @@ version. A user's own FLA_CONFIG_DIR or FLA_CACHE_MODE wins."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.metadata
 import json
@@ -27,10 +28,8 @@ def gpu_folder(device_name: str) -> str:
 
 def fla_version() -> str:
     for dist in ("fla-core", "flash-linear-attention"):
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
     return ""
 
 
@@ -43,21 +42,16 @@ def select(device_name: str, version: str, shipped: Path = SHIPPED) -> tuple[Pat
         tuned = sorted(p.name for p in shipped.iterdir() if p.is_dir()) if shipped.is_dir() else []
         return None, f"no configs recorded for {folder.name} (tuned: {', '.join(tuned) or 'none'})"
     if recorded.get("fla") != version:
-        return (
-            None,
-            f"configs for {folder.name} were recorded with fla {recorded.get('fla')}, this is fla {version}",
-        )
+        why = f"configs for {folder.name} were recorded with fla {recorded.get('fla')}, this is fla {version}"
+        return None, why
     return folder, f"recorded on {recorded.get('gpu')} with fla {version} ({recorded.get('date')})"
 
 
 def use(device_name: str) -> dict:
     """Point fla at the shipped configs for `device_name` if there are any; what the summary records."""
     if "FLA_CONFIG_DIR" in os.environ or "FLA_CACHE_MODE" in os.environ:
-        return {
-            "source": "user",
-            "dir": os.environ.get("FLA_CONFIG_DIR"),
-            "mode": os.environ.get("FLA_CACHE_MODE"),
-        }
+        env = os.environ
+        return {"source": "user", "dir": env.get("FLA_CONFIG_DIR"), "mode": env.get("FLA_CACHE_MODE")}
     folder, reason = select(device_name, fla_version())
     if folder is None:
         return {"source": "autotune", "reason": reason}

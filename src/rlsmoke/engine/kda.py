@@ -21,15 +21,7 @@ MODELING = "transformers.models.glm5_next.modeling_glm5_next"
 # transformers' function name -> fla's, both in fla.ops.kda
 KERNELS = {"chunk_kimi_delta_attention": "chunk_kda", "recurrent_kimi_delta_attention": "fused_recurrent_kda"}
 # What the layer passes that fla takes; the rest of its **kwargs (attention kwargs) is not fla's.
-FLA_KWARGS = {
-    "g",
-    "beta",
-    "scale",
-    "initial_state",
-    "output_final_state",
-    "use_qk_l2norm_in_kernel",
-    "cu_seqlens",
-}
+FLA_KWARGS = set("g beta scale initial_state output_final_state use_qk_l2norm_in_kernel cu_seqlens".split())
 _REFERENCE: dict = {}
 CONFIGS: dict = {}  # where fla's kernel configs came from (engine.fla_configs.use), for the summary
 

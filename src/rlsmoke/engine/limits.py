@@ -3,6 +3,7 @@ its flag and fix instead of crashing a worker, hanging a loop or exhausting the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -182,12 +183,10 @@ def host_memory_bytes() -> int:
     """What this process may use of the host: its memory, or its cgroup's limit when lower."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
-        try:
+        with contextlib.suppress(OSError):
             text = limit.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
+            if text.isdigit():
+                total = min(total, int(text))
     return total
 
 

@@ -132,14 +132,14 @@ def derive_policy(source, spec: ModelSpec, dtype: str):
     with torch.device("meta"):
         copy = type(source)._from_config(source.config, dtype=TORCH_DTYPES[dtype])
     copy = copy.to_empty(device=device)
-    for (name, p), (src_name, q) in zip(copy.named_parameters(remove_duplicate=False),
-                                        source.named_parameters(remove_duplicate=False), strict=True):  # fmt: skip
-        assert name == src_name, (name, src_name)
-        p.copy_(q)
-    for (name, b), (src_name, q) in zip(copy.named_buffers(remove_duplicate=False),
-                                        source.named_buffers(remove_duplicate=False), strict=True):  # fmt: skip
-        assert name == src_name, (name, src_name)
-        b.copy_(q)
+    for kind in ("named_parameters", "named_buffers"):
+        mine, theirs = (
+            getattr(copy, kind)(remove_duplicate=False),
+            getattr(source, kind)(remove_duplicate=False),
+        )
+        for (name, t), (src_name, q) in zip(mine, theirs, strict=True):
+            assert name == src_name, (name, src_name)
+            t.copy_(q)
     copy.generation_config = source.generation_config
     return copy.eval()
 

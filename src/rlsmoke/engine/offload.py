@@ -62,9 +62,7 @@ class HostCopies:
         return host
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
-        if self._stages(t):
-            return self._staged_to_device(t)
-        return t.to(self.device, non_blocking=self.pin)
+        return self._staged_to_device(t) if self._stages(t) else t.to(self.device, non_blocking=self.pin)
 
     def _stages(self, t: torch.Tensor) -> bool:
         return self.staged and t.is_contiguous() and t.numel() * t.element_size() > STAGING_BYTES

@@ -29,11 +29,8 @@ class Colocated(SharedDevice):
         master = self.train.trainer.master if isinstance(self.train, TrainWorker) else None
         read = getattr(self.train, "take_checkpoint", lambda: None)()  # the megatron trainer's read
         self.rollout = RolloutWorker(cfg, ckpt, eos_id, pad_id, source=master, state=read)
-        self.trainer, self.rollout_model, self.engine = (
-            self.train.trainer,
-            self.rollout.model,
-            self.rollout.engine,
-        )
+        self.trainer = self.train.trainer
+        self.rollout_model, self.engine = self.rollout.model, self.rollout.engine
         # where the load's seconds go (summary.json timing.load_phases_s)
         self.load_phases = {**getattr(self.train, "load_phases", {}), **self.rollout.load_phases}
         self.compile_s = 0.0

@@ -19,10 +19,8 @@ def accumulate_grads(params: list[tuple[torch.nn.Parameter, torch.nn.Parameter]]
     for p, main in params:
         if p.grad is None:
             continue
-        if main.grad is None:
-            main.grad = p.grad.to(main.dtype)
-        else:
-            main.grad.add_(p.grad.to(main.dtype))
+        grad = p.grad.to(main.dtype)
+        main.grad = grad if main.grad is None else main.grad.add_(grad)
         p.grad = None
 
 

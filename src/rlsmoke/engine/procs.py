@@ -127,27 +127,10 @@ def _stop_progress_monitors() -> None:
             thread.exit()
 
 
-def _fork_aware_threads() -> set:
-    """Threads reset in a fork's child by their owner: multiprocessing's fd sharer."""
-    sharer = sys.modules.get("multiprocessing.resource_sharer")
-    thread = getattr(getattr(sharer, "_resource_sharer", None), "_thread", None)
-    return {thread} if thread is not None else set()
-
-
 # torch's process-group threads outlive the group, and a fork's child crashes on their state (SIGSEGV).
 DISTRIBUTED_THREADS = ("pt_", "gloo", "nccl", "NCCL")
 # autograd's per-GPU threads: no group's, and `fork_is_safe` rules on the GPU driver itself.
 AUTOGRAD_DEVICE_THREADS = "pt_autograd_"
-
-
-def _native_thread_names() -> list[str]:
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
-        except OSError:  # ended while we looked
-            continue
-    return names
 
 
 LIVE_GROUP = "an initialized process group"
@@ -156,12 +139,12 @@ LIVE_GROUP = "an initialized process group"
 def distributed_leftovers() -> list[str]:
     """What process groups left in this process: a live group, and torch's threads that outlive it."""
     torch = sys.modules.get("torch")
+    names = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # ended while we looked
+            names.add(Path(f"/proc/self/task/{task}/comm").read_text().strip())
     left = sorted(
-        {
-            name
-            for name in _native_thread_names()
-            if name.startswith(DISTRIBUTED_THREADS) and not name.startswith(AUTOGRAD_DEVICE_THREADS)
-        }
+        n for n in names if n.startswith(DISTRIBUTED_THREADS) and not n.startswith(AUTOGRAD_DEVICE_THREADS)
     )
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         left.insert(0, LIVE_GROUP)
@@ -202,16 +185,18 @@ def gpu_driver_initialized() -> bool:
     except OSError:
         return True
     count = ctypes.c_int()
-    return (
-        driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
-    )  # asks, initializes nothing
+    # asks, initializes nothing
+    return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
 
 
 def fork_is_safe() -> bool:
     """Nothing a fork would copy half-way: other threads, an OpenMP team, a GPU driver, a process group."""
     torch = sys.modules.get("torch")
     _stop_progress_monitors()
-    others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
+    sharer = sys.modules.get("multiprocessing.resource_sharer")
+    # multiprocessing's fd sharer: its owner resets it in a fork's child
+    fork_aware = getattr(getattr(sharer, "_resource_sharer", None), "_thread", None)
+    others = set(threading.enumerate()) - {threading.main_thread(), fork_aware}
     if others or distributed_leftovers() or gpu_driver_initialized():
         return False
     if torch is None:

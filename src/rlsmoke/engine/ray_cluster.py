@@ -7,6 +7,7 @@ connects as a driver, and stopping kills every process of that session by pid.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -81,11 +82,9 @@ class LocalCluster:
         """SIGKILL every process of the cluster's session (Ray's drain is slow); remove its temp folder."""
         if self.proc is not None:
             while signal_session(self.proc.pid, signal.SIGKILL):
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout=0.05)  # reaps the head; the others are init's to reap
                     time.sleep(0.02)
-                except subprocess.TimeoutExpired:
-                    pass
             self.proc.wait()
             if self.proc.stdout:
                 self.proc.stdout.close()
@@ -103,11 +102,9 @@ def signal_session(sid: int, sig: int) -> bool:
             return False
     found = False
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             state, _, _, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
             if int(session) == sid and state != "Z":
                 found = True
                 os.kill(int(stat.parent.name), sig)
-        except (OSError, ValueError):
-            continue
     return found

@@ -36,10 +36,8 @@ def unfilled():
 
 def read_checkpoint(folder: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
     """Every tensor of `folder`'s *.safetensors files, on `device`; a file cut since is refused."""
-    tensors: dict[str, torch.Tensor] = {}
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        tensors.update(read_file(path, torch.device(device)))
-    return tensors
+    device, files = torch.device(device), sorted(Path(folder).glob("*.safetensors"))
+    return {k: t for path in files for k, t in read_file(path, device).items()}
 
 
 def read_file(path: Path, device: torch.device, *, staged: bool = False) -> dict[str, torch.Tensor]:

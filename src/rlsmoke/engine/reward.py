@@ -28,9 +28,7 @@ def math_reward(response: str, response_ids: Sequence[int], label: str) -> float
 
 def target_reward(response: str, response_ids: Sequence[int], label: str) -> float:
     """The share of response tokens in a fixed target set: dense, so an untrained group has variance."""
-    if not response_ids:
-        return 0.0
-    return sum(1 for t in response_ids if t % TARGET_MODULUS == 0) / len(response_ids)
+    return sum(t % TARGET_MODULUS == 0 for t in response_ids) / max(len(response_ids), 1)
 
 
 REWARDS: dict[str, Callable[[str, Sequence[int], str], float]] = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import platform as pyplatform
 import time
 from collections.abc import Callable
@@ -223,12 +222,9 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
             run_log.close()
     summaries = []
     for (run_cfg, out), (lines, timing, peaks, decodes) in zip(runs, done, strict=True):
-        if variants:  # each run's own seconds, the first one's with the load
-            seconds = sum(timing[k] for k in ("checkpoint_s", "compile_s", "load_s")) + sum(
-                timing["per_seed_s"]
-            )
-        else:
-            seconds = time.perf_counter() - t0
+        # a variant's own seconds, the first one's with the load
+        own = sum(timing[k] for k in ("checkpoint_s", "compile_s", "load_s")) + sum(timing["per_seed_s"])
+        seconds = own if variants else time.perf_counter() - t0
         summaries.append(_write_records(run_cfg, out, lines, timing, peaks, mem_estimate, where, parallel, repeat,
                                         seconds, decodes))  # fmt: skip
     return summaries
@@ -279,7 +275,7 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
         "seconds": round(seconds, 2),
         "timing": _rounded(timing),
     }
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
 
@@ -288,15 +284,7 @@ def _rounded(x):
         return round(x, 3)
     if isinstance(x, dict):
         return {k: _rounded(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_rounded(v) for v in x]
-    return x
-
-
-def _json_default(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return str(x)
+    return [_rounded(v) for v in x] if isinstance(x, list) else x
 
 
 __all__ = ["execute", "execute_variants", "one_run", "RunError"]

@@ -7,9 +7,13 @@ ranks through pipes: the same path with gloo on CPU (CI) and NCCL on GPUs.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,10 +52,6 @@ def shard(model, *, device_type: str, dtype: torch.dtype | None) -> None:
     for block in decoder_layers(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 class ShardedTrainer(Trainer):
@@ -113,7 +113,8 @@ class Rank(SharedDevice):
         """Each parameter gathered in full and cast to the rollout dtype, one at a time (every rank in order)."""
         dtype = TORCH_DTYPES[self.cfg.rollout_dtype]
         for name, p in self.trainer.model.named_parameters():
-            yield name, _full(p.detach()).to(dtype)
+            t = p.detach()
+            yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t).to(dtype)
 
     @phased("sync")
     def sync(self, skip: bool) -> dict[str, float]:
@@ -165,6 +166,14 @@ def _serve(
         if dist.is_initialized():
             dist.destroy_process_group()
         conn.close()
+
+
+def _on_every_rank(method: str) -> Callable[..., Any]:
+    def call(self: Sharded, *args) -> list:
+        return self._call(method, [args] * self.world)
+
+    call.__name__ = method
+    return call
 
 
 class Sharded:
@@ -224,16 +233,20 @@ class Sharded:
         torch.manual_seed(seed)
         self._call("manual_seed", [(seed,)] * self.world)
 
-    def drop_optimizer_state(self) -> None:
-        self._call("drop_optimizer_state", [()] * self.world)
+    # the same call on every rank; the answers in rank order
+    drop_optimizer_state = _on_every_rank("drop_optimizer_state")
+    memory = _on_every_rank("memory")  # each rank's peak allocated device memory by phase (GiB)
+    offload_state = _on_every_rank("offload_state")
+    keep_initial = _on_every_rank("keep_initial")
+    restore_initial = _on_every_rank("restore_initial")
+    set_variant = _on_every_rank("set_variant")
 
     def generate(self, prompt_ids, n, seed) -> list[Group]:
         shares = self._call("generate", [(prompt_ids, n, seed)] * self.world)
         return sorted((g for share in shares for g in share), key=lambda g: g.prompt_index)
 
     def forward_only(self, groups):
-        shares = self._call("forward_only", [(share,) for share in self._split(groups)])
-        return _interleave(shares)
+        return _interleave(self._call("forward_only", [(share,) for share in self._split(groups)]))
 
     def step(self, groups, old, advantages):
         args = list(zip(self._split(groups), self._split(old), self._split(advantages), strict=True))
@@ -243,13 +256,6 @@ class Sharded:
         results = self._call("sync", [(skip,)] * self.world)
         return {**results[0], "sync/max_abs_diff": max(r["sync/max_abs_diff"] for r in results)}
 
-    def memory(self) -> list:
-        """Each rank's peak allocated device memory by phase (GiB), in rank order."""
-        return self._call("memory", [()] * self.world)
-
-    def offload_state(self) -> list[dict]:
-        return self._call("offload_state", [()] * self.world)
-
     def move_seconds(self) -> dict[str, float]:
         """Per phase, the slowest rank's seconds of offload moves."""
         per_rank = self._call("move_seconds", [()] * self.world)
@@ -258,21 +264,10 @@ class Sharded:
     def parallel(self) -> dict:
         return executed_layout(dp=self.world)
 
-    def keep_initial(self) -> None:
-        self._call("keep_initial", [()] * self.world)
-
-    def restore_initial(self) -> None:
-        self._call("restore_initial", [()] * self.world)
-
-    def set_variant(self, inject, temperature: float) -> None:
-        self._call("set_variant", [(inject, temperature)] * self.world)
-
     def close(self) -> None:
         for conn in self.conns:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 conn.send(("close", ()))
-            except (BrokenPipeError, OSError):
-                pass
         for proc in self.procs:
             proc.join(timeout=30)
             if proc.is_alive():  # only our own children, by handle
@@ -280,11 +275,10 @@ class Sharded:
                 proc.join()
 
 
+_MISSING = object()
+
+
 def _interleave(shares: list[list]) -> list:
     """Undo `items[r::W]`: the r-th share's k-th item was item k*W + r."""
-    total = sum(len(s) for s in shares)
-    out = [None] * total
-    for r, share in enumerate(shares):
-        for k, item in enumerate(share):
-            out[k * len(shares) + r] = item
-    return out
+    rows = itertools.zip_longest(*shares, fillvalue=_MISSING)  # the k-th row: items k*W .. k*W + W-1
+    return [item for row in rows for item in row if item is not _MISSING]

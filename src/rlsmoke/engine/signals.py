@@ -177,11 +177,6 @@ def stop_main_thread() -> None:
     signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
 
-def raise_again(signum: int) -> None:
-    """The stop signal a hosted run received, for this process's own handler (pytest's) to act on."""
-    signal.raise_signal(signum)
-
-
 # --- a pytest session ----------------------------------------------------------------------------
 
 # `timeout` signals pytest, then its process group: a SIGTERM this soon after the first is the same request.

@@ -67,16 +67,12 @@ def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
     if plan.spec.hf_model_type in DIALECTS:  # GLM-5: the config dialect the target's Miles reads
         prepare += ("--dialect", plan.topology.target.checkpoint_dialect)
     runtime_env = json.dumps({"env_vars": {**launch.env, RECORD_DIR_VAR: record_dir}})
+    submit = tuple(launch.job_submit(runtime_env))
     return [
         Step("prepare", "the HF checkpoint, full width", prepare, skip_when=f"[ -e {shlex.quote(hf)} ]"),
         convert_step(plan, paths),
         Step("ray-head", "Ray's head with the plan's GPUs", tuple(launch.ray_start())),
-        Step(
-            "submit",
-            "the job: one GRPO step under Miles",
-            tuple(launch.job_submit(runtime_env)),
-            {RECORD_DIR_VAR: record_dir},
-        ),
+        Step("submit", "the job: one GRPO step under Miles", submit, {RECORD_DIR_VAR: record_dir}),
     ]
 
 

@@ -95,6 +95,11 @@ class Launch:
         return ["ray", "job", "submit", "--address", f"http://{self.master_addr}:8265",
                 "--runtime-env-json", runtime_env_json, "--", *self.argv]  # fmt: skip
 
+    def script_lines(self) -> list[str]:
+        """argv as a shell script writes it: the command, then each group on a continued line."""
+        body = [shlex.join(toks) for toks in self.groups.values() if toks]
+        return [shlex.join(self.argv[:2]) + " \\", *(f"  {line} \\" for line in body[:-1]), f"  {body[-1]}"]
+
     def shell(self) -> str:
         """The launch as one shell-safe command line (env prefix, then argv)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
@@ -158,21 +163,17 @@ def render(
     perf = [
         "--tensor-model-parallel-size", str(t.tp), *(["--sequence-parallel"] if t.sp else []),
         "--pipeline-model-parallel-size", str(t.pp),
-        *_uneven_stages(t.pp_layers),
+        # Megatron's first/last stage sizes, when the split is not even (e.g. 11/11/11/12)
+        *(["--decoder-first-pipeline-num-layers", str(t.pp_layers[0]),
+           "--decoder-last-pipeline-num-layers", str(t.pp_layers[-1])] if len(set(t.pp_layers)) > 1 else []),
         "--context-parallel-size", str(t.cp),
         "--expert-model-parallel-size", str(t.ep),
         "--expert-tensor-parallel-size", str(t.etp),
     ]  # fmt: skip
     if plat == "nvidia":
         # Seed 004 NVIDIA: full recompute and padded, chunked log-probs; the ROCm port drops them.
-        perf += [
-            "--recompute-granularity",
-            "full",
-            "--recompute-method",
-            "uniform",
-            "--recompute-num-layers",
-            "1",
-        ]
+        perf += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+        perf += ["--recompute-num-layers", "1"]
     perf += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(recipe.max_tokens_per_gpu)]
     if plat == "nvidia":
         perf += ["--data-pad-size-multiplier", "4096", "--log-probs-chunk-size", "1024"]
@@ -249,14 +250,6 @@ def render(
         hf_checkpoint=hf_dir,
         ref_load=f"{hf_dir}_torch_dist",
     )
-
-
-def _uneven_stages(pp_layers: tuple[int, ...]) -> list[str]:
-    """Megatron's first/last stage sizes, when the split is not even (e.g. 11/11/11/12)."""
-    if len(pp_layers) < 2 or len(set(pp_layers)) == 1:
-        return []
-    return ["--decoder-first-pipeline-num-layers", str(pp_layers[0]),
-            "--decoder-last-pipeline-num-layers", str(pp_layers[-1])]  # fmt: skip
 
 
 def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool = True) -> dict[str, str]:

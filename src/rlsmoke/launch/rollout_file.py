@@ -14,7 +14,6 @@ writer (`conformance.rollout_schema`); `schema_of` is how both sides are describ
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,6 @@ from rlsmoke.errors import RlsmokeError
 from rlsmoke.shipped import FIXTURES
 
 SCHEMA = FIXTURES / "miles_rollout" / "schema.json"
-FILE_KEYS = ("rollout_id", "metadata", "samples")
-STATUSES = ("completed", "truncated")  # what a finished generation is; Miles' other states are for retries
 TEMPLATE_FIELD = "{rollout_id}"  # Miles formats the path with the rollout's id
 
 
@@ -40,9 +37,8 @@ class RolloutSample:
     response_tokens: tuple[int, ...]
     response_text: str
     reward: float
-    rollout_log_probs: tuple[
-        float, ...
-    ]  # log_softmax(logits / T) of each response token, T = --rollout-temperature
+    # log_softmax(logits / T) of each response token, T = --rollout-temperature
+    rollout_log_probs: tuple[float, ...]
     truncated: bool  # the response hit the length cap without EOS
 
 
@@ -131,35 +127,3 @@ def schema_of(payload: dict) -> dict:
         "file": {k: _type(payload[k]) if k != "samples" else "list" for k in payload},
         "sample": {k: _type(v) for k, v in samples[0].items()},
     }
-
-
-def recorded_schema() -> dict:
-    return json.loads(SCHEMA.read_text())
-
-
-def mismatches(payload: dict, schema: dict | None = None) -> list[str]:
-    """One line per difference between a loaded file and the recorded schema: a field missing, extra, or
-    of another type; plus what Miles' loader and `Sample.validate` refuse."""
-    want = schema or recorded_schema()
-    got = schema_of(payload)
-    out = []
-    for part in ("file", "sample"):
-        for key in sorted(want[part].keys() | got[part].keys()):
-            if key not in got[part]:
-                out.append(f"{part} field {key!r} is missing (Miles' Sample has it)")
-            elif key not in want[part]:
-                out.append(f"{part} field {key!r} is not one of Miles' Sample fields")
-            elif got[part][key] != want[part][key]:
-                out.append(f"{part} field {key!r} is {got[part][key]}, Miles writes {want[part][key]}")
-    for s in payload.get("samples", []):
-        n = s.get("response_length", -1)
-        for key in ("loss_mask", "rollout_log_probs"):
-            if len(s.get(key) or ()) != n:
-                out.append(
-                    f"sample {s.get('index')}: {key} has {len(s.get(key) or ())} entries, response_length {n}"
-                )
-        if s.get("status") not in STATUSES:
-            out.append(
-                f"sample {s.get('index')}: status {s.get('status')!r} is not one of {', '.join(STATUSES)}"
-            )
-    return out

@@ -103,17 +103,17 @@ def steps(tp: TrainOnlyPlan) -> list[flow.Step]:
     prepare = ("rlsmoke", "prepare", tp.plan.case.name, "--out", hf, *(["--tiny"] if tp.tiny else []))
     if tp.plan.spec.hf_model_type in DIALECTS:
         prepare += ("--dialect", tp.plan.topology.target.checkpoint_dialect)
-    head = tp.launch.master_addr
+    train_env = {
+        RAY_ADDRESS_VAR: f"{tp.launch.master_addr}:{RAY_GCS_PORT}",
+        flow.RECORD_DIR_VAR: tp.record_dir,
+    }
     return [
         flow.Step("prepare", "the HF checkpoint", prepare, skip_when=f"[ -e {shlex.quote(hf)} ]"),
         flow.convert_step(tp.plan, tp.paths),
         rollout_step(tp),
         flow.Step("ray-head", "Ray's head with one GPU, no dashboard", tuple(ray_head_train_only(tp.launch))),
         flow.Step(
-            "train",
-            "Miles' train.py on the rollout file, no SGLang",
-            tuple(tp.launch.argv),
-            {RAY_ADDRESS_VAR: f"{head}:{RAY_GCS_PORT}", flow.RECORD_DIR_VAR: tp.record_dir},
+            "train", "Miles' train.py on the rollout file, no SGLang", tuple(tp.launch.argv), train_env
         ),
     ]
 
@@ -129,11 +129,7 @@ def shell_script(tp: TrainOnlyPlan) -> str:
             lines.append(step.shell())
         elif step.name == "train":
             lines += [f"export {k}={shlex.quote(v)}" for k, v in step.env.items()]
-            lines.append(shlex.join(tp.launch.argv[:2]) + " \\")
-            body = [toks for toks in tp.launch.groups.values() if toks]
-            lines += [
-                "  " + shlex.join(toks) + (" \\" if i < len(body) - 1 else "") for i, toks in enumerate(body)
-            ]
+            lines += tp.launch.script_lines()
         else:
             lines.append(f"{step.skip_when} || {step.shell()}" if step.skip_when else step.shell())
     return "\n".join(lines)

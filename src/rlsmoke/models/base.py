@@ -44,9 +44,8 @@ class ParallelGrid:
     pp: int = 1  # a long model's stages ...
     pp_from: int = 0  # ... from this many GPUs
     cp: int = 1  # seed 004's launcher: this CP once the GPUs left after TP number at least as many
-    main_cp_from: int = (
-        0  # Miles main's launcher: CP `cp` only for a long model from this many GPUs (0: never)
-    )
+    # Miles main's launcher: CP `cp` only for a long model from this many GPUs (0: never)
+    main_cp_from: int = 0
     whole_from: int = 0  # a long model from this many GPUs takes `whole` as it stands
     whole: Mapping = field(default_factory=frozen)
     engine_gpus: int = 8  # the rollout's GPUs per engine, at most the rollout GPUs
@@ -93,7 +92,7 @@ class ModelSpec:
 
     def hf_text_kwargs(self) -> dict:
         """Constructor kwargs of the (text) HF config. Derived per-layer lists are left to transformers."""
-        kw = {
+        return {
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.ffn_hidden_size,
@@ -105,9 +104,7 @@ class ModelSpec:
             "num_experts_per_tok": self.moe_topk,
             "first_k_dense_replace": self.first_k_dense,
             "tie_word_embeddings": False,
-        }
-        kw.update(self.hf_extra)
-        return kw
+        } | dict(self.hf_extra)
 
     def megatron_args(self) -> list[str]:
         assert self.megatron_args_fn is not None, f"{self.name} has no Megatron args"

@@ -42,9 +42,8 @@ def _mla(h: int, heads: int, x: dict) -> int:
     q_rank, kv_rank = x["q_lora_rank"], x["kv_lora_rank"]
     nope, rope, v = x["qk_nope_head_dim"], x["qk_rope_head_dim"], x["v_head_dim"]
     n = h * q_rank + q_rank + q_rank * heads * (nope + rope)  # q_a, q_a_layernorm, q_b
-    n += (
-        h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
-    )  # kv_a_proj_with_mqa, kv_a_layernorm, kv_b
+    # kv_a_proj_with_mqa, kv_a_layernorm, kv_b
+    n += h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
     n += heads * v * h  # o_proj
     return n
 
@@ -68,11 +67,6 @@ def _kda(h: int, x: dict) -> int:
     n += h * dim + dim * qkv + dim  # g_a, g_b, o_norm
     n += qkv * h  # o_proj
     return n
-
-
-def _hyper_connection(h: int, mult: int) -> int:
-    width = (2 + mult) * mult
-    return width * mult * h + width + 3  # fn, base, scale
 
 
 # transformers' Glm5NextVisionConfig defaults, used where the spec leaves the vision tower unset.
@@ -102,9 +96,8 @@ def parameter_count(spec) -> ParamCount:
     h, x = spec.hidden_size, dict(spec.hf_extra)
     norm = 2 * h  # input_layernorm, post_attention_layernorm
     dense_mlp = 3 * h * spec.ffn_hidden_size
-    experts = (
-        spec.num_experts * 3 * h * spec.moe_ffn_hidden_size
-    )  # gate_up_proj (E, 2I, h), down_proj (E, h, I)
+    # gate_up_proj (E, 2I, h), down_proj (E, h, I)
+    experts = spec.num_experts * 3 * h * spec.moe_ffn_hidden_size
     shared = x.get("n_shared_experts", 1) * 3 * h * spec.moe_ffn_hidden_size
     moe_mlp = experts + shared + spec.num_experts * h  # + the router weight
     embedding = spec.vocab_size * h
@@ -116,7 +109,9 @@ def parameter_count(spec) -> ParamCount:
         kpool = x.get("index_kpool", 16)
         attn = [_kda(h, x) if is_kda_layer(spec, i) else _mla(h, spec.num_attention_heads, x) + _indexer(h, x, kpool=kpool)
                 for i in range(spec.num_layers)]  # fmt: skip
-        norm += 2 * _hyper_connection(h, x.get("hc_mult", 4))  # attn_hc, ffn_hc
+        hc = x.get("hc_mult", 4)
+        width = (2 + hc) * hc
+        norm += 2 * (width * hc * h + width + 3)  # attn_hc, ffn_hc: each a fn, base and scale
         root += _glm5_next_vision(dict(spec.hf_outer))
     elif spec.hf_model_type == "glm4_moe":
         heads, groups = spec.num_attention_heads, spec.num_query_groups

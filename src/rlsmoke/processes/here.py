@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -54,7 +55,7 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
         err = stack.enter_context(Path(errors).open("a", encoding="utf-8")) if errors else out
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
-        try:
+        with contextlib.suppress(KeyboardInterrupt):  # a stop that landed outside `main`: `got` has it
             with _environment(env), _output_to(out, err), signals.hosted(got):
                 if timer is not None:
                     timer.start()
@@ -65,13 +66,11 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
                         done.set()
                     if timer is not None:
                         timer.cancel()
-        except KeyboardInterrupt:  # a stop that landed outside `main`: `got` has it
-            pass
         if expired.is_set():
             out.write(f"rlsmoke: timed out after {time.monotonic() - started:.0f} s; stopped the run\n")
     timed_out = expired.is_set()
     if got and not timed_out:
-        signals.raise_again(got[0])  # the caller's handler: pytest's ends the session
+        signal.raise_signal(got[0])  # again, for the caller's own handler: pytest's ends the session
     return Result(argv, None if timed_out else code, timed_out, time.monotonic() - started, log)
 
 
@@ -170,10 +169,8 @@ def start_forked(
     )
     process.start()
     ready_w.close()
-    try:
+    with contextlib.suppress(EOFError):
         ready_r.recv()  # it leads its own session now: the runner may stop it by group
-    except EOFError:
-        pass
     ready_r.close()
     return ForkedRun(process)
 

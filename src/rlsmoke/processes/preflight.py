@@ -19,14 +19,6 @@ from rlsmoke.paths import check_dir
 TIMEOUT_S = 180.0  # an import of Miles, Megatron and SGLang; a parse takes well under a second
 
 
-def _flags_in(message: str) -> list[str]:
-    """The flags argparse's message names: every one after `unrecognized arguments:`, else the first."""
-    if "unrecognized arguments:" in message:
-        return [t for t in message.split("unrecognized arguments:", 1)[1].split() if t.startswith("-")]
-    found = re.findall(r"--[\w-]+", message)
-    return found[:1]
-
-
 def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None:
     """`[miles.flags]` when Miles refuses `launch.argv`; `[miles.preflight]` when its parser cannot run."""
     miles_root = check_dir(
@@ -40,13 +32,8 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
     with tempfile.TemporaryDirectory(prefix="rlsmoke-preflight-") as tmp:
         args_file, result_file = Path(tmp) / "argv.json", Path(tmp) / "result.json"
         args_file.write_text(json.dumps(launch.argv[2:]))
-        cmd = [
-            sys.executable,
-            "-m",
-            "rlsmoke.processes.miles_parser_driver",
-            str(args_file),
-            str(result_file),
-        ]
+        cmd = [sys.executable, "-m", "rlsmoke.processes.miles_parser_driver"]
+        cmd += [str(args_file), str(result_file)]
         try:
             proc = _parse_in_own_group(cmd, miles_root, env, timeout)
         except subprocess.TimeoutExpired:
@@ -60,7 +47,13 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
                                    "Megatron-LM on PYTHONPATH")  # fmt: skip
         result = json.loads(result_file.read_text())
     if not result["accepted"]:
-        flags = _flags_in(result["message"])
+        # the flags argparse's message names: every one after `unrecognized arguments:`, else the first
+        before, unrecognized, named = result["message"].partition("unrecognized arguments:")
+        flags = (
+            [t for t in named.split() if t.startswith("-")]
+            if unrecognized
+            else re.findall(r"--[\w-]+", before)[:1]
+        )
         which = " ".join(flags) if flags else "the argv"
         raise RlsmokeError(
             f"the Miles at {miles_root} refuses {which}, rendered for target {target}: {result['message']}",

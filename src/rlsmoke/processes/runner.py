@@ -6,6 +6,7 @@ process still carrying the token (a setsid daemon, as Ray's) is killed by pid. N
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -44,10 +45,8 @@ class Result:
 
 def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
     """os.environ without proxy variables, plus `extra`; the interpreter's bin dir first."""
-    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
-    env.update(extra)
-    for var in PROXY_VARS:  # a plan could not reintroduce one either
-        env.pop(var, None)
+    # a plan could not reintroduce a proxy variable either
+    env = {k: v for k, v in {**os.environ, **dict(extra)}.items() if k not in PROXY_VARS}
     bindir = str(Path(sys.executable).parent)
     if env.get("PATH", "").split(os.pathsep)[0] != bindir:  # `python3`, `ray`, `rlsmoke` of this venv
         env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
@@ -61,24 +60,19 @@ def tree_pids(token: str, sid: int | None = None) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):  # gone, or not ours to read
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             if fields[0] == "Z":
                 continue
-            if sid is not None and int(fields[3]) == sid:
+            in_session = sid is not None and int(fields[3]) == sid
+            if in_session or needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 found.append(int(entry))
-            elif needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                found.append(int(entry))
-        except (OSError, IndexError, ValueError):  # gone, or not ours to read
-            continue
     return found
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -> None:
@@ -94,15 +88,11 @@ def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -
         if not pids:
             break
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         time.sleep(0.05)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
@@ -194,18 +184,28 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: floa
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------
 
 
-def ray_start_argv(ray_start: Sequence[str], ports, temp_dir: str) -> list[str]:
-    """The plan's `ray start --head` with our ports, temp dir and `--block` (stopping it stops ours only)."""
+def ray_head_ports(ports, temp_dir: str) -> list[str]:
+    """A `ray start --head`'s flags for our leased ports, our temp dir and `--block` (the head is our session's
+    leader: stopping it stops this cluster only, never another one on the host)."""
     lo, hi = ports.worker_ports
-    return [*ray_start, "--port", str(ports.gcs), "--dashboard-host", "127.0.0.1",
-            "--dashboard-port", str(ports.dashboard), "--include-dashboard", "true",
-            "--dashboard-agent-listen-port", str(ports.dashboard_agent_listen),
+    return ["--port", str(ports.gcs), "--dashboard-agent-listen-port", str(ports.dashboard_agent_listen),
             "--dashboard-agent-grpc-port", str(ports.dashboard_agent_grpc),
             "--metrics-export-port", str(ports.metrics_export),
             "--node-manager-port", str(ports.node_manager), "--object-manager-port", str(ports.object_manager),
             "--runtime-env-agent-port", str(ports.runtime_env_agent),
-            "--min-worker-port", str(lo), "--max-worker-port", str(hi),
-            "--temp-dir", temp_dir, "--block", *_client_port(ports)]  # fmt: skip
+            "--min-worker-port", str(lo), "--max-worker-port", str(hi), "--temp-dir", temp_dir, "--block"]  # fmt: skip
+
+
+def stop_ray_head(head: Process, temp_dir: str, artifacts: Path, result: Result | None) -> None:
+    """The head and its cluster end; Ray's own logs say what went wrong, kept when something did."""
+    head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
+    head.stop(grace=HEAD_GRACE_S)
+    logs = Path(temp_dir) / "session_latest" / "logs"
+    if (head_died or result is None or not result.ok) and logs.is_dir():
+        shutil.copytree(
+            logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
+        )
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _client_port(ports) -> list[str]:
@@ -235,12 +235,10 @@ def wait_dashboard(port: int, proc: Process, timeout: float) -> None:
         if proc.proc.poll() is not None:
             raise RuntimeError(f"`ray start` exited with {proc.proc.returncode} before its dashboard came up; "
                                f"see {proc.log}")  # fmt: skip
-        try:
+        with contextlib.suppress(OSError):
             with opener.open(f"http://127.0.0.1:{port}/api/version", timeout=2) as resp:
                 if resp.status == 200:
                     return
-        except OSError:
-            pass
         time.sleep(0.5)
     raise TimeoutError(
         f"Ray's dashboard on port {port} did not answer within {timeout:.0f} s; see {proc.log}"
@@ -256,7 +254,9 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
     # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
     # Each Process has its own token: the job's stop must not SIGKILL the cluster before the head's stop.
-    head = Process(ray_start_argv(launch.ray_start(), ports, temp_dir), env=full_env, cwd=miles_root,
+    dashboard = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports.dashboard)]
+    dashboard += ["--include-dashboard", "true", *_client_port(ports)]
+    head = Process([*launch.ray_start(), *ray_head_ports(ports, temp_dir), *dashboard], env=full_env, cwd=miles_root,
                    log=artifacts / "ray-head.log")  # fmt: skip
     result = None
     try:
@@ -266,17 +266,5 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
         submit = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
         result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left, echo=echo)
     finally:
-        head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
-        head.stop(grace=HEAD_GRACE_S)  # Ray's logs say what went wrong: kept when something did
-        if head_died or result is None or not result.ok:
-            _keep_ray_logs(temp_dir, artifacts)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop_ray_head(head, temp_dir, artifacts, result)
     return result
-
-
-def _keep_ray_logs(temp_dir: str, artifacts: Path) -> None:
-    logs = Path(temp_dir) / "session_latest" / "logs"
-    if logs.is_dir():
-        shutil.copytree(
-            logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
-        )

@@ -28,18 +28,6 @@ from rlsmoke.processes import miles_flow
 from rlsmoke.recipe import Recipe
 
 
-def ray_head_argv(tp: TrainOnlyPlan, ports, temp_dir: str) -> list[str]:
-    """The plan's head with our leased ports, our temp dir and `--block` (the head is our session's leader:
-    stopping it stops this cluster only, never another one on the host)."""
-    lo, hi = ports.worker_ports
-    return [*ray_head_train_only(tp.launch), "--port", str(ports.gcs),
-            "--node-manager-port", str(ports.node_manager), "--object-manager-port", str(ports.object_manager),
-            "--runtime-env-agent-port", str(ports.runtime_env_agent), "--metrics-export-port", str(ports.metrics_export),
-            "--dashboard-agent-listen-port", str(ports.dashboard_agent_listen),
-            "--dashboard-agent-grpc-port", str(ports.dashboard_agent_grpc),
-            "--min-worker-port", str(lo), "--max-worker-port", str(hi), "--temp-dir", temp_dir, "--block"]  # fmt: skip
-
-
 def wait_port(port: int, head, timeout: float) -> None:
     """Until the head's GCS accepts connections; the head exiting first is an error with its log."""
     deadline = time.monotonic() + timeout
@@ -59,7 +47,6 @@ def wait_port(port: int, head, timeout: float) -> None:
 def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP_TIMEOUT_S, echo=None):
     """The pre-flight, convert (unless done), the rollout, Ray's head and Miles' train.py; the first step
     that fails ends the flow and its Result is returned. The HF checkpoint must be there (`prepare_hf`)."""
-    import shutil
     import tempfile
 
     from rlsmoke.processes import preflight, runner
@@ -83,9 +70,8 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP
     search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
     full_env = runner.clean_env({**tp.launch.env, **env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
-    head = runner.Process(
-        ray_head_argv(tp, ports, temp_dir), env=full_env, cwd=miles_root, log=out / "ray-head.log"
-    )
+    head_argv = [*ray_head_train_only(tp.launch), *runner.ray_head_ports(ports, temp_dir)]
+    head = runner.Process(head_argv, env=full_env, cwd=miles_root, log=out / "ray-head.log")
     result = None
     try:
         wait_port(ports.gcs, head, timeout=min(120.0, timeout))
@@ -97,15 +83,7 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP
         result = runner.run(tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout,
                             echo=echo)  # fmt: skip
     finally:
-        head_died = head.proc.poll() is not None
-        head.stop(grace=runner.HEAD_GRACE_S)
-        if head_died or result is None or not result.ok:  # Ray's own logs say what went wrong
-            logs = Path(temp_dir) / "session_latest" / "logs"
-            if logs.is_dir():
-                shutil.copytree(
-                    logs, out / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
-                )
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        runner.stop_ray_head(head, temp_dir, out, result)
         ports.release()
     return result
 

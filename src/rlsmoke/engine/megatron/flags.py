@@ -51,6 +51,7 @@ FIELDS = {
     "qk_pos_emb_head_dim": int,
     "rotary_base": float,
 }
+MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "v_head_dim", "qk_pos_emb_head_dim", "rotary_base")
 # Megatron-LM flag -> (field, value when present, or None to read the flag's value)
 RENAMED = {
     "--num-experts": ("num_moe_experts", None),
@@ -83,16 +84,8 @@ def config_kwargs(argv: list[str], *, mla: bool) -> dict:
     import torch
 
     kwargs: dict = {"bf16": True, "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16}
-    mla_only = {
-        "q_lora_rank",
-        "kv_lora_rank",
-        "qk_head_dim",
-        "v_head_dim",
-        "qk_pos_emb_head_dim",
-        "rotary_base",
-    }
     for field, convert in FIELDS.items():
-        if field in mla_only and not mla:
+        if field in MLA_ONLY and not mla:
             continue
         flag = "--" + field.replace("_", "-")
         if convert is bool:

@@ -15,18 +15,13 @@ import torch
 from rlsmoke.bridge.convert import Parallel, padded_vocab
 from rlsmoke.engine.megatron import refusal
 from rlsmoke.engine.megatron.flags import config_kwargs, flag_value
-from rlsmoke.engine.megatron.layers import (
-    core_attention_cls,
-    sequence_parallel_norms,
-)
+from rlsmoke.engine.megatron.layers import core_attention_cls, sequence_parallel_norms
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
-# Flags whose feature needs TransformerEngine (or a CUDA-only kernel) and the local equivalent used.
-LOCAL_EQUIVALENTS = {
-    "moe_grouped_gemm": False,  # SequentialMLP: one Linear pair per expert, same math
-    "moe_permute_fusion": False,
-}
+# Flags whose feature needs TransformerEngine (or a CUDA-only kernel) and the local equivalent used
+# (without grouped GEMM, SequentialMLP: one Linear pair per expert, same math).
+LOCAL_EQUIVALENTS = {"moe_grouped_gemm": False, "moe_permute_fusion": False}
 
 
 def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, params_dtype: torch.dtype,
@@ -136,9 +131,7 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
     why = refusal(spec)  # RunConfig.validate refuses it first, before anything loads
     if why:
         raise RlsmokeError(
-            why,
-            rule="megatron.model",
-            fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested",
+            why, rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested"
         )
     from megatron.core.models.gpt import GPTModel
 
@@ -157,8 +150,11 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
             rotary_base=int(float(flag_value(argv, "--rotary-base") or 10000)),
             share_embeddings_and_output_weights="--untie-embeddings-and-output-weights" not in argv,
         )
-    if "--multi-latent-attention" in argv:
-        _latent_norm_eps(model)
+    # the DSA indexer's key norm too: HF builds it as LayerNorm(eps=1e-6), megatron-core with layernorm_epsilon
+    latent_norms = ("self_attention.q_layernorm", "self_attention.kv_layernorm", "indexer.k_norm")
+    for name, module in model.named_modules() if "--multi-latent-attention" in argv else ():
+        if name.endswith(latent_norms) and hasattr(module, "eps"):
+            module.eps = MLA_LATENT_NORM_EPS
     _mark_tensor_parallel(model)
     return model.to(device)
 
@@ -190,14 +186,6 @@ def _mark_tensor_parallel(model) -> None:
 # GLM-5's HF q_a_layernorm and kv_a_layernorm use RMSNorm's default eps (1e-6), not rms_norm_eps (1e-5):
 # with 1e-5 the logits differed from HF's by 2.6e-3 (tiny GLM-5, fp32).
 MLA_LATENT_NORM_EPS = 1e-6
-
-
-def _latent_norm_eps(model) -> None:
-    # the DSA indexer's key norm too: HF builds it as LayerNorm(eps=1e-6), megatron-core with layernorm_epsilon
-    for name, module in model.named_modules():
-        if name.endswith(("self_attention.q_layernorm", "self_attention.kv_layernorm", "indexer.k_norm")):
-            if hasattr(module, "eps"):
-                module.eps = MLA_LATENT_NORM_EPS
 
 
 def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:

@@ -27,6 +27,4 @@ def score(sample) -> float:
 
 
 async def target(args, sample, **kwargs):
-    if isinstance(sample, list):
-        return [score(s) for s in sample]
-    return score(sample)
+    return [score(s) for s in sample] if isinstance(sample, list) else score(sample)
