@@ -34,6 +34,11 @@ def moe_tp(rollout) -> int:
     return max(1, rollout.tp // rollout.ep) if rollout.ep > 0 else 0
 
 
+def _heads(s: ModelSpec, kv: str = "KV heads") -> str:
+    gqa = f", or neither divides nor is a multiple of the {kv} ({s.num_query_groups})"
+    return f"the attention heads ({s.num_attention_heads})" + (gqa if s.attention == "gqa" else "")
+
+
 def _heads_shard(tp: int, s: ModelSpec) -> bool:
     """The heads split over `tp`; under GQA the KV heads split too, or are replicated a whole number of times."""
     kv = s.num_query_groups
@@ -126,18 +131,14 @@ RULES: tuple[Rule, ...] = (
         lambda t, s: _heads_shard(attention_tp(t.rollout), s),
         lambda t, s: f"SGLang's attention TP ({attention_tp(t.rollout)}: rollout.tp"
         + (f"/dp = {t.rollout.tp}/{t.rollout.dp}" if t.rollout.dp_attention else "")
-        + f") does not divide the attention heads ({s.num_attention_heads})"
-        + (f", or neither divides nor is a multiple of the KV heads ({s.num_query_groups})"
-           if s.attention == "gqa" else ""),
+        + f") does not divide {_heads(s)}",
         "Adjust rollout.gpus_per_engine (or rollout.dp under dp-attention) so that the attention TP divides the heads.",
     ),
     Rule(
         "megatron.tp_divides_heads",
         # Under GQA, TP may also be a multiple of the query groups (megatron-core replicates KV heads).
         lambda t, s: _heads_shard(t.train.tp, s),
-        lambda t, s: f"train.tp={t.train.tp} does not divide the attention heads ({s.num_attention_heads})"
-        + (f", or neither divides nor is a multiple of the query groups ({s.num_query_groups})"
-           if s.attention == "gqa" else ""),
+        lambda t, s: f"train.tp={t.train.tp} does not divide {_heads(s, 'query groups')}",
         "Adjust train.tp to a divisor of the heads (under GQA: one that divides or is a multiple of the query groups).",
     ),
     Rule(
