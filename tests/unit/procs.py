@@ -89,19 +89,20 @@ class ForkedCli:
     the process tests use, for `python -m rlsmoke.cli ...` forked from multiprocessing's fork server
     (`launch.here.start_forked`): the run as a spawned one, without an interpreter's imports."""
 
-    def __init__(self, argv, folder: Path, env=None, setup=None):
+    def __init__(self, argv, folder: Path, env=None, setup=None, stdout: str | None = None):
         """`setup` (picklable, called in the child before `rlsmoke.cli.main`) is what a test asks more of
-        the process, as `preexec_fn` would: a file-size limit, a patched function. With a setup, stdout
-        goes to /dev/null (only stderr is read), so that a file-size limit binds the run's own files."""
+        the process, as `preexec_fn` would: a file-size limit, a patched function, a search path.
+        `stdout` replaces the folder's stdout file (os.devnull: a file-size limit binds only the run's files)."""
         folder.mkdir(parents=True, exist_ok=True)
         self._out, self._err = folder / "stdout", folder / "stderr"
         for path in (self._out, self._err):
             path.write_text("")
+        if stdout is not None:
+            self._out = Path(stdout)
         env = dict(os.environ if env is None else env)
         if setup is None:
             self._run = here.start_forked(argv, env, self._out, self._err)
         else:
-            self._out = Path(os.devnull)
             self._run = _start_forked_with(setup, argv, env, self._out, self._err)
         self.pid = self._run.pid
 
@@ -157,3 +158,13 @@ def limit_file_size(limit: int) -> None:
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def first_on_path(folder: str) -> None:
+    """`folder` first on sys.path, as PYTHONPATH puts it for a fresh interpreter; refused when one of its
+    modules is imported already (the fork server's), since the folder could then change nothing."""
+    import sys
+
+    taken = [p.stem for p in Path(folder).iterdir() if p.stem in sys.modules]
+    assert not taken, f"imported before {folder} went on the path: {taken}"
+    sys.path.insert(0, folder)

@@ -23,12 +23,12 @@ from rlsmoke.errors import ExitCode, RlsmokeError
 CASE = "glm4.5-355b-a32b-4layer"
 
 
-def rlsmoke_run(out, *argv: str, setup=None):
+def rlsmoke_run(out, *argv: str, setup=None, stdout=None):
     """`rlsmoke run` into `out`, forked with the engine imported; `setup` is called in the child first
     (a file-size limit, a patched function)."""
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out), *argv]
     io = Path(tempfile.mkdtemp(prefix="rlsmoke-io-"))  # not beside --out: a full disk
-    return ForkedCli(argv, io, setup=setup)
+    return ForkedCli(argv, io, setup=setup, stdout=stdout)
 
 
 def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
@@ -122,7 +122,7 @@ def test_records_are_one_runs_complete_or_absent_an_overwrite_replaces_them_once
 @pytest.mark.parametrize("room", [1000, 5000])  # bytes a file may take: run.log, then the gated summary.json
 def test_records_are_one_runs_complete_or_absent_no_room_is_one_disk_full_line(tmp_path, room):
     out = tmp_path / "D"
-    code, err = finished(rlsmoke_run(out, setup=functools.partial(limit_file_size, room)))
+    code, err = finished(rlsmoke_run(out, setup=functools.partial(limit_file_size, room), stdout=os.devnull))
     assert code == ExitCode.USAGE, err
     one_error_line(err, "disk.full")
     assert str(out) in err and not leftovers(out), err
