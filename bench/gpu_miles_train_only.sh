@@ -3,14 +3,16 @@
 # (bench/miles_carry_make.sh makes it; its pieces travel one a call, and a warm host keeps them):
 #   bench/gpu_miles_train_only.sh receive OUT        move .miles-carry's pieces to $MILES_ENV/carry
 #   bench/gpu_miles_train_only.sh misc OUT           once the first pieces are there: unpack all but TE's
-#                                                    core, build TE's torch extension against the host's
-#                                                    torch, probe Ray, prepare the HF checkpoint
-#   bench/gpu_miles_train_only.sh te OUT             once every piece is there: TE's core; probe TE, the imports
+#                                                    core, then start `build` in its own session and return
+#   bench/gpu_miles_train_only.sh build OUT          (from misc) TE's torch extension built against the host's
+#                                                    torch, Ray probed, the HF checkpoint prepared
+#   bench/gpu_miles_train_only.sh te OUT             once every piece is there: TE's core; wait for the build;
+#                                                    probe TE, the imports
 #   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT), then
 #                                                    ten seeds in one launch and a key calibrated from them
 # Nothing of the host is upgraded: Miles' packages go --no-deps into $MILES_ENV/site, ahead on PYTHONPATH.
 set -uo pipefail
-stage=${1:?receive, misc, te or suite}; out=${2:-/tmp/miles-out}
+stage=${1:?receive, misc, build, te or suite}; out=${2:-/tmp/miles-out}
 env_dir=${MILES_ENV:-/root/miles-env}; site=$env_dir/site
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$env_dir/carry" "$out"
@@ -28,6 +30,11 @@ misc)
   cd "$env_dir/carry" && read -r _ misc_bytes < <(grep '^misc ' sizes) || exit 2
   timed unpack-misc bash -c "cat piece-* | head -c $misc_bytes | xz -d | tar -x -C $env_dir"
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
+  # The build goes on in a session of its own while the next pieces travel; `te` waits for it.
+  rm -f "$env_dir/build.done"
+  setsid nohup bash "$here/bench/gpu_miles_train_only.sh" build "$env_dir/build-out" > "$env_dir/build.log" 2>&1 < /dev/null &
+  cat "$out/timing.txt"; echo "build: started in the background (pid $!), log $env_dir/build.log" ;;
+build)
   # No binary wheel exists: build it against this host's torch and CUDA toolkit. cudnn.h and nccl.h come
   # from the host's pip packages (the toolkit has neither); TE's core is loaded at run time. torch's
   # CppExtension links no libtorch_cuda, and --as-needed would drop what it does link: both named here.
@@ -39,26 +46,32 @@ misc)
   timed te-torch python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$env_dir"/wheel/transformer_engine_torch-*.whl
   timed probe-ray timeout 180 python3 -c 'import ray; ray.init(num_gpus=1, include_dashboard=False); print(ray.cluster_resources()); ray.shutdown()'
   timed prepare timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' prepare glm4.5-355b-a32b-4layer
-  cat "$out/timing.txt"; tail -5 "$out"/probe-ray.txt "$out"/te-torch-build.txt ;;
+  touch "$env_dir/build.done" ;;
 te)
   cd "$env_dir/carry" && sha256sum -c --quiet SHA256SUMS || { echo "error: [bench.carry] a piece is missing or torn"; exit 2; }
   read -r _ misc_bytes < <(grep '^misc ' sizes)
   timed unpack-te bash -c "cat piece-* | tail -c +$((misc_bytes + 1)) | xz -d | tar -x -C $env_dir"
+  until [ -f "$env_dir/build.done" ] || [ "$(left)" -lt 60 ]; do sleep 5; done  # the misc stage's build
+  cat "$env_dir/build-out/timing.txt"; tail -n 5 "$env_dir"/build-out/{te-torch-build,probe-ray,prepare}.txt
   timed probe-te timeout 180 python3 -c 'import torch, transformer_engine.pytorch as te; l = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda(); print(l(torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)).shape, te.__file__)'
   timed probe-miles timeout 300 env PYTHONPATH=$RLSMOKE_MILES_ROOT:$RLSMOKE_MEGATRON_ROOT:$PYTHONPATH python3 -c 'import train, miles.backends.megatron_utils.actor; print("miles imports")'
-  cat "$out/timing.txt"; tail -5 "$out"/probe-*.txt ;;
+  cat "$out/timing.txt"; tail -n 5 "$out"/probe-*.txt ;;
 suite)
   shift 2
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
   cd "$here" && timed suite timeout "$(left)" python3 -m pytest -p no:cacheprovider -m nvidia -x -v \
-    tests/e2e/test_miles_train_only_nvidia.py --junitxml "$out/junit.xml" --artifacts-dir "$out/artifacts" "$@"
+    tests/e2e/test_miles_train_only_nvidia.py --junitxml "$out/junit.xml" --artifacts-dir="$out/artifacts" --basetemp "$out/pt" "$@"
   # ten seeds in one launch (--repeat: step i on seed i's rollout), then a calibrated key from them
   [ "$(left)" -gt 600 ] && timed seeds timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
     run glm4.5-355b-a32b-4layer --launcher miles --train-only --miles-root "$RLSMOKE_MILES_ROOT" \
     --megatron-root "$RLSMOKE_MEGATRON_ROOT" --platform nvidia --num-gpus 1 --model-dir "$RLSMOKE_MILES_MODELS" --repeat 10 --out "$out/seeds"
   [ -f "$out/seeds/summary.json" ] && timed calibrate python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
     calibrate "$out/seeds" --write "$out/miles-calibrated.json"
-  tail -40 "$out/suite.txt"; tail -15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/timing.txt"
+  # the runs' logs and records, without checkpoints or rollout files (OUT keeps two folders down)
+  tar -czf "$out/runs.tgz" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.distcp' --exclude='*_torch_dist' \
+    -C "$out" pt seeds 2>/dev/null
+  for log in "$out"/pt/*/*/run.log; do [ -f "$log" ] && { echo "== $log"; tail -25 "$log"; }; done
+  tail -40 "$out/suite.txt"; tail -n 15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/timing.txt"
   [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
-*) echo "error: [bench.stage] $stage is not receive, misc, te or suite"; exit 2 ;;
+*) echo "error: [bench.stage] $stage is not receive, misc, build, te or suite"; exit 2 ;;
 esac

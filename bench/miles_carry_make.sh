@@ -3,7 +3,7 @@
 # in pieces small enough to carry one a call (bench/gpu_miles_train_only.sh receives and joins them).
 #   bench/miles_carry_make.sh [PIECE_MIB]          (where a package index is reachable; about 10 minutes)
 # Needs: git mirrors of radixark/miles and radixark/Megatron-LM in MILES_GIT and MEGATRON_GIT, and in
-# TORCH_PYTHON an interpreter with a CUDA build of torch (any version; no GPU needed).
+# TORCH_PYTHON an interpreter with a CUDA build of torch (any version; no GPU needed), or TE_SDIST.
 set -euo pipefail
 piece=${1:-52}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,8 +18,11 @@ grep -v '^#' "$root/bench/miles_carry.txt" > "$work/pins.txt"
 python3 -m pip download -q --no-deps --only-binary=:all: "${plat[@]}" -d "$work/wheels" -r "$work/pins.txt"
 # TE's torch extension has no binary wheel: its sdist is built on the host, against the host's torch.
 # pip reads the sdist's metadata by running its setup.py, which imports a CUDA build of torch.
-"${TORCH_PYTHON:-python3}" -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d "$work/sdist" \
-  transformer-engine-torch==2.17.0
+# TE_SDIST names an sdist already downloaded (no CUDA torch needed then).
+if [ -n "${TE_SDIST:-}" ]; then cp "$TE_SDIST" "$work/sdist/"; else
+  "${TORCH_PYTHON:-python3}" -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d "$work/sdist" \
+    transformer-engine-torch==2.17.0
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --only-binary=:all: "${plat[@]}" --target "$work/site" \
   "$work"/wheels/*.whl
 site=$work/site

@@ -1,7 +1,5 @@
-"""rlsmoke: one-step end-to-end tests for GRPO post-training of large MoE models.
-
-The public names load lazily, so `import rlsmoke` (and a test module's collection) never imports torch.
-"""
+"""rlsmoke: one-step end-to-end tests for GRPO post-training of large MoE models. Names load lazily, so
+`import rlsmoke` never imports torch."""
 
 from __future__ import annotations
 

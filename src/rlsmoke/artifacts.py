@@ -30,8 +30,8 @@ class Artifacts:
     num_gpus: int | None = None  # --num-gpus / NUM_GPUS when given: replaces the module's NUM_GPUS
     miles_root: Path | None = None
     model_dir: Path | None = None
-    lease: object | None = None  # launch.lease.GpuLease
-    ports: object | None = None  # launch.lease.PortLease
+    lease: object | None = None  # processes.lease.GpuLease
+    ports: object | None = None  # processes.lease.PortLease
     timeout: float | None = None
     update_golden: bool = False
     history: Path | None = None
@@ -90,8 +90,7 @@ def disk_full(path: Path, exc: OSError | None = None) -> RlsmokeError:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """`path` holds `text` whole, or is as it was: a reader never sees half a file, and the temporary
-    file is removed on any failure (a full disk included)."""
+    """`path` holds `text` whole, or is as it was; the temporary file goes on any failure."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -116,15 +115,9 @@ def earlier_records(out: Path, *, overwrite: bool) -> list[str]:
 
 
 class RunFolder:
-    """The --out of one run, held exclusively while it runs.
-
-    A lock file (`.rlsmoke.lock`, flock) makes a second run into the same folder fail at once
-    (`run.out_locked`) without touching it. The earlier records of a folder are kept unless
-    `overwrite`; then the new records are written into a hidden folder inside it, `DIR/.rlsmoke-new`,
-    and replace the earlier ones only when the run is complete (`commit`): an interrupted or refused run
-    leaves the earlier records as they were. Inside, not beside: a rename reaches it even when DIR is a
-    mount point or a link to another file system.
-    """
+    """The --out of one run, held by a flock (`run.out_locked` for a second run). With `overwrite` the new
+    records are staged in `DIR/.rlsmoke-new` and replace the earlier ones only at `commit`; inside DIR, so
+    a rename reaches it even when DIR is a mount point."""
 
     def __init__(self, out: Path, *, overwrite: bool = False):
         self.out, self.overwrite = Path(out), overwrite
@@ -160,8 +153,7 @@ class RunFolder:
         return self
 
     def _clear_staging(self) -> None:
-        """An earlier --overwrite's staged records go; a folder of that name holding anything else is not
-        the tool's to delete."""
+        """An earlier --overwrite's staged records go; anything else there is not ours to delete."""
         if not self.staging.exists():
             return
         foreign = [p.name for p in self.staging.iterdir() if not _is_record(p)]
@@ -173,8 +165,7 @@ class RunFolder:
         shutil.rmtree(self.staging)
 
     def _hold(self) -> None:
-        """The folder's lock, or `run.out_locked` at once. The lock file is removed when released, so the
-        lock taken is checked to be the file's still (a run that released it meanwhile)."""
+        """The folder's lock, or `run.out_locked` at once; the lock is checked to be the file's still."""
         path = self.out / LOCK_NAME
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -195,8 +186,7 @@ class RunFolder:
             os.close(fd)
 
     def commit(self) -> None:
-        """The staged records replace the earlier ones (each by a rename; a record the new run did not
-        write is removed), then the staging folder goes."""
+        """The staged records replace the earlier ones, then the staging folder goes."""
         if self.records == self.out:
             return
         summary = self.staging / "summary.json"
@@ -220,8 +210,7 @@ class RunFolder:
         self.records = self.out
 
     def _move(self, new: set[str]) -> None:
-        """Each new record over the earlier one, an earlier record the new run did not write removed;
-        what a first try moved, a second finds moved."""
+        """Each new record over the earlier one; what a first try moved, a second finds moved."""
         for name in RECORDS:
             if name not in new:
                 with contextlib.suppress(FileNotFoundError):

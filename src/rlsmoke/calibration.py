@@ -1,11 +1,7 @@
 """Thresholds from repeated runs: `rlsmoke calibrate RUN_DIR... [--write FILE]`.
 
-A run folder is either a built-in engine's `rlsmoke run CASE --repeat K --out DIR` (K seeds, one
-record each) or a suite run's artifacts folder (a Miles log beside its summary.json: one seed).
-Runs are grouped by key (case, platform, device, launcher, dtype, width, num_gpus). Each key gets one entry:
-the gates its runs were judged by, their bounds set by MARGIN_RULE, and the min / median / max over
-the seeds as each gate's provenance. `--write FILE` replaces that key's entry in FILE (created if
-missing); point `RLSMOKE_THRESHOLDS_DIR` at FILE's folder to gate against it.
+Runs (a `rlsmoke run --repeat K` folder, or a suite run's artifacts) are grouped by run key; each key
+gets its gates with bounds by MARGIN_RULE and the seeds' min / median / max as provenance.
 """
 
 from __future__ import annotations
@@ -87,8 +83,7 @@ def key_of(run: Path, summary: dict) -> RunKey:
 
 
 def records_of(run: Path) -> list[metrics.Record]:
-    """Every seed's record of a run; a metrics.jsonl line that is not a JSON object (a cut last line)
-    or a line of the wrong shape is named, with its number."""
+    """Every seed's record of a run; a line that is not a JSON object of the right shape is named."""
     jsonl = Path(run) / "metrics.jsonl"
     fix = "run it again (a run cut short leaves a partial last line), or remove the run from the list"
     if jsonl.is_file():
@@ -111,8 +106,8 @@ def records_of(run: Path) -> list[metrics.Record]:
 
 
 def template_for(key: RunKey, target: list[dict]) -> list[dict]:
-    """The gates a key gets: its entry in the target file, else the entry its runs were judged by, else
-    an entry of the same case and launcher (a new device: MLA and GQA models have different gates)."""
+    """The gates a key gets: its entry in the target file, else its runs', else one of the same case and
+    launcher (MLA and GQA models have different gates)."""
     for entry in target:
         if thresholds.same_key(entry["key"], key.to_json()):
             return entry["gates"]
@@ -264,8 +259,7 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
 
 def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = None, *,
         min_seeds: int = 1) -> list[dict]:  # fmt: skip
-    """Calibrate every key among `runs`; print the tables; write the entries when asked. A key with fewer
-    than `min_seeds` seeds is refused: its bounds would be one seed's noise."""
+    """Calibrate every key among `runs`, print, write when asked. Under `min_seeds` seeds is refused."""
     by_key: dict[RunKey, list[Path]] = {}
     for folder in runs:
         by_key.setdefault(key_of(folder, summary_of(folder)), []).append(Path(folder))

@@ -1,8 +1,4 @@
-"""The `rlsmoke` command. Exit codes: see `rlsmoke.errors.ExitCode`.
-
-`cases` and `plan` import neither torch nor transformers; the other subcommands live in their own
-packages and are imported only when asked for.
-"""
+"""The `rlsmoke` command. `cases` and `plan` import no torch; the other subcommands load when asked for."""
 
 from __future__ import annotations
 
@@ -57,13 +53,8 @@ def cmd_cases(args) -> int:
 
 
 def shell_script(plan, steps) -> str:
-    """The flow as a readable, shell-safe script, run from the Miles checkout: env; Ray's head; the
-    checkpoint prepared and converted unless done; the job's argv one group per line (`steps`' submit
-    runs the same argv through `ray job submit`).
-
-    Across nodes the same script runs on every node: NODE_RANK 0 starts Ray's head and then the job,
-    the others join the head and stay up (Miles' placement group waits until their GPUs have joined).
-    """
+    """The flow as a shell-safe script run from the Miles checkout. Across nodes every node runs it:
+    NODE_RANK 0 starts Ray's head and the job, the others join and stay up."""
     launch, nodes = plan.launch, plan.launch.num_nodes
     by_name = {s.name: s for s in steps}
     lines = ["#!/usr/bin/env bash", f"# rlsmoke plan {plan.case.name} --platform {plan.topology.platform} "
@@ -122,7 +113,7 @@ def cmd_plan(args) -> int:
         plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
     # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
     if args.check_miles:
-        from rlsmoke.launch.preflight import check_flags
+        from rlsmoke.processes.preflight import check_flags
 
         check_flags(plan.launch, args.check_miles)
         print(f"miles: {args.check_miles} accepts every flag of target {plan.launch.target}", file=sys.stderr)
@@ -215,16 +206,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# Commands that write a folder: a stop signal removes what they had half-written, as Ctrl-C does (`run`
-# sets its own handlers).
+# Commands that write a folder: a stop signal removes what they half-wrote (`run` sets its own handlers).
 _STOPPABLE = ("prepare",)
 # Commands that read no path of the user's and load no library that needs the working folder.
 _NO_PATHS = ("cases", "plan")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every subcommand ends the same way: 0/1 its verdict, 2 and one `error: [rule] ... Fix:` line for bad
-    input (an OSError on a path the user gave included), 3 for a crash with its traceback in a log."""
+    """0/1 the verdict, 2 and one `error: [rule] ... Fix:` line for bad input, 3 a crash (traceback logged)."""
     from rlsmoke.paths import cwd_exists, from_os_error
 
     argv = sys.argv[1:] if argv is None else argv
@@ -262,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_environment(command: str) -> None:
-    """The folders the environment names, checked before anything loads: a cache that is a file, a name
-    too long. A read-only cache passes: one that already holds the checkpoint is still read."""
+    """The folders the environment names, checked before anything loads (a read-only cache passes)."""
     from rlsmoke.paths import check_dir
 
     if os.environ.get("RLSMOKE_CACHE"):

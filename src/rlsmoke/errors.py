@@ -1,8 +1,5 @@
-"""Error hierarchy and CLI exit codes.
-
-Every error a user can cause is a `RlsmokeError` (a `ValueError`): the CLI prints it as one
-`error:` line and exits with `ExitCode.USAGE`. Anything else is a bug and keeps its traceback.
-"""
+"""Errors and exit codes: every error a user can cause is a `RlsmokeError`, one `error:` line and
+`ExitCode.USAGE`; anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 

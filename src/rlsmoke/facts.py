@@ -26,13 +26,11 @@ def default_mode_text() -> str:
 TRAINERS = ("fsdp", "megatron")
 DEFAULT_TRAINER = "fsdp"
 
-# Miles' vocabulary (`--rm-type deepscaler`). "target": rlsmoke's dense reward (a share of target tokens), so
-# an untrained model's group has reward variance; "deepscaler": the 0/1 boxed-answer math reward.
+# "target": rlsmoke's dense reward, so an untrained group has reward variance; "deepscaler": Miles' 0/1 math.
 REWARDS = ("target", "deepscaler")
 DEFAULT_REWARD = "target"
 
-# --inject's faults: name -> the metavar of its value, None when it takes none. The bridge-* ones are
-# defects of the HF <-> Megatron conversion (rlsmoke.bridge.convert.DEFECTS), so they need the megatron trainer.
+# --inject's faults: name -> its value's metavar (None: none). bridge-* need the megatron trainer.
 FAULTS: dict[str, str | None] = {
     "temperature-mismatch": None,
     "stale-weights": None,
@@ -49,15 +47,13 @@ def faults_text() -> str:
     return " | ".join(name + (f"={value}" if value else "") for name, value in FAULTS.items())
 
 
-# The per-rollout batch on CPU: 2 prompts x 4 samples x 16 response tokens keeps a tiny case seconds long
-# on 2 cores. GPU runs take seed 004's (rlsmoke.recipe.Recipe).
+# The per-rollout batch on CPU keeps a tiny case seconds long on 2 cores; GPUs take seed 004's.
 CPU_N_PROMPTS = 2
 CPU_N_SAMPLES = 4
 CPU_MAX_RESPONSE_LEN = 16
 
-# A colocated GPU run skips the offload only when everything stays resident within this fraction of the
-# device: the moves are exact but slow (pageable copies of the whole train state, each phase), and the
-# estimate counts allocated bytes, not what the allocator loses to fragmentation.
+# A colocated GPU run skips the offload only within this fraction of the device: the estimate counts
+# allocated bytes, not fragmentation.
 RESIDENT_FRACTION = 0.8
 OFFLOAD_DEFAULT = (
     f"on for a colocated GPU run, unless it is on one device and fits resident in {RESIDENT_FRACTION:.0%} of it; "
@@ -66,19 +62,12 @@ OFFLOAD_DEFAULT = (
 
 # How long the suite lets one run take before it stops it, by platform (seconds).
 RUN_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
-# The signals that stop a run: the workers and the Ray cluster it started are stopped, and it exits 128 + N.
-STOP_SIGNALS = ("SIGINT", "SIGTERM")
 
 # --- the modeling code ---------------------------------------------------------------------------
 
-# transformers' model types of the cases, and the modules a run imports for them (preloaded where a run
-# starts, so that an interrupt never lands in the middle of their import).
-HF_MODEL_TYPES = ("glm4_moe", "glm_moe_dsa", "glm5_next")
+# preloaded so an interrupt never lands mid-import
 TOKENIZER_MODULE = "transformers.models.auto.tokenization_auto"
 
 
 def modeling_module(hf_model_type: str) -> str:
     return f"transformers.models.{hf_model_type}.modeling_{hf_model_type}"
-
-
-MODELING_MODULES = tuple(modeling_module(t) for t in HF_MODEL_TYPES)

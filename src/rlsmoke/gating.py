@@ -1,9 +1,5 @@
-"""Gating a suite run: the thresholds of its run key, then the history band; `check` fails with every mismatch.
-
-`gates_for(case).check(record)` is what a test module calls. The key comes from the run's summary
-(the device is the session host's when the summary does not say); the thresholds are read by
-`rlsmoke.thresholds.lookup_gates`, the band by `rlsmoke.history`.
-"""
+"""Gating a suite run: `gates_for(case).check(record)` fails with every mismatch of the run key's
+thresholds (`rlsmoke.thresholds`), then of the history band (`rlsmoke.history`)."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ class CaseGates:
     artifacts: Artifacts | None = None
 
     def verdict(self, record, artifacts: Artifacts | None = None):
-        """The thresholds' verdict on `record`, without raising. The device comes from the run's summary, else
-        from the session that ran it; never from a stand-in (a GPU record naming none is an error)."""
+        """The thresholds' verdict, without raising; the device is the summary's, else the session's."""
         session = artifacts or self.artifacts or getattr(record, "ran_with", None)
         key = RunKey.from_summary(record.meta, case=self.case.name, platform=self.case.platform,
                                   device=session.host.device if session is not None else None)  # fmt: skip

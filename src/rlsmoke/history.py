@@ -1,9 +1,6 @@
-"""A sqlite history of runs and the band gate against the mean of the last K trusted runs.
-
-Runs are keyed by (case, platform, device, launcher, commit). A run is *trusted* when it was asked
-to be (`--history-trusted`, the nightly job on main) and passed every gate and band: a regression
-never becomes the baseline it is compared against. Unlike upstream, the band also gates ROCm.
-"""
+"""A sqlite history of runs and the band gate against the mean of the last K trusted runs. A run is
+trusted when asked (the nightly job) and it passed every gate, so a regression never becomes the
+baseline. Unlike upstream, the band also gates ROCm."""
 
 from __future__ import annotations
 
@@ -71,8 +68,7 @@ def connect(db: str | Path) -> sqlite3.Connection:
 
 
 def band_values(record) -> dict[str, float]:
-    """Each band metric at each step (or rollout) the run logged, keyed `metric@index`: like Miles' gate
-    since #2290, every step is judged against that same step's history, never a mean over steps."""
+    """Each band metric at each step, keyed `metric@index`: as Miles' gate since #2290, per step."""
     return {f"{metric}@{i}": v for metric in BANDS for _, i, v in record.series(metric)}
 
 
@@ -110,8 +106,7 @@ def baseline(conn: sqlite3.Connection, key: Mapping[str, str], k: int = DEFAULT_
 
 
 def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) -> list[BandResult]:
-    """One result per band key (a metric at a step) that both this run and the baseline have: each step
-    against the same step of the trusted runs. No baseline, no result."""
+    """One result per band key both this run and the baseline have; no baseline, no result."""
     results = []
     for key in values:  # band_values gives them in BANDS order, step by step
         band = BANDS.get(band_metric(key))
@@ -165,8 +160,7 @@ REPORT_COLUMNS = ("id", *KEY, "trusted", "metrics", "gates")
 
 
 def runs(db: str | Path) -> list[dict]:
-    """Every run, oldest first, with metrics and gates decoded (for `rlsmoke report`). Read only: a report
-    never changes its input (an empty file stays empty), and any fault of the file is one line."""
+    """Every run, oldest first, decoded (for `rlsmoke report`); read only, any fault one line."""
     from rlsmoke.errors import RlsmokeError
 
     db = Path(db)

@@ -1,13 +1,10 @@
-"""Device memory per GPU, estimated from the plan before anything loads. No torch here.
-
-Parameter counts are exact and live in `rlsmoke.models.params`. The estimate follows what the built-in
-engine keeps resident in each phase of a colocated run (load, rollout, train, sync: `estimate`'s terms
-name each tensor), with and without the offload; the peak is the max over the phases. Async mode places
-the trainer and the rollout engine on different GPUs: the estimate per GPU is the larger of the two.
-"""
+"""Device memory per GPU, estimated from the plan before anything loads. No torch here. The terms follow
+what the built-in engine keeps resident in each phase; async takes the larger of its two devices."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass, field
 
 from rlsmoke.facts import CPU_MAX_RESPONSE_LEN, CPU_N_PROMPTS, CPU_N_SAMPLES
@@ -18,8 +15,7 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PHASES = ("load", "rollout", "train", "sync")
 # The longest fixture prompt is 47 tokens; the estimate budgets for this many.
 PROMPT_TOKENS = 64
-# What a device can hold of its nominal memory: the CUDA context, NCCL buffers and the allocator's
-# fragmentation are not in `max_memory_allocated`, which the estimate predicts.
+# CUDA context, NCCL buffers and fragmentation are not in `max_memory_allocated`, which this predicts.
 USABLE_FRACTION = 0.92
 
 
@@ -35,8 +31,7 @@ class Plan:
     offload: bool = True  # train state in host memory during rollout, rollout copy during the train step
     # with the offload: the train state does leave for the rollout (else only the copy)
     offload_train: bool = True
-    # One device: the trainer forwards a copy of the weights in the compute dtype over the fp32 master
-    # weights (engine.precision), and backward fills that copy's grads before they reach the master's.
+    # one device: a compute-dtype copy over the fp32 master weights (engine.precision)
     compute_copy: bool = False
     # The fused AdamW step (one CUDA device) needs no state-sized temporary; foreach (FSDP2, CPU) does.
     fused_adamw: bool = False
@@ -45,8 +40,7 @@ class Plan:
     prompt_len: int = PROMPT_TOKENS
     response_len: int = CPU_MAX_RESPONSE_LEN
     kda: str = "fla"  # GLM-5.3-Flash's KDA: "fla" (Triton kernels) or "reference" (PyTorch, engine.kda)
-    # --repeat / --variants: the initial weights kept on the device, in the narrowest exact dtype, from
-    # the end of the load to the end of the run (engine.reuse)
+    # --repeat / --variants: the initial weights kept on the device (engine.reuse)
     initial_on_device: bool = False
 
     @property
@@ -82,25 +76,15 @@ class Estimate:
         return f"{self.peak / GIB:.0f} GiB per GPU at {self.peak_phase} ({parts})"
 
 
-# float32 tensors of (rows, heads, chunks, 64, 64, head_dim) that transformers' reference chunked KDA keeps
-# alive in one layer's recomputed forward and its backward (the decay mask, the key products and their
-# grads). Fitted to two reference-path peaks measured on H200s, 102.08 GiB at one GPU (96 experts) and
-# 109.0 GiB at two (288 experts); a third, 106.93 GiB at one GPU with 112 experts, it meets at +2.8 %
-# (docs/benchmarks.md, GLM-5.3-Flash on one H200).
+# float32 (rows, heads, chunks, 64, 64, head_dim) tensors the reference chunked KDA keeps in one layer's
+# backward, fitted to H200 peaks of 102.08 and 109.0 GiB (docs/benchmarks.md, GLM-5.3-Flash).
 REFERENCE_KDA_TEMPORARIES = 11
 KDA_CHUNK = 64
 
 
 def _activations(spec, plan: Plan) -> int:
-    """One micro-batch of the train step: the logits path dominates at these lengths.
-
-    Logits in the compute dtype, the float32 response slice, log_softmax, and the two float32
-    temporaries of the entropy; per layer a few dozen hidden-size values per token. GLM-5.3-Flash
-    carries hc_mult residual streams: each layer's saved input is hc_mult hidden states in the compute
-    dtype, and its mixing flattens them in float32. On the reference KDA path one layer's chunk
-    temporaries (REFERENCE_KDA_TEMPORARIES) exist at once under gradient checkpointing; fla's kernels
-    keep per chunk states of heads x head_dim^2 in the compute dtype, MiBs here.
-    """
+    """One micro-batch of the train step: the logits path dominates, plus per layer a few dozen values per
+    token, GLM-5.3-Flash's hc_mult streams, and KDA's chunk temporaries."""
     n_resp = plan.n_samples * plan.response_len
     c = BYTES[plan.compute_dtype]
     logits = plan.tokens * spec.vocab_size * c + 4 * n_resp * spec.vocab_size * 4
@@ -123,12 +107,8 @@ def _kda_backward(spec, plan: Plan) -> int:
 
 
 def _kv_elements(spec) -> int:
-    """Values transformers' DynamicCache keeps per token and attention layer.
-
-    MLA (GLM-5): every head's expanded key (nope + rope) and value, not the compressed latent; the DSA
-    indexer adds its own key. GQA (GLM-4.5): a key and a value per query group. GLM-5.3-Flash's KDA
-    layers keep a fixed-size state instead (`_kda_state`).
-    """
+    """Values the DynamicCache keeps per token and attention layer: MLA's expanded keys and values (plus the
+    DSA indexer's key), GQA's key and value per group."""
     x = dict(spec.hf_extra)
     if "kv_lora_rank" in x:
         head = x["qk_nope_head_dim"] + x["qk_rope_head_dim"] + x["v_head_dim"]
@@ -137,26 +117,16 @@ def _kv_elements(spec) -> int:
 
 
 def _kda_state(spec, r: int) -> int:
-    """One row's cache in a KDA layer: the float32 recurrent state (heads x head_dim x head_dim) and the
-    short convolution's last kernel positions of q, k and v in the rollout dtype."""
+    """One row's KDA cache: the float32 recurrent state and the short convolution's last positions."""
     x = dict(spec.hf_extra)
     heads, dim = x["linear_num_heads"], x["linear_head_dim"]
     return heads * dim * dim * 4 + 3 * heads * dim * x.get("linear_conv_kernel_dim", 4) * r
 
 
 def _rollout_working(spec, plan: Plan) -> int:
-    """What sampling holds beside the rollout copy. The engine samples one prompt's group of n at a time.
-
-    - the KV cache of every layer for n x (prompt + response) positions, plus one layer's old cache
-      while `torch.cat` grows it;
-    - the MoE decode: on a GPU transformers' generate switches the experts to `batched_mm`, which
-      gathers a copy of the weights of every (token, routed expert) pair: n x top_k gate_up (2I x h)
-      and down (h x I) matrices, both alive at the down projection. The largest term at n = 8;
-    - the next-token logits only (generate keeps one position): (n, V) in the rollout dtype, its
-      float32 copy, the log-prob recorder's scaled logits and log-softmax, the sampler's probabilities.
-
-    The prefill's activations (n x prompt tokens, the grouped_mm experts) are tens of MiB here and left out.
-    """
+    """What sampling one group of n holds beside the rollout copy: the KV cache (and one layer's old one
+    while `torch.cat` grows it), generate's `batched_mm` experts (a weight copy per token and expert, the
+    largest term at n = 8), and the next-token logits' copies."""
     r = BYTES[plan.rollout_dtype]
     n, seq = plan.n_samples, plan.prompt_len + plan.response_len
     attention_layers = spec.num_layers - kda_layers(spec)
@@ -194,8 +164,7 @@ def estimate(spec, plan: Plan) -> Estimate:
         unsharded = (p.total - p.embedding) * c if c != t else 0
         loading = {"master": master}
     else:
-        # FSDP2: the root's gathered params stay through forward and backward; a block and the one
-        # prefetched with it are gathered, and the block's unsharded grads exist until reduce-scatter.
+        # FSDP2: the root's gathered params stay; a block, its prefetched neighbour and its grads gather
         big = sorted(p.blocks, reverse=True)[:2]
         unsharded = p.root * c + sum(big) * c + big[0] * c
         loading = {"master": master, "block being sharded": max(p.blocks) * t}
@@ -232,20 +201,9 @@ def plan_of_run(cfg) -> Plan:
                 rollout_dtype=cfg.rollout_dtype, compute_dtype=cfg.train_compute_dtype, offload=cfg.offload_active,
                 offload_train=cfg.offload_train_active, initial_on_device=cfg.initial_on_device,
                 n_prompts=cfg.n_prompts, n_samples=cfg.n_samples, response_len=cfg.max_response_len,
-                kda="fla" if cfg.device.startswith("cuda") and _fla_importable() and _kda_env() != "reference"
+                kda="fla" if cfg.device.startswith("cuda") and importlib.util.find_spec("fla") is not None
+                and os.environ.get("RLSMOKE_KDA", "").strip().lower() != "reference"
                 else "reference",
                 compute_copy=cfg.separate_compute_copy and cfg.trainer != "megatron"
                 and (cfg.num_gpus == 1 or cfg.mode == "async"),
                 fused_adamw=cfg.device.startswith("cuda") and (cfg.num_gpus == 1 or cfg.mode == "async"))  # fmt: skip
-
-
-def _kda_env() -> str:
-    import os
-
-    return os.environ.get("RLSMOKE_KDA", "").strip().lower()
-
-
-def _fla_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("fla") is not None

@@ -1,8 +1,4 @@
-"""Run records: one run's metrics and its summary.json. No torch, no eval.
-
-A `Record` is one run's metrics, parsed from Miles' `step N: {...}` / `rollout N: {...}` log lines
-or from the built-in engine's `metrics.jsonl`. The gates over it are `rlsmoke.thresholds`.
-"""
+"""Run records: one run's metrics (Miles' log lines or the engine's metrics.jsonl) and its summary.json."""
 
 from __future__ import annotations
 
@@ -22,9 +18,7 @@ KINDS = ("rollout", "step")
 
 # --- records ----------------------------------------------------------------------------------
 
-# Miles' log-probs checker compares the two engines' sample means of the same tokens. The mean is
-# signed, so bf16 noise largely cancels in it while a systematic shift (a temperature applied on
-# one side only) does not: it sees mismatches the mean abs diff cannot tell from noise.
+# The signed mean diff lets bf16 noise cancel while a systematic shift (one-sided temperature) does not.
 MEAN_DIFF = "rollout/logprob_mean_diff"
 MEAN_DIFF_OF = ("rollout/log_probs", "rollout/rollout_log_probs")  # train engine's, rollout engine's
 
@@ -36,9 +30,8 @@ def _derive(values: dict[str, float]) -> None:
         values[MEAN_DIFF] = values[train] - values[rollout]
 
 
-# Miles' lines come with Python logging's prefix (`[time name] log_utils.py:542 - `) and, forwarded by
-# Ray, the actor's (`(MegatronTrainRayActor pid=...)`); Ray may fold lines repeated across processes into
-# one with a `[repeated Nx across cluster]` tail. A critic's lines (`critic-step N`) are not the actor's.
+# Miles' lines may carry logging's and Ray's prefixes and Ray's `[repeated Nx across cluster]` tail; a
+# critic's lines are not the actor's.
 _LINE = re.compile(r"(?<![-\w])(step|rollout) (\d+): (\{.*\})(?:\s*\[repeated \d+x across cluster\])?\s*$")
 _NAMED_FLOATS = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf}
 _NUMERIC_CALLS = {"float", "tensor", "np.float64", "np.float32", "numpy.float64", "np.int64", "int"}
@@ -173,8 +166,7 @@ def _close(a: float, b: float) -> bool:
 
 
 def _fold_repeats(parsed: list[tuple[str, int, dict]], path: Path) -> list[tuple[str, int, dict]]:
-    """Miles logs each train step twice (`log_utils.py`, then `megatron_utils/model.py`), the same dict:
-    an identical repeat folds into one entry; a repeat that differs is an error, never a silent pick."""
+    """Miles logs each train step twice: an identical repeat folds, a differing one is an error."""
     seen: dict[tuple[str, int], dict] = {}
     out = []
     for kind, i, values in parsed:
@@ -199,11 +191,7 @@ CI_HISTORY_METRICS = ("train/grad_norm", "train/ppo_kl", "train/train_rollout_lo
 
 
 def read_ci_history(folder: Path) -> dict[str, dict[int, float]]:
-    """Every `<pid>-<uuid>.jsonl` of the folder (one per process that logs), merged by metric: {metric: {step: value}}.
-
-    Each line is `{"metric": key, "series": [[step, value], ...]}`; each file is rewritten whole on every
-    log (temp file, then rename), so a `.tmp` beside it is never read.
-    """
+    """Every `<pid>-<uuid>.jsonl` of the folder merged: {metric: {step: value}}."""
     merged: dict[str, dict[int, float]] = {}
     for file in sorted(folder.glob("*.jsonl")):
         for n, line in enumerate(file.read_text().splitlines(), 1):
@@ -228,8 +216,7 @@ def read_ci_history(folder: Path) -> dict[str, dict[int, float]]:
 
 
 def _with_ci_history(record: Record, folder: Path) -> Record:
-    """The record checked against Miles' own JSONL: each of its five metrics the log has must be in the
-    JSONL with the same steps and values (a metric only the JSONL has joins the record)."""
+    """The record checked against Miles' own JSONL; a metric only the JSONL has joins the record."""
     history = read_ci_history(folder)
     entries = {kind: {i: dict(v) for i, v in by_index.items()} for kind, by_index in record.entries.items()}
     for metric in CI_HISTORY_METRICS:

@@ -8,8 +8,7 @@ from typing import Any
 from rlsmoke.errors import RlsmokeError, UnknownNameError
 from rlsmoke.facts import DEFAULT_GPUS_PER_NODE
 
-# Upper bounds on the sizes a user gives: no plan loop may run in time linear in an unbounded number.
-# Far past the seeds (64 GPUs) and any one Miles job; a node of more than 64 GPUs does not exist.
+# Upper bounds on user sizes, so no plan loop runs long; far past any Miles job.
 MAX_NUM_GPUS = 65536
 MAX_GPUS_PER_NODE = 64
 

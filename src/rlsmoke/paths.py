@@ -1,9 +1,5 @@
-"""The paths a user hands rlsmoke, checked where they are read: one `error: [path.*]` line each.
-
-A path can be too long for the file system, missing, of the wrong kind (a file for a folder, a FIFO or a
-device for a file), or not writable. Each has its own rule id, so a script can tell them apart, and
-`from_os_error` turns any OSError on a user's path into the same line, so no command shows a traceback.
-"""
+"""The paths a user hands rlsmoke, checked where they are read: one `error: [path.*]` line each, with its
+own rule id; `from_os_error` turns any OSError on a user's path into the same line."""
 
 from __future__ import annotations
 
@@ -119,8 +115,7 @@ def check_name(path: Path | str, what: str) -> Path:
 
 
 def cwd_exists(command: str) -> None:
-    """A deleted working folder makes libraries that look up paths from it fail in ways that do not name
-    it (torch's libraries fail to load): refused first, with its own line."""
+    """A deleted working folder makes libraries fail without naming it: refused first."""
     try:
         os.getcwd()
     except FileNotFoundError:

@@ -1,8 +1,5 @@
-"""Platforms, device classes, their detection, and each process's share of the CPU cores.
-
-Detection never imports torch: it reads `nvidia-smi` / `rocm-smi` (or `amd-smi`) output, so
-`rlsmoke plan` stays fast and works on a login node.
-"""
+"""Platforms, device classes, their detection (from `nvidia-smi` / `rocm-smi`, never torch), and each
+process's share of the CPU cores."""
 
 from __future__ import annotations
 
@@ -126,10 +123,8 @@ def cpu_share(parts: int, total: int | None = None) -> int:
 
 
 def share_cores(workers: int) -> int:
-    """Hold this pytest worker to 1/`workers` of the cores: the thread variables, which the engine
-    processes it launches inherit, and torch's pool if torch is already loaded. A variable the user
-    set is kept. Returns the threads this worker uses.
-    """
+    """Hold this pytest worker to 1/`workers` of the cores (inherited thread variables, torch's pool); a
+    variable the user set is kept. Returns the threads."""
     import sys
 
     n = thread_budget() if os.environ.get("OMP_NUM_THREADS") else cpu_share(workers, cpu_cores())

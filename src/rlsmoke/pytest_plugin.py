@@ -1,7 +1,7 @@
 """rlsmoke's pytest plugin: options, markers, the skip hook, and the `artifacts` fixture.
 
 Deciding lives in `rlsmoke.selection.decide` (a pure function of a test's markers and the host); the hook
-here only applies it. GPU and port leases live in `rlsmoke.launch.lease`. Nothing heavy is imported
+here only applies it. GPU and port leases live in `rlsmoke.processes.lease`. Nothing heavy is imported
 at module level: this module loads in every pytest session of every user of the package.
 """
 
@@ -244,7 +244,7 @@ def rlsmoke_ports(pytestconfig: pytest.Config):
 def _ports(config: pytest.Config):
     """Leased on first need; released as the session ends."""
     if _PORTS not in config.stash:
-        from rlsmoke.launch.lease import lease_ports
+        from rlsmoke.processes.lease import lease_ports
 
         config.stash[_PORTS] = lease_ports(start=_worker_index())
     return config.stash[_PORTS]
@@ -263,7 +263,7 @@ def rlsmoke_variant_runs(request: pytest.FixtureRequest):
 @pytest.fixture
 def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
     """The GPU ids this test holds until it ends, disjoint from every other worker's; none for CPU tests."""
-    from rlsmoke.launch.lease import GpuLease, lease_gpus, visible_gpu_ids
+    from rlsmoke.processes.lease import GpuLease, lease_gpus, visible_gpu_ids
 
     req = plugin_session.requirement_of(request.node)
     if req is None or req.platform == "cpu" or req.gpus == 0:

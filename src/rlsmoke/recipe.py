@@ -1,8 +1,5 @@
-"""The seeds' one-step recipe: GRPO, AdamW and rollout settings that are not topology.
-
-Miles' launch renders it into flags (`launch.miles`); the built-in engine's defaults read it too, so
-both run the recipe the seeds run.
-"""
+"""The seeds' one-step recipe: GRPO, AdamW and rollout settings that are not topology, for Miles' flags
+and the built-in engine alike."""
 
 from __future__ import annotations
 
@@ -32,13 +29,10 @@ class Recipe:
     entropy_coef: float = 0.0
     sglang_mem_fraction: float = 0.70
     update_weights_interval: int = 2  # async only
-    # launcher-only: goes to env, not argv. None: loopback on one node; across nodes the head's address
-    # must be given (`launch.miles.head_addr` renders HEAD_PLACEHOLDER until it is).
+    # env, not argv; None: loopback on one node (`launch.miles.head_addr`)
     master_addr: str | None = None
     prompt_file: str = "dapo-math-17k/dapo-math-17k.jsonl"
-    # "target" (rlsmoke.facts.REWARDS) reaches Miles through --custom-rm-path, so grad_norm > 0 means the
-    # step learned something; under "deepscaler" a 4-layer model earns 0 everywhere, the gradient is 0 and
-    # grad_norm can only be gated finite.
+    # "target" makes grad_norm > 0 a signal; under "deepscaler" a 4-layer model earns 0 everywhere
     reward: str = DEFAULT_REWARD
 
     def __post_init__(self):

@@ -1,9 +1,5 @@
-"""`rlsmoke run --repeat K`: every seed is judged by the gates, and the run passes only if each does.
-
-Each seed is its own record: merging the seeds' lines by (kind, index) would let the last seed
-overwrite the others. Per gate the worst seed stands for the run: a failing seed before a passing
-one, then the smallest margin (a NaN or a missing value counts as the worst).
-"""
+"""`rlsmoke run --repeat K`: every seed is its own record and is gated; per gate the worst seed stands
+for the run (a failing one, else the smallest margin; NaN or missing is the worst)."""
 
 from __future__ import annotations
 
@@ -71,11 +67,7 @@ class SeedVerdicts:
 
 
 def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
-    """The thresholds' verdict on a finished run folder, written into its summary.json.
-
-    --repeat K: every seed is its own record and is gated; each gate shows its worst seed, and any
-    failing seed fails the run.
-    """
+    """The thresholds' verdict on a finished run folder, written into its summary.json."""
     records = seed_records(out)
     try:
         gates = lookup_gates(RunKey.from_summary(records[0].meta))

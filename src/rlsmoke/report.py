@@ -1,9 +1,5 @@
-"""Reports: a Markdown summary per run and per session, threshold candidates, and history plots.
-
-`rlsmoke report --history DB [--out DIR]` draws one PNG per gated metric of each series (case,
-platform, device, launcher): the values over runs, the hard bound of the thresholds, and the history
-band around the trusted mean. matplotlib is imported only there.
-"""
+"""Reports: a Markdown summary per run and per session, threshold candidates, and history plots (one PNG
+per gated metric and series; matplotlib is imported only there)."""
 
 from __future__ import annotations
 

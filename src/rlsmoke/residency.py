@@ -1,6 +1,4 @@
-"""What a GPU run keeps on its devices, decided from the memory estimate before anything loads: the
-colocate offload's default (facts.OFFLOAD_DEFAULT), where --repeat keeps its initial weights, and the
-refusal of a run that cannot fit. No torch here."""
+"""What a GPU run keeps on its devices, from the memory estimate before anything loads. No torch here."""
 
 from __future__ import annotations
 
@@ -13,11 +11,8 @@ from rlsmoke.platforms import DEVICE_MEMORY_GIB
 
 
 def offload_needed(cfg, spec) -> bool:
-    """`--offload`'s default for a colocated GPU run: on unless the run fits resident with room to spare.
-
-    Only a one-device run goes without: that is where the estimate has met the measured peak (FSDP2
-    ranks keep the offload until theirs is measured). An unknown device keeps it too; CPU runs and
-    async runs have nothing to offload."""
+    """`--offload`'s default for a colocated GPU run: off only on one device that fits with room to spare,
+    where the estimate has met the measured peak."""
     if cfg.mode != "colocate" or not cfg.device.startswith("cuda"):
         return False
     if cfg.num_gpus > 1:
@@ -28,10 +23,8 @@ def offload_needed(cfg, spec) -> bool:
 
 
 def offload_train_needed(cfg, spec) -> bool:
-    """With the offload on, whether the train state must leave the device for the rollout too: not when
-    the rollout and the sync fit beside it in RESIDENT_FRACTION of the device (the step's phase is the
-    same either way). Then only the rollout copy moves (GLM-4.5 4-layer on one H200: its 12 GiB each way
-    a seed, not the master weights and the moments too)."""
+    """Whether the train state must leave for the rollout too: not when the rollout and sync fit beside it
+    (GLM-4.5 4-layer on one H200 then moves 12 GiB a seed, not the master and moments)."""
     have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
     if cfg.num_gpus > 1 or not have:
         return True  # FSDP2 ranks keep the whole offload until theirs is measured, as `offload_needed`
@@ -40,9 +33,8 @@ def offload_train_needed(cfg, spec) -> bool:
 
 
 def initial_on_device(cfg, spec) -> bool:
-    """Whether --repeat or --variants keeps its initial weights on the device: when the estimate with
-    that copy still fits the device's usable memory. Host memory costs more than the copies: pinning a
-    GLM-5 4-layer's 11 GiB took about 14 s on an H200 host, against milliseconds for a device copy."""
+    """Keep --repeat's initial weights on the device when they fit: pinning GLM-5 4-layer's 11 GiB on the
+    host took 14 s on an H200 host, a device copy milliseconds."""
     if not cfg.device.startswith("cuda") or not DEVICE_MEMORY_GIB.get(cfg.device_class, 0):
         return False
     with_copy = estimate(spec, replace(plan_of_run(cfg), initial_on_device=True))
@@ -50,8 +42,7 @@ def initial_on_device(cfg, spec) -> bool:
 
 
 def check_run_fits(cfg, spec, *, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
-    """Refuse a run whose estimate exceeds its devices, before anything loads; return the estimate.
-    `prompt_tokens`: the prompt file's longest prompt, budgeted when longer than PROMPT_TOKENS."""
+    """Refuse a run whose estimate exceeds its devices; return the estimate."""
     est = estimate(spec, replace(plan_of_run(cfg), prompt_len=max(PROMPT_TOKENS, prompt_tokens)))
     have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
     if have and est.peak > usable_gib(cfg.device_class) * GIB:

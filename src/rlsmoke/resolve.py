@@ -1,11 +1,5 @@
-"""The one decided plan of a run: `resolve(case, session) -> RunConfig`. No torch here.
-
-It decides once, before anything loads: the effective case (the session's GPU count, the one-GPU
-variant), the topology and the built-in engine's placement, the host, the dtype and batch defaults,
-the trainer's refusal, the inputs' ranges, and on GPUs the offload policy and the memory refusal.
-`rlsmoke run` takes its RunConfig from it, and so may the suite. `plan_for` and `shortfall` read the
-same defaults (`_defaults`), so the suite's skip and `rlsmoke run`'s refusal estimate one run.
-"""
+"""The one decided plan of a run: `resolve(case, session) -> RunConfig`, before anything loads. No torch.
+`plan_for` and `shortfall` read the same defaults, so the suite's skip and `rlsmoke run` agree."""
 
 from __future__ import annotations
 
@@ -38,8 +32,7 @@ from rlsmoke.topology import plan_topology
 
 @dataclass(frozen=True)
 class Session:
-    """What a run takes beside its case: the host and the engine's options (`rlsmoke run`'s flags, the
-    suite's options). None: the default, decided by `resolve`."""
+    """The host and the engine's options beside the case; None: `resolve` decides."""
 
     host: Host | None = None  # None: detected (a CPU run needs none)
     # the session's GPU count (the suite's --num-gpus / NUM_GPUS): the case runs at it
@@ -72,8 +65,7 @@ class Session:
 
 
 def effective_case(case: Case, gpus: int | None, *, one_gpu_variant: bool = True) -> Case:
-    """The case at the session's GPU count, when one was given (GPU cases only: CPU runs one device).
-    On one GPU a case whose full width does not fit runs its one-GPU variant (`ONE_GPU_VARIANT`)."""
+    """The case at the session's GPU count; on one GPU its `ONE_GPU_VARIANT` when the full width won't fit."""
     if case.platform not in GPU_PLATFORMS:
         return case
     if gpus is not None and case.num_gpus != gpus:
@@ -88,8 +80,7 @@ def _given(value: int | None, default: int) -> int:
 
 
 def _defaults(case: Case, session: Session, host: Host, *, validate: bool = True) -> RunConfig:
-    """The RunConfig of `case` on `host` with the session's options, every default filled but the memory
-    policy's; `validate=False` (the estimates) refuses no topology nor placement."""
+    """`case`'s RunConfig on `host`, every default but the memory policy; `validate=False` refuses nothing."""
     platform = get_platform(case.platform)
     topo = plan_topology(case.spec(), platform.name, case.num_gpus, case.mode, dict(case.overrides),
                          gpus_per_node=case.gpus_per_node, target=case.target, validate=validate)  # fmt: skip
@@ -195,8 +186,7 @@ def resolve_variants(case: Case, session: Session) -> list[RunConfig]:
 
 
 def plan_for(case: Case, *, host: Host | None = None, session: Session = Session(), **changes) -> Plan:
-    """The memory plan of the run `resolve` decides for `case` with the session's options, before the
-    offload policy (colocate on GPUs: offloaded); `changes` replace the plan's fields (offload=, kda=)."""
+    """The memory plan of the run `resolve` decides, before the offload policy; `changes` replace fields."""
     host = host or Host(case.platform, "GPU", case.num_gpus)
     plan = plan_of_run(_defaults(case, session, host, validate=False))
     return dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})

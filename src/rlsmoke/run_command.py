@@ -1,11 +1,5 @@
-"""`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates (evaluated here, once;
-with --records-only the caller gates).
-
-Exit codes: 0 every gate passed, 1 a gate failed, 2 bad input (incl. a missing checkpoint and OOM),
-3 the run broke (NaN, a crashed worker, any unexpected exception: its traceback goes to run.log),
-143 stopped by SIGTERM (130 by Ctrl-C): the workers and the Ray cluster the run started are stopped
-and run.log ends with "interrupted".
-"""
+"""`rlsmoke run`: one GRPO step of a case on the built-in engine, then its gates (unless --records-only).
+Exit codes: 0 pass, 1 a gate failed, 2 bad input, 3 broke, 130/143 stopped by a signal."""
 
 from __future__ import annotations
 
@@ -45,8 +39,7 @@ def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
 
 
 class CommandLog:
-    """What the command itself adds to the run's run.log, after the engine closed it: the interrupt or
-    crash that cut the run short, and the gates. Lines are timed from the process's start."""
+    """The command's own run.log lines after the engine closed it, timed from the process's start."""
 
     def __init__(self, out: Path, started: float):
         self.path, self.started = out / "run.log", started
@@ -65,8 +58,7 @@ class CommandLog:
 
 
 def _process_started() -> float:
-    """When this process began, on the perf_counter clock (Linux: from /proc, so the interpreter's start
-    counts as `time` counts it); elsewhere, now."""
+    """When this process began, on the perf_counter clock (Linux: /proc); elsewhere, now."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
@@ -76,10 +68,8 @@ def _process_started() -> float:
 
 
 class ProcessClock:
-    """The process's seconds before the engine's own clock starts, by phase: `start` (the interpreter and
-    rlsmoke's import, from the process's start), `config` (the flags checked into RunConfigs), `engine
-    import` (torch, transformers, the case's modeling code). On a GPU host these cost more than a seed's
-    phases did once loads were cut, and a run's `seconds` does not hold them."""
+    """The process's seconds before the engine's clock, by phase (`start`, `config`, `engine import`):
+    a run's `seconds` does not hold them."""
 
     def __init__(self, started: float):
         self.last = time.perf_counter()
@@ -93,7 +83,7 @@ class ProcessClock:
 
 def handler(args) -> int:
     if getattr(args, "launcher", "builtin") == "miles":
-        from rlsmoke.launch import train_only
+        from rlsmoke.processes import train_only
 
         return train_only.handler(args)
     started = _process_started()
@@ -156,9 +146,7 @@ def _handle(args, started: float) -> int:
 
 
 def _load_engine(cfg: RunConfig, log: CommandLog):
-    """The engine, after validation, and what it would import lazily (the case's modeling code, the
-    tokenizers, Ray). Nothing has started yet, so an interrupt meanwhile ends the process at once
-    rather than in the middle of an import (which would leave half a module behind)."""
+    """The engine and its lazy imports, loaded while an interrupt still ends the process at once."""
 
     def say(signum: int) -> None:
         log.interrupted(Interrupted(signum))

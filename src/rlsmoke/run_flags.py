@@ -1,5 +1,4 @@
-"""`rlsmoke run`'s flags, and what they mean: a case and a session, resolved into RunConfigs
-(`rlsmoke.resolve`) before anything heavy is imported."""
+"""`rlsmoke run`'s flags, resolved into RunConfigs (`rlsmoke.resolve`) before anything heavy is imported."""
 
 from __future__ import annotations
 
@@ -154,8 +153,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-# Session's fields that no `rlsmoke run` flag of the same name sets (--launcher picks Miles or not,
-# --variants is text): the rest are read off the flags by name.
+# Session fields no same-named `rlsmoke run` flag sets; the rest are read off the flags by name.
 NOT_FLAGS = frozenset({"host", "gpus", "one_gpu_variant", "launcher", "gated", "variants"})
 
 

@@ -1,8 +1,5 @@
-"""The run key: what a thresholds entry, a calibration and a history series are keyed by.
-
-(case, platform, device class, launcher, dtype, width, GPU count). Built in one place, from a summary.json (or a
-record's meta) or from a case; the device is always given by the caller, never detected here.
-"""
+"""The run key (case, platform, device class, launcher, dtype, width, GPU count) that thresholds, calibration
+and history are keyed by; the device is the caller's, never detected here."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ def default_dtype(platform: str) -> str:
 
 
 def gpu_count(n) -> str:
-    """The key's GPU count: "*" for one device (entries without a count are one-device calibrations,
-    which also stand for any count not calibrated on its own), else the count."""
+    """'*' for one device (which also stands for any count not calibrated on its own), else the count."""
     return "*" if n in (None, "", "*") or int(n) <= 1 else str(int(n))
 
 
@@ -38,8 +34,7 @@ class RunKey:
     launcher: str = "builtin"
     dtype: str = ""  # "": the platform's default
     width: str = ""  # "tiny" | "full"; "": tiny on CPU, full on GPUs
-    # FSDP2 over N ranks reduces grads in bf16 and splits the prompts: an entry calibrated at N wins at
-    # N, one without a count ("*", a one-device calibration) matches any (`gpu_count`).
+    # FSDP2 reduces grads in bf16: an entry calibrated at N wins at N
     num_gpus: str = "*"
 
     def __post_init__(self):

@@ -1,8 +1,4 @@
-"""Which tests run on this host: pure functions of a test's markers, its case and the host.
-
-`requirement` reads a test's markers; `decide` turns the requirement (and the case, when the module
-names one) into a `Decision` that the plugin applies as a skip at collection. No pytest here.
-"""
+"""Which tests run on this host: pure functions of a test's markers, its case and the host. No pytest."""
 
 from __future__ import annotations
 
@@ -55,8 +51,7 @@ def requirement(markers: Iterable[str], gpus_marker: int | None, override: int |
 
 def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", miles_root: str | None = None,
            case=None, num_gpus: int | None = None, trainer: str = DEFAULT_TRAINER) -> Decision:  # fmt: skip
-    """Whether a test with requirement `req` (running `case` at `num_gpus`, when known) runs on `host`;
-    the reason names what was needed and found."""
+    """Whether a test needing `req` runs on `host`; the reason names what was needed and found."""
     if req is not None:
         why = trainer_refusal(trainer, effective_case(case, num_gpus) if case is not None else None)
         if why:
@@ -84,8 +79,7 @@ def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", mi
 
 
 def trainer_refusal(trainer: str, case=None, inject: str | None = None) -> str:
-    """Why `--trainer` cannot run (`case`, when known): "" when it can. Only the built-in engine's
-    megatron trainer has limits: megatron-core installed, one device, a model megatron-core has."""
+    """Why `--trainer` cannot run `case` ("" when it can): megatron needs megatron-core and a model it has."""
     if trainer != "megatron":
         return ""
     if not megatron.available():

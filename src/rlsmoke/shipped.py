@@ -1,8 +1,4 @@
-"""The data rlsmoke needs at run time: the thresholds, the prompt set, the tokenizer and fla's kernel configs.
-
-`_fixtures` beside this file links to the checkout's `fixtures/`; a wheel carries a copy of the
-run-time folders under that name, so an installed rlsmoke needs no checkout.
-"""
+"""The data rlsmoke needs at run time; `_fixtures` links to the checkout's `fixtures/`, a wheel copies it."""
 
 from pathlib import Path
 

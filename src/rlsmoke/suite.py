@@ -1,8 +1,8 @@
 """What a test module calls: `run_case(case, artifacts)`, then `gates_for(case).check(record)`.
 
 The runner: `run_case` runs one step of a case with the session's choices (`Artifacts`) and returns
-its record together with those artifacts (`CaseRecord`): a CPU run in this process (`launch.here`: the
-engine imported once per pytest worker), a GPU run spawned (`launch.runner`). Deciding which tests run
+its record together with those artifacts (`CaseRecord`): a CPU run in this process (`processes.here`: the
+engine imported once per pytest worker), a GPU run spawned (`processes.runner`). Deciding which tests run
 is `rlsmoke.selection`; gating is `rlsmoke.gating` (re-exported here for test modules).
 """
 
@@ -21,8 +21,9 @@ from rlsmoke.engine.config import parse_variants
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.facts import RUN_TIMEOUT_S
 from rlsmoke.gating import CaseGates, GateFailure, HistoryBandWarning, gates_for
-from rlsmoke.launch import flow, here, runner
+from rlsmoke.launch import flow
 from rlsmoke.launch.miles import Paths
+from rlsmoke.processes import here, miles_flow, runner
 from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
@@ -121,7 +122,7 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
         plan = case.plan(paths=paths)
         flow.check(plan)  # a half-converted checkpoint is refused before anything starts
         _write_meta(art, case, "miles")
-        result = flow.run(plan, paths, miles_root=art.miles_root, ports=art.ports, env=launch.env,
+        result = miles_flow.run(plan, paths, miles_root=art.miles_root, ports=art.ports, env=launch.env,
                           artifacts=art.path, timeout=launch.timeout, echo=echo)  # fmt: skip
     else:
         result = _run_builtin(launch, echo)
@@ -129,7 +130,7 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
 
 
 def _run_builtin(launch: CaseLaunch, echo) -> runner.Result:
-    """A CPU run in this process where it can (`launch.here`); megatron's forked from the fork server (its
+    """A CPU run in this process where it can (`processes.here`); megatron's forked from the fork server (its
     process group would stay in this one); the others spawned: GPU runs (a hang in a GPU kernel needs a
     process to kill, a GPU driver a process of its own) and a run whose output is echoed."""
     log = launch.art.path / "pytest-run.log"

@@ -15,8 +15,7 @@ class Target:
     dsa_flag: str  # SGLang's sparse-attention flag stem: "nsa" (Miles 0.0.2's SGLang) or "dsa" (0.5.23)
     checkpoint_dialect: str  # config.json dialect the target's Miles accepts for GLM-5
     cuda_graph_bs_flag: str = "cuda-graph-max-bs"  # SGLang 0.5.23 split it into -decode / -prefill
-    # Whose launcher the flags follow: "seed-004" (the seeds' scripts, Miles of May 2026) or "main-2026-08"
-    # (Miles main's GLM-5 launcher and its 2-GPU CI test). Rows of launch.substitutions name the launchers they hold for.
+    # Whose launcher the flags follow (rows of launch.substitutions name theirs).
     launcher: str = "seed-004"
     # the Megatron-LM the target's Miles runs with: a commit of its `miles-main` branch
     megatron: str = "bundled"

@@ -1,9 +1,5 @@
-"""Gates as data: thresholds files, the gates of a run key, and the verdict on a record. No torch.
-
-Entries are read from `fixtures/thresholds/` (and `RLSMOKE_THRESHOLDS_DIR`) and keyed by the run key
-(`rlsmoke.runkey`); `lookup_gates(key).check(record)` returns a `Verdict` that lists every failure
-with its value, bound, margin, provenance and the artifacts.
-"""
+"""Gates as data: thresholds files (`fixtures/thresholds/`, `RLSMOKE_THRESHOLDS_DIR`), the gates of a run
+key, and a `Verdict` listing every failure. No torch."""
 
 from __future__ import annotations
 
@@ -246,8 +242,7 @@ def gate_from_spec(spec: dict, entry_provenance: dict, source: Path | str = "") 
 
 
 def thresholds_dirs() -> list[Path]:
-    """Where entries are read: `RLSMOKE_THRESHOLDS_DIR` (a cluster's own calibrations, os.pathsep-separated)
-    before the shipped `fixtures/thresholds/`, so at equal specificity the cluster's entry wins."""
+    """`RLSMOKE_THRESHOLDS_DIR` (os.pathsep-separated) before the shipped folder: the cluster's entry wins."""
     extra = [Path(d) for d in os.environ.get("RLSMOKE_THRESHOLDS_DIR", "").split(os.pathsep) if d]
     for d in extra:
         check_name(d, "RLSMOKE_THRESHOLDS_DIR")  # a name too long, a loop: their own rule, not "not a folder"
@@ -258,13 +253,8 @@ def thresholds_dirs() -> list[Path]:
 
 
 def all_entries(directories: list[Path] | None = None) -> list[tuple[Path, dict]]:
-    """Every entry of the thresholds folders, in the order read, each key once.
-
-    Two entries with the same key in the shipped folder, or in the cluster's own folders
-    (RLSMOKE_THRESHOLDS_DIR, one or several), are refused with both places named: which one gates would
-    otherwise depend on the order files are read. A cluster's entry with a shipped entry's key is
-    what RLSMOKE_THRESHOLDS_DIR is for: it wins.
-    """
+    """Every entry, each key once: a key twice within the shipped or within the cluster's folders is
+    refused with both places named; a cluster's entry overrides a shipped one."""
     directories = thresholds_dirs() if directories is None else directories
     entries, seen = [], {}
     for directory in directories:
@@ -284,10 +274,8 @@ def all_entries(directories: list[Path] | None = None) -> list[tuple[Path, dict]
 
 
 def check_thresholds(key: RunKey | None = None, logged: frozenset[str] | None = None) -> None:
-    """Every thresholds file a run reads, checked whole before a run, not after it (`rlsmoke run`
-    calls this before anything loads): each gate built (a finite bound), its gate names unique, each
-    key once, and with `key` and `logged`, every gate that can apply to the run on a metric its
-    launcher logs."""
+    """Every thresholds file a run reads, checked before the run: finite bounds, unique names and keys, and
+    with `key` and `logged` every applicable gate on a metric its launcher logs."""
     for path, entry in all_entries():
         names = [spec.get("name") if isinstance(spec, dict) else None for spec in entry["gates"]]
         twice = sorted({str(n) for n in names if names.count(n) > 1})
@@ -331,9 +319,7 @@ def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -
 
 
 def lookup_gates(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
-    """The gates of a run key. The most specific matching entry wins: exact fields beat "*". No match
-    is an error that names the key and how to calibrate one.
-    """
+    """The gates of a run key: the most specific matching entry wins; no match is an error."""
     best = matching_entry(key.to_json(), thresholds_dir)
     if best is None:
         raise RlsmokeError(

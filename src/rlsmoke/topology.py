@@ -1,10 +1,6 @@
 """Topology: one pure function from (model, platform, NUM_GPUS, mode, overrides) to a validated plan.
-
-Every count in a launch comes from here. Values are *derived unless set*: `--set train.tp=2` fixes
-TP and everything that depends on it (SP, DP) is derived again. Validation is a table of rules
-(`topology_rules`) evaluated by one loop; all failures are reported together, the first with the
-one-key changes that fix the whole plan.
-"""
+Every count in a launch comes from here, derived unless set; all rule failures are reported together,
+the first with the one-key changes that fix the whole plan."""
 
 from __future__ import annotations
 
@@ -12,6 +8,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from rlsmoke.errors import RlsmokeError, TopologyError, UnknownNameError
 from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, MODES
@@ -19,7 +16,7 @@ from rlsmoke.models import ModelSpec
 from rlsmoke.overrides import MAX_NUM_GPUS, check_gpus_per_node, parse_num_gpus, parse_overrides
 from rlsmoke.platforms import get_platform
 from rlsmoke.targets import DEFAULT_TARGET, TARGETS, Target
-from rlsmoke.topology_rules import violations
+from rlsmoke.topology_rules import ENGINE_RULES, violations
 
 
 @dataclass(frozen=True)
@@ -121,18 +118,30 @@ def default_train(
     return dict(tp=tp, pp=pp, cp=cp, ep=_largest_divisor(world // pp, g.ep, spec.num_experts), etp=1)
 
 
-def default_rollout(spec: ModelSpec, platform: str, mode: str, rollout_gpus: int) -> dict:
-    if platform == "rocm" or mode == "async":
-        # Seed 004 ROCm: engines of 2 GPUs, dp 2, ep 2 under dp-attention.
-        gpe = min(2, rollout_gpus)
-        return dict(gpus_per_engine=gpe, dp=gpe, ep=gpe, dense_tp_lm_head=False)
+def default_rollout(
+    spec: ModelSpec, platform: str, mode: str, rollout_gpus: int, gpus_per_engine: int | None = None
+) -> dict:
+    """The engines' layout: the family's (ROCm and async: seed 004's engines of 2 GPUs, dp 2, ep 2 under
+    dp-attention), each engine's tp, dp and ep its GPUs. Unless set, an engine takes the most GPUs up to
+    the family's size that SGLang can shard the model over and that tile the rollout GPUs."""
     g = spec.grid
-    if g.rollout_whole_from and rollout_gpus >= g.rollout_whole_from:
-        return dict(g.rollout_whole, dense_tp_lm_head=g.dense_tp_lm_head)
-    gpe = min(g.engine_gpus, rollout_gpus)
-    return dict(
-        gpus_per_engine=gpe, dp=gpe if g.rollout_dp else 1, ep=gpe, dense_tp_lm_head=g.dense_tp_lm_head
-    )
+    rocm = platform == "rocm" or mode == "async"
+    dp_attention, lm_head = (True, False) if rocm else (g.rollout_dp, g.dense_tp_lm_head)
+    if gpus_per_engine is None and not rocm and g.rollout_whole_from and rollout_gpus >= g.rollout_whole_from:
+        return dict(g.rollout_whole, dense_tp_lm_head=lm_head)
+
+    def layout(gpe: int) -> dict:
+        return dict(gpus_per_engine=gpe, dp=gpe if dp_attention else 1, ep=gpe, dense_tp_lm_head=lm_head)
+
+    if gpus_per_engine is not None:
+        return layout(gpus_per_engine)
+    for gpe in range(min(2 if rocm else g.engine_gpus, rollout_gpus), 1, -1):
+        r = layout(gpe)
+        engines = RolloutLayout(**r, engines=rollout_gpus // gpe, tp=gpe, dp_attention=r["dp"] > 1)
+        shape = SimpleNamespace(rollout=engines, rollout_gpus=rollout_gpus)
+        if all(rule.ok(shape, spec) for rule in ENGINE_RULES):
+            return r
+    return layout(1)
 
 
 def split_layers(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -187,7 +196,8 @@ def plan_topology(
     t["dp"] = actor // model_parallel if model_parallel > 0 else 0
     train = TrainGrid(**t)
 
-    r = default_rollout(spec, plat.name, mode, max(rollout, 1))
+    gpe = sets.get("rollout.gpus_per_engine")  # an int once parsed
+    r = default_rollout(spec, plat.name, mode, max(rollout, 1), gpe if isinstance(gpe, int) else None)
     r.update({k[8:]: v for k, v in sets.items() if k.startswith("rollout.")})
     r.setdefault("tp", r["gpus_per_engine"])
     r.setdefault("dp_attention", r["dp"] > 1)
@@ -230,6 +240,9 @@ FIX_KEYS: Mapping[str, tuple[str, ...]] = {
     "rollout.engine_multiple": ("rollout.gpus_per_engine",),
     "sglang.dp_divides_engine_gpus": ("rollout.dp",),
     "sglang.ep_divides_engine_gpus": ("rollout.ep",),
+    "sglang.ep_divides_experts": ("rollout.gpus_per_engine", "rollout.ep"),
+    "sglang.moe_tp_divides_moe_ffn": ("rollout.ep", "rollout.gpus_per_engine"),
+    "sglang.attn_tp_divides_heads": ("rollout.gpus_per_engine", "rollout.dp"),
 }
 MAX_FIXES = 3
 
@@ -255,9 +268,7 @@ def single_fixes(failed: Topology, spec: ModelSpec, sets: Mapping[str, object], 
 
 
 def _candidates(topo: Topology, spec: ModelSpec) -> list[int]:
-    """The sizes a single fix may take: every rule is a divisibility, so the divisors of the counts
-    and of the model's heads and experts hold every value that can pass; the small sizes besides.
-    Found in time of the square root of NUM_GPUS, not linear in it."""
+    """The sizes a single fix may take: the divisors of the counts, heads and experts, found in sqrt time."""
     gpus = (topo.num_gpus, topo.actor_gpus, topo.rollout_gpus, topo.rollout.gpus_per_engine)
     found = set(range(1, min(topo.num_gpus, 64) + 1))
     for n in (*gpus, spec.num_experts, spec.tp_divisor):

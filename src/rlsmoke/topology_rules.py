@@ -24,6 +24,22 @@ def _divides(a: int, b: int) -> bool:
     return a > 0 and b % a == 0
 
 
+def attention_tp(rollout) -> int:
+    """SGLang's attention TP: the engine's GPUs, split among the dp ranks under dp-attention."""
+    return max(1, rollout.tp // rollout.dp) if rollout.dp_attention else rollout.tp
+
+
+def moe_tp(rollout) -> int:
+    """SGLang's MoE TP: the engine's GPUs over its expert-parallel ranks."""
+    return max(1, rollout.tp // rollout.ep) if rollout.ep > 0 else 0
+
+
+def _heads_shard(tp: int, s: ModelSpec) -> bool:
+    """The heads split over `tp`; under GQA the KV heads split too, or are replicated a whole number of times."""
+    kv = s.num_query_groups
+    return _divides(tp, s.num_attention_heads) and (s.attention != "gqa" or _divides(tp, kv) or tp % kv == 0)
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "nodes.whole",
@@ -90,12 +106,35 @@ RULES: tuple[Rule, ...] = (
         lambda t, s: f"rollout.ep={t.rollout.ep} does not divide rollout.gpus_per_engine={t.rollout.gpus_per_engine}",
         "Adjust rollout.ep to a divisor of the GPUs per engine.",
     ),
+    # SGLang checks these only when it builds the model, after its start-up (0.5.23:
+    # layers/moe/fused_moe_triton/layer.py:414 and :427, models/deepseek_v2.py:2057, glm4_moe.py:237-246).
+    Rule(
+        "sglang.ep_divides_experts",
+        lambda t, s: _divides(t.rollout.ep, s.num_experts),
+        lambda t, s: f"rollout.ep={t.rollout.ep} does not divide the experts ({s.num_experts})",
+        "Adjust rollout.gpus_per_engine (or rollout.ep) to a divisor of the number of experts.",
+    ),
+    Rule(
+        "sglang.moe_tp_divides_moe_ffn",
+        lambda t, s: _divides(moe_tp(t.rollout), s.moe_ffn_hidden_size),
+        lambda t, s: f"SGLang's MoE TP (rollout.tp/ep = {moe_tp(t.rollout)}) does not divide the expert width "
+        f"({s.moe_ffn_hidden_size})",
+        "Adjust rollout.ep so that the GPUs per engine over it divide the expert width.",
+    ),
+    Rule(
+        "sglang.attn_tp_divides_heads",
+        lambda t, s: _heads_shard(attention_tp(t.rollout), s),
+        lambda t, s: f"SGLang's attention TP ({attention_tp(t.rollout)}: rollout.tp"
+        + (f"/dp = {t.rollout.tp}/{t.rollout.dp}" if t.rollout.dp_attention else "")
+        + f") does not divide the attention heads ({s.num_attention_heads})"
+        + (f", or neither divides nor is a multiple of the KV heads ({s.num_query_groups})"
+           if s.attention == "gqa" else ""),
+        "Adjust rollout.gpus_per_engine (or rollout.dp under dp-attention) so that the attention TP divides the heads.",
+    ),
     Rule(
         "megatron.tp_divides_heads",
         # Under GQA, TP may also be a multiple of the query groups (megatron-core replicates KV heads).
-        lambda t, s: _divides(t.train.tp, s.num_attention_heads) and (
-            s.attention != "gqa" or _divides(t.train.tp, s.num_query_groups)
-            or (t.train.tp > 0 and t.train.tp % s.num_query_groups == 0)),
+        lambda t, s: _heads_shard(t.train.tp, s),
         lambda t, s: f"train.tp={t.train.tp} does not divide the attention heads ({s.num_attention_heads})"
         + (f", or neither divides nor is a multiple of the query groups ({s.num_query_groups})"
            if s.attention == "gqa" else ""),
@@ -152,6 +191,8 @@ RULES: tuple[Rule, ...] = (
 )  # fmt: skip
 
 RULE_IDS = ("gpus.positive",) + tuple(r.id for r in RULES)
+# What decides whether SGLang can run an engine: its GPUs against the rollout's and the model's sizes.
+ENGINE_RULES = tuple(r for r in RULES if r.id.startswith("sglang.") or r.id == "rollout.engine_multiple")
 
 
 def violations(topo: Topology, spec: ModelSpec) -> list[tuple[str, str, str]]:

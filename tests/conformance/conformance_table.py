@@ -33,6 +33,11 @@ WORLD_MODEL = "is not divisible by total_model_size"
 HEADS_TP = "must be a multiple of tensor_model_parallel_size"
 GQA_TP = "must be a multiple or divisor of tensor_model_parallel_size"
 SP_TP = "Cannot use sequence parallelism without tensor parallelism"
+SGLANG_MODEL_BUILD = (
+    "SGLang 0.5.23 asserts it when it builds the model's layers, after its start-up "
+    "(layers/moe/fused_moe_triton/layer.py, models/deepseek_v2.py, glm4_moe.py): ServerArgs "
+    "does not read the model's experts, widths or heads"
+)
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,13 @@ STRICTER = (
         why="rollout.tp is not a flag: Miles sets SGLang's tp to the GPUs per engine, so the argv is unchanged"),
     Row("world-etp-ep", GLM5, "nvidia", 8, ("train.etp=2", "train.ep=8"), rule="megatron.world_etp_ep_pp",
         why="Megatron checks the expert grid in initialize_model_parallel (torch.distributed), not in a parser"),
+    Row("sglang-ep-experts", GLM5, "nvidia", 6, ("rollout.gpus_per_engine=6",), target=NEW,
+        rule="sglang.ep_divides_experts", why=SGLANG_MODEL_BUILD),
+    Row("sglang-moe-tp", GLM5, "nvidia", 6, ("rollout.gpus_per_engine=6", "rollout.ep=2"), target=NEW,
+        rule="sglang.moe_tp_divides_moe_ffn", why=SGLANG_MODEL_BUILD),
+    Row("sglang-attn-tp-kv", GLM45, "nvidia", 6, ("rollout.gpus_per_engine=6", "rollout.dp=1",
+        "rollout.dp_attention=false", "rollout.ep=2"), target=NEW, rule="sglang.attn_tp_divides_heads",
+        why=SGLANG_MODEL_BUILD),
     Row("dp-no-dp-attention-new", GLM5, "rocm", 8, ("rollout.dp_attention=false",), target=NEW,
         rule="sglang.dp_needs_dp_attention",
         why="a Miles rule (sglang_validate_args); SGLang 0.5.23 alone runs dp without dp-attention as plain DP"),

@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from rlsmoke.launch import here
+from rlsmoke.processes import here
 
 
 def stat_fields(pid: int | str) -> list[str]:
@@ -70,7 +70,7 @@ def in_a_child(ctx, fn, *args, timeout: float = 120):
 
 def run_cli(argv, *, env, timeout: float | None = None) -> subprocess.CompletedProcess:
     """`subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)` for
-    `python -m rlsmoke.cli ...`, run in this process (`rlsmoke.launch.here`) where it can be."""
+    `python -m rlsmoke.cli ...`, run in this process (`rlsmoke.processes.here`) where it can be."""
     if not here.can_run_here(argv):
         return subprocess.run(list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory() as folder:
@@ -87,7 +87,7 @@ def run_cli(argv, *, env, timeout: float | None = None) -> subprocess.CompletedP
 class ForkedCli:
     """The part of `subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, text=True, start_new_session=True)`
     the process tests use, for `python -m rlsmoke.cli ...` forked from multiprocessing's fork server
-    (`launch.here.start_forked`): the run as a spawned one, without an interpreter's imports."""
+    (`processes.here.start_forked`): the run as a spawned one, without an interpreter's imports."""
 
     def __init__(self, argv, folder: Path, env=None, setup=None, stdout: str | None = None):
         """`setup` (picklable, called in the child before `rlsmoke.cli.main`) is what a test asks more of

@@ -81,7 +81,7 @@ PIPELINE = (
               "rlsmoke.residency", "rlsmoke.resolve")),
     ("checkpoint", ("rlsmoke.checkpoints", "rlsmoke.bridge")),
     ("launch", ("rlsmoke.launch",)),
-    ("run", ("rlsmoke.engine",)),
+    ("run", ("rlsmoke.engine", "rlsmoke.processes")),
     ("verdict", ("rlsmoke.metrics", "rlsmoke.thresholds", "rlsmoke.repeats", "rlsmoke.gating")),
 )  # fmt: skip
 FRONT = ("rlsmoke.cli", "rlsmoke.run_flags", "rlsmoke.run_command", "rlsmoke.miles_rollout", "rlsmoke.selection", "rlsmoke.suite",
@@ -135,6 +135,28 @@ def plan_arrows_later(graph: dict[str, set[str]]) -> dict[str, list[str]]:
         m: sorted(n for n in to if _layer(n) in later) for m, to in graph.items() if m.startswith(PURE_PLAN)
     }
     return {m: n for m, n in found.items() if n}
+
+
+PROCESS_MODULES = ("rlsmoke.processes", "subprocess", "multiprocessing", "signal", "ray")
+
+
+def launch_arrows_to_processes(imports: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The launch renders: its imports of what starts or signals a process (`processes`, the stdlib's, Ray)."""
+    found = {
+        m: sorted(n for n in to if any(n == p or n.startswith(p + ".") for p in PROCESS_MODULES))
+        for m, to in imports.items()
+        if m.startswith("rlsmoke.launch")
+    }
+    return {m: n for m, n in found.items() if n}
+
+
+def test_the_launch_renders_and_starts_no_process():
+    imports = {m: _imports(p) for m, p in MODULES.items()}
+    assert launch_arrows_to_processes(imports) == {}
+    twin = {"rlsmoke.launch.flow": {"rlsmoke.processes.runner", "rlsmoke.launch.miles", "subprocess", "json"}}
+    assert launch_arrows_to_processes(twin) == {
+        "rlsmoke.launch.flow": ["rlsmoke.processes.runner", "subprocess"]
+    }
 
 
 def test_the_engine_imports_no_case_nor_what_decides_or_reads_a_run(graph):

@@ -8,7 +8,7 @@ import pytest
 
 from rlsmoke.cases import Case
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.launch.preflight import check_flags
+from rlsmoke.processes.preflight import check_flags
 
 CASE = Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)
 

@@ -6,13 +6,19 @@ import pytest
 import torch
 
 from rlsmoke.checkpoints import fp8, prune, synthesize, verify
-from rlsmoke.checkpoints.quantize import BLOCK, FP8_MAX, dequantize_blocks, quantize_blocks
+from rlsmoke.checkpoints.quantize import BLOCK, FP8_MAX, quantize_blocks
 from rlsmoke.checkpoints.shards import load_index, read_header, read_tensor
 
 # e4m3 keeps 3 mantissa bits: round-to-nearest is within 2^-4 relative for normal values and within
 # half the smallest subnormal step (2^-10 of the block scale) near zero.
 REL_BOUND = 2.0**-4
 SUBNORMAL_BOUND = 2.0**-10
+
+
+def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    r, c = q.shape
+    s = scale_inv.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:r, :c]
+    return q.float() * s
 
 
 def block_error_ok(w, q, s):

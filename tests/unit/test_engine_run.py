@@ -118,7 +118,7 @@ def test_run_log_parses_like_a_miles_log_into_the_same_record(main_job):
     "case_record", [CaseRun(Case(CASE, platform="cpu", tiny=True))], indirect=True, ids=[CASE]
 )
 def test_same_seed_gives_identical_metrics(main_job, case_record):
-    """The same seed in this process (`launch.here`, as the suite runs it) as in a fresh interpreter."""
+    """The same seed in this process (`processes.here`, as the suite runs it) as in a fresh interpreter."""
     _, out, _ = main_job
     assert (Path(case_record.artifacts) / "metrics.jsonl").read_text() == (out / "metrics.jsonl").read_text()
 

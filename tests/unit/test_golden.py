@@ -19,6 +19,8 @@ RENDERS = [("glm5-744b-a40b-4layer", platform, n) for platform in ("nvidia", "ro
     ("glm5.3-flash", "nvidia", 32),
     ("glm4.5-355b-a32b", "nvidia", 64),
 ]
+PLACEHOLDERS = Paths(*(f"<{name}>" for name in ("MODEL_DIR", "DATA_DIR", "OUTPUT_DIR", "MEGATRON_ROOT", "MILES_ROOT",
+                                                  "RLSMOKE_REWARD_DIR")))  # fmt: skip
 
 
 def golden_path(target: str, case: str, platform: str, n: int) -> Path:
@@ -26,7 +28,7 @@ def golden_path(target: str, case: str, platform: str, n: int) -> Path:
 
 
 def snapshot(case: str, platform: str, n: int, target: str) -> str:
-    plan = Case(case, platform=platform, num_gpus=n, target=target).plan(paths=Paths.placeholders())
+    plan = Case(case, platform=platform, num_gpus=n, target=target).plan(paths=PLACEHOLDERS)
     lines = [f"# rlsmoke plan {case} --platform {platform} --num-gpus {n} --target {target}  "
              f"(mode {plan.topology.mode})"]  # fmt: skip
     lines += [f"env {k}={v}" for k, v in plan.launch.env.items()]

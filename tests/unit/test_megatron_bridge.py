@@ -9,6 +9,7 @@ With megatron-core (skipped with the reason otherwise): the bridge's names and s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,6 @@ from rlsmoke.bridge.convert import (
     DEFECTS,
     Parallel,
     hf_to_megatron,
-    megatron_shapes,
     megatron_to_hf,
     padded_vocab,
     shard,
@@ -28,10 +28,18 @@ from rlsmoke.bridge.tables import rules
 from rlsmoke.checkpoints import prepare
 from rlsmoke.engine.megatron import available
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.models import model_spec
+from rlsmoke.models import ModelSpec, model_spec
 
 CASES = ["glm5-744b-a40b-4layer", "glm5.3-flash-4layer", "glm4.5-355b-a32b-4layer"]
 LAYOUTS = [Parallel(), Parallel(tp=2), Parallel(ep=2), Parallel(tp=2, ep=2, etp=1)]
+
+
+def megatron_shapes(hf_shapes: Mapping[str, tuple[int, ...]], spec: ModelSpec, par: Parallel,
+                    rank: int = 0, *, vocab_size: int | None = None) -> dict[str, tuple[int, ...]]:  # fmt: skip
+    """HF name -> shape in, one rank's Megatron name -> shape out, without any data (meta tensors)."""
+    hf = {n: torch.empty(s, device="meta") for n, s in hf_shapes.items()}
+    full = hf_to_megatron(hf, spec, vocab_size=vocab_size)
+    return {n: tuple(t.shape) for n, t in shard(full, spec, hf, par, rank).items()}
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +223,8 @@ def _rank_forward(rank, par, case):
 @needs_mcore
 @pytest.mark.parametrize("case", MCORE_CASES)
 def test_real_gptmodel_holds_the_bridge_names_and_its_logits_are_hf(case):
-    from rlsmoke.engine.megatron.dist import run_ranks
+    from megatron_ranks import run_ranks
+
     from rlsmoke.engine.model import load_policy
     from rlsmoke.engine.read import read_checkpoint
 
@@ -234,7 +243,8 @@ def test_real_gptmodel_holds_the_bridge_names_and_its_logits_are_hf(case):
 @pytest.mark.parametrize("case", MCORE_CASES)
 @pytest.mark.parametrize("par", [Parallel(tp=2), Parallel(ep=2)], ids=["tp2", "ep2"])
 def test_real_gptmodel_in_two_gloo_ranks_matches_one_rank(case, par):
-    from rlsmoke.engine.megatron.dist import run_ranks
+    from megatron_ranks import run_ranks
+
     from rlsmoke.engine.read import read_checkpoint
 
     [(single, _)] = run_ranks(_rank_forward, Parallel(), case)
@@ -270,7 +280,7 @@ def _forward_past_index_topk(rank, par, case):
 def test_dense_attention_refuses_a_sequence_past_the_dsa_index_topk():
     """Dense causal attention equals DSA only within index_topk keys: past it the stand-in would
     silently compute something else, so it refuses."""
-    from rlsmoke.engine.megatron.dist import run_ranks
+    from megatron_ranks import run_ranks
 
     [(rule, message)] = run_ranks(_forward_past_index_topk, Parallel(), "glm5-744b-a40b-4layer")
     assert rule == "megatron.dsa_topk" and "exceeds the DSA index top-k" in message

@@ -85,7 +85,9 @@ def _step_under_cuda_sum(rank, par, out):
 
 
 def test_the_megatron_trainer_steps_at_the_gpu_dtypes_without_autocast(tmp_path):
-    from rlsmoke.engine.megatron.dist import Parallel, run_ranks
+    from megatron_ranks import run_ranks
+
+    from rlsmoke.engine.megatron.dist import Parallel
     from rlsmoke.runkey import RunKey
     from rlsmoke.thresholds import lookup_gates
 
@@ -134,7 +136,9 @@ def _built_dtypes(rank, par):
 
 
 def test_the_gptmodel_is_built_in_bf16_with_an_fp32_router_over_fp32_main_params():
-    from rlsmoke.engine.megatron.dist import Parallel, run_ranks
+    from megatron_ranks import run_ranks
+
+    from rlsmoke.engine.megatron.dist import Parallel
 
     [built] = run_ranks(_built_dtypes, Parallel())
     assert built["bf16"] and built["params_dtype"] == torch.bfloat16

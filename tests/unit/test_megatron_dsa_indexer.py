@@ -121,7 +121,7 @@ def _megatron_topk(rank, par, hidden, q_latent, causal, move_rope=True):
 
 
 def _megatron_topk_in_a_rank(*inputs, move_rope=True):
-    from rlsmoke.engine.megatron.dist import run_ranks
+    from megatron_ranks import run_ranks
 
     [topk] = run_ranks(_megatron_topk, Parallel(), *inputs, move_rope)
     return topk

@@ -72,7 +72,9 @@ def _loaded(rank, par, compute_dtype):
 
 @pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
 def test_the_load_holds_the_bridges_values_bit_for_bit_and_lends_its_read_to_the_rollout(compute_dtype):
-    from rlsmoke.engine.megatron.dist import Parallel, run_ranks
+    from megatron_ranks import run_ranks
+
+    from rlsmoke.engine.megatron.dist import Parallel
 
     [got] = run_ranks(_loaded, Parallel(), compute_dtype)
     # bf16 tensors (the prepared checkpoint's weights) take the uncast path, fp32 ones (its expert bias) the copy

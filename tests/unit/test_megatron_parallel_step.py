@@ -100,10 +100,10 @@ def _sync(hf_model, weights) -> float:
 
 def _rank(rank, par, reference_path, reference_grad_norm):
     """Both layouts on this rank, clean and with each defect; numbers only come back."""
+    from megatron_ranks import relayout
     from safetensors.torch import load_file
 
     from rlsmoke.checkpoints import prepare
-    from rlsmoke.engine.megatron import dist
     from rlsmoke.engine.megatron.trainer import build_rank, gather_hf_weights
     from rlsmoke.engine.read import read_checkpoint
     from rlsmoke.engine.train import token_logprobs
@@ -116,7 +116,7 @@ def _rank(rank, par, reference_path, reference_grad_norm):
     group = _group(hf_model)
     out = {}
     for name, (layout, defects) in LAYOUTS.items():
-        dist.relayout(layout)
+        relayout(layout)
         for defect in defects:
             trainer = build_rank(spec, hf, layout, rank, cfg=cfg, device="cpu", defect=defect)
             [(lp, _)] = trainer.forward_only([group])
@@ -163,7 +163,8 @@ def _world1(rank, par, reference_path):
 
 
 def test_tp2_sp_and_ep2_steps_match_world_size_1_and_the_bridge_twins_fail(tmp_path):
-    from rlsmoke.engine.megatron.dist import run_ranks
+    from megatron_ranks import run_ranks
+
     from rlsmoke.runkey import RunKey
     from rlsmoke.thresholds import lookup_gates
 

@@ -7,8 +7,8 @@ run where that Miles, its Megatron-LM and SGLang import; this check needs none o
 from pathlib import Path
 
 import pytest
+from flag_table import FlagTable, recorded_targets, refusals
 
-from rlsmoke.conformance.flag_table import FlagTable, recorded_targets, refusals
 from rlsmoke.targets import DEFAULT_TARGET, TARGETS
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"

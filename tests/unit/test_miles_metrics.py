@@ -16,9 +16,10 @@ from rlsmoke import metrics
 from rlsmoke.cases import Case
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.gating import GateFailure
-from rlsmoke.launch import flow, runner
+from rlsmoke.launch import flow
 from rlsmoke.launch.miles import Paths
 from rlsmoke.platforms import Host
+from rlsmoke.processes import runner
 from rlsmoke.recipe import Recipe
 from rlsmoke.suite import Artifacts, gates_for
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlsmoke.conformance.rollout_schema import record_schema
 from rlsmoke.launch import rollout_file
 from rlsmoke.launch.rollout_file import RolloutSample, mismatches, recorded_schema, schema_of
 from rlsmoke.targets import TARGETS
@@ -67,7 +68,7 @@ def test_a_renamed_or_retyped_field_is_named(tmp_path, edit, named):
 def test_the_schema_names_its_miles_commit_and_command():
     prov = recorded_schema()["provenance"]
     assert prov["miles"].startswith(TARGETS["miles-2026-08-21"].miles)
-    assert prov["command"].startswith("python -m rlsmoke.launch.rollout_file --record-schema")
+    assert prov["command"].startswith("python -m rlsmoke.conformance.rollout_schema --record-schema")
 
 
 def test_a_template_miles_would_misread_is_refused():
@@ -126,7 +127,7 @@ def test_miles_own_loader_and_conversion_read_the_file(tmp_path):
 
 @needs_miles
 def test_the_recorded_schema_is_what_that_miles_writes(tmp_path):
-    schema = rollout_file.record_schema(Path(MILES_ROOT), commit="x")
+    schema = record_schema(Path(MILES_ROOT), commit="x")
     assert {k: v for k, v in schema.items() if k != "provenance"} == {
         k: v for k, v in recorded_schema().items() if k != "provenance"
     }

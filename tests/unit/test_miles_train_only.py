@@ -11,11 +11,11 @@ import shlex
 
 import pytest
 import torch
+from flag_table import FlagTable, refusals
 from miles_fake import commands, write_root
 
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
-from rlsmoke.conformance.flag_table import FlagTable, refusals
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.launch import train_only
 from rlsmoke.launch.miles import Paths, flag_values

@@ -3,7 +3,24 @@
 import pytest
 
 from rlsmoke.models import MODEL_NAMES, model_spec
-from rlsmoke.models.hf import hf_config, unknown_fields
+from rlsmoke.models.base import ModelSpec
+from rlsmoke.models.hf import hf_config
+
+# Read by the modeling code through getattr() with a fallback, so not a declared config field.
+MODELING_GETATTR_FIELDS = {"glm4_moe": {"head_dim"}}
+
+
+def unknown_fields(spec: ModelSpec) -> list[str]:
+    """Kwargs of the spec that transformers' own config class does not define."""
+    from transformers import AutoConfig
+
+    default = AutoConfig.for_model(spec.hf_model_type)
+    if spec.hf_model_type == "glm5_next":
+        known = set(default.text_config.to_dict())
+        known.discard("mlp_layer_types")
+        return sorted(k for k in spec.hf_text_kwargs() if k not in known and k != "first_k_dense_replace")
+    known = set(default.to_dict()) | MODELING_GETATTR_FIELDS.get(spec.hf_model_type, set())
+    return sorted(k for k in spec.hf_text_kwargs() if k not in known)
 
 
 @pytest.mark.parametrize("tiny", [False, True], ids=["full", "tiny"])

@@ -399,7 +399,7 @@ def test_plugin_import_is_light():
     """The plugin loads in every pytest session: it must not pull in torch, ray or matplotlib."""
     import subprocess
 
-    code = ("import sys, rlsmoke.pytest_plugin, rlsmoke.suite, rlsmoke.launch.runner, rlsmoke.history; "
+    code = ("import sys, rlsmoke.pytest_plugin, rlsmoke.suite, rlsmoke.processes.runner, rlsmoke.history; "
             "print(sorted(m for m in ('torch', 'ray', 'matplotlib', 'transformers') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -474,7 +474,7 @@ LONG_RUN = """
     import sys
     from pathlib import Path
 
-    from rlsmoke.launch import runner
+    from rlsmoke.processes import runner
 
     def test_a_long_run(tmp_path):
         run = runner.Process([sys.executable, "-c", "import time; time.sleep(300)"], env=runner.clean_env(),

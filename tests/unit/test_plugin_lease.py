@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rlsmoke.launch.lease import PORT_BLOCK, PORT_NAMES, GpuLease, lease_gpus, lease_ports, visible_gpu_ids
+from rlsmoke.processes.lease import PORT_BLOCK, PORT_NAMES, GpuLease, lease_gpus, lease_ports, visible_gpu_ids
 
 POOL = tuple(str(i) for i in range(8))
 

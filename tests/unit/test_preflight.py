@@ -6,7 +6,7 @@ from fake_miles import write_fake_miles
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
 from rlsmoke.errors import RlsmokeError
-from rlsmoke.launch.preflight import check_flags
+from rlsmoke.processes.preflight import check_flags
 
 CASE = Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)
 

@@ -60,7 +60,7 @@ def _die(rank, par):
 @needs_mcore
 def test_tensors_a_rank_returns_outlive_the_rank():
     """Received after the ranks have exited: torch's shared-memory handles would point at nothing."""
-    from rlsmoke.engine.megatron.dist import run_ranks
+    from megatron_ranks import run_ranks
 
     results = run_ranks(_tensors_then_exit, Parallel(tp=2))
     for rank, (_, filled, state) in enumerate(results):
@@ -70,7 +70,7 @@ def test_tensors_a_rank_returns_outlive_the_rank():
 
 @needs_mcore
 def test_a_failing_rank_fails_the_call_and_stops_the_rank_waiting_for_it(monkeypatch):
-    from rlsmoke.engine.megatron import dist
+    import megatron_ranks as dist
 
     monkeypatch.setattr(dist, "RANK_GRACE_S", 2.0)  # how long the driver waits for the others once one failed
     start = time.monotonic()
@@ -84,7 +84,7 @@ def test_a_failing_rank_fails_the_call_and_stops_the_rank_waiting_for_it(monkeyp
 
 @needs_mcore
 def test_a_rank_that_dies_is_named_with_its_exit_code():
-    from rlsmoke.engine.megatron.dist import run_ranks
+    from megatron_ranks import run_ranks
 
     with pytest.raises(RuntimeError, match=r"rank 1: died \(exit code 7\)"):
         run_ranks(_die, Parallel(tp=2))
@@ -101,7 +101,8 @@ def test_forked_ranks_find_the_driver_s_objects_frozen_and_the_driver_keeps_its_
     """A rank's collections skip what it inherited from the driver (and so never copy those pages)."""
     import gc
 
-    from rlsmoke.engine.megatron.dist import run_ranks
+    from megatron_ranks import run_ranks
+
     from rlsmoke.engine.procs import fork_is_safe
 
     if not fork_is_safe():  # under xdist: ranks start from the fork server, whose heap is its own

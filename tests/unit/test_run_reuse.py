@@ -14,7 +14,7 @@ from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute
 from rlsmoke.engine.timing import phase_seconds
-from rlsmoke.launch import here, runner
+from rlsmoke.processes import here, runner
 from rlsmoke.suite import CaseRun, builtin_argv
 
 CASE = "glm5-744b-a40b-4layer"

@@ -21,7 +21,7 @@ from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute_variants
 from rlsmoke.engine.train import set_dropout
 from rlsmoke.errors import ExitCode
-from rlsmoke.launch import here, runner
+from rlsmoke.processes import here, runner
 from rlsmoke.suite import builtin_argv
 
 CASE = "glm5-744b-a40b-4layer"

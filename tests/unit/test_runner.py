@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from procs import alive
 
-from rlsmoke.launch import runner
+from rlsmoke.processes import runner
 
 PY = sys.executable
 

@@ -17,9 +17,9 @@ from procs import alive
 from rlsmoke.cases import Case
 from rlsmoke.errors import CheckpointError, RlsmokeError
 from rlsmoke.launch import flow
-from rlsmoke.launch.lease import GpuLease, lease_ports
 from rlsmoke.launch.miles import Paths
 from rlsmoke.platforms import Host
+from rlsmoke.processes.lease import GpuLease, lease_ports
 from rlsmoke.suite import Artifacts, gates_for, run_case
 
 # find_spec, not importorskip: importing ray here would cost every `pytest --co` a second

@@ -65,7 +65,7 @@ def test_two_gpus_run_all_256_experts():
 
 def test_a_declared_run_s_flags_go_to_rlsmoke_run_and_a_miles_launch_refuses_them(tmp_path):
     from rlsmoke.errors import RlsmokeError
-    from rlsmoke.launch.lease import GpuLease
+    from rlsmoke.processes.lease import GpuLease
     from rlsmoke.suite import Artifacts, CaseRun
 
     flags = ("--offload", "--num-rollout", "3")

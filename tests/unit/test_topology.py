@@ -22,6 +22,12 @@ TRIPS = {
     "sglang.dp_needs_dp_attention": (GLM5, "rocm", 8, "async", {"rollout.dp_attention": False}),
     "sglang.dp_divides_engine_gpus": (GLM5, "rocm", 8, "async", {"rollout.dp": 4}),
     "sglang.ep_divides_engine_gpus": (GLM5, "rocm", 8, "async", {"rollout.ep": 4}),
+    # what SGLang asserts when it builds the model: 256 experts over EP 6; MoE TP 6/2 = 3 over a width of
+    # 2048; GLM-4.5's 8 KV heads over attention TP 6
+    "sglang.ep_divides_experts": (GLM5, "nvidia", 6, None, {"rollout.gpus_per_engine": 6}),
+    "sglang.moe_tp_divides_moe_ffn": (GLM5, "nvidia", 6, None, {"rollout.gpus_per_engine": 6, "rollout.ep": 2}),
+    "sglang.attn_tp_divides_heads": ("glm4.5-355b-a32b-4layer", "nvidia", 6, None, {"rollout.gpus_per_engine": 6,
+                                     "rollout.dp": 1, "rollout.dp_attention": False, "rollout.ep": 2}),
     "megatron.tp_divides_heads": ("glm4.5-355b-a32b-4layer", "nvidia", 24, None, {"train.tp": 12, "train.cp": 1}),
     "megatron.ep_divides_experts": ("glm4.5-355b-a32b-4layer", "nvidia", 64, None, {"train.ep": 64}),
     "megatron.sp_needs_tp": (GLM5, "rocm", 8, "async", {"train.sp": True}),
@@ -172,3 +178,35 @@ def test_split_layers():
     assert split_layers(4, 1) == (4,)
     assert split_layers(92, 4) == (23, 23, 23, 23)
     assert min(split_layers(4, 8)) == 0  # an empty stage: the pp rule rejects it
+
+
+@pytest.mark.parametrize("case", ["glm5-744b-a40b-4layer", "glm5.3-flash", "glm4.5-355b-a32b", "glm4.5-air"])
+def test_every_gpu_count_of_a_node_derives_engines_sglang_can_build(case):
+    """NUM_GPUS 1-8 and 16 on NVIDIA plan without an override: each engine takes the most GPUs (up to the
+    family's) that SGLang can shard the model over. Before, 3, 5, 6 and 7 GPUs gave engines of EP 3-7
+    over 256 experts, which SGLang refuses only once it builds the model."""
+    spec = model_spec(case)
+    for n in (*range(1, 9), 16):
+        topo = plan_topology(spec, "nvidia", n)
+        assert violations(topo, spec) == []
+        assert topo.rollout.engines * topo.rollout.gpus_per_engine == topo.rollout_gpus
+
+
+def test_six_gpus_of_glm5_are_three_engines_of_two():
+    topo = plan_topology(model_spec(GLM5), "nvidia", 6)
+    assert (topo.rollout.engines, topo.rollout.gpus_per_engine, topo.rollout.dp, topo.rollout.ep) == (
+        3,
+        2,
+        2,
+        2,
+    )
+    # the twin: engines of all six GPUs, as the family's size alone would give, are refused by name
+    with pytest.raises(TopologyError) as err:
+        plan_topology(model_spec(GLM5), "nvidia", 6, None, {"rollout.gpus_per_engine": 6})
+    assert err.value.rule == "sglang.ep_divides_experts" and "rollout.gpus_per_engine=" in err.value.fix
+
+
+def test_a_set_engine_size_takes_its_dp_and_ep_with_it():
+    """Derived unless set: engines set to 4 GPUs get dp 4 and ep 4, not the 8 the defaults would have."""
+    topo = plan_topology(model_spec(GLM5), "nvidia", 8, None, {"rollout.gpus_per_engine": 4})
+    assert (topo.rollout.engines, topo.rollout.dp, topo.rollout.ep) == (2, 4, 4)

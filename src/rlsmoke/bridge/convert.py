@@ -1,17 +1,7 @@
-"""The bridge's functions: HF state -> Megatron state -> per-rank shards, and back.
-
-Two steps each way, so each can be checked alone:
-
-  hf_to_megatron    HF tensors -> the whole Megatron state (TP=1, EP=1; experts by global index)
-  shard             whole Megatron state -> one rank's state under a `Parallel` layout
-  unshard           every rank's state -> the whole Megatron state
-  megatron_to_hf    whole Megatron state -> HF tensors (the weight sync into the rollout engine)
-
-Every tensor is moved, never computed: a round trip is bit-exact by construction, and a test pins it.
-Rows move where the two layouts differ: GQA's q/k/v interleaved per query group, the fused SwiGLU fc1,
-and GLM-5's DSA indexer, whose RoPE dims HF holds first in each head and megatron-core last.
-A `defect` (the fault twins) is a symmetric mistake: it round-trips bit-exactly too, yet the Megatron
-model computes with the wrong layout, which only the log-prob gates can see.
+"""The bridge: HF state <-> whole Megatron state (`hf_to_megatron`, `megatron_to_hf`) <-> per-rank shards
+(`shard`, `unshard`), each step checkable alone. Tensors are moved, never computed, so a round trip is
+bit-exact. A `defect` (the fault twins) is a symmetric mistake: it round-trips too, yet the Megatron model
+computes with the wrong layout, which only the log-prob gates can see.
 """
 
 from __future__ import annotations
@@ -36,11 +26,7 @@ DEFECTS = {
 
 @dataclass(frozen=True)
 class Parallel:
-    """A training layout: world = tp x dp ranks; experts over ep x etp of them.
-
-    Rank order is megatron-core's default (TP fastest, then EP): rank r has tp_rank r % tp,
-    expert-TP rank r % etp and EP rank (r // etp) % ep.
-    """
+    """A training layout: world = tp x dp ranks, experts over ep x etp; megatron-core's rank order."""
 
     tp: int = 1
     ep: int = 1
@@ -134,17 +120,12 @@ INDEXER_HEAD_DIM_ROWS = tuple(f"core_attention.indexer.{n}" for n in
 
 
 def moves_indexer_rope(spec: ModelSpec) -> bool:
-    """GLM-5's HF indexer (transformers' `GlmMoeDsaIndexer`) applies its interleaved RoPE to the first
-    `qk_rope_head_dim` dims of each indexer head, megatron-core's `DSAIndexer` to the last (it splits
-    [nope, rope], de-interleaving as MLA does). The dense attention never reads the indexer, so only
-    its top-k sees the layout. GLM-5.3-Flash keeps the 1:1 mapping: the megatron trainer does not run it."""
+    """GLM-5's HF indexer ropes the first dims of each head, megatron-core's `DSAIndexer` the last."""
     return spec.family == "glm5"
 
 
 def _indexer_rope(spec: ModelSpec, t: torch.Tensor, *, to_megatron: bool) -> torch.Tensor:
-    """Per indexer head, the RoPE rows moved from first (HF) to last (Megatron), or back. Miles'
-    converter (`megatron_to_hf/deepseekv3.py`, under `indexer_rope_interleave`) makes the same move
-    for its 128-dim heads with 64 RoPE dims, where it is a swap of halves."""
+    """Per indexer head, the RoPE rows moved between first and last, as Miles' converter does."""
     head, rope = spec.hf_extra["index_head_dim"], spec.hf_extra["qk_rope_head_dim"]
     heads = t.reshape(-1, head, *t.shape[1:])
     cut = rope if to_megatron else head - rope
@@ -276,11 +257,3 @@ def unshard(states: Sequence[Mapping[str, torch.Tensor]], spec: ModelSpec, hf_na
         else:
             out[rule.megatron] = _join(rule, [by_tp[i][rule.megatron] for i in range(par.tp)])
     return out
-
-
-def megatron_shapes(hf_shapes: Mapping[str, tuple[int, ...]], spec: ModelSpec, par: Parallel,
-                    rank: int = 0, *, vocab_size: int | None = None) -> dict[str, tuple[int, ...]]:  # fmt: skip
-    """HF name -> shape in, one rank's Megatron name -> shape out, without any data (meta tensors)."""
-    hf = {n: torch.empty(s, device="meta") for n, s in hf_shapes.items()}
-    full = hf_to_megatron(hf, spec, vocab_size=vocab_size)
-    return {n: tuple(t.shape) for n, t in shard(full, spec, hf, par, rank).items()}

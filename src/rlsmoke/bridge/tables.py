@@ -1,25 +1,7 @@
-"""HF <-> Megatron names, as data: one `Rule` per Megatron tensor. No torch here.
-
-A rule names the Megatron tensor (megatron-core's local layer spec: `decoder.layers.N.self_attention.
-linear_qkv.weight`, `...mlp.experts.local_experts.E.linear_fc1.weight`), the HF tensors it is made of
-(concatenated along dim 0 in the listed order, or interleaved per query group for `qkv`), and how
-tensor parallelism cuts it:
-
-  replicated  every TP rank holds the whole tensor (norms, router, MLA's down projections, DSA indexer)
-  column      dim 0 in TP chunks (ColumnParallelLinear: q_up, kv_up)
-  row         dim 1 in TP chunks (RowParallelLinear: linear_proj, linear_fc2)
-  vocab       dim 0 in TP chunks after padding the vocab (embedding, output layer)
-  gate_up     each rank holds [gate_r; up_r]: the fused SwiGLU fc1 is cut per half, then joined
-  qkv         query groups in TP chunks; inside a group [q heads of the group; k; v]
-
-Expert rules (`expert=True`) carry `{e}`: the global expert on the HF side, the rank-local index on
-the Megatron side; experts are split over EP ranks in contiguous blocks and each expert's matrices
-over the expert-TP ranks by the same column/row/gate_up cuts.
-
-GLM-5.3-Flash's KDA linear attention and hyper-connections have no megatron-core module: their
-tensors keep their HF names under the Megatron layer (`decoder.layers.N.self_attention.q_proj.weight`)
-and are cut by heads (`column`/`row`) as a head-parallel KDA would be. The round trip pins them; no
-megatron-core model holds them, so the megatron trainer does not run that model.
+"""HF <-> Megatron names, as data: one `Rule` per Megatron tensor (megatron-core's local layer spec), the
+HF tensors it is made of, and how TP cuts it (`replicated`, `column`, `row`, `vocab`, `gate_up`, `qkv`).
+Expert rules carry `{e}`, split over EP ranks in contiguous blocks. GLM-5.3-Flash's KDA and hyper-connection
+tensors keep their HF names under the Megatron layer (no megatron-core model holds them). No torch here.
 """
 
 from __future__ import annotations
@@ -87,8 +69,7 @@ def _gqa(spec: ModelSpec, i: int) -> list[Rule]:
     return rules
 
 
-# MLA: megatron-core name -> (HF name, TP cut). The down projections are duplicated on every TP rank,
-# as megatron-core's TransformerEngine spec builds them (`rlsmoke.engine.megatron.model.layer_spec`).
+# MLA: megatron-core name -> (HF name, TP cut); down projections duplicated as TE's spec builds them.
 MLA: dict[str, tuple[str, Cut]] = {
     "linear_q_down_proj.weight": ("q_a_proj.weight", "replicated"),
     "q_layernorm.weight": ("q_a_layernorm.weight", "replicated"),
@@ -98,8 +79,7 @@ MLA: dict[str, tuple[str, Cut]] = {
     "linear_kv_up_proj.weight": ("kv_b_proj.weight", "column"),
     "linear_proj.weight": ("o_proj.weight", "row"),
 }
-# DSA indexer: megatron-core's DSAIndexer names (under core_attention) -> HF names; duplicated on
-# every TP rank, as megatron-core builds them (parallel_mode="duplicated").
+# DSA indexer: megatron-core names -> HF names, duplicated on every TP rank.
 DSA_INDEXER = {
     "linear_wq_b.weight": "wq_b.weight",
     "linear_wk.weight": "wk.weight",
@@ -139,8 +119,7 @@ def _kda(spec: ModelSpec, i: int) -> list[Rule]:
 
 
 def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
-    """Every Megatron tensor of `spec`, given the HF checkpoint's tensor names (the layer kinds of a
-    hybrid model are read from them: a layer with `self_attn.A_log` is KDA)."""
+    """Every Megatron tensor of `spec`, given the HF names (a layer with `self_attn.A_log` is KDA)."""
     hf_names = set(hf_names)
     p = _hf_prefix(spec)
     out = [
@@ -160,8 +139,7 @@ def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
             out += _mla(spec, i, hf_names)
         out += [Rule(mg + h, (hf + h,)) for h in HYPER_CONNECTIONS if hf + h in hf_names]
         out += _mlp(spec, i, moe=i >= spec.first_k_dense)
-    # What the text trainer does not hold (a vision tower) travels unchanged under its own name;
-    # anything else inside the text tower that no rule covers is an error of the converter.
+    # a vision tower travels under its own name; anything else unruled in the text tower is an error
     out += [Rule(n, (n,)) for n in sorted(hf_names) if not n.startswith(p) and n != "lm_head.weight"]
     return out
 

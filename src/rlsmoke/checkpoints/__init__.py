@@ -1,8 +1,4 @@
-"""Offline checkpoints: synthesize, prune, patch, FP8, verify, and the cached `prepare` the engine uses.
-
-Functions are imported lazily so that `import rlsmoke.checkpoints` (and the CLI's argument parsing)
-does not pull in torch and transformers.
-"""
+"""Offline checkpoints, imported lazily so `import rlsmoke.checkpoints` pulls in no torch."""
 
 from __future__ import annotations
 

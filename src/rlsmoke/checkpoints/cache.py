@@ -1,10 +1,5 @@
-"""`prepare`: the one call the engine makes. Builds (synthesize or prune, FP8, dialect) and caches.
-
-The cache is keyed by (case, width, seed, dialect, fp8) under $RLSMOKE_CACHE or ~/.cache/rlsmoke, so
-e2e tests prepare once. A file lock makes concurrent test workers wait instead of writing twice; a
-cached folder is verified on every hit (headers, and the sha256 of every shard, stamped by
-`checkpoints.identity`) and rebuilt if it does not pass.
-"""
+"""`prepare`: the one call the engine makes. Builds and caches under $RLSMOKE_CACHE, keyed by (case, width,
+seed, dialect, fp8), behind a file lock; a hit is verified (`checkpoints.identity`) or rebuilt."""
 
 from __future__ import annotations
 
@@ -114,11 +109,7 @@ def prepare_to(
     say=None,
     cache_dir: Path | str | None = None,
 ) -> Path:
-    """Build one checkpoint into `out` (atomically) and verify it: the body of `rlsmoke prepare`.
-
-    `say(line)`, when given, hears the size about to be written before anything is. The checksums the
-    verification computed are stamped (under `cache_dir`'s stamps), so the first use does not hash again.
-    """
+    """Build one checkpoint into `out` atomically, verify it and stamp its checksums under `cache_dir`."""
     from rlsmoke.checkpoints import dialects, pruning, quantize, synthesis
     from rlsmoke.checkpoints.identity import file_versions, stamp_hashed
     from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight, sibling

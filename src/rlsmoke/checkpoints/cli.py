@@ -1,8 +1,4 @@
-"""`rlsmoke prepare` and `rlsmoke verify`. The main CLI calls `register(subparsers)`.
-
-Handlers raise RlsmokeError/CheckpointError for bad input; the main CLI prints it as one `error:`
-line and exits 2. Heavy imports happen inside the handlers, so `--help` stays fast.
-"""
+"""`rlsmoke prepare` and `rlsmoke verify`; heavy imports stay inside the handlers so `--help` is fast."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""GLM-5 config.json dialects: the older Miles (`deepseek_v32`) and the newer, native one (`glm_moe_dsa`).
-
-The older Miles relabels GLM-5 as DeepSeek-V3.2 (architectures, model_type, an auto_map) and copies
-rope_parameters.rope_theta to a flat `rope_theta` for older mbridge. The newer Miles refuses exactly
-that: it wants the native labels, no auto_map, and num_hidden_layers equal to the Megatron layer count.
-Only config.json changes; tensors are named the same in both.
-"""
+"""GLM-5 config.json dialects: the older Miles' (`deepseek_v32`: DeepSeek-V3.2 labels, an auto_map, a flat
+`rope_theta`) and the newer, native one (`glm_moe_dsa`), which refuses those. Tensors are the same."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Whether a checkpoint folder is this case's and intact, cheaply enough to ask on every use. No torch.
 
-- checkpoint.identity: config.json against the case's spec (model type, layers, widths, heads,
-  experts, vocabulary). Another model's checkpoint (GLM-4.5's for a GLM-5 case: the tiny widths are
-  the same, the model type is not) would otherwise be gated under this case's key.
-- checkpoint.verify: every file of the sha256 manifest hashes to its digest. A file that passed once
-  leaves a stamp under $RLSMOKE_CACHE/verified/, keyed by its path, size, mtime, ctime and inode: the
-  next use reads the stamp instead of the file, and any write to the file (which moves its mtime and
-  ctime) or a new copy (a new inode) invalidates it, so the file is hashed again.
+checkpoint.identity: config.json against the case's spec (GLM-4.5's tiny widths equal GLM-5's). checkpoint
+.verify: the sha256 manifest, with stamps under $RLSMOKE_CACHE/verified/ keyed by path, size, mtime,
+ctime and inode, so a file is hashed again only once it changed.
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.checkpoints.shards import MANIFEST_NAME
 from rlsmoke.errors import CheckpointError
 
-# The config.json fields that tell one model (and width) from another; the GLM-5 dialect of the older
-# Miles labels the same model deepseek_v32.
+# The config.json fields that tell one model (and width) from another.
 IDENTITY_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",
                    "n_routed_experts", "num_attention_heads", "num_key_value_heads", "vocab_size")  # fmt: skip
 MODEL_TYPE_ALIASES = {"deepseek_v32": "glm_moe_dsa"}
@@ -125,10 +120,7 @@ def stamp_hashed(
     *,
     cache_dir: Path | str | None = None,
 ) -> None:
-    """Stamp the files that were hashed as `hashed` versions, under another path: a build verifies its
-    folder, then renames it into place, which keeps each file's inode and times. So the first use of a
-    prepared checkpoint does not hash it again (11 s for GLM-5 4-layer on an H200 host). A file whose
-    version moved since is left to be hashed."""
+    """Stamp `hashed` under another path: a build renames its verified folder into place, inodes kept."""
     folder, stamps = Path(folder), stamp_dir(cache_dir)
     now = file_versions(folder)
     for digest, name in _manifest_files(folder):
@@ -143,8 +135,7 @@ def _write_stamp(stamp: Path, path: Path) -> None:
 
 
 def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) -> int:
-    """Every file of the folder's sha256 manifest matches its digest: read from a valid stamp, else
-    hashed (and stamped when it matches). Returns the bytes hashed now (0 when every stamp held)."""
+    """The folder's sha256 manifest holds, from valid stamps or hashing; returns the bytes hashed now."""
     folder = Path(folder)
     stamps = stamp_dir(cache_dir)
     hashed = 0

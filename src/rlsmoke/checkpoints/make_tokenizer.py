@@ -2,8 +2,7 @@
 
     python -m rlsmoke.checkpoints.make_tokenizer [OUT_DIR]
 
-The corpus is generated here (arithmetic word problems and a fixed paragraph), so the output is
-reproducible without downloads. 4096 fits inside every model's vocab, the tiny widths' included.
+The corpus is generated here, so the output is reproducible; 4096 fits every model's vocab.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ SPECIAL_TOKENS = [
 ]
 EOS_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>"]  # GLM stops on all three
 
-# GLM's chat format: "[gMASK]<sop>", then "<|role|>\n" + content per message; a generation prompt
-# opens the assistant turn. enable_thinking=False closes an empty think block, as GLM-4.5 does.
+# GLM's chat format; enable_thinking=False closes an empty think block, as GLM-4.5 does.
 CHAT_TEMPLATE = (
     "[gMASK]<sop>"
     "{%- for m in messages -%}"

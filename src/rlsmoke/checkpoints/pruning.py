@@ -1,9 +1,5 @@
-"""Prune a real sharded HF checkpoint to its first dense and first MoE layers, renumbered.
-
-Bytes are copied, never decoded, so bf16 and FP8 (with its weight_scale_inv) prune the same way and
-the kept tensors are bit-identical to the source. Config rule: every per-layer list (a list as long
-as num_hidden_layers) keeps the entries of the kept layers, in order.
-"""
+"""Prune a real sharded HF checkpoint to its first dense and first MoE layers, renumbered. Bytes are copied,
+never decoded (bf16 and FP8 alike); per-layer config lists keep the kept layers' entries."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""FP8 for rollout, as Miles' converter does it: e4m3fn in 128x128 blocks with a weight_scale_inv.
-
-Per block, scale = amax / 448 (fp32), q = w / scale, and the checkpoint stores `<module>.weight` as
-F8_E4M3 and `<module>.weight_scale_inv` = scale, so that w ~= q * weight_scale_inv. For DSA models
-(any tensor name contains "indexer") the config says scale_fmt "ue8m0"; there the scale is rounded up
-to a power of two, which is what that format can hold, so the config does not lie about the bytes.
-"""
+"""FP8 for rollout, as Miles' converter does it: e4m3fn in 128x128 blocks with a weight_scale_inv
+(amax / 448). DSA models' config says scale_fmt "ue8m0", so their scale is rounded up to a power of two."""
 
 from __future__ import annotations
 
@@ -70,12 +65,6 @@ def quantize_blocks(w: torch.Tensor, *, ue8m0: bool = False) -> tuple[torch.Tens
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q = blocks.div_(scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.view(nr * BLOCK, nc * BLOCK)[:r, :c].contiguous(), scale
-
-
-def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    r, c = q.shape
-    s = scale_inv.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:r, :c]
-    return q.float() * s
 
 
 def fp8(

@@ -1,9 +1,4 @@
-"""Atomic folder writes, a disk-space preflight, and the `--force` rule.
-
-A checkpoint folder appears complete or not at all: everything is written into a hidden sibling
-folder on the same file system, then renamed into place. A crash leaves only the temporary folder,
-which the next run removes; it never leaves a half-written checkpoint that looks like a real one.
-"""
+"""Atomic folder writes (a hidden sibling renamed into place), a disk-space preflight, the `--force` rule."""
 
 from __future__ import annotations
 
@@ -43,8 +38,7 @@ def preflight(out: Path, needed_bytes: int) -> None:
         )
 
 
-# The file that lists what a build wrote, so that `--force` can tell a checkpoint it may replace from a
-# folder of the user's. Checkpoints built before it existed are told by their sha256 manifest instead.
+# What a build wrote, so `--force` can tell its checkpoint from a user's folder (older: the sha256 manifest).
 OWNED_NAME = ".rlsmoke-checkpoint"
 # What a synthesized checkpoint holds besides the shards its manifest lists.
 BUILT_NAMES = frozenset({"config.json", "generation_config.json", "model.safetensors.index.json", "model.safetensors",
@@ -53,9 +47,7 @@ _TMP = re.compile(r"\.tmp-(\d+)-(new|old|bf16)-[0-9a-f]{8}$")
 
 
 def check_target(out: Path, force: bool) -> None:
-    """`out` may be written: it does not exist, or `force` and it is empty or a checkpoint rlsmoke built.
-    Anything else is refused untouched, whatever --force says: the current folder or a home holds a
-    user's files, and replacing the folder would delete them."""
+    """`out` is absent, or `force` and it is empty or ours; a user's files are never deleted."""
     from rlsmoke.paths import check_dir
 
     check_dir(out, "--out", must_exist=False, fix="pass --out a folder, or a path that does not exist yet")
@@ -77,10 +69,7 @@ def check_target(out: Path, force: bool) -> None:
 
 
 def not_built_here(folder: Path) -> list[str]:
-    """The entries of `folder` that no rlsmoke build wrote ([] for an empty folder or one of its checkpoints).
-
-    A build lists its files in OWNED_NAME; an older build is recognized by its sha256 manifest and the
-    names a synthesized checkpoint has. A subfolder, a link or an unlisted file is someone else's."""
+    """The entries of `folder` no rlsmoke build wrote: not in OWNED_NAME (older builds: the manifest)."""
     from rlsmoke.checkpoints.identity import _manifest_files
     from rlsmoke.checkpoints.shards import MANIFEST_NAME
 
@@ -119,8 +108,7 @@ def atomic_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
         _record_owned(tmp)
         _fsync_dir(tmp)
         if out.exists():
-            # Rename first, delete after: there is never a moment without a complete folder at `out`
-            # that is not also a moment with the new one fully written.
+            # Rename first, delete after: there is always a complete folder at `out`.
             trash = sibling(out, "old")
             out.rename(trash)
             tmp.rename(out)
@@ -134,8 +122,7 @@ def atomic_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
 
 
 def sibling(out: Path, role: str) -> Path:
-    """A hidden work folder next to `out` (same file system, so rename is atomic), named after our pid
-    so that a later run can tell a crashed writer's leftovers from a live writer's."""
+    """A hidden work folder next to `out` (rename is atomic), named after our pid (a crashed one shows)."""
     return out.parent / f".{out.name}.tmp-{os.getpid()}-{role}-{uuid.uuid4().hex[:8]}"
 
 

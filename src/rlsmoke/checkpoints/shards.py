@@ -1,9 +1,5 @@
-"""Safetensors shards, read and written by hand so that tensors stream in chunks.
-
-The format: 8 bytes little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
-then the raw bytes. Writing it ourselves lets a 2 GB embedding go to disk 32 MB at a time; the
-`safetensors` library wants every tensor of a file in memory at once.
-"""
+"""Safetensors shards read and written by hand, so a 2 GB embedding goes to disk 32 MB at a time (the
+`safetensors` library wants every tensor of a file in memory)."""
 
 from __future__ import annotations
 
@@ -51,11 +47,7 @@ CHUNK_BYTES = 32 * 2**20  # the unit of generation, copying and writing
 
 @dataclass(frozen=True)
 class TensorPlan:
-    """One tensor to write: name, dtype, shape, and `chunk(i)`, its i-th CHUNK_BYTES in flat order.
-
-    Chunks are addressed by index, not produced by an iterator, so that workers can make the next
-    ones (across tensor and shard boundaries) while the current one is written.
-    """
+    """One tensor to write; `chunk(i)` by index, so workers can make the next ones while one is written."""
 
     name: str
     dtype: str  # safetensors name, e.g. "BF16"
@@ -275,8 +267,7 @@ def copier(path: Path, entry: Entry) -> Callable[[int], bytes]:
 
 def write_derived(folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, desc: str, *,
                   max_shard_bytes: int, progress: bool, workers: int | None = None) -> None:  # fmt: skip
-    """A checkpoint made from `src` into an empty `folder`: its other files (tokenizer, generation
-    config, remote code) copied, `cfg` as config.json, the tensors of `plans` as shards."""
+    """A checkpoint from `src` into an empty `folder`: its other files copied, `cfg`, `plans` as shards."""
     from rlsmoke.checkpoints.progress import ProgressBar
 
     for f in Path(src).iterdir():

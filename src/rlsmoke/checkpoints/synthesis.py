@@ -1,18 +1,9 @@
 """Synthesize a complete HF checkpoint for a model spec, streamed one chunk at a time.
 
-Tensor names and shapes come from transformers itself: the model class is built on the meta device
-and its state dict is mapped back to the on-disk (hub) layout with transformers' own reverse weight
-conversion (per-expert `experts.N.gate_proj.weight`, not the fused `gate_up_proj` it holds in memory).
-
-Each tensor's values depend only on (seed, tensor name): chunk i of a tensor comes from a generator
-seeded by sha256(seed, name, i) (see `uniform_levels` for the distribution and why). The shard layout, the number of layers around it and the writer's
-thread count do not change a single byte, so pruning 8 synthesized layers to 4 equals synthesizing 4.
-
-Peaked next-token distribution: the final RMSNorm gives the last hidden state unit RMS, so the logits'
-standard deviation is the lm_head's std times sqrt(hidden). lm_head is drawn with std
-LOGIT_STD / sqrt(hidden), which makes the logits roughly N(0, LOGIT_STD**2) whatever the width: a few
-tokens dominate each position (measured entropy in docs/benchmarks.md, `next_token_entropy`). Rows of
-lm_head beyond the fixture tokenizer's vocab are zero, so the sampler rarely leaves the tokenizer.
+Names and shapes come from transformers (the meta-device model mapped back to the hub layout). Chunk i of
+a tensor comes from sha256(seed, name, i), so layout and thread count change no byte and pruning 8
+synthesized layers to 4 equals synthesizing 4. lm_head's std LOGIT_STD / sqrt(hidden) keeps a few tokens
+dominant (`next_token_entropy`); its rows beyond the fixture tokenizer's vocab are zero.
 """
 
 from __future__ import annotations
@@ -82,12 +73,7 @@ LAYOUT_VERSION = 1
 
 
 def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
-    """Names, dtypes and shapes `from_pretrained` expects for `cfg`, in the hub's on-disk form.
-
-    Building the model on the meta device and reverting transformers' weight conversions takes about
-    0.3 s (a thousand regular expressions compiled), paid by every verify of every run: the answer is
-    kept in the cache folder, one file per config, dtype and transformers version.
-    """
+    """Names, dtypes and shapes `from_pretrained` expects for `cfg`; cached, as they take 0.3 s a verify."""
     import transformers
 
     memo = _layout_memo(cfg, dtype, transformers.__version__)
@@ -139,13 +125,7 @@ UNIFORM_LEVELS_STD = math.sqrt((128**2 - 1) / 12) / 128  # std of the 128 levels
 
 
 def uniform_levels(rng: np.random.Generator, n: int, std: float, dtype: torch.dtype) -> torch.Tensor:
-    """n values, mean 0 and the given std, uniform over 128 symmetric levels.
-
-    Why not torch's normal_: here it made ~170 M values/s and did not scale with threads (measured on
-    2 cores); random bits written straight into bf16's mantissa make ~500 M/s on 2 threads. A uniform
-    init is as legitimate as a normal one (PyTorch's own Linear default), and the logits, sums over the
-    hidden size, come out Gaussian anyway. numpy's PCG64 also gives the same bits on every platform.
-    """
+    """n values, mean 0, std `std`, uniform over 128 levels: 3x torch's normal_, the same bits everywhere."""
     bits = rng.integers(0, 1 << 16, n, dtype=np.uint16)
     bits &= 0x7F
     bits |= 0x3F80  # bf16 with sign 0 and exponent 127: 1 + k/128, k = 0..127 from 7 random bits

@@ -1,10 +1,5 @@
-"""Verify a checkpoint folder before anything loads it; every fault names the file and the tensor.
-
-Checks, in order: the index (plain shard names, every shard present), each shard's header (parses,
-known dtypes, byte length = dtype size x shape, contiguous offsets, file length), index <-> shard
-agreement, config.json against the tensors (names and shapes transformers expects), and the optional
-sha256 manifest. All faults are collected; the error shows the first and counts the rest.
-"""
+"""Verify a checkpoint folder before anything loads it; every fault names the file and the tensor: index,
+shard headers and lengths, config vs tensors, the sha256 manifest. All faults are collected."""
 
 from __future__ import annotations
 
@@ -76,13 +71,7 @@ def verify(
     dtypes: bool = False,
     progress: bool = False,
 ) -> Report:
-    """Check `folder`; return a Report, or raise CheckpointFaults naming every bad file and tensor.
-
-    `dtypes` also holds each tensor to the dtype this transformers builds it in (bf16 weights, and
-    whatever the modeling keeps in fp32): the cache asks it, so a checkpoint written under another
-    transformers version is rebuilt rather than reused. `progress` shows a byte bar over the sha256
-    pass, the slow part (seconds per GB).
-    """
+    """A Report, or CheckpointFaults naming every bad file and tensor; `dtypes`: this transformers' too."""
     folder = Path(folder)
     rep = Report(folder)
     if not folder.is_dir():
@@ -227,7 +216,7 @@ def _check_config(
         rep.add("config.json", "", f"transformers cannot build a model from it: {type(e).__name__}: {e}")
         return
     have = {t: headers[s][t] for t, s in weight_map.items() if s in headers and t in headers[s]}
-    n_layers = _num_layers(cfg)
+    n_layers = (cfg.get("text_config") or cfg)["num_hidden_layers"]
     for name, (want_dtype, shape) in layout.tensors.items():
         if name not in have:
             rep.add("config.json", name, "expected by config.json but missing from every shard")
@@ -252,10 +241,6 @@ def _check_config(
         if m and int(m.group(1)) >= n_layers:
             continue  # an MTP layer: transformers ignores it, Miles and SGLang may use it
         rep.add(weight_map[name], name, "not expected by config.json (unexpected tensor)")
-
-
-def _num_layers(cfg: dict) -> int:
-    return (cfg.get("text_config") or cfg)["num_hidden_layers"]
 
 
 def config_from_dict(cfg: dict):

@@ -1,9 +1,5 @@
-"""Conformance: the real Miles, SGLang and megatron-core validators on a rendered plan.
-
-`check_plan` runs each real parser in its own venv (see `runner`) and returns one `Verdict` per parser.
-`real_verdict` folds them into the one verdict to compare with rlsmoke's own validator: the plan is
-valid when every parser that speaks its target's dialect accepts it. Nothing here imports torch.
-"""
+"""Conformance: the real Miles, SGLang and megatron-core validators on a rendered plan, each in its own
+venv; the plan is valid when every parser of its target's dialect accepts it. No torch here."""
 
 from __future__ import annotations
 

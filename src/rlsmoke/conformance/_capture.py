@@ -26,10 +26,7 @@ def plan_env(env: dict[str, str]) -> Iterator[None]:
 
 
 def run_validator(parser: str, fn: Callable[[], str], *, applies: bool = True) -> Verdict:
-    """`fn` calls the real code and returns a note on success; anything it raises is a rejection.
-
-    argparse prints its error on stderr and exits 2: the error line becomes the message.
-    """
+    """`fn` calls the real code and returns a note; anything it raises (argparse's exit) is a rejection."""
     err = io.StringIO()
     out = io.StringIO()
     try:

@@ -1,16 +1,7 @@
-"""The only fakes the real parsers run under: device facts and import-only modules.
-
-Never a validator. What is faked, and why (see shared/reference/real-parsers.md):
-- `torch.cuda.get_device_capability` and `get_device_properties` (name, major, minor, total_memory):
-  Megatron's `validate_args` asserts capability >= 8 with `--moe-grouped-gemm`, and reads the arch
-  (`.major`) with TP or CP > 1. The values are the platform's real ones: (9, 0) for H200, (9, 4) for MI300X.
-- the device memory capacity (MiB): SGLang sizes its defaults from it; the value is the real one.
-- `device="cuda"` for SGLang's `ServerArgs` (ROCm torch calls its devices "cuda" too).
-- torchvision: PyPI's wheel is a CUDA build that cannot load beside CPU torch; SGLang imports it
-  only for images. Its modules are empty stand-ins, served after transformers cached "unavailable".
-- triton (Miles venv only): SGLang's own import-time stub; the SGLang 0.5.23 venv has real triton.
-
-Runs inside a conformance venv; importing this module imports nothing heavy.
+"""The only fakes the real parsers run under: device facts and import-only modules, never a validator
+(see shared/reference/real-parsers.md). The device's capability, properties and memory are the platform's
+real values (Megatron asserts capability >= 8 for grouped GEMM; SGLang sizes defaults from memory);
+torchvision (a CUDA wheel) and, in the Miles venv, triton are import-only stand-ins.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Write `fixtures/hf_configs/<model>/config.json` for every model: the `--hf-checkpoint` of the real parsers.
 
-Full width (Miles' `hf_validate_args` compares hidden_size, heads, layers, ffn and rope_theta with the
-Megatron args), config.json only, no weights. Needs transformers, so it runs in a conformance venv:
-
     python -m rlsmoke.conformance.hf_fixtures [--check]
 
-`--check` regenerates in memory and fails if a committed file differs.
+Full width, config only; `--check` fails if a committed file differs. Runs in a conformance venv.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ def fixture_dir(name: str) -> Path:
 
 
 def checkpoint_for(model: str, rendered: str | None) -> str:
-    """The `--hf-checkpoint` the real parsers read: the rendered folder where it has a config.json
-    (a cluster's real checkpoint), else this repo's fixture for the model."""
+    """The rendered folder where it has a config.json, else this repo's fixture for the model."""
     if rendered and (Path(rendered) / "config.json").is_file():
         return rendered
     folder = fixture_dir(model)

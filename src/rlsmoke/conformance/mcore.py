@@ -1,11 +1,6 @@
-"""megatron-core 0.16.1's TransformerConfig / MLATransformerConfig on a plan's training grid and model shape.
-
-The config is built from the rendered Megatron flags by Megatron-LM's rule (`engine.megatron.flags`).
-`__post_init__` checks heads and query groups against TP, PP without a pipeline dtype, recompute and
-MoE settings. It does not check EP against the experts nor the world size: Megatron-LM's
-`validate_args` does, in the Miles check. `moe_permute_fusion` is left off: constructing it needs
-TransformerEngine, a library fact, not a topology one. Runs in the megatron-core venv.
-"""
+"""megatron-core 0.16.1's TransformerConfig / MLATransformerConfig on a plan's training grid and model shape,
+built by Megatron-LM's rule (`engine.megatron.flags`); EP and world size are the Miles check's. Runs in the
+megatron-core venv."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Miles' own parser (PyPI miles-rl 0.0.2) on a rendered plan, then its SGLang ServerArgs per engine.
-
-Stage 1 is `miles.utils.arguments.parse_args()`, what train.py and train_async.py call: Megatron-LM's
-parser and `validate_args`, `hf_validate_args` against the checkpoint's config.json, Miles' and its
-SGLang validation. Stage 2 is what each rollout engine does at start: `_compute_server_args` turns the
-parsed args into kwargs, and the bundled SGLang's `ServerArgs(**kwargs)` checks them.
-Runs in the Miles venv (see .ci/conformance-envs.sh).
-"""
+"""Miles' own parser (PyPI miles-rl 0.0.2) on a rendered plan, then its SGLang ServerArgs per engine, as
+train.py and each rollout engine's start do. Runs in the Miles venv (.ci/conformance-envs.sh)."""
 
 from __future__ import annotations
 

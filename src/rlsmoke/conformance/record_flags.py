@@ -2,14 +2,8 @@
 
     python -m rlsmoke.conformance.record_flags --target miles-2026-08-21 --out fixtures/miles_flags/miles-2026-08-21.json
 
-Run it in a venv where that Miles imports: Miles and its Megatron-LM on PYTHONPATH (or installed, as
-miles-rl 0.0.2 is), SGLang beside them. It calls Miles' own `parse_args()`, the function `train.py` calls,
-and stops it at the moment Megatron's parser (Megatron's arguments, Miles' and SGLang's under
-`--sglang-`) would parse the command line; then it writes every option that parser defines: flag,
-nargs, type, choices. Nothing is parsed and nothing of the parser's code is kept.
-
-Needs no GPU. torchvision, which SGLang imports for images only, is served as a stand-in (the CUDA
-wheels cannot load beside CPU torch); triton, when not installed, is SGLang's own import-only stub.
+Run where that Miles, its Megatron-LM and SGLang import. Miles' own `parse_args()` is stopped where the
+parser would parse; every option's flag, nargs, type and choices are written. No GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from rlsmoke.conformance.device_facts import EmptyModuleFinder, stub_triton
-from rlsmoke.launch.miles_parser_driver import miles_parser
+from rlsmoke.processes.miles_parser_driver import miles_parser
 from rlsmoke.targets import TARGETS
 
 FORMAT = 1
@@ -45,8 +39,7 @@ def capture_parser() -> argparse.ArgumentParser:
 
 
 def _choices(choices) -> list[str] | None:
-    """Sorted: some parsers build theirs from a set, whose order changes from one run to the next, and the
-    check asks only whether a value is among them."""
+    """Sorted: some parsers build theirs from a set, whose order varies between runs."""
     return None if choices is None else sorted(_spelled(c) for c in choices)
 
 

@@ -1,10 +1,5 @@
-"""Run the real parsers on plans from the main venv: one subprocess per parser, each in its own venv.
-
-The interpreters: `$RLSMOKE_MILES_PYTHON`, `$RLSMOKE_SGLANG_PYTHON`, `$RLSMOKE_MCORE_PYTHON`, else
-`$RLSMOKE_CONFORMANCE_VENVS/cvenv-{miles,sglang,mcore}/bin/python` (default folder ~/.cache/rlsmoke/conformance), as
-.ci/conformance-envs.sh builds them. A missing interpreter gives a "not installed" verdict.
-Imports neither torch nor the parsers: the workers do.
-"""
+"""Run the real parsers on plans from the main venv, one subprocess per parser venv (`$RLSMOKE_*_PYTHON`,
+else `$RLSMOKE_CONFORMANCE_VENVS/cvenv-*`); a missing interpreter gives a "not installed" verdict."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Standalone SGLang 0.5.23 on a rendered plan's rollout layout: `prepare_server_args` + `resolve_once()`.
-
-The engine command line is derived from the Miles argv by Miles' own rule: every `--sglang-X` flag is
-SGLang's `--X` (except Miles' router/concurrency flags), the engine's TP is the GPUs per engine, and
-the model path is the HF checkpoint. A flag SGLang 0.5.23 does not know is an argparse rejection:
-that is how the `--nsa-*` -> `--dsa-*` drift shows up. Runs in the SGLang 0.5.23 venv.
-"""
+Each `--sglang-X` flag is SGLang's `--X`, as Miles derives it: an unknown one shows drift (`--nsa-*`)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ class Verdict:
     parser: str  # a key of PARSERS
     accepted: bool | None
     message: str
-    # False when the plan's target renders another dialect than this parser's: its rejection of the
-    # dialect's flags is drift, not a topology verdict.
+    # False when the target renders another dialect: its rejection is drift, not a topology verdict.
     applies: bool = True
 
     @property
@@ -76,16 +75,15 @@ def describe_exception(exc: BaseException) -> str:
     if frames:
         last = frames[-1]
         source = (last.line or linecache.getline(last.filename, last.lineno)).strip()
-        where = f" at {_short_path(last.filename)}:{last.lineno}"
+        parts = Path(last.filename).parts
+        short = (
+            "/".join(parts[parts.index("site-packages") + 1 :]) if "site-packages" in parts else last.filename
+        )
+        where = f" at {short}:{last.lineno}"
         if not str(exc) and source:
             where += f": `{source}`"
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
-
-
-def _short_path(filename: str) -> str:
-    parts = Path(filename).parts
-    return "/".join(parts[parts.index("site-packages") + 1 :]) if "site-packages" in parts else filename
 
 
 def model_of(plan: dict) -> str:

@@ -1,9 +1,6 @@
 """Entry point inside a conformance venv: check a batch of plans with one real parser.
 
-    python -m rlsmoke.conformance.worker miles|sglang|mcore --plans IN.json --out OUT.json
-
-IN is a JSON list of rendered plans; OUT gets `{"parser", "loaded", "error", "verdicts": [...]}`.
-One process checks the whole batch: importing a parser costs seconds, a check well under one.
+python -m rlsmoke.conformance.worker miles|sglang|mcore --plans IN.json --out OUT.json
 """
 
 from __future__ import annotations

@@ -25,21 +25,18 @@ from rlsmoke.recipe import SEED_RECIPE
 from rlsmoke.runkey import RunKey, gpu_count
 from rlsmoke.shipped import FIXTURES
 
-# The built-in engine trains colocated over any number of devices (FSDP2, `engine.sharded`), but its
-# async placement is one trainer plus one rollout engine.
+# The built-in async placement is one trainer plus one rollout engine.
 BUILTIN_ASYNC_GPUS = 2
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 COMPUTE_PATHS = ("params", "autocast")
-# The rollout's generate calls (engine.rollout.batch_for): auto; group, one per group; rank, one per rank,
-# the groups left-padded; length, one per prompt length (no padding through KDA's recurrent layers)
+# The rollout's generate calls (engine.rollout.batch_for)
 ROLLOUT_BATCHES = ("auto", "group", "rank", "length")
 # The rollout's decode (engine.decode): generate, transformers' own; static, a static KV cache and CUDA graphs
 ROLLOUT_DECODES = ("generate", "static")
 # name -> whether it takes a value (`rollout-noise=0.01`)
 INJECTIONS = {name: value is not None for name, value in FAULTS.items()}
-# Every metric the built-in engine logs (both trainers; sync/ranks with several ranks), and the one
-# `metrics.Record` derives from them: a thresholds gate on any other is refused before a run.
+# Every metric the built-in engine logs, and the one `metrics.Record` derives: a gate on any other is refused.
 BUILTIN_METRICS = frozenset({
     "rollout/raw_reward", "rollout/log_probs", "rollout/rollout_log_probs", "rollout/entropy", "rollout/response_len",
     "rollout/logprob_mean_diff",
@@ -114,8 +111,7 @@ class Variant:
 
 
 def parse_variants(text: str, temperature: float) -> list[Variant]:
-    """`--variants clean,stale-weights,temperature-mismatch@0.8`: each a fault (`clean`: none) as --inject
-    takes it, with `@T` for its rollout temperature (default `temperature`, --rollout-temperature's)."""
+    """`--variants clean,stale-weights,temperature-mismatch@0.8`: --inject's faults, `@T` a temperature."""
     fix = "write --variants as comma-separated faults, e.g. clean,stale-weights,temperature-mismatch@0.8"
     variants = []
     for item in text.split(","):
@@ -178,23 +174,16 @@ class RunConfig:
     kl_coef: float = SEED_RECIPE.kl_coef
     entropy_coef: float = SEED_RECIPE.entropy_coef
     gradient_checkpointing: bool = False
-    # The trainer's compute dtype (autocast over fp32 master weights); None: the rollout dtype on a GPU,
-    # as Megatron's bf16 training does, and the master dtype on CPU.
+    # None: the rollout dtype on a GPU (as Megatron's bf16 training), the master dtype on CPU
     compute_dtype: str | None = None
-    # How the trainer computes in that dtype: "params", a copy of the weights in it over fp32 main
-    # parameters (Megatron's bf16 training; the rollout engine's cast path); "autocast" over the fp32
-    # weights (measured 5-10x noisier against a bf16 rollout: docs/calibration.md).
+    # "params": a compute-dtype copy over fp32 main params (Megatron's bf16); "autocast" measured 5-10x
+    # noisier against a bf16 rollout (docs/calibration.md)
     compute_path: str = "params"
-    # Colocate offload (Miles' --colocate): the train state waits in host memory while the rollout
-    # copy samples, the rollout copy while the trainer steps. None: on for GPU colocate, until
-    # `rlsmoke.resolve` decides it (facts.OFFLOAD_DEFAULT).
+    # Miles' --colocate offload; None: on for GPU colocate (`rlsmoke.resolve` decides)
     offload: bool | None = None
-    # With the offload on, whether the train state leaves the device for the rollout too (Miles'
-    # --offload-train; the rollout copy's turn is --offload-rollout). None: yes, as Miles' --offload,
-    # until `rlsmoke.resolve` decides it (residency.offload_train_needed).
+    # Miles' --offload-train beside --offload-rollout; None: yes, until `rlsmoke.resolve` decides
     offload_train: bool | None = None
-    # Where --repeat and --variants keep the weights each further run starts from: a device copy when the
-    # memory estimate leaves room for it (`residency.initial_on_device`), else host memory (engine.reuse).
+    # --repeat/--variants' initial weights on the device when the estimate has room (engine.reuse)
     initial_on_device: bool = False
     checkpoint: Path | None = None  # None: `rlsmoke.checkpoints.prepare` builds (or reuses) it
     prompt_data: Path = FIXTURES / "data" / "math.jsonl"

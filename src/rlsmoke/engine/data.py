@@ -19,8 +19,7 @@ class Prompt:
 
 
 def prompt_rows(path: Path, n: int) -> list[dict]:
-    """The rows of a prompt file, each checked: JSON lines, each an object with a string prompt and a
-    label, at least `n` of them. No torch: `rlsmoke run` calls it before anything loads."""
+    """At least `n` rows of a prompt file, each checked; no torch (`rlsmoke run` calls it first)."""
     path = Path(path)
     try:
         check_file(path, "prompt_data", fix="pass --prompt-data FILE.jsonl")

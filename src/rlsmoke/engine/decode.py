@@ -1,17 +1,7 @@
-"""The rollout's static decode (`--rollout-decode static`): a KV cache allocated once, a decode step of fixed
-shapes, captured as CUDA graphs on a GPU.
-
-`generate` pays a step in kernel launches: on an H200 GLM-5 4-layer decodes 2,400-3,400 tokens/s where its
-floor is about 24,000. Here the prompts' prefill runs eagerly into a transformers `StaticCache`, and each
-further token is one forward of N rows of one token over an (N, L) mask, L the cache's length rounded up to
-LENGTH_BUCKET so that seeds with other prompt widths reuse the graphs. On CUDA that step is
-`torch.compile(mode="reduce-overhead")`, which captures it as CUDA graphs; elsewhere it runs eagerly.
-
-Sampling stays outside the graph, on the device, and is `generate`'s: the engine's own logits processors
-(noise, the log-prob recorder, each group's sampler with its own generator) in the same order, after
-`min_new_tokens=1`'s ban of EOS at the first step, and a finished row takes the pad token. The host waits
-for the device once every CHECK_EVERY steps, to stop when every row has ended; the steps run past that
-only add pad columns, which the response drops.
+"""The rollout's static decode (`--rollout-decode static`): a KV cache allocated once and a decode step of
+fixed shapes, captured as CUDA graphs on a GPU (`generate` pays a step in kernel launches: GLM-5 4-layer
+decoded 2,400-3,400 tokens/s on an H200 where its floor is about 24,000). Sampling stays outside the
+graph and is `generate`'s own; the cache length is rounded up to LENGTH_BUCKET so graphs are reused.
 """
 
 from __future__ import annotations
@@ -24,10 +14,8 @@ import torch
 
 CHECK_EVERY = 16
 LENGTH_BUCKET = 128
-# Modeling whose decode step holds shapes that its data decide, which a CUDA graph cannot (inductor skips
-# capturing such a graph; without fullgraph dynamo breaks the step into 14): measured by tracing the step
-# (tests/unit/test_engine_rollout_decode.py), the same on transformers 5.17 and 5.25. Eager (CPU), it
-# decodes over the static cache all the same.
+# Modeling whose decode step has data-dependent shapes, which a CUDA graph cannot capture (measured by
+# tracing: tests/unit/test_engine_rollout_decode.py). Eager, it decodes over the static cache all the same.
 UNCAPTURED = {
     "Glm5NextForConditionalGeneration": "GLM-5.3-Flash's indexer keeps the key pools that a data-dependent "
     "mask selects (nonzero): its decode step has shapes CUDA graphs cannot hold",
@@ -35,8 +23,7 @@ UNCAPTURED = {
 
 
 def unsupported(model, *, compiled: bool | None = None) -> str | None:
-    """Why `model` cannot decode over a static cache (`compiled`, default on CUDA: captured), in a line for
-    the summary; None when it can."""
+    """Why `model` cannot decode over a static cache, for the summary; None when it can."""
     import transformers
 
     name, version = type(model).__name__, transformers.__version__
@@ -59,8 +46,7 @@ def unsupported(model, *, compiled: bool | None = None) -> str | None:
 
 
 def compile_caches() -> None:
-    """inductor's and Triton's compiled kernels under $RLSMOKE_CACHE, unless the user chose folders: a
-    machine compiles a shape once."""
+    """Compiled kernels under $RLSMOKE_CACHE unless the user chose folders: compiled once a machine."""
     from rlsmoke.checkpoints.cache_paths import cache_home
     from rlsmoke.engine import kda
 
@@ -106,9 +92,7 @@ class StaticDecoder:
     @torch.no_grad()
     def sample(self, tokens: torch.Tensor, attention: torch.Tensor, processors, *, max_new_tokens: int,
                eos_id: int, pad_id: int) -> torch.Tensor:  # fmt: skip
-        """The (N, S) response `generate(do_sample=False, min_new_tokens=1, logits_processor=processors)`
-        returns for the left-padded `tokens` (N, W), and up to CHECK_EVERY - 1 columns of pad after the
-        step at which it would have stopped (`ended_by`); `processors` saw each of the S steps."""
+        """What greedy `generate` with `processors` returns for `tokens`, plus up to CHECK_EVERY - 1 pads."""
         rows, width = tokens.shape
         length = -(-(width + max_new_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
         cache = self._cache(rows, length)
@@ -149,8 +133,7 @@ def ended_by(response: torch.Tensor, eos_id: int) -> int:
 
 
 def record(asked: str, decodes) -> dict:
-    """summary.json's `rollout_decode`: the decode asked for, those that sampled the run's groups, and why
-    a static decode asked for did not (`decodes`: each group's (decode, fallback))."""
+    """summary.json's `rollout_decode`: asked for, used, and why a static decode did not run."""
     decodes = set(decodes)
     reasons = sorted({why for _, why in decodes if why})
     return {

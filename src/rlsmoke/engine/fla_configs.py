@@ -1,14 +1,7 @@
-"""fla's tuned kernel configs for the GPUs rlsmoke was tuned on: there a run skips Triton's autotune.
-
-fla (>= 0.6, `fla/ops/utils/cache.py`) looks a kernel's config up in `$FLA_CONFIG_DIR/<kernel>.json`
-before it autotunes, when `FLA_CACHE_MODE` asks it to. On a fresh H200 the autotune was most of the
-Flash run's first five minutes. `bench/gpu_fla_configs.sh` records what the autotuner chose, and the
-files ship under `fixtures/fla_configs/<GPU>/` with a `provenance.json`. A run on that GPU, with the fla
-version the files were recorded with, points fla at them; anywhere else fla autotunes as before, and the
-summary's `fla_configs` says which and why. A user's own FLA_CONFIG_DIR or FLA_CACHE_MODE wins.
-
-`use` runs when the engine binds fla's KDA (`kda.install`).
-"""
+"""fla's tuned kernel configs for the GPUs rlsmoke was tuned on: there a run skips Triton's autotune (most
+of the Flash run's first five minutes on a fresh H200). fla (>= 0.6, `fla/ops/utils/cache.py`) looks a
+config up in `$FLA_CONFIG_DIR/<kernel>.json` first; `bench/gpu_fla_configs.sh` records them with the fla
+version. A user's own FLA_CONFIG_DIR or FLA_CACHE_MODE wins."""
 
 from __future__ import annotations
 
@@ -22,8 +15,7 @@ from pathlib import Path
 from rlsmoke.shipped import FIXTURES
 
 SHIPPED = FIXTURES / "fla_configs"
-# exact key first, then a key of the same structure at other lengths (a rollout's prompt lengths vary
-# with the seed), then Triton's autotune: a miss costs time, never correctness
+# exact key first, then one of the same structure at other lengths, then Triton's autotune
 MODE = "fuzzy"
 PROVENANCE = "provenance.json"
 
@@ -73,11 +65,9 @@ def use(device_name: str) -> dict:
     import fla.ops.kda  # noqa: F401  (every KDA kernel decorated)
     from fla.ops.utils import cache
 
-    # fla reads FLA_CACHE_MODE once, at its import, and transformers' modeling imports fla before a run
-    # can set it; the lookups read the module's value at each call.
+    # fla reads FLA_CACHE_MODE once, at import, before a run can set it: the lookups read it per call
     cache.FLA_CACHE_MODE = cache.FlaCacheMode(MODE)
-    # Some of fla's kernels use Triton's plain autotuner, which never looks at the files: make them fla's
-    # cached one (a subclass that only adds the lookup, as fla's configure_fla_cache_autotune would have).
+    # Triton's plain autotuner never looks at the files: make those kernels fla's cached one
     for tuner, kernel in autotuners():
         if not isinstance(tuner, cache.CachedAutotuner):
             tuner.__class__, tuner.kernel_name = cache.CachedAutotuner, kernel

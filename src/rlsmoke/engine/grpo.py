@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-# Miles' low_var_kl (compute_approx_kl in miles/backends/training_utils/loss_hub/math_utils.py)
-# clamps the log-ratio to +-20 before exp, NaN to 0 and +-inf to +-20, and the estimate to [-10, 10].
+# Miles' low_var_kl (loss_hub/math_utils.py) clamps the log-ratio to +-20 and the estimate to +-10.
 LOG_RATIO_CLAMP = 20.0
 KL_CLAMP = 10.0
 
@@ -25,8 +24,7 @@ def sample_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def k3(logp: torch.Tensor, logp_base: torch.Tensor) -> torch.Tensor:
-    """Miles' compute_approx_kl(logp, logp_base, "low_var_kl") per token: exp(r) - 1 - r with
-    r = logp_base - logp, the estimate of KL(p || base) from tokens sampled from p; clamped as Miles does."""
+    """Miles' compute_approx_kl(logp, logp_base, "low_var_kl"): exp(r) - 1 - r, r = logp_base - logp."""
     r = torch.nan_to_num((logp_base - logp).float(), nan=0.0, posinf=LOG_RATIO_CLAMP, neginf=-LOG_RATIO_CLAMP)
     r = r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return (torch.exp(r) - 1 - r).clamp(-KL_CLAMP, KL_CLAMP)
@@ -42,17 +40,13 @@ def train_rollout_stats(
         "train/train_rollout_logprob_abs_diff": sample_mean(diff, mask).item(),
         # the mean hides tails: a few tokens dominate real regressions
         "train/train_rollout_logprob_abs_diff_max": diff[valid].max().item() if valid.any() else 0.0,
-        # KL(rollout || train) over the rollout's tokens, as Miles' policy loss logs it
-        # (miles/backends/training_utils/loss_hub/losses.py): compute_approx_kl(rollout, train, "low_var_kl")
+        # KL(rollout || train), as Miles' policy loss logs it (loss_hub/losses.py)
         "train/train_rollout_kl": sample_mean(k3(rollout_lp, train_lp), mask).item(),
     }
 
 
 def policy_loss(logp, old_logp, advantages, mask, eps_clip: float, eps_clip_high: float):
-    """Token-level PPO clip loss. logp, old_logp, mask: (n, R); advantages: (n,).
-
-    Returns per-token loss (n, R) and the masked per-token clip and ppo_kl terms, for token sums.
-    """
+    """Token-level PPO clip loss (n, R) and the masked per-token clip and ppo_kl terms."""
     log_ratio = logp - old_logp  # (n, R)
     ratio = torch.exp(log_ratio)
     adv = advantages[:, None]  # (n, 1)

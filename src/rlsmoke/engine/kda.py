@@ -1,16 +1,9 @@
 """KDA, GLM-5.3-Flash's linear attention: flash-linear-attention's Triton kernels where they can run.
 
-transformers' GLM-5.3-Flash layer calls two module-level functions, the chunked KDA for a prefill or a
-train forward and the recurrent KDA for a decode step. Their reference bodies are PyTorch loops, one
-(B, H, chunks, 64, 64, K) float32 temporary per layer: slow and the rollout's whole cost. With `fla`
-importable on a CUDA device the engine binds fla's `chunk_kda` / `fused_recurrent_kda` instead
-(`pip install 'rlsmoke[gpu]'`); `RLSMOKE_KDA=reference` keeps the PyTorch bodies, `RLSMOKE_KDA=fla`
-insists on fla. The summary records which ran (`kda`).
-
-fla compiles and autotunes its kernels on first use (minutes on an H200). The compiled kernels go to
-`$RLSMOKE_CACHE/triton` unless TRITON_CACHE_DIR is set, so a machine pays that once; `warm_up` runs
-the kernels at the loaded model's widths and dtypes before the first seed, and the run reports its
-seconds as `timing.compile_s`, not inside a seed's rollout.
+transformers' reference KDA is PyTorch loops, the rollout's whole cost. With `fla` importable on CUDA the
+engine binds fla's `chunk_kda` / `fused_recurrent_kda` instead; `RLSMOKE_KDA=reference|fla` forces one.
+fla compiles and autotunes on first use (minutes on an H200): `warm_up` pays it before the first seed
+(`timing.compile_s`), into `$RLSMOKE_CACHE/triton` unless TRITON_CACHE_DIR is set.
 """
 
 from __future__ import annotations
@@ -87,8 +80,7 @@ def install(path: str) -> None:
 
 
 def _configs() -> dict:
-    """Shipped kernel configs for this GPU, when the engine first binds fla; RLSMOKE_FLA_RECORD=DIR records
-    the autotuner's choices there when the process ends (bench/gpu_fla_configs.sh)."""
+    """Shipped kernel configs for this GPU; RLSMOKE_FLA_RECORD=DIR records the autotuner's choices."""
     import torch
 
     from rlsmoke.engine import fla_configs
@@ -106,8 +98,7 @@ def _configs() -> dict:
 
 
 def _generate_two(model, rows: int, length: int) -> None:
-    """Two greedy tokens for `rows` rows of `length` tokens, every other row left-padded by 3, as the
-    rollout engine calls generate (cache on, an attention mask)."""
+    """Two greedy tokens for `rows` rows, every other left-padded, as the rollout engine calls generate."""
     import torch
 
     device = next(model.parameters()).device
@@ -132,15 +123,8 @@ def _fla_call(kernel, reference):
 
 
 def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
-    """Compile and autotune fla's kernels here, not in a seed: each model's first KDA layer forward and
-    backward (the chunked kernel) and one decode step (the recurrent kernel), at its widths and dtypes.
-    The rollout's model (no grads) also generates two tokens, some rows left-padded: a prefill that keeps
-    its state and decode on the cache take kernel variants a bare layer call does not (on one H200 the
-    layer alone left about a minute of compiling to the first seed).
-
-    `models`: (model, with_grad, rows). fla's autotune keys hold the batch size and Triton specializes
-    a length by whether 16 divides it, so each model runs at its calls' rows and one length of each
-    kind. The grads it leaves are dropped. Returns the wall seconds."""
+    """Compile and autotune fla's kernels before the first seed, at each model's rows (autotune keys hold
+    the batch size); the rollout model also generates, for the prefill and decode variants. Seconds."""
     import torch
 
     start = time.perf_counter()

@@ -1,17 +1,5 @@
-"""The range of every input of `rlsmoke run`, checked before torch loads. No torch here.
-
-A value past its range is refused with the flag and the fix, before it can crash a worker, hang a
-loop or exhaust the host:
-
-- run.finite: no NaN or infinity in a numeric flag or an --inject value;
-- run.range, inject.value, run.seed: each number within what the engine can take;
-- run.context: the longest sequence (the prompt file's longest prompt through the chat template, plus
-  --max-response-len) within the model's max_position_embeddings and DSA's index_topk;
-- memory.host: the batch (prompts x samples x (prompt + response)) within the host's memory on CPU,
-  by the memory estimate (`rlsmoke.memory`); on GPUs `residency.check_run_fits` holds it to the devices.
-
-The topology's own bounds (gpus.range, gpus.per_node, set.range) are `rlsmoke.topology`'s.
-"""
+"""The range of every input of `rlsmoke run`, checked before torch loads, so a bad value is refused with
+its flag and fix instead of crashing a worker, hanging a loop or exhausting the host. No torch here."""
 
 from __future__ import annotations
 
@@ -26,14 +14,12 @@ from rlsmoke.shipped import FIXTURES
 
 # torch.Generator.manual_seed takes an unsigned 64-bit seed.
 SEED_MAX = 2**64 - 1
-# The rollout seeds each prompt's generator with (seed * 100 + rollout) * 1000 + prompt + NOISE_OFFSET
-# (engine.run.one_run, engine.rollout): the largest of them must stay a 64-bit seed too.
+# The largest derived rollout seed ((seed * 100 + rollout) * 1000 + prompt + NOISE_OFFSET) must fit 64 bits.
 ROLLOUTS_PER_SEED, PROMPTS_PER_ROLLOUT, NOISE_OFFSET = 100, 1000, 7
 MAX_REPEAT = 1000  # seeds of one run (calibration takes 10)
 MAX_TEMPERATURE = 100.0  # past it the sampler is uniform over the vocabulary: nothing left to gate
 MAX_NOISE_SIGMA = 100.0  # the rollout-noise fault's log-prob noise, in nats
-# Of the host's memory (or its cgroup's limit), what one run may plan to hold: the OS, the page cache
-# and every rank's Python and torch (about 0.5 GiB each, PROCESS_BYTES) need the rest.
+# Of the host's (or cgroup's) memory, what one run may plan to hold; the OS and page cache need the rest.
 HOST_FRACTION = 0.8
 PROCESS_BYTES = 2**29
 GIB = 2**30
@@ -61,8 +47,7 @@ def check_numbers(cfg, *, repeat: int) -> None:
     if kind == "rollout-noise" and not 0 < value <= MAX_NOISE_SIGMA:
         raise RlsmokeError(f"--inject rollout-noise={value:g} is outside (0, {MAX_NOISE_SIGMA:g}]", rule="inject.value",
                            fix="write --inject rollout-noise=SIGMA with a small SIGMA, e.g. 0.01")  # fmt: skip
-    # A rollout's and a prompt's index each have a slot in the derived seeds: past it two samplers of one
-    # run would draw the same numbers. --repeat K keeps K seeds' prompts at once.
+    # past its slot in the derived seeds two samplers of one run would draw the same numbers
     for flag, value, top in (("--num-rollout", cfg.num_rollout, ROLLOUTS_PER_SEED),
                              ("--n-prompts", cfg.n_prompts, PROMPTS_PER_ROLLOUT), ("--repeat", repeat, MAX_REPEAT)):  # fmt: skip
         if value > top:
@@ -98,9 +83,7 @@ class LongestPrompt:
 
 
 def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> LongestPrompt:
-    """The prompt file's longest prompt in tokens, as `engine.data.encode` renders it (the chat template's
-    user turn and assistant header), by the checkpoint's tokenizer or the shipped one. No torch: the
-    `tokenizers` library and jinja2 render it."""
+    """The prompt file's longest prompt in tokens as `engine.data.encode` renders it, without torch."""
     from tokenizers import Tokenizer
 
     folder = FIXTURES / "tokenizer"
@@ -124,8 +107,7 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
 
 
 def _template(folder: Path):
-    """The tokenizer's chat template for one user turn plus the assistant header, rendered as transformers
-    renders it (a sandbox with loop controls); the bare text where there is none or it does not render."""
+    """The chat template for one user turn plus the assistant header, as transformers renders it."""
     try:
         source = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
     except (OSError, ValueError, AttributeError):
@@ -156,8 +138,7 @@ def _template(folder: Path):
 
 
 def context_limits(spec, checkpoint: Path | None = None) -> dict[str, int]:
-    """The sequence limits of the model: max_position_embeddings and, with DSA, index_topk; from the
-    checkpoint's config.json when given (what the run loads), else the case's spec."""
+    """max_position_embeddings and, with DSA, index_topk: from the checkpoint's config when given."""
     cfg = dict(spec.hf_text_kwargs())
     if checkpoint is not None and (Path(checkpoint) / "config.json").is_file():
         try:
@@ -211,8 +192,7 @@ def host_memory_bytes() -> int:
 
 
 def check_host_memory(cfg, prompt_tokens: int, *, host_bytes: int | None = None) -> int:
-    """On CPU, refuse a batch that the host cannot hold, by the memory estimate of each rank (every
-    rank holds its shard, a rollout copy and one group's working set). Returns the planned bytes."""
+    """On CPU, refuse a batch the host cannot hold, by the memory estimate. Returns the planned bytes."""
     from rlsmoke.memory import estimate, plan_of_run
 
     est = estimate(cfg.spec, replace(plan_of_run(cfg), prompt_len=max(prompt_tokens, 1)))

@@ -35,8 +35,7 @@ class TrainWorker:
         lap = LoadLaps(self.load_phases)
         model = load_policy(ckpt, spec, cfg.train_dtype, cfg.device)
         lap("read")
-        # Megatron's bf16 params: a compute copy as the rollout engine loads its own (rlsmoke.engine.precision),
-        # cast from the master weights rather than read again
+        # Megatron's bf16 params: a compute copy cast from the master weights (rlsmoke.engine.precision)
         compute = derive_policy(model, spec, cfg.train_compute_dtype) if cfg.separate_compute_copy else None
         if cfg.inject.kind == "train-dropout":
             set_dropout(compute or model, cfg.inject.value)
@@ -89,8 +88,7 @@ class TrainWorker:
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, threads: int | None = None,
                  source=None, state=None):  # fmt: skip
-        """`source`: the trainer's loaded weights on the same device, cast instead of a second read;
-        `state`: the checkpoint's tensors the trainer read, built from instead of a second read."""
+        """`source`: the trainer's weights, cast; `state`: the tensors the trainer read. No second read."""
         process_settings(threads)
         spec = cfg.spec
         self.load_phases: dict[str, float] = {}

@@ -1,11 +1,7 @@
 """The log-prob slope: how the train-minus-rollout log-prob gap grows with the token's log-prob.
 
-A temperature applied on one side only scales that side's logits: per position the two log-probs are
-then related by `logp_1 = T * logp_T + c`, so over many tokens the gap `train - rollout` rises or falls
-with the log-prob at slope `T - 1` (-0.2 for a rollout tempered at 0.8 against a trainer at 1). Rounding
-noise between two engines has no such trend: its per-token errors average out of a least-squares slope,
-while they add up in the mean abs diff. (Noise in the rollout log-prob itself biases the slope by
--Var(noise) / Var(logp), about -0.005 at a bf16 floor of 0.1 and log-prob spread of 1.5.)
+A temperature on one side only gives `logp_1 = T * logp_T + c`: the gap moves with the log-prob at slope
+`T - 1` (-0.2 at 0.8), while rounding noise between engines averages out of a least-squares slope.
 """
 
 from __future__ import annotations

@@ -27,8 +27,7 @@ class MemoryMeter:
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), peak)
 
     def report(self) -> dict[str, float] | None:
-        """The peaks since the last report, then a new window: each run of `--variants` on the same
-        workers reports its own phases (the first one the load too), not the runs before it."""
+        """The peaks since the last report, then a new window: each `--variants` run reports its own."""
         if not self.on:
             return None
         self.close()

@@ -14,8 +14,7 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 class LoadLaps:
-    """The load's parts into `phases` (summary.json `timing.load_phases_s`): each call adds the seconds
-    since the last one under its name, the device's queued work finished first; a no-op without `phases`."""
+    """Each call adds the seconds since the last one to `phases` under its name (device work finished)."""
 
     def __init__(self, phases: dict[str, float] | None):
         self.phases, self.last = phases, time.perf_counter()
@@ -60,8 +59,7 @@ def process_settings(threads: int | None) -> None:
 
     if threads:
         torch.set_num_threads(threads)
-    # CPU backward (MoE index ops) is otherwise nondeterministic in the last bits with more than one
-    # thread: measured, not assumed (a two-rank run at 8 threads a rank, bench/offload_bits_probe.py).
+    # CPU backward (MoE index ops) is nondeterministic in the last bits with more threads (measured)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     without_cudnn_attention()
@@ -70,9 +68,7 @@ def process_settings(threads: int | None) -> None:
 
 
 def without_cudnn_attention() -> None:
-    """SDPA without its cuDNN backend: cuDNN builds a plan for every new shape (each group's length, each
-    decode step's key length), which a seed pays again whenever its prompts differ, and its backward is
-    nondeterministic. Flash and memory-efficient attention have neither."""
+    """SDPA without cuDNN, which builds a plan for every new shape and has a nondeterministic backward."""
     if torch.cuda.is_available():
         torch.backends.cuda.enable_cudnn_sdp(False)
 
@@ -88,8 +84,7 @@ def model_class(spec: ModelSpec):
 
 def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str,
                 state: dict[str, torch.Tensor] | None = None):  # fmt: skip
-    """The model in `dtype` on `device`, in eval mode. Raises CheckpointError on a broken folder.
-    `state`: the folder's tensors already read (`engine.read`, on `device`), built from rather than read again."""
+    """The model in `dtype` on `device`, in eval mode; from `state` (tensors already read) when given."""
     from rlsmoke.engine import kda
 
     kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks it up per call
@@ -114,8 +109,7 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str,
 
 
 def from_state_dict(path: Path, spec: ModelSpec, dtype: str, device: str, state: dict[str, torch.Tensor]):
-    """The model of the checkpoint folder `path` (its config) from its tensors `state`, already read, as
-    `from_pretrained(path)` builds it: the same renames, fused experts and dtypes (tests/unit/test_engine_read.py)."""
+    """The model of `path` from its tensors `state`, as `from_pretrained(path)` builds it."""
     from transformers import AutoConfig, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -133,11 +127,7 @@ def from_state_dict(path: Path, spec: ModelSpec, dtype: str, device: str, state:
 
 @torch.no_grad()
 def derive_policy(source, spec: ModelSpec, dtype: str):
-    """A copy of `source` (a loaded policy) in `dtype`, on its device, as `load_policy` would load it from
-    the same checkpoint: no second read. The copy is built empty (meta device, `dtype`) so that each
-    tensor takes the dtype a load in `dtype` gives it (modules kept in float32 stay so), then every
-    parameter and buffer is cast from `source`'s. From an fp32 source loaded from a bf16 or fp32
-    checkpoint this is bit-identical to loading (tests/unit/test_engine_load.py)."""
+    """A copy of `source` in `dtype` as `load_policy` would load it, without a second read (bit-identical)."""
     device = next(source.parameters()).device
     with torch.device("meta"):
         copy = type(source)._from_config(source.config, dtype=TORCH_DTYPES[dtype])

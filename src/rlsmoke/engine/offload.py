@@ -1,18 +1,9 @@
 """Colocate memory time-sharing, as Miles' --colocate does it, and the per-phase device memory meter.
 
-One device (or one rank's, under FSDP2) holds the trainer and a rollout copy; `Phases.enter` moves
-what the next phase does not use to host memory (its table says what each phase keeps). Without
-`offload_train` (Miles' --offload-rollout alone) the train state stays and only the rollout copy takes
-turns. Either way the grads are freed on entering a rollout or the sync (every step zeroes them).
-
-Pinned host pages copy at full speed, but torch's pinned allocator rounds each block up to a power of
-two and keeps it cached (parking GLM-4.5's 72 GiB train state could lock twice that), so parked state
-is pinned only up to PIN_MAX_BYTES a rank and where the host can spare the pages (`pins`). Past that
-it is pageable and exactly sized, and each large tensor moves through two reused pinned staging
-buffers: the device copies a chunk at pinned speed while the host copies the one before it (a pageable
-copy straight from the device took 45 s of a 53 s seed, GLM-4.5 4-layer on one H200). FSDP2's shards
-move through `module.to()`, whose `_apply` hook re-registers them. On CPU the same moves copy host
-tensors, so the bookkeeping and the code paths run in CI.
+`Phases.enter` moves what the next phase does not use to host memory. Torch's pinned allocator rounds
+blocks up to a power of two and caches them, so parked state is pinned only up to PIN_MAX_BYTES a rank
+(`pins`); past that it is pageable and large tensors move through two reused pinned staging buffers (a
+pageable copy straight from the device took 45 s of a 53 s seed, GLM-4.5 4-layer on one H200).
 """
 
 from __future__ import annotations
@@ -35,18 +26,15 @@ def local_shard(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if _is_dtensor(t) else t
 
 
-# Each of the two pinned staging buffers of a pageable offload; a tensor below one buffer's size
-# moves in one piece, as plain copies.
+# Each of the two pinned staging buffers; a smaller tensor moves in one piece.
 STAGING_BYTES = 64 << 20
-# Parked state pins only up to this size: a fresh pinned allocation costs more than the staged moves
-# it saves over a few seeds (keeping GLM-5 4-layer's 11 GiB pinned took about 14 s on an H200 host;
-# staged moves ran at about 10 GB/s). bench/gpu_limits.py measures both.
+# A fresh pinned allocation costs more than the staged moves it saves over a few seeds (GLM-5 4-layer's
+# 11 GiB took about 14 s to pin on an H200 host; staged moves ran at 10 GB/s): bench/gpu_limits.py.
 PIN_MAX_BYTES = 4 << 30
 
 
 def pins(nbytes: int, device: torch.device, *, ranks_on_host: int = 1) -> bool:
-    """Whether host copies of `nbytes` per rank go to pinned pages: they copy at full bandwidth but are
-    locked, so only where the host's ranks leave half its memory free, and up to PIN_MAX_BYTES."""
+    """Pinned pages are locked: only where the host's ranks leave half its memory free."""
     return (
         device.type == "cuda"
         and nbytes <= PIN_MAX_BYTES
@@ -59,8 +47,6 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
 
 
 class HostCopies:
-    """Moves tensors between a device and host memory; counts what is on the host."""
-
     def __init__(self, device: str, *, park_bytes: int = 0, ranks_on_host: int = 1):
         self.device, self.park_bytes = torch.device(device), park_bytes
         self.pin = pins(park_bytes, self.device, ranks_on_host=ranks_on_host)
@@ -115,14 +101,14 @@ class HostCopies:
             bufs[k][:n].copy_(src[start : start + n], non_blocking=True)
             self._record(k)
             if pending is not None:
-                pk, ps, pn = pending
-                self._wait(pk)
-                dst[ps : ps + pn].copy_(bufs[pk][:pn])
+                self._copy_out(dst, bufs, *pending)
             pending = (k, start, n)
-        pk, ps, pn = pending
-        self._wait(pk)
-        dst[ps : ps + pn].copy_(bufs[pk][:pn])
+        self._copy_out(dst, bufs, *pending)
         return host
+
+    def _copy_out(self, dst: torch.Tensor, bufs: list[torch.Tensor], k: int, start: int, n: int) -> None:
+        self._wait(k)
+        dst[start : start + n].copy_(bufs[k][:n])
 
     def _staged_to_device(self, t: torch.Tensor) -> torch.Tensor:
         """The host fills one pinned buffer while the device reads the other (async)."""
@@ -137,7 +123,6 @@ class HostCopies:
 
     @torch.no_grad()
     def module(self, module: torch.nn.Module, where: str, *, skip: frozenset[int] = frozenset()) -> None:
-        """Every parameter and buffer of `module` to the host or back, but the parameters in `skip` (ids)."""
         if any(_is_dtensor(p) for p in module.parameters()):
             module.to("cpu" if where == "host" else self.device)  # FSDP2's _apply re-registers the shards
         else:
@@ -153,7 +138,6 @@ class HostCopies:
 
     @torch.no_grad()
     def optimizer_state(self, optimizer: torch.optim.Optimizer, where: str) -> None:
-        """The optimizer's state tensors (AdamW's moments) to the host or back."""
         for state in optimizer.state.values():
             for key, t in list(state.items()):
                 if not isinstance(t, _HostShard) and (not torch.is_tensor(t) or t.dim() == 0):
@@ -163,9 +147,7 @@ class HostCopies:
 
     def _move_state(self, t, where: str):
         if where == "host":
-            if _is_dtensor(t):  # keep the layout, hold the local shard on the host
-                return _HostShard(self.to_host(t.to_local()), t)
-            return self.to_host(t)
+            return _HostShard(self.to_host(t.to_local()), t) if _is_dtensor(t) else self.to_host(t)
         if isinstance(t, _HostShard):
             from torch.distributed.tensor import DTensor
 
@@ -181,11 +163,7 @@ class HostCopies:
 
 
 def _bytes(module: torch.nn.Module) -> int:
-    total = 0
-    for p in module.parameters():
-        local = local_shard(p)
-        total += local.numel() * local.element_size()
-    return total
+    return sum(local_shard(p).numel() * local_shard(p).element_size() for p in module.parameters())
 
 
 class _HostShard:
@@ -197,23 +175,19 @@ class _HostShard:
 
 
 class Phases:
-    """What is resident in each phase of a colocated step, and the meter that measures it."""
-
     def __init__(self, *, device: str, offload: bool, trainer, rollout_model, ranks_on_host: int = 1,
                  offload_train: bool = True):  # fmt: skip
         self.offload_train = offload and offload_train
-        # parked at most: the rollout copy, and with offload_train the master weights and two moments of the
-        # same size. Not the compute copy: it is the master's cast whenever it parks (the load casts it, every
-        # step refreshes it), so its storage is freed and cast again on return (`_park_compute`).
+        # parked at most: the rollout copy, and the master and two moments; not the compute copy, which is
+        # freed and cast again on return (`_park_compute`)
         park = _bytes(rollout_model) if offload else 0
         if self.offload_train:
             park += 3 * _bytes(trainer.master)
         self.copies = HostCopies(device, park_bytes=park, ranks_on_host=ranks_on_host)
         self.offload, self.trainer, self.rollout_model = offload, trainer, rollout_model
         self.meter = MemoryMeter(device)
-        # Where each part is now: what the tests read, and what keeps a repeated phase from moving twice.
         self.where = {"train_params": "device", "optimizer_state": "device", "rollout_copy": "device"}
-        # seconds spent moving, by the phase that asked (`step`: the moments' return before the optimizer)
+        # seconds spent moving, by the phase that asked
         self.move_seconds: dict[str, float] = defaultdict(float)
         self._rebuilt: list = []  # (compute, main) pairs whose compute storage is freed while parked
 
@@ -222,15 +196,12 @@ class Phases:
         return self.meter.phase
 
     def enter(self, phase: str) -> None:
-        """Move to `phase`. What leaves the device moves first, inside the old phase's window (it only
-        frees); the meter then starts the new phase, so what comes back counts in the phase that uses it.
-        """
+        """What leaves moves in the old phase's window; what comes back counts in the phase that uses it."""
         if phase == self.phase:
             return
         arriving: list[tuple[str, str]] = []
         if phase in ("rollout", "sync"):
-            # after a step the grads are dead weight (the next step zeroes them): resident, they held
-            # a master-sized 21 GiB through GLM-5's rollout on one H200
+            # after a step the grads are dead weight: they held 21 GiB through GLM-5's rollout on one H200
             self.trainer.optimizer.zero_grad(set_to_none=True)
         if self.offload:
             want = {
@@ -245,7 +216,6 @@ class Phases:
             }[phase]
             if not self.offload_train:  # the train state stays: only the rollout copy takes turns
                 want |= {"train_params": "device", "optimizer_state": "device"}
-            # Free before allocating: what leaves the device moves now, what arrives after the meter's reset.
             for part, where in want.items():
                 if self.where[part] == where:
                     continue
@@ -259,9 +229,7 @@ class Phases:
 
     @torch.no_grad()
     def _park_compute(self) -> None:
-        """The compute copy to the host, except what is its main weights' cast bit for bit (all of it
-        between steps: the step refreshes it so): those storages are freed and cast again on return,
-        so a park moves the master alone (GLM-4.5 4-layer: 12 GiB less each way, four times a seed)."""
+        """The compute copy to the host, its exact casts of the master freed and cast again on return."""
         model, self._rebuilt = self.trainer.model, []
         if model is self.trainer.master:
             return
@@ -288,8 +256,7 @@ class Phases:
             self._move("optimizer_state", "device", "step")
 
     def state(self) -> dict:
-        """Where each part is now, what the AdamW moments' tensors say of themselves (device, pinned), and
-        how many master parameters hold a grad."""
+        """Where each part is, the AdamW moments' devices and pinning, how many master params hold a grad."""
         held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
                 if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
         # a DTensor's own is_pinned has no sharding rule in a CUDA build of torch: its shard answers

@@ -1,10 +1,5 @@
-"""Placement: who runs where. Colocate is one process; async is Ray actors on separate bundles.
-
-The two workers are plain classes. Colocated, they share a process and a device; async, each is a
-Ray actor pinned to its own placement-group bundle (train GPUs first, then rollout GPUs), as Miles
-places its actor and its SGLang engines. Ray is imported only in async mode: the single-process
-mode must run where Ray is not installed. What the step asks of a placement: `engine.workers`.
-"""
+"""Placement: colocate is one process; async is Ray actors on separate bundles, as Miles places its actor
+and its SGLang engines. Ray is imported only in async mode."""
 
 from __future__ import annotations
 
@@ -78,11 +73,7 @@ class Colocated(SharedDevice):
 
 
 class RayAsync:
-    """Two actors on two bundles of one placement group: bundle 0 trains, bundle 1 rolls out.
-
-    The engine starts a local Ray cluster on loopback with logical GPUs (real ones on a GPU host)
-    and stops it in close(); it never attaches to a cluster it did not start.
-    """
+    """Two actors on one placement group (bundle 0 trains, 1 rolls out) on a local Ray cluster of ours."""
 
     def __init__(self, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int):
         if "ray" not in sys.modules:  # Ray reads it once, on import; the cluster's head is given the same

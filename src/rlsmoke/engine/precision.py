@@ -1,13 +1,6 @@
-"""Megatron's bf16 training on one process: bf16 parameters compute, fp32 main parameters are updated.
-
-The trainer forwards and backwards through a copy of the weights in the compute dtype, loaded the
-way the rollout engine loads its own (the same modules kept in fp32), so both engines run the same
-cast path and differ only in kernels. Each micro-batch's gradients are added into fp32 main grads,
-AdamW steps the fp32 main parameters, and the compute copy is refreshed from them, rounding as the
-weight sync does. Autocast over fp32 weights is not the same thing: it leaves the residual stream,
-the norms and the embedding in fp32 and computes the MoE router in bf16, where the rollout engine
-keeps a bf16 residual stream and an fp32 router.
-"""
+"""Megatron's bf16 training on one process: a compute-dtype copy forwards and backwards, loaded as the
+rollout engine loads its own, and fp32 main parameters are updated and cast back. Autocast is not the
+same: it keeps the residual stream and norms in fp32 and computes the MoE router in bf16."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """Rank processes that start in milliseconds: forked from one server that imported torch once.
 
-A spawned rank is a fresh interpreter that imports torch, transformers and megatron-core again:
-seconds per rank on a small host, on every run and in every test. `rank_context()` forks each rank
-instead from multiprocessing's fork server, which imports those modules once per driver process
-(only the ones the driver itself has imported: its ranks run the same code). The server does nothing
-but import, so there is no thread pool, CUDA context or process group for a fork to inherit: ranks
-may still use GPUs. What a spawned rank gets from its driver at start and a fork of the server would
-not, it is handed: the driver's environment and its stdout/stderr as of the rank's start.
-
-CPU ranks of a driver that holds nothing a fork could break (`fork_is_safe`: one Python thread,
-torch on one thread so no OpenMP team, no initialized GPU driver, no process group or its threads)
-fork from the driver itself: no server to start, which is most of a tiny CPU run's ranks' start.
-Every rank dies with its parent (`signals.in_child`): the driver, or the fork server, which ends
-when the driver does.
+A spawned rank re-imports torch, transformers and megatron-core: seconds per rank, on every run and
+test. The fork server only imports, so there is no thread pool, CUDA context or process group to
+inherit; a rank is handed the driver's environment and stdout/stderr. CPU ranks of a driver that holds
+nothing a fork could break (`fork_is_safe`) fork from the driver itself. Every rank dies with its parent.
 """
 
 from __future__ import annotations
@@ -45,16 +36,13 @@ HEAVY_MODULES = (
     "megatron.core",
     "megatron.core.models.gpt",
 )
-# Where fla is installed these initialize the GPU driver as they import: transformers' GLM-5.3-Flash modeling
-# imports fla for its KDA kernels, and fla asks the device's name and capability as it imports. Imported
-# ahead of a fork (a fork server's preload, a driver's before its ranks fork), they would leave every child
-# unable to use CUDA; the process that runs them imports them itself.
+# fla asks the device's name as it imports (GLM-5.3-Flash's modeling imports it): imported ahead of a fork,
+# it would leave every child unable to use CUDA, so the process that runs it imports it itself.
 ASK_THE_DEVICE_WITH_FLA = ("transformers.models.glm5_next.modeling_glm5_next",)
 
 
 def preloadable(names) -> tuple[str, ...]:
-    """`names` less what would initialize a GPU driver as it imports on this host: what a process that
-    forks may import ahead of its children."""
+    """`names` less what would initialize a GPU driver as it imports on this host."""
     if importlib.util.find_spec("fla") is None:
         return tuple(names)
     return tuple(name for name in names if name not in ASK_THE_DEVICE_WITH_FLA)
@@ -129,16 +117,8 @@ def server_preload(rank_modules: tuple[str, ...] = ()) -> list[str]:
     ]
 
 
-def _import_if_installed(name: str) -> None:
-    try:
-        importlib.import_module(name)
-    except ImportError:  # megatron-core is an optional extra
-        pass
-
-
 def _stop_progress_monitors() -> None:
-    """tqdm's monitor threads, which a bar (transformers' loading bar too) leaves running; the next bar
-    starts its own again."""
+    """tqdm's monitor threads, which a bar leaves running; the next bar starts its own again."""
     tqdm_std = sys.modules.get("tqdm.std")
     if tqdm_std is None:
         return
@@ -148,18 +128,15 @@ def _stop_progress_monitors() -> None:
 
 
 def _fork_aware_threads() -> set:
-    """Threads whose owner resets their state in a fork's child: multiprocessing's fd sharer (started
-    when tensors go over a pipe) is reset by multiprocessing's own after-fork hook."""
+    """Threads reset in a fork's child by their owner: multiprocessing's fd sharer."""
     sharer = sys.modules.get("multiprocessing.resource_sharer")
     thread = getattr(getattr(sharer, "_resource_sharer", None), "_thread", None)
     return {thread} if thread is not None else set()
 
 
-# Threads torch names itself for its process groups (gloo's loops, the TCPStore, NCCL's watchdog): they
-# outlive the group's destruction, and a fork's child crashes on their state (SIGSEGV, measured).
+# torch's process-group threads outlive the group, and a fork's child crashes on their state (SIGSEGV).
 DISTRIBUTED_THREADS = ("pt_", "gloo", "nccl", "NCCL")
-# autograd's threads for each GPU, started by a first backward where GPUs are visible: no group's, and the
-# driver they need is already initialized (`fork_is_safe` rules on that itself).
+# autograd's per-GPU threads: no group's, and `fork_is_safe` rules on the GPU driver itself.
 AUTOGRAD_DEVICE_THREADS = "pt_autograd_"
 
 
@@ -191,17 +168,15 @@ def distributed_leftovers() -> list[str]:
     return left
 
 
-# A fork's child cannot use a GPU driver its parent initialized: its first GPU call fails, even one that a
-# CPU run's optimizer makes (Adam asks whether a graph is being captured: "CUDA error: initialization
-# error", measured on an H200). A first `torch.cuda.is_available()` initializes CUDA's.
+# A fork's child cannot use a GPU driver its parent initialized, even for a CPU run's optimizer (Adam asks
+# whether a graph is being captured: "CUDA error: initialization error", measured on an H200).
 CUDA_DRIVER = "libcuda.so"  # mapped when a CUDA build of torch is imported, initialized only when used
 HIP_RUNTIME = "libamdhip64.so"  # cannot be asked without initializing it: mapped at all rules forks out
 CUDA_ERROR_NOT_INITIALIZED = 3
 
 
 def mapped_libraries(prefixes: tuple[str, ...]) -> dict[str, str] | None:
-    """Each of `prefixes` (file-name prefixes) that this process has mapped, with its file; None where
-    /proc cannot say."""
+    """Each of `prefixes` this process has mapped, with its file; None where /proc cannot say."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
@@ -233,9 +208,7 @@ def gpu_driver_initialized() -> bool:
 
 
 def fork_is_safe() -> bool:
-    """Nothing in this process that a fork would copy half-way: other Python threads, an OpenMP team,
-    a GPU driver, a process group or the threads one leaves behind (a colocated megatron run keeps its
-    group for the process's later runs)."""
+    """Nothing a fork would copy half-way: other threads, an OpenMP team, a GPU driver, a process group."""
     torch = sys.modules.get("torch")
     _stop_progress_monitors()
     others = set(threading.enumerate()) - {threading.main_thread()} - _fork_aware_threads()
@@ -248,9 +221,7 @@ def fork_is_safe() -> bool:
 
 @contextlib.contextmanager
 def frozen_for_forks():
-    """Ranks forked inside the block find the driver's objects out of their collector's reach: their
-    collections neither walk them (0.25 s each over torch's and transformers' modules) nor write to
-    their pages (a copy each). The driver's own collector has them back when the block ends."""
+    """Forked ranks' collections neither walk the driver's objects (0.25 s each) nor copy their pages."""
     gc.freeze()
     try:
         yield
@@ -259,19 +230,13 @@ def frozen_for_forks():
 
 
 def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> mp_context.BaseContext:
-    """The multiprocessing context rank processes start from (Process, Pipe, ... as `get_context` gives).
-
-    `rank_modules`: the caller's modules that its ranks run (megatron-core's are imported only for
-    those under `rlsmoke.engine.megatron`). `cpu_only`: the ranks use no GPU, so they fork from the
-    driver where that is safe, after the driver has imported what they will: once per driver, not
-    once per rank and call. Otherwise the fork server's preload takes effect when it starts, at the
-    driver's first rank; a server already running keeps what it imported.
-    """
+    """The context ranks start from: forked from the driver where safe (`cpu_only`), else the fork server."""
     if cpu_only and fork_is_safe():
         megatron = any(name.startswith("rlsmoke.engine.megatron") for name in rank_modules)
         for name in preloadable((*HEAVY_MODULES, *rank_modules)):
             if megatron or not name.startswith("megatron"):
-                _import_if_installed(name)
+                with contextlib.suppress(ImportError):  # megatron-core is an optional extra
+                    importlib.import_module(name)
         return ForkContext()
     ctx = RankContext()
     ctx.set_forkserver_preload(server_preload(rank_modules))

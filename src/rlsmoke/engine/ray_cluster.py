@@ -1,13 +1,8 @@
 """The Ray cluster of an async run: started so that it can be ended whole, at any moment.
 
-`ray.init(address="local")` in the run's own process starts the GCS, the raylet and its agents while
-Ray's own SIGTERM handler is installed (a SIGTERM then aborts with a stack dump), and an interrupt in
-the middle of it left the agents running, adopted by init. So a child process in a session of its own
-starts the cluster (the same loopback `ray.init`, its temp folder under one this module removes) and
-waits; the run connects to it as a driver, with SIGINT and SIGTERM held while Ray sets itself up
-(`engine.signals`).
-Stopping kills every process of that session by pid: Ray's workers take process groups of their own,
-but none leaves the session.
+`ray.init(address="local")` in the run's process installs Ray's SIGTERM handler while it starts, and an
+interrupt midway left its agents running. So a child in a session of its own starts the cluster, the run
+connects as a driver, and stopping kills every process of that session by pid.
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ from pathlib import Path
 from rlsmoke.engine import signals
 from rlsmoke.errors import RunError
 
-# The cluster's own process. It ends with the run even when the run is killed outright (Linux's
-# parent-death signal), reports the GCS address, then sleeps until it is ended.
+# The cluster's own process: dies with the run (parent-death signal), reports the GCS address, sleeps.
 _HEAD = """
 import json, os, signal, sys, time
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -84,11 +78,7 @@ class LocalCluster:
         return json.loads(line)["address"]
 
     def stop(self) -> None:
-        """End every process of the cluster's session and remove its temp folder; returns once none is left.
-
-        SIGKILL at once: nothing in a smoke run's cluster needs saving, and the head's own SIGTERM handler
-        (Ray's graceful drain) takes seconds.
-        """
+        """SIGKILL every process of the cluster's session (Ray's drain is slow); remove its temp folder."""
         if self.proc is not None:
             while signal_session(self.proc.pid, signal.SIGKILL):
                 try:
@@ -104,10 +94,7 @@ class LocalCluster:
 
 
 def signal_session(sid: int, sig: int) -> bool:
-    """Sends `sig` to every live process of session `sid`; False when none is left.
-
-    A zombie counts as ended: it only waits to be reaped (by init, which a container may not run).
-    """
+    """Sends `sig` to every live process of session `sid` (a zombie counts as ended); False if none."""
     if not Path("/proc/self/stat").exists():  # no /proc (macOS): the session leader's process group
         try:
             os.killpg(sid, sig)

@@ -1,14 +1,9 @@
 """A checkpoint folder's safetensors files read straight onto a device, bit for bit as stored.
 
-transformers' loader and `safetensors.load_file` touch the file through a memory map, one tensor at a
-time, and copy each to the GPU from pageable pages: GLM-5 4-layer's 11.5 GB took 6.3 s on an H200 host
-whose page cache reads at 5.7 GB/s and whose pinned copies run at 55 GB/s. Here each file's data
-section is read in chunks by several threads at once (`os.preadv`, which releases the GIL) into a few
-reused pinned buffers, and each filled chunk is copied to one device buffer asynchronously while the
-next ones are read. The tensors are views into that buffer, with the header's names, dtypes and shapes
-(`checkpoints.shards.read_header`).
-On CPU a memory map is faster (no copy at all), so CPU runs keep transformers' own load; the staged
-path runs in CI with plain buffers (tests/unit/test_engine_read.py).
+transformers' loader copies one memory-mapped tensor at a time from pageable pages (GLM-5 4-layer's
+11.5 GB took 6.3 s on an H200 host). Here several threads read chunks (`os.preadv`) into reused pinned
+buffers, each copied to one device buffer asynchronously. CPU runs keep transformers' memory map; the
+staged path runs in CI with plain buffers.
 """
 
 from __future__ import annotations
@@ -28,9 +23,7 @@ READERS = 4  # threads reading a file at once; each has a buffer of CHUNK_BYTES 
 
 @contextlib.contextmanager
 def unfilled():
-    """torch.empty as without deterministic algorithms: memory every byte of which is written next (a
-    checkpoint's read, a model whose every parameter is then loaded) is not first filled with NaN. On a
-    host that fill is a page fault and a write per page (5 of 5.9 s of a 1.1 B-parameter megatron build)."""
+    """torch.empty without deterministic algorithms' NaN fill (5 of 5.9 s of a 1.1 B megatron build)."""
     import torch.utils.deterministic as det
 
     before = det.fill_uninitialized_memory
@@ -42,9 +35,7 @@ def unfilled():
 
 
 def read_checkpoint(folder: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
-    """Every tensor of `folder`'s *.safetensors files, on `device`. The folder has passed
-    `checkpoints.verification.verify` (every use of a checkpoint does, headers and lengths included);
-    a file cut since is refused by name (`checkpoint.load`)."""
+    """Every tensor of `folder`'s *.safetensors files, on `device`; a file cut since is refused."""
     tensors: dict[str, torch.Tensor] = {}
     for path in sorted(Path(folder).glob("*.safetensors")):
         tensors.update(read_file(path, torch.device(device)))
@@ -52,8 +43,7 @@ def read_checkpoint(folder: Path, device: str | torch.device) -> dict[str, torch
 
 
 def read_file(path: Path, device: torch.device, *, staged: bool = False) -> dict[str, torch.Tensor]:
-    """`staged` reads through the reused buffers, always off CPU; on CPU (where they are plain memory) on
-    request, so the path a GPU takes runs in CI too."""
+    """`staged`: through the reused buffers, always off CPU and on request on CPU (CI)."""
     entries = read_header(path)
     start = min((e.begin for e in entries.values()), default=0)
     with unfilled():  # every byte is read into it
@@ -95,8 +85,7 @@ def _read_into(fd: int, start: int, data: torch.Tensor) -> None:
 
 
 def _read_staged(fd: int, start: int, data: torch.Tensor) -> None:
-    """READERS threads fill their buffers (pinned on a GPU); each filled buffer goes to `data`
-    asynchronously, and is read into again once that copy has finished."""
+    """READERS threads fill buffers; each goes to `data` asynchronously and is refilled once copied."""
     chunks = _chunks(data.numel())
     cuda = data.device.type == "cuda"
     buffers = [

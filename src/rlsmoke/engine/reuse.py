@@ -1,14 +1,9 @@
-"""`--repeat K` and `--variants` keep their workers: the state a seed starts from, kept once and put back
-in place, since loading costs more than a seed (two model copies, first-use kernels).
+"""`--repeat K` and `--variants` keep their workers: loading costs more than a seed.
 
-The trainer's main parameters are kept, each in the narrowest dtype that gives it back bit for bit (a
-bf16 checkpoint's fp32 master weights fit in bf16), on the device when the memory estimate counts the
-copy there (`RunConfig.initial_on_device`), else in host memory. AdamW's moments are dropped: a fresh
-optimizer has none. The copies derived from the main weights (the compute copy, the rollout copy) are
-rebuilt from them as the step and the weight sync rebuild them, but for the parameters that differ from
-that rebuild when kept (a bridge defect in the sync path, a module the checkpoint loads differently),
-which are kept as they are. Seed k then starts from the same bits as a fresh `--seed k` run
-(tests/unit/test_run_reuse.py).
+The main parameters are kept in the narrowest dtype that gives them back bit for bit, on the device when
+the estimate counts it, else in host memory; AdamW's moments are dropped. Derived copies are rebuilt as
+the step and sync rebuild them, but parameters that rebuild would not reproduce are kept as they are.
+Seed k then starts from the same bits as a fresh `--seed k` run (tests/unit/test_run_reuse.py).
 """
 
 from __future__ import annotations
@@ -51,8 +46,7 @@ def _device_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class Snapshot:
-    """Parameters (FSDP2's local shards included) as they are now: in host memory, or on their own device
-    when `on_device` (the memory estimate has counted the copy: `residency.initial_on_device`)."""
+    """Parameters (FSDP2's local shards included) as they are now, in host memory or on their device."""
 
     @torch.no_grad()
     def __init__(self, model: torch.nn.Module, *, narrow: torch.dtype | None = None, on_device: bool = False):
@@ -80,10 +74,7 @@ class Snapshot:
 
 
 class DerivedCopy:
-    """A model whose parameters are rebuilt from the main weights (`derived`: name, tensor pairs).
-
-    Kept: the parameters that the rebuild does not reproduce bit for bit now, restored as they are.
-    """
+    """A model rebuilt from the main weights (`derived`); kept: what the rebuild does not reproduce."""
 
     @torch.no_grad()
     def __init__(self, model: torch.nn.Module, derived: Iterable[tuple[str, torch.Tensor]]):
@@ -110,9 +101,7 @@ class DerivedCopy:
 
 
 class InitialState:
-    """What a trainer starts a seed from: its main weights, and what of its compute copy they do not
-    rebuild. Works on any trainer with `master`, `model` (the compute copy, or `master` itself),
-    `optimizer` and `_pairs` (compute, main) parameter pairs."""
+    """A trainer's starting point: its main weights, and what of its compute copy they do not rebuild."""
 
     def __init__(self, trainer, narrow: torch.dtype | None, on_device: bool = False):
         self.master = Snapshot(trainer.master, narrow=narrow, on_device=on_device)
@@ -135,8 +124,7 @@ def _compute_from_master(trainer):
 
 
 class InitialRun:
-    """A colocated worker's starting point: its trainer's, and its rollout copy's, rebuilt from the main
-    weights the way the weight sync rebuilds it (`rollout_weights()`: name, tensor pairs)."""
+    """A colocated worker's starting point: its trainer's, and its rollout copy's as the sync rebuilds it."""
 
     def __init__(self, trainer, rollout_model: torch.nn.Module, rollout_weights, narrow: torch.dtype | None,
                  on_device: bool = False):  # fmt: skip

@@ -1,13 +1,7 @@
-"""Rollout: sampling with the model's KV cache, one group per prompt: transformers `generate`, or the
-static decode (`engine.decode`, `--rollout-decode static`), which samples the same way.
-
-The engine reports its own log-prob of each sampled token under the sampling temperature (the
-log-softmax of logits / T), as SGLang does; Miles' trainer divides by the same temperature. The n
-samples of a prompt share its length; a rank's groups go through one call, left-padded to the
-longest prompt (`--rollout-batch rank`, the GPU default), or one call each. Each group draws from a
-generator seeded by its prompt's index, so its samples do not depend on the batch, and the train
-forward sees each group without padding.
-"""
+"""Rollout: sampling with the model's KV cache, one group per prompt (transformers `generate` or
+`engine.decode`). The engine reports each sampled token's log-prob under the sampling temperature, as
+SGLang does. Each group draws from a generator seeded by its prompt's index, so its samples do not
+depend on the batch."""
 
 from __future__ import annotations
 
@@ -40,8 +34,7 @@ class Group:
 
 
 class _Noise(LogitsProcessor):
-    """--inject rollout-noise=SIGMA: Gaussian noise in the engine's logits (sampling and log-probs), each
-    group's rows from the group's own generator."""
+    """--inject rollout-noise=SIGMA: Gaussian noise in the engine's logits, from each group's generator."""
 
     def __init__(self, sigma: float, rows: list[slice], generators: list[torch.Generator]):
         self.sigma, self.rows, self.generators = sigma, rows, generators
@@ -56,13 +49,7 @@ class _Noise(LogitsProcessor):
 
 
 class GroupSampler(LogitsProcessor):
-    """Samples each group's next tokens from the group's own generator, then leaves only that token
-    possible, so generate's own greedy pick takes it.
-
-    A group's samples then depend on its seed alone, not on which rank or batch samples it, and draw the
-    same numbers as a `generate(do_sample=True)` call for that group alone after `torch.manual_seed(seed)`
-    (softmax of the logits / T, one multinomial over its n rows).
-    """
+    """Samples each group's tokens from its own generator and leaves only those for generate's greedy pick."""
 
     def __init__(self, temperature: float, rows: list[slice], generators: list[torch.Generator]):
         self.temperature, self.rows, self.generators = temperature, rows, generators
@@ -77,11 +64,7 @@ class GroupSampler(LogitsProcessor):
 
 
 class LogprobRecorder(LogitsProcessor):
-    """Keeps the log-softmax of each step and gathers it at the token sampled next.
-
-    Runs before generate's temperature warper, so it sees the raw logits and divides them itself; only
-    the distribution of the previous step is kept, never (R, V) of them.
-    """
+    """Keeps the log-softmax of each step (of the raw logits / T) and gathers it at the token sampled next."""
 
     def __init__(self, divide_by: float):
         self.divide_by = divide_by  # the temperature, or 1.0 under --inject temperature-mismatch
@@ -102,14 +85,12 @@ class LogprobRecorder(LogitsProcessor):
         return torch.stack(self.logprobs, dim=1)  # (n, R)
 
 
-# What left padding cannot pass through on the reference KDA path: its short convolution and recurrent
-# state. On fla's kernels (engine.kda) a rank's groups go in one left-padded call.
+# Left padding cannot pass the reference KDA path's short convolution and recurrent state.
 NO_LEFT_PADDING = ("glm5.3-flash",)
 
 
 def batch_for(choice: str, device: str, family: str, kda: str = "") -> str:
-    """`--rollout-batch auto`: a rank's groups in one call on a GPU, where a step's cost is launches and
-    weight reads, not rows; one call per group on CPU, where the thresholds were calibrated."""
+    """One call per rank on a GPU (cost is launches, not rows); per group on CPU, as calibrated."""
     padding_breaks = family in NO_LEFT_PADDING and kda != "fla"
     if choice != "auto":
         return "length" if choice == "rank" and padding_breaks else choice
@@ -139,10 +120,7 @@ class RolloutEngine:
     @torch.no_grad()
     def generate(self, prompt_ids: list[tuple[int, ...]], n: int, seed: int,
                  indices: list[int] | None = None) -> list[Group]:  # fmt: skip
-        """n samples of each prompt (of `indices` only, when given: a data-parallel rank's share).
-
-        A group's sampling seed depends on its prompt's index, not on which rank or batch samples it.
-        """
+        """n samples of each prompt (of `indices` only: a data-parallel rank's share)."""
         chosen = list(range(len(prompt_ids)) if indices is None else indices)
         if self.batch == "group":
             calls = [[i] for i in chosen]
@@ -171,8 +149,7 @@ class RolloutEngine:
             chain = LogitsProcessorList()
             if self.inject.kind == "rollout-noise":
                 chain.append(_Noise(self.inject.value, rows, generators(7)))
-            # temperature-mismatch: the engine reports the raw logits' log-probs while the trainer applies
-            # the temperature; one side forgetting T is the classic mismatch
+            # temperature-mismatch: the engine reports the raw logits' log-probs
             mismatch = self.inject.kind == "temperature-mismatch"
             recorder = LogprobRecorder(1.0 if mismatch else self.temperature)
             chain.append(recorder)
@@ -215,9 +192,7 @@ class RolloutEngine:
 
 
 def keep_grouped_experts(model) -> None:
-    """transformers decodes MoE experts with batched_mm on a GPU, which gathers an expert's weights for every
-    (token, expert) pair: at a rank's whole batch that reads the experts many times over per step. grouped_mm
-    reads each expert once (measured on an H200: docs/benchmarks.md, the rollout's shape)."""
+    """grouped_mm reads each expert once; GPU generate's batched_mm gathers one per (token, expert) pair."""
     if hasattr(model, "_optimize_model_for_decode"):
         model._optimize_model_for_decode = contextlib.nullcontext
 

@@ -1,9 +1,5 @@
-"""One engine run, top to bottom: prepare, place, roll out, score, train, sync, roll out again, record.
-
-With --num-rollout 2 (the default) rollout 0 is trained on once, the weights are synced and checked,
-and rollout 1 is scored against the trainer without another update: drift that appears only after
-a weight update is gated too.
-"""
+"""One engine run: prepare, place, roll out, score, train, sync, roll out again (scored against the
+trainer, so drift after a weight update is gated too), record."""
 
 from __future__ import annotations
 
@@ -49,8 +45,7 @@ class RunLog:
 
 def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
             clock: PhaseClock | None = None, decodes: set | None = None) -> list[dict]:  # fmt: skip
-    """The GRPO loop for one seed; returns the metrics.jsonl lines. `decodes` gathers what sampled each
-    group (engine.decode.record)."""
+    """The GRPO loop for one seed; returns the metrics.jsonl lines."""
     lines = []
     score = REWARDS[cfg.reward]
     clock = clock or PhaseClock()
@@ -95,16 +90,12 @@ def _mean(values) -> float:
 
 
 def execute(cfg: RunConfig, out: Path, *, repeat: int = 1, process_s: dict | None = None) -> dict:
-    """Run `repeat` seeds from the same initial weights, write the records (metrics.jsonl, run.log,
-    summary.json), return summary.json's dict. Nothing is gated here. `process_s`: what the process spent
-    before the engine's clock (`rlsmoke run`'s start, config and engine import), kept in `timing`."""
+    """Run `repeat` seeds from the same initial weights and write the records; nothing is gated here."""
     return _execute(cfg, [(cfg, Path(out))], repeat=repeat, process_s=process_s)[0]
 
 
 def execute_variants(runs: list[tuple[RunConfig, Path]], *, process_s: dict | None = None) -> list[dict]:
-    """`rlsmoke run --variants`: the workers load once (without a fault), then each run in turn starts from
-    the initial weights, restored in place as for --repeat, with its own fault and rollout temperature
-    set on the workers; each writes its records into its own folder. Returns each run's summary."""
+    """`rlsmoke run --variants`: one load, then each run from the restored initial weights."""
     return _execute(runs[0][0].replace(inject=Inject()), [(c, Path(out)) for c, out in runs], repeat=1, variants=True,
                     process_s=process_s)  # fmt: skip
 
@@ -254,11 +245,9 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
               "initial_on_device": cfg.initial_on_device,  # --repeat, --variants: where the initial weights wait
               "peak_gib_per_rank": [max(p.values()) if p else None for p in peaks] or None,
               "peak_gib_per_rank_by_phase": peaks or None,
-              # what a phase's window holds: the moves that bring a phase's own state back count in it
-              # (earlier summaries counted them in the phase before: the rollout read as the train weights)
+              # the moves that bring a phase's own state back count in that phase
               "meter": "arrivals-in-own-phase"}  # fmt: skip
     kda_path = kda.choose(cfg.device, spec.family)
-    # Records only: whoever consumes the run (`rlsmoke run`, the suite) gates it, once.
     summary = {
         **cfg.run_key.to_json(),
         "mode": cfg.mode,
@@ -270,13 +259,9 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
             "num_rollout": cfg.num_rollout,
             "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family, kda_path),
         },  # fmt: skip
-        "rollout_decode": decode.record(
-            cfg.rollout_decode, decodes or ()
-        ),  # and why not static, if it was not
-        # GLM-5.3-Flash's linear attention: "fla" (Triton kernels) or "reference" (PyTorch)
-        "kda": kda_path or None,
-        "fla_configs": dict(kda.CONFIGS)
-        or None,  # fla's kernel configs: shipped for this GPU, or autotuned and why
+        "rollout_decode": decode.record(cfg.rollout_decode, decodes or ()),
+        "kda": kda_path or None,  # GLM-5.3-Flash's linear attention: "fla" or "reference"
+        "fla_configs": dict(kda.CONFIGS) or None,
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
         "seed": cfg.seed,
         "repeat": repeat,

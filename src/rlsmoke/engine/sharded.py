@@ -1,11 +1,8 @@
 """Training across several devices: FSDP2 over the plan's actor GPUs, one process per rank.
 
-Each rank is a data-parallel replica of the colocated flow (`workers.SharedDevice`): an FSDP2 shard of
-the trainer (`fully_shard` per decoder layer, then the root) and a full rollout copy, its share of the
-prompts, and a part in every collective (forward, backward, the weight sync's all-gather). The trainer
-loads on the host and `fully_shard` moves each block's shard to the device, so no rank ever holds the
-whole fp32 model on its GPU. The driver speaks to the ranks through pipes: no Ray, and the same path
-with gloo on CPU (CI) and NCCL on GPUs.
+Each rank is a data-parallel replica of the colocated flow: an FSDP2 shard of the trainer, loaded on the
+host so no rank holds the whole fp32 model on its GPU, and a full rollout copy. The driver speaks to the
+ranks through pipes: the same path with gloo on CPU (CI) and NCCL on GPUs.
 """
 
 from __future__ import annotations
@@ -42,9 +39,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 def shard(model, *, device_type: str, dtype: torch.dtype | None) -> None:
-    """FSDP2 over every rank, computing and reducing in `dtype` (None: the parameters'), on `device_type`'s
-    mesh: without one, fully_shard takes a CUDA mesh wherever CUDA is visible, and a CPU (gloo) run on a
-    GPU host would move its shards onto cuda:0."""
+    """FSDP2 in `dtype` on `device_type`'s mesh (else a gloo run on a GPU host shards onto cuda:0)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -60,10 +55,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 class ShardedTrainer(Trainer):
-    """The same loss and step as `Trainer`, with its per-token metrics made global across the ranks.
-
-    (The grad norm and the update checksums of DTensor shards are already global in `Trainer`.)
-    """
+    """`Trainer` with its per-token metrics made global across the ranks."""
 
     def __init__(self, model, *, comm_device: str, **kwargs):
         super().__init__(model, **kwargs)

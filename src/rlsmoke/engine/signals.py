@@ -1,29 +1,15 @@
-"""Which signal does what, and when. Every signal disposition rlsmoke sets is set here.
+"""Every signal disposition rlsmoke sets is set here (SIGINT, SIGTERM, SIGHUP, SIGQUIT: `STOP`).
 
-    when                                  SIGINT, SIGTERM, SIGHUP and SIGQUIT (`STOP`)
-    ------------------------------------  ----------------------------------------------------------------
-    loading the engine (`exit_at_once`)   nothing has started: run.log and stderr name the signal, the
-                                          process exits 128 + N at once (not a run `hosted` in-process)
-    the run (`stopping_run`)              `Interrupted(N)` in the main thread, so every `finally` stops
-                                          what it started (workers, ranks, the Ray cluster). Inside an
-                                          import it waits for the import's end (half a module would stay
-                                          behind). The first one counts: the others are ignored afterwards,
-                                          so a second cannot cut the cleanup short (SIGKILL still can)
-    Ray starts, connects, shuts down      blocked until Ray is done, then the run's handlers are put back:
-    (`held`)                              Ray installs its own (an abort with a stack dump, or death)
-    a child of the run (`in_child`)       unblocked again (the mask is inherited); killed when its parent
-                                          dies, even by SIGKILL (Linux's parent-death signal)
-    a rank process (`in_rank`)            a child; SIGINT ends the rank quietly (a terminal's Ctrl-C
-                                          reaches the whole group, and the driver, which got it too, stops
-                                          the run); the others: the default action
-    a run in the caller's process         a stop outside the run's own handlers is `Interrupted` too; the
-    (`hosted`)                            caller re-raises the signal once the run is done (`raise_again`)
-    a pytest session                      SIGTERM is Ctrl-C once, so the teardown ends what it launched
-    (`sigterm_interrupts_session`)        (`sigterm_interrupts_session` says more)
-    after the records and the verdict     the caller's handlers again
+- loading the engine (`exit_at_once`): the process exits 128 + N at once, naming the signal;
+- the run (`stopping_run`): `Interrupted(N)` in the main thread, so every `finally` stops what it
+  started; inside an import it waits for the import's end; later signals are ignored, so a second
+  cannot cut the cleanup short;
+- while Ray starts or stops (`held`): blocked, since Ray installs its own handlers;
+- a child (`in_child`) dies with its parent; a rank (`in_rank`) ends quietly on SIGINT;
+- a run in the caller's process (`hosted`): the caller re-raises the signal afterwards;
+- a pytest session: SIGTERM is Ctrl-C once (`sigterm_interrupts_session`).
 
-The signal received first is the one the run reports (`interrupted_by`): Ray's wait re-raises a
-SIGTERM as a bare KeyboardInterrupt, which must not read as SIGINT.
+The signal received first is the one reported: Ray's wait re-raises SIGTERM as a bare KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -43,9 +29,8 @@ STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _received: list[int] = []
 _hosted: list[bool] = []  # non-empty while a run is hosted in its caller's process: never exit it
 
-# The import machinery's frames: an interrupt raised inside an import leaves half a module behind, which
-# the importer may swallow (torch imports numpy under a bare try) or trip over later ("cannot load module
-# more than once"). Such an interrupt waits until the import is over.
+# An interrupt inside an import leaves half a module behind, which the importer may swallow (torch imports
+# numpy under a bare try) or trip over later: it waits until the import is over.
 _IMPORT_FRAMES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 
 
@@ -80,8 +65,7 @@ def stopping_run() -> Iterator[None]:
 
 @contextlib.contextmanager
 def exit_at_once(say: Callable[[int], None]) -> Iterator[None]:
-    """While nothing has started: `say(signum)`, then exit 128 + signum without unwinding. A hosted run
-    keeps the run's handlers: its process is its caller's."""
+    """While nothing has started: `say(signum)`, then exit 128 + signum. A hosted run keeps its handlers."""
     if _hosted:
         yield
         return
@@ -97,8 +81,7 @@ def exit_at_once(say: Callable[[int], None]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """STOP signals wait (in the main thread) until the block ends; the handlers in place as it began are
-    put back before they arrive. Threads and processes started inside inherit the mask."""
+    """STOP signals wait (main thread) until the block ends; the handlers as it began are put back first."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -173,8 +156,7 @@ def can_host() -> bool:
 
 @contextlib.contextmanager
 def hosted(got: list[int]) -> Iterator[None]:
-    """A run inside the block runs in this process: a stop signal is `Interrupted` wherever it lands
-    (the run's own handlers take over inside `stopping_run`). `got` gets the signals received."""
+    """A stop signal is `Interrupted` wherever it lands in the block; `got` gets the signals received."""
 
     def interrupt(signum, frame):
         got.append(signum)
@@ -202,22 +184,13 @@ def raise_again(signum: int) -> None:
 
 # --- a pytest session ----------------------------------------------------------------------------
 
-# coreutils' `timeout` sends its signal to pytest, then to pytest's process group, so pytest gets it
-# twice; a runner that signals the group and the process does the same. Within this many seconds of the
-# first, another SIGTERM is that same request: it must not cut the teardown that ends the runs.
+# `timeout` signals pytest, then its process group: a SIGTERM this soon after the first is the same request.
 REPEATED_SIGTERM_S = 5.0
 
 
 def sigterm_interrupts_session() -> Callable[[], None] | None:
-    """A CI job's timeout ends pytest with SIGTERM, which by default kills the interpreter before any
-    teardown. The runs it spawned lead sessions of their own, out of the signal's reach, and kept the
-    GPU for the next job. So SIGTERM becomes the Ctrl-C that ends them (`runner.Process.wait`), then
-    pytest's teardown. A SIGTERM more than REPEATED_SIGTERM_S after the first ends it at once; one
-    sooner is the same request again. A handler someone else set is kept (None is returned).
-    A process forked from the session (a multiprocessing pool's worker) gets SIGTERM's default back as it
-    starts, which `Pool.terminate` counts on; not only inside the handler: a Python handler runs between
-    bytecodes, so a signal that lands just before a blocking wait is noted and never acted on.
-    Returns what puts the default back."""
+    """SIGTERM (a CI job's timeout) becomes Ctrl-C once, so pytest's teardown ends the runs it spawned; a
+    handler someone else set is kept (None). A fork gets the default back. Returns what restores it."""
     if not can_host() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return None
     session_pid = os.getpid()

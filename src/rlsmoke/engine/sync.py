@@ -1,10 +1,5 @@
-"""Weight sync: trainer -> rollout engine, then an equality check parameter by parameter.
-
-The check compares after casting the trainer's weights to the rollout dtype, like Miles' --ci-test
-weight check: equal means bitwise equal in what the engine actually samples with. In one process
-`load_and_compare` builds each weight once (under FSDP2 one all-gather per parameter, for the
-megatron trainer one pass of the bridge), copies it in and compares the engine's parameter with it.
-"""
+"""Weight sync: trainer -> rollout engine, then a bitwise check in the rollout dtype per parameter, like
+Miles' --ci-test weight check."""
 
 from __future__ import annotations
 
@@ -57,8 +52,7 @@ def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, fl
 def load_and_compare(
     model, weights: Iterable[tuple[str, torch.Tensor]], *, load: bool = True
 ) -> dict[str, float]:
-    """Copy each weight into `model` as it is built, then compare the parameter with it (`load=False`:
-    compare only, the stale-weights fault). A name or shape the engine lacks counts as mismatched."""
+    """Copy each weight in and compare (`load=False`: compare only); a missing name or shape mismatches."""
 
     def copied(params):
         for name, tensor in weights:

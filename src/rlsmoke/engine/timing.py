@@ -6,8 +6,7 @@ import time
 
 
 class PhaseClock:
-    """Wall seconds of each engine call of a seed, summed over its rollouts (the calls return host tensors
-    or numbers, so a device's work is done when they return)."""
+    """Wall seconds of each engine call of a seed, summed over its rollouts (calls return host values)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -21,8 +20,7 @@ class PhaseClock:
 
 
 def phase_seconds(called: dict[str, float], moved: dict[str, float]) -> dict[str, float]:
-    """A seed's seconds by phase, each summed over its rollouts: the engine calls less the offload
-    moves they made, which are their own phase (`offload`)."""
+    """A seed's seconds by phase: the engine calls less their offload moves (`offload`)."""
     asked_by = {"rollout": "rollout", "forward_only": "train", "train_step": "step", "sync": "sync"}
     out = {phase: max(0.0, s - moved.get(asked_by[phase], 0.0)) for phase, s in called.items()}
     out["offload"] = sum(moved.values())

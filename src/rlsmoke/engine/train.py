@@ -13,12 +13,7 @@ from rlsmoke.errors import RunError
 
 
 def token_logprobs(model, group: Group, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob and entropy of each response token under the rollout temperature: (n, R) and (n, R), float32.
-
-    Miles' trainer divides the logits by --rollout-temperature before its log-softmax (the logit
-    processor of miles/backends/training_utils/loss_hub/logit_processors.py), so its log-probs, entropy
-    and losses are those of the distribution the rollout sampled from.
-    """
+    """Per-token log-prob and entropy at the rollout temperature, as Miles' logit processor divides."""
     device = next(model.parameters()).device
     tokens = group.tokens.to(device)  # (n, P+R)
     logits = model(input_ids=tokens, use_cache=False).logits  # (n, P+R, V)
@@ -37,8 +32,7 @@ STEP_SUMS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "kl_loss")
 
 def group_loss(logp, entropy, mask, old_lp, adv, *, eps_clip: float, eps_clip_high: float,
                entropy_coef: float) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
-    """One group's token-summed loss (PPO clip less the entropy bonus; a KL term is the caller's) and its
-    contributions to the step's sums. All tensors (n, R) on the loss's device but adv (n,)."""
+    """One group's token-summed loss (PPO clip less the entropy bonus) and its sums for the metrics."""
     loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp, adv, mask, eps_clip, eps_clip_high)
     loss = loss_tok.sum() - entropy_coef * (entropy * mask).sum()
     sums = {"pg_loss": loss_tok.sum().item(), "pg_clipfrac": clipped.sum().item(), "ppo_kl": ppo_kl.sum().item(),
@@ -53,8 +47,7 @@ def require_finite(loss: torch.Tensor, group: Group) -> None:
 
 def step_metrics(sums: dict[str, float], total_tokens: float, *, grad_norm: float, lr: float, changed: float,
                  count: float) -> dict[str, float]:  # fmt: skip
-    """A step's metrics under Miles' keys: per-token means of the sums, the grad norm before clipping,
-    and the fraction of parameters the update changed."""
+    """A step's metrics under Miles' keys."""
     metrics = {f"train/{k}": v / total_tokens for k, v in sums.items()}
     metrics["train/loss"] = metrics["train/pg_loss"]
     metrics["train/grad_norm"] = grad_norm
@@ -64,8 +57,7 @@ def step_metrics(sums: dict[str, float], total_tokens: float, *, grad_norm: floa
 
 
 def set_dropout(model, p: float | None) -> None:
-    """--inject train-dropout=P: attention dropout left on in the training forward, a classic bug.
-    None: the value the model was built with, back (a later variant of `rlsmoke run --variants`)."""
+    """--inject train-dropout=P: attention dropout left on in training. None: the built value, back."""
     for module in model.modules():
         if hasattr(module, "attention_dropout"):
             if not hasattr(module, "built_attention_dropout"):
@@ -79,21 +71,18 @@ class Trainer:
                  ref_model=None, gradient_checkpointing: bool = False,
                  compute_dtype: torch.dtype | None = None, compute_model=None, temperature: float = 1.0):  # fmt: skip
         self.temperature = temperature  # the rollout temperature: log-probs of what was sampled
-        # compute_model: the weights in the compute dtype, forwarded and backwarded, while `model` holds the
-        # fp32 main parameters AdamW updates (Megatron's bf16 params; see rlsmoke.engine.precision).
+        # the compute-dtype weights are forwarded while `model` holds the fp32 main params (engine.precision)
         self.master = model
         self.model = model if compute_model is None else compute_model
         self._pairs = [] if compute_model is None else precision.pairs(compute_model, model)
         self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
         self.entropy_coef, self.kl_coef, self.ref_model = entropy_coef, kl_coef, ref_model
-        # Megatron keeps fp32 master weights but computes in bf16: the forward sees the weights rounded
-        # as the rollout engine holds them. An fp32 forward would see updates bf16 cannot represent.
+        # Megatron computes in bf16 over fp32 master weights: the forward sees the rollout's rounding.
         self.compute_dtype = compute_dtype if compute_model is None else None
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        # One CUDA device: the fused step, as Megatron's fused Adam, with no state-sized temporary (it is
-        # what lets GLM-4.5 4-layer's train state fit one H200: rlsmoke.memory). FSDP2's DTensors and the
-        # CPU keep the foreach step the CPU thresholds were calibrated with.
+        # One CUDA device: the fused step needs no state-sized temporary (GLM-4.5 4-layer fits one H200 so);
+        # FSDP2 and the CPU keep the foreach step the CPU thresholds were calibrated with.
         params = list(model.parameters())
         fused = all(p.device.type == "cuda" and not hasattr(p, "device_mesh") for p in params)
         self.optimizer = torch.optim.AdamW(
@@ -165,15 +154,13 @@ class Trainer:
                             changed=changed, count=len(before))  # fmt: skip
 
 
-# Elements summed at a time: a float64 copy of a whole expert tensor would be a transient as large as
-# the AdamW moments (6.4 G elements in GLM-5's 256-expert gate_up_proj); 16 M elements is 128 MiB.
+# A float64 copy of a whole expert tensor would be as large as the moments: 16 M elements (128 MiB) at a time.
 CHECKSUM_CHUNK = 1 << 24
 
 
 @torch.no_grad()
 def checksums(model) -> dict[str, float]:
-    # A float64 sum sees a 1e-6 update without keeping a second copy of the weights. Under FSDP2 the
-    # parameters are DTensor shards: each rank sums its shard, one all-reduce adds them up.
+    # A float64 sum sees a 1e-6 update; under FSDP2 each rank sums its shard and one all-reduce adds them.
     names, sums, sharded = [], [], False
     for name, p in model.named_parameters():
         local = local_shard(p)
@@ -193,7 +180,5 @@ def checksums(model) -> dict[str, float]:
 
 
 def drop_moments(trainer) -> None:
-    """AdamW's moments after the run's last step: no step reads them again, so the sync and the next
-    rollout neither keep nor move them (GLM-4.5 4-layer: 48 GiB less to park each seed). A further seed
-    of --repeat or --variants starts from a fresh optimizer anyway (`engine.reuse`)."""
+    """AdamW's moments after the last step: nothing reads them (GLM-4.5 4-layer: 48 GiB less to park)."""
     trainer.optimizer.state.clear()

@@ -1,10 +1,5 @@
-"""What the engine's step asks of its workers, declared once (`engine.run` calls only these).
-
-A placement (`Colocated`, `RayAsync`, `engine.sharded.Sharded`) answers the whole step; the trainer
-side of a colocated placement is a `TrainSide` (`TrainWorker`, the megatron trainer's worker). Where
-a worker's train state and rollout copy take turns on a device (`SharedDevice`), each method that
-needs one side there is `@phased`: the move happens before the method, in one place.
-"""
+"""What the engine's step asks of its workers, declared once (`engine.run` calls only these). Where a
+train state and a rollout copy take turns on a device (`SharedDevice`), `@phased` moves them."""
 
 from __future__ import annotations
 
@@ -45,8 +40,7 @@ class TrainSide(Protocol):
 
 
 def phased(phase: str, *, step: bool = False) -> Callable[[F], F]:
-    """The method runs in `phase` ("rollout", "train" or "sync") of its worker's `phases`; `step`: the
-    optimizer's state comes to the device too."""
+    """The method runs in `phase` of its worker's `phases`; `step`: the optimizer's state comes back too."""
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
@@ -62,9 +56,7 @@ def phased(phase: str, *, step: bool = False) -> Callable[[F], F]:
 
 
 class SharedDevice:
-    """A trainer and a rollout copy on one device, taking turns there (`phases`): a colocated run's one
-    process (`engine.placement.Colocated`), or one rank of several (`engine.sharded.Rank`). A rank rolls
-    out its share of the prompts, `prompt_ids[rank::world]`."""
+    """A trainer and a rollout copy taking turns on one device; a rank rolls out `prompt_ids[rank::world]`."""
 
     cfg: Any  # engine.config.RunConfig
     trainer: Any  # engine.train.Trainer, or the megatron trainer
@@ -111,7 +103,6 @@ class SharedDevice:
         self.initial.restore()
 
     def set_variant(self, inject, temperature: float) -> None:
-        """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides (the sync's
-        skip under stale-weights is the step's: `engine.run.one_run`)."""
+        """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides."""
         self.engine.set_variant(inject, temperature)
         self.trainer.set_variant(inject, temperature)

@@ -19,8 +19,7 @@ def _by_flag(plan) -> dict[str, tuple[str, str]]:
 def diff_rows(
     case, other_platform: str | None = None, *, other_target: str | None = None
 ) -> list[tuple[str, str, str, str]]:
-    """(group, flag or env var, value here, value there) for everything that differs on the other platform
-    (in its default mode) or for the other target (the same platform and mode)."""
+    """(group, flag or env var, here, there) for everything that differs on the other platform or target."""
     here = case.plan()
     if other_target is not None:
         there = dataclasses.replace(case, target=other_target).plan()

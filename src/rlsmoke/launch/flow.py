@@ -1,26 +1,18 @@
-"""The Miles launcher's whole flow as steps, the way Miles' own CI test runs a model: prepare the HF
-checkpoint (`rlsmoke prepare`), convert it to torch_dist with the user's Miles tool (skipped once the
-tracker reads `release`, which the tool writes last), start Ray's head, submit the job with
-`MILES_CI_GATE_RECORD_DIR` set so Miles writes its CI metrics into the run's artifacts.
-
-`steps` is what `rlsmoke plan` prints; `run` runs them (the suite prepares and verifies the checkpoint
-first, and the user's Miles parses the argv, `launch.preflight`). No torch here.
+"""The Miles launcher's flow as steps, the way Miles' own CI test runs a model: prepare the HF checkpoint,
+convert it to torch_dist with the user's Miles tool (skipped once the tracker reads `release`, written
+last), start Ray's head, submit the job with `MILES_CI_GATE_RECORD_DIR` set; `processes.miles_flow` runs
+them. No torch here.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
 
 from rlsmoke.checkpoints.dialects import DIALECTS
-from rlsmoke.errors import RlsmokeError, RunError
-from rlsmoke.launch import preflight, runner
+from rlsmoke.errors import RlsmokeError
 from rlsmoke.launch.miles import Paths
 from rlsmoke.metrics import CI_HISTORY
 
@@ -50,9 +42,7 @@ class Step:
 
 
 def convert_step(plan, paths: Paths) -> Step:
-    """Miles' `_prepare_megatron_ckpt`: a model of <= 4 layers converts on min(4, GPUs of a node) ranks with
-    TP, ETP, PP and EP 1; a larger one on a node's GPUs with TP and ETP 1 (the tool then splits the layers
-    over the ranks as pipeline stages)."""
+    """Miles' `_prepare_megatron_ckpt`: <= 4 layers on min(4, node GPUs) ranks, larger on a node's GPUs."""
     hf, dst = plan.launch.hf_checkpoint, plan.launch.ref_load
     gpus = plan.topology.gpus_per_node
     parallel = ["--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "1"]
@@ -73,7 +63,7 @@ def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
     launch = plan.launch
     hf = launch.hf_checkpoint
     record_dir = record_dir or f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
-    prepare = ("rlsmoke", "prepare", plan.case.name, "--out", hf)
+    prepare: tuple[str, ...] = ("rlsmoke", "prepare", plan.case.name, "--out", hf)
     if plan.spec.hf_model_type in DIALECTS:  # GLM-5: the config dialect the target's Miles reads
         prepare += ("--dialect", plan.topology.target.checkpoint_dialect)
     runtime_env = json.dumps({"env_vars": {**launch.env, RECORD_DIR_VAR: record_dir}})
@@ -91,8 +81,7 @@ def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
 
 
 def torch_dist_done(dst: Path) -> bool:
-    """True when converted; False when there is nothing yet; a folder with files but no `release`
-    tracker is a conversion that stopped half-way and is refused (Miles would load what is there)."""
+    """Converted; nothing yet; or files without a `release` tracker: half-done, refused."""
     tracker = dst / TRACKER
     if tracker.is_file() and tracker.read_text().strip() == RELEASE:
         return True
@@ -104,53 +93,10 @@ def torch_dist_done(dst: Path) -> bool:
 
 
 def check(plan) -> None:
-    """What the flow refuses before anything starts: no HF checkpoint (the prepare step not done), or
-    a half-written torch_dist folder."""
+    """No HF checkpoint, or a half-written torch_dist folder, is refused before anything starts."""
     hf = plan.launch.hf_checkpoint
     if not Path(hf).is_dir():
         raise RlsmokeError(f"hf_checkpoint={hf} does not exist: Miles converts and loads it", rule="checkpoint.missing",
                            fix=f"prepare it with `rlsmoke prepare {plan.case.name} --out {hf}`, or pass --model-dir "
                            "with the folder that holds it")  # fmt: skip
     torch_dist_done(Path(plan.launch.ref_load))
-
-
-def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], artifacts: Path,
-            timeout: float) -> runner.Result | None:  # fmt: skip
-    """The convert step unless done (the tracker reads `release`); its Result when it ran and failed, else
-    None. Logged in `artifacts/flow.log`, the converter's own output in `artifacts/convert.log`."""
-    step = convert_step(plan, paths)
-    dst = Path(plan.launch.ref_load)
-    with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
-        if torch_dist_done(dst):
-            log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")
-            return None
-        log.write(f"convert: {step.shell()}\n")
-    # Miles' own converter call keeps the caller's PYTHONPATH after the checkout and Megatron
-    search = os.pathsep.join(filter(None, [step.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
-    result = runner.run(step.command, env=runner.clean_env({**plan.launch.env, **env, "PYTHONPATH": search}),
-                        cwd=miles_root, log=artifacts / "convert.log", timeout=timeout)  # fmt: skip
-    if not result.ok:
-        return result
-    if not torch_dist_done(dst):
-        raise RunError(f"the converter exited 0 but {dst / TRACKER} does not read {RELEASE}; see "
-                       f"{result.log}", rule="miles.torch_dist")  # fmt: skip
-    return None
-
-
-def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
-        echo: TextIO | None = None) -> runner.Result:  # fmt: skip
-    """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
-    step that fails ends the flow and its Result is returned. The prepare step is the suite's (verified
-    before this)."""
-    started = time.monotonic()
-    # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
-    preflight.check_flags(plan.launch, miles_root)
-    record_dir = artifacts / CI_HISTORY
-    failed = convert(plan, paths, miles_root=miles_root, env=env, artifacts=artifacts, timeout=timeout)
-    if failed is not None:
-        return failed
-    with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
-        log.write(f"submit: {RECORD_DIR_VAR}={record_dir}\n")
-    left = max(1.0, timeout - (time.monotonic() - started))
-    return runner.run_miles(plan.launch, miles_root=miles_root, ports=ports, env={**env, RECORD_DIR_VAR: str(record_dir)},
-                            artifacts=artifacts, timeout=left, echo=echo)  # fmt: skip

@@ -1,9 +1,7 @@
 """Render a topology into the argv and env of Miles' `train.py` (colocate) or `train_async.py` (async).
 
-The rule: argv is `python3 <script>` followed by the groups in `GROUP_ORDER`; each group is a list of
-flags; when a later group sets a flag an earlier one set, the later one wins and the earlier is
-dropped, so each flag appears once. No GPU count is a literal: every one is read off the topology.
-The one field of `Recipe` that is not a flag, `master_addr`, goes to the env (`head_addr`), never to argv.
+argv is `python3 <script>` and the groups in `GROUP_ORDER`; a later group's flag replaces an earlier
+one's. Every GPU count is read off the topology. `master_addr` goes to the env, never to argv.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from rlsmoke.recipe import Recipe
 from rlsmoke.targets import Target
 from rlsmoke.topology import Topology
 
-# The folder of `rlsmoke_reward.py`, Miles' `--custom-rm-path` module: a plain file that needs no rlsmoke
-# installed where the job runs, only this folder on its PYTHONPATH.
+# `rlsmoke_reward.py`'s folder, Miles' `--custom-rm-path`: needs no rlsmoke where the job runs.
 REWARD_DIR = Path(__file__).resolve().parents[1] / "engine" / "miles_reward"
 REWARD_FLAGS = {
     "target": ["--custom-rm-path", "rlsmoke_reward.target"],
@@ -41,11 +38,6 @@ class Paths:
     megatron_root: str = "/root/Megatron-LM"
     miles_root: str = "/root/miles"
     reward_dir: str = str(REWARD_DIR)  # where the job imports `rlsmoke_reward` from
-
-    @classmethod
-    def placeholders(cls) -> Paths:
-        names = ("MODEL_DIR", "DATA_DIR", "OUTPUT_DIR", "MEGATRON_ROOT", "MILES_ROOT", "RLSMOKE_REWARD_DIR")
-        return cls(*(f"<{name}>" for name in names))
 
 
 LOOPBACK = "127.0.0.1"

@@ -1,10 +1,5 @@
-"""The fixed Miles flag and env substitutions between NVIDIA and ROCm, each with why it differs.
-
-Flags that depend on counts (mode, GPU accounting, train grid, SGLang layout) are derived by the
-topology; `launch.miles` renders these rows into a plan's groups and env. A row can hold for some
-launchers only (`Target.launcher`: the seeds' scripts, or Miles main's): where Miles changed a flag,
-each launcher has its own row. Where rlsmoke deliberately differs from Miles' launcher, `why` says so.
-"""
+"""The fixed Miles flag and env substitutions between NVIDIA and ROCm, each with why it differs. A row can
+hold for some launchers only (`Target.launcher`); counts are the topology's."""
 
 from __future__ import annotations
 

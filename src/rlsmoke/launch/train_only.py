@@ -13,22 +13,18 @@ Miles main's `--load-debug-rollout-data PATH` trains on a recorded rollout and s
 6. gate: Miles' own `step 0: {...}` / `rollout 0: {...}` lines and its CiHistory JSONL, with the
    thresholds of the run's key (launcher miles).
 
-`steps` is what `rlsmoke plan --launcher miles --train-only` prints; `run` runs them.
+`steps` is what `rlsmoke plan --launcher miles --train-only` prints; `processes.train_only` runs them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import socket
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlsmoke.checkpoints.dialects import DIALECTS
-from rlsmoke.errors import ExitCode, RlsmokeError
+from rlsmoke.errors import ExitCode
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values
 from rlsmoke.launch.train_only_argv import ray_head_train_only, train_only
@@ -141,195 +137,6 @@ def shell_script(tp: TrainOnlyPlan) -> str:
         else:
             lines.append(f"{step.skip_when} || {step.shell()}" if step.skip_when else step.shell())
     return "\n".join(lines)
-
-
-# --- running it -----------------------------------------------------------------------------------------
-
-
-def ray_head_argv(tp: TrainOnlyPlan, ports, temp_dir: str) -> list[str]:
-    """The plan's head with our leased ports, our temp dir and `--block` (the head is our session's leader:
-    stopping it stops this cluster only, never another one on the host)."""
-    lo, hi = ports.worker_ports
-    return [*ray_head_train_only(tp.launch), "--port", str(ports.gcs),
-            "--node-manager-port", str(ports.node_manager), "--object-manager-port", str(ports.object_manager),
-            "--runtime-env-agent-port", str(ports.runtime_env_agent), "--metrics-export-port", str(ports.metrics_export),
-            "--dashboard-agent-listen-port", str(ports.dashboard_agent_listen),
-            "--dashboard-agent-grpc-port", str(ports.dashboard_agent_grpc),
-            "--min-worker-port", str(lo), "--max-worker-port", str(hi), "--temp-dir", temp_dir, "--block"]  # fmt: skip
-
-
-def wait_port(port: int, head, timeout: float) -> None:
-    """Until the head's GCS accepts connections; the head exiting first is an error with its log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if head.proc.poll() is not None:
-            raise RuntimeError(
-                f"`ray start` exited with {head.proc.returncode} before its GCS came up; see {head.log}"
-            )
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"Ray's GCS on port {port} did not answer within {timeout:.0f} s; see {head.log}")
-
-
-def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP_TIMEOUT_S, echo=None):
-    """The pre-flight, convert (unless done), the rollout, Ray's head and Miles' train.py; the first step
-    that fails ends the flow and its Result is returned. The HF checkpoint must be there (`prepare_hf`)."""
-    import shutil
-    import tempfile
-
-    from rlsmoke.launch import preflight, runner
-    from rlsmoke.launch.lease import lease_ports
-
-    out = Path(tp.out)
-    out.mkdir(parents=True, exist_ok=True)
-    preflight.check_flags(tp.launch, miles_root)  # the user's Miles parses the argv before anything runs
-    flow.check(tp.plan)
-    failed = flow.convert(tp.plan, tp.paths, miles_root=miles_root, env=env, artifacts=out, timeout=timeout)
-    if failed is not None:
-        return failed
-    rollout = rollout_step(tp)
-    result = runner.run(rollout.command, env=runner.clean_env(env), log=out / "rollout.log", timeout=timeout)
-    if not result.ok:
-        return result
-    ports = lease_ports()
-    # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
-    search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
-    full_env = runner.clean_env({**tp.launch.env, **env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
-    temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
-    head = runner.Process(
-        ray_head_argv(tp, ports, temp_dir), env=full_env, cwd=miles_root, log=out / "ray-head.log"
-    )
-    result = None
-    try:
-        wait_port(ports.gcs, head, timeout=min(120.0, timeout))
-        train_env = {
-            **full_env,
-            RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}",
-            flow.RECORD_DIR_VAR: tp.record_dir,
-        }
-        result = runner.run(tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout,
-                            echo=echo)  # fmt: skip
-    finally:
-        head_died = head.proc.poll() is not None
-        head.stop(grace=runner.HEAD_GRACE_S)
-        if head_died or result is None or not result.ok:  # Ray's own logs say what went wrong
-            logs = Path(temp_dir) / "session_latest" / "logs"
-            if logs.is_dir():
-                shutil.copytree(
-                    logs, out / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
-                )
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        ports.release()
-    return result
-
-
-def prepare_hf(tp: TrainOnlyPlan) -> Path:
-    """The HF checkpoint at `<model dir>/<case>`: verified when there, else prepared (cached) and linked."""
-    from rlsmoke.checkpoints import prepare
-    from rlsmoke.engine.model import checkpoint_dir
-
-    hf = Path(tp.plan.launch.hf_checkpoint)
-    name = tp.plan.case.name
-    if hf.exists():
-        return checkpoint_dir(name, tiny=tp.tiny, given=hf)
-    dialect = tp.plan.topology.target.checkpoint_dialect if tp.plan.spec.hf_model_type in DIALECTS else None
-    hf.parent.mkdir(parents=True, exist_ok=True)
-    hf.symlink_to(prepare(name, tiny=tp.tiny, seed=0, dialect=dialect))
-    return hf
-
-
-# --- gating and the command -----------------------------------------------------------------------------
-
-
-def rollout_info(out: Path) -> dict:
-    """What the rollout step said it wrote (its device, dtype, means), from its log's last `rollout file:` line."""
-    lines = [ln for ln in (out / "rollout.log").read_text().splitlines() if ln.startswith("rollout file: ")]
-    return json.loads(lines[-1].removeprefix("rollout file: ")) if lines else {}
-
-
-def write_summary(tp: TrainOnlyPlan, device: str) -> dict:
-    """summary.json: the run's key (launcher miles, one GPU) and what it ran."""
-    from rlsmoke.metrics import update_summary
-
-    info = rollout_info(Path(tp.out))
-    fields = {"case": tp.plan.case.name, "platform": tp.plan.topology.platform, "device": device,
-              "launcher": "miles", "dtype": f"{info.get('dtype', 'bfloat16')}/float32",
-              "width": "tiny" if tp.tiny else "full", "num_gpus": 1, "seed": tp.seed, "repeat": tp.repeat, "mode": "train-only",
-              "inject": tp.inject or "none", "rollout_temperature": float(value(tp.launch, "--rollout-temperature")),
-              "rollout": info, "miles_root": tp.paths.miles_root, "artifacts": tp.out}  # fmt: skip
-    update_summary(tp.out, fields)
-    return fields
-
-
-def gate(out: Path):
-    """Miles' logged metrics (run.log, checked against its CiHistory JSONL) against the thresholds of the
-    run's key, each step as its seed's record (metrics.jsonl, `repeat` i for step i), as `rlsmoke run
-    --repeat` gates its seeds; the verdict goes into summary.json."""
-    from rlsmoke.artifacts import write_atomic
-    from rlsmoke.metrics import KINDS, load_record
-    from rlsmoke.repeats import gate_run
-
-    record = load_record(out / "run.log")
-    steps = sorted({i for kind in KINDS for i in record.entries.get(kind, {})})
-    lines = [{"kind": kind, "index": 0, "repeat": i, "metrics": dict(record.entries[kind][i])}
-             for i in steps for kind in KINDS if i in record.entries.get(kind, {})]  # fmt: skip
-    write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
-    return gate_run(out)
-
-
-def handler(args) -> int:
-    """`rlsmoke run ... --launcher miles --train-only`: exit 0 every gate passed, 1 a gate failed, 2 bad
-    input, 3 a step broke (its log named)."""
-    from rlsmoke.artifacts import earlier_records
-    from rlsmoke.cases import case_from_args
-    from rlsmoke.checkpoints.cache_paths import cache_home
-    from rlsmoke.miles_rollout import check_inject
-    from rlsmoke.platforms import detect
-
-    if not args.train_only:
-        raise RlsmokeError("--launcher miles in `rlsmoke run` runs Miles' trainer alone", rule="run.launcher",
-                           fix="add --train-only, or run Miles' whole flow with pytest --launcher miles")  # fmt: skip
-    root = args.miles_root
-    if root is None or not (Path(root) / "train.py").is_file():
-        raise RlsmokeError(f"miles_root={root} is not a Miles checkout (no train.py)", rule="launcher.miles_root",
-                           fix="pass --miles-root DIR, a checkout of radixark/miles")  # fmt: skip
-    check_inject(args.inject)
-    if args.repeat < 1:
-        raise RlsmokeError(f"repeat={args.repeat}: a run has at least one seed", rule="run.repeat",
-                           fix="pass --repeat K with K >= 1")  # fmt: skip
-    host = detect()
-    args.platform = args.platform or host.platform
-    args.target = args.target or TARGET
-    tiny = args.tiny if args.tiny is not None else args.platform == "cpu"
-    case = case_from_args(args)
-    out = Path(args.out or Path("rlsmoke-runs") / case.name / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    earlier_records(out, overwrite=args.overwrite)
-    model_dir = args.model_dir or cache_home() / "miles-models" / ("tiny" if tiny else "full")
-    paths = Paths(model_dir=str(Path(model_dir).resolve()), output_dir=str(out), miles_root=str(Path(root).resolve()),
-                  megatron_root=args.megatron_root or Paths.megatron_root)  # fmt: skip
-    recipe = Recipe(num_rollout=1, rollout_batch_size=args.n_prompts or 8, n_samples_per_prompt=args.n_samples or 8,
-                    rollout_max_response_len=args.max_response_len or 100,
-                    rollout_temperature=args.rollout_temperature)  # fmt: skip
-    tp = make_plan(case, paths=paths, out=str(out), recipe=recipe, tiny=tiny, seed=args.seed, inject=args.inject,
-                   repeat=args.repeat)  # fmt: skip
-    prepare_hf(tp)
-    result = run(tp, miles_root=Path(paths.miles_root), env={})
-    if result is not None and not result.ok:
-        what = "timed out" if result.timed_out else f"exited with {result.returncode}"
-        tail = "\n".join(result.log.read_text(errors="replace").splitlines()[-20:])
-        print(f"{tail}\nerror: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")
-        return ExitCode.RUN_FAILED
-    device = host.device if host.platform == case.platform else "CPU"
-    write_summary(tp, device)
-    verdict, seeds = gate(out)
-    print(f"{case.name} launcher=miles train-only device={device} seed={args.seed} repeat={args.repeat} "
-          f"inject={args.inject}")  # fmt: skip
-    print(verdict.table() if args.repeat == 1 else seeds.table())
-    print(verdict.report() if not verdict.passed else f"artifacts: {out}")  # the report names the artifacts
-    return ExitCode.OK if verdict.passed else ExitCode.GATE_FAILED
 
 
 def plan_handler(args) -> int:

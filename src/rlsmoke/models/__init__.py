@@ -20,26 +20,15 @@ _TINY: dict[str, Callable[[ModelSpec], ModelSpec]] = {
 
 
 def _glm5_4layer_1gpu() -> ModelSpec:
-    """GLM-5 4-layer at full width in every dimension but the routed experts, cut 256 -> 64.
-
-    Why: the 4-layer model has ~13 B parameters; AdamW with fp32 master weights needs ~200 GB and
-    does not fit one 141 GB H200. 64 experts is the largest count that fits (~128 GB peak with
-    gradient checkpointing and a bf16 rollout copy); 96 did not. Attention, the dense MLPs, the
-    router top-k and every other width are untouched, so the log-prob path is the real one.
-    """
+    """GLM-5 4-layer at full width but its routed experts, cut 256 -> 64: AdamW's fp32 state of ~13 B
+    parameters needs ~200 GB, and 64 is the largest count that fits one 141 GB H200 (96 did not)."""
     return reduce_layers(glm5_744b_a40b(), 3, 1).replace(num_experts=64, reduction="4layer-1gpu")
 
 
 def _flash_4layer_1gpu() -> ModelSpec:
-    """GLM-5.3-Flash 4-layer at full width in every dimension but the routed experts, cut 288 -> 112.
-
-    Why: with all 288 experts the train step needs ~168 GiB (fp32 master weights, AdamW and the bf16
-    copies), past one 141 GB H200. At 112 the estimate at seed 004's shape (`rlsmoke.memory`) is
-    104 GiB with offload off on fla's KDA kernels, under the 113 GiB (80 %) that keeps offload off,
-    and 110 GiB on transformers' reference KDA; 128 would leave 2 GiB of margin on fla and need
-    offload on the reference path. KDA, MLA with the indexer, the hyper-connections, the shared
-    expert and the router top-k keep their full width.
-    """
+    """GLM-5.3-Flash 4-layer at full width but its routed experts, cut 288 -> 112: all 288 need ~168 GiB.
+    At 112 the estimate is 104 GiB with offload off on fla's KDA (under the 80 % that keeps it off) and
+    110 GiB on the reference KDA; 128 would leave 2 GiB of margin."""
     return reduce_layers(glm5_3_flash(), 3, 1).replace(num_experts=112, reduction="4layer-1gpu")
 
 

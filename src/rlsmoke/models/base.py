@@ -1,8 +1,5 @@
-"""The model spec: literals only, no I/O, no torch.
-
-A spec knows three renderings of itself: the HF config kwargs (for `AutoConfig.for_model`),
-the Megatron model args Miles passes to `train.py`, and its reductions (`4layer`, `tiny`).
-"""
+"""The model spec: literals only, no I/O, no torch; it renders HF config kwargs, Miles' Megatron args,
+and its reductions (`4layer`, `tiny`)."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ def frozen(d: Mapping | None = None, **kwargs) -> Mapping:
     return MappingProxyType({**(d or {}), **kwargs})
 
 
-# Every family's tiny width: the same layer structure, seconds to train on 2 CPU cores. Each family's
-# `*_tiny` adds its heads and attention ranks.
+# Every family's tiny width: the same layer structure, seconds to train on 2 CPU cores.
 TINY_WIDTH = dict(hidden_size=256, ffn_hidden_size=512, moe_ffn_hidden_size=128, num_experts=16, moe_topk=4,
                   vocab_size=4096)  # fmt: skip
 TINY_MAX_POSITIONS = 4096
@@ -41,8 +37,7 @@ def tiny(spec: ModelSpec, *, heads: int, query_groups: int, **extra) -> ModelSpe
 
 @dataclass(frozen=True)
 class ParallelGrid:
-    """A family's default layout on NVIDIA in colocate mode, from its seed, as caps: each size is the
-    largest up to its cap that divides the GPUs (and the heads, or the experts). "Long": more than 8 layers."""
+    """A family's default NVIDIA colocate layout as caps, each the largest divisor up to its cap."""
 
     tp: int  # divides the actor GPUs and the heads (GQA: the query groups)
     ep: int  # divides the GPUs of a pipeline stage and the experts

@@ -36,8 +36,7 @@ def glm45_megatron_args(spec: ModelSpec) -> list[str]:
     ]  # fmt: skip
 
 
-# Seed 003: up to 32 GPUs TP4 PP1 CP1 EP4 (debug), 64 GPUs TP8 PP4 CP2 EP16; from 32 rollout GPUs
-# engines of 32, dp 4, ep 32.
+# Seed 003: up to 32 GPUs TP4 PP1 CP1 EP4, 64 GPUs TP8 PP4 CP2 EP16; rollout engines of 32 from 32 GPUs.
 GLM45_GRID = ParallelGrid(tp=4, ep=4, whole_from=64, whole=frozen(tp=8, pp=4, cp=2, ep=16),
                           rollout_whole_from=32, rollout_whole=frozen(gpus_per_engine=32, dp=4, ep=32))  # fmt: skip
 

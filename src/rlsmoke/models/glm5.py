@@ -54,8 +54,8 @@ def glm5_megatron_args(spec: ModelSpec) -> list[str]:
     ]  # fmt: skip
 
 
-# Seed 004 NVIDIA: 8 GPUs as TP4+SP, CP2, EP8, one rollout engine of 8 (dp 8, ep 8); PP4 from 32 GPUs.
-# Miles main's launcher trains CP1 (600ac7452), CP2 only for the full model on 16+ nodes.
+# Seed 004 NVIDIA: 8 GPUs as TP4+SP, CP2, EP8, one rollout engine of 8; PP4 from 32 GPUs. Miles main
+# trains CP1 (600ac7452).
 GLM5_GRID = ParallelGrid(tp=4, ep=8, pp=4, pp_from=32, cp=2, main_cp_from=128)
 
 
@@ -97,11 +97,6 @@ def glm5_744b_a40b() -> ModelSpec:
 
 
 def glm5_tiny(spec: ModelSpec) -> ModelSpec:
-    """The same layer structure at a width that trains on 2 CPU cores in seconds.
-
-    index_topk stays the reference's 2048: past it, DSA's KV-cache decode and the full forward pick
-    their keys independently, and at 4 indexer heads many keys tie at an index score of exactly 0
-    (every head's ReLU clipped), which top-k breaks differently for one query and for all of them.
-    Below it both paths attend to every key, as seed 004's shape does on the real model.
-    """
+    """Trains on 2 CPU cores in seconds. index_topk stays 2048: past it DSA's decode and full forward break
+    ties at an index score of 0 differently; below it both attend to every key, as seed 004's shape does."""
     return tiny(spec, heads=4, query_groups=4, **TINY_MLA, qk_rope_head_dim=16)

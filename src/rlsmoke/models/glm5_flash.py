@@ -1,7 +1,5 @@
-"""GLM-5.3-Flash (HF `glm5_next`): hybrid KDA linear attention + MLA/DSA, 3 dense + 42 MoE layers.
-
-The top-level HF config is multimodal (text_config + vision_config); rlsmoke trains the text tower.
-"""
+"""GLM-5.3-Flash (HF `glm5_next`): hybrid KDA linear attention + MLA/DSA, 3 dense + 42 MoE layers; the HF
+config is multimodal and rlsmoke trains the text tower."""
 
 from __future__ import annotations
 

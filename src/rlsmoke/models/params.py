@@ -1,9 +1,5 @@
-"""Parameter counts of a spec's transformers model, exact, in the groups memory depends on. No torch.
-
-Each family's tensors are counted from the same config dims the HF config is built from, and tests pin
-the sum against transformers' own modules on the meta device and against a synthesized checkpoint's
-safetensors header. `ModelSpec.parameter_count()` and `rlsmoke.memory` both read this one count.
-"""
+"""Exact parameter counts of a spec's transformers model, in the groups memory depends on (tests pin them
+against transformers' meta model and a synthesized checkpoint). No torch."""
 
 from __future__ import annotations
 
@@ -40,10 +36,6 @@ class ParamCount:
     @property
     def dense(self) -> int:
         return self.total - self.experts
-
-    @property
-    def checkpoint_numel(self) -> int:
-        return self.total + self.buffers
 
 
 def _mla(h: int, heads: int, x: dict) -> int:

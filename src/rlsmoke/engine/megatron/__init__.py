@@ -1,17 +1,11 @@
-"""The megatron trainer: megatron-core's GPTModel with the plan's layout, fed through the bridge.
+"""The megatron trainer (`pip install rlsmoke[megatron]`); nothing here is imported by `rlsmoke plan`."""
 
-megatron-core is optional (`pip install rlsmoke[megatron]`); nothing here is imported by `rlsmoke plan`.
-"""
-
-# megatron-core's modules the trainer builds from: the megatron trainer's modeling code, imported with
-# the engine as the case's transformers modeling module is (`rlsmoke run`, the suite's fork server), not
-# in the load. Most of their seconds are torch's compiler and DTensor, which megatron-core imports.
+# the trainer's modeling modules, imported with the engine (not in the load), as transformers' modeling is
 MODULES = ("megatron.core.models.gpt", "megatron.core.parallel_state")
 
 
 def refusal(spec, num_gpus: int = 1, mode: str | None = None) -> str:
-    """Why the megatron trainer cannot run `spec` at `num_gpus` in `mode` ("" when it can): the one rule
-    the suite's selection, `RunConfig.validate` and the model builder read, before anything loads."""
+    """Why the megatron trainer cannot run `spec` at `num_gpus` in `mode` ("" when it can)."""
     if spec.family == "glm5.3-flash":
         return (f"case={spec.name}: megatron-core has no KDA linear attention nor hyper-connections "
                 "(the bridge of GLM-5.3-Flash is still round-tripped)")  # fmt: skip

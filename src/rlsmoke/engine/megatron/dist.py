@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import pickle
-
 import torch
 
 from rlsmoke.bridge.convert import Parallel
-from rlsmoke.engine.procs import free_port
-
-RANK_GRACE_S = (
-    10.0  # how long the other ranks get to finish once one has failed, or to exit once all are done
-)
-
-
-RANK_MODULES = (
-    "rlsmoke.engine.megatron.model",
-    "rlsmoke.engine.megatron.trainer",
-)  # what the ranks' steps run
 
 
 def backend_for(device: str) -> str:
@@ -31,15 +18,14 @@ def init(rank: int, par: Parallel, port: int, *, backend: str = "gloo") -> None:
 
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    # the address in the call, not in os.environ: a colocated megatron run keeps its group for the
-    # process's life, and a MASTER_PORT left behind would send a later run's ranks to a port in use
+    # the address in the call, not os.environ: a later run's ranks would find a stale MASTER_PORT
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=par.world_size
     )
-    _model_parallel(par)
+    model_parallel(par)
 
 
-def _model_parallel(par: Parallel) -> None:
+def model_parallel(par: Parallel) -> None:
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(
@@ -49,18 +35,6 @@ def _model_parallel(par: Parallel) -> None:
     )
 
 
-def relayout(par: Parallel) -> None:
-    """Re-form megatron-core's model-parallel groups for `par` over the same world (one set of ranks
-    can then train at several layouts)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    if par.world_size != dist.get_world_size():
-        raise ValueError(f"{par} needs {par.world_size} ranks; the world has {dist.get_world_size()}")
-    parallel_state.destroy_model_parallel()
-    _model_parallel(par)
-
-
 def close() -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -68,87 +42,3 @@ def close() -> None:
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
-    """Run `fn(rank, par, *args)` on every rank of `par` in its own process; the ranks' results.
-
-    A rank sends its result pickled by value (plain pickle, not torch's shared-memory reductions, whose
-    tensors live only as long as the rank that shared them). A rank that fails or dies fails the call,
-    and the ranks still waiting on it in a collective are stopped.
-    """
-    from multiprocessing.connection import wait
-
-    from rlsmoke.engine.procs import frozen_for_forks, rank_context
-
-    port = free_port()
-    ctx = rank_context(cpu_only=backend == "gloo", rank_modules=RANK_MODULES)
-    pending: dict = {}  # the read end of each rank's pipe -> rank
-    procs = []
-    results: dict[int, object] = {}
-    errors: list[str] = []
-    try:
-        with frozen_for_forks():
-            for rank in range(par.world_size):
-                reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=_rank_main, args=(fn, rank, par, port, backend, writer, args), daemon=True
-                )
-                proc.start()
-                writer.close()  # the rank's copy is its own: EOF here means the rank is gone
-                pending[reader] = rank
-                procs.append(proc)
-        while pending:
-            ready = wait(list(pending), timeout=RANK_GRACE_S if errors else None)
-            if not ready:  # the others wait in a collective for a rank that failed
-                errors += [
-                    f"rank {rank}: stopped after another rank failed" for rank in sorted(pending.values())
-                ]
-                break
-            for reader in ready:
-                rank = pending.pop(reader)
-                try:
-                    ok, value = pickle.loads(reader.recv_bytes())
-                except EOFError:
-                    procs[rank].join(RANK_GRACE_S)
-                    errors.append(f"rank {rank}: died (exit code {procs[rank].exitcode})")
-                    continue
-                if ok:
-                    results[rank] = value
-                else:
-                    errors.append(f"rank {rank}: {value}")
-    finally:
-        for reader in pending:
-            reader.close()
-        for proc in procs:
-            proc.join(timeout=RANK_GRACE_S if len(results) == len(procs) else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    return [results[r] for r in range(par.world_size)]
-
-
-def _rank_main(fn, rank, par, port, backend, conn, args):
-    import traceback
-
-    from rlsmoke.engine import signals
-
-    signals.in_rank()
-    torch.set_num_threads(1)
-    try:
-        init(rank, par, port, backend=backend)
-        reply = (True, fn(rank, par, *args))
-    except BaseException:  # the driver must hear of every rank
-        reply = (False, traceback.format_exc(limit=-6))
-    try:
-        payload = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        payload = pickle.dumps((False, f"its result does not pickle: {traceback.format_exc(limit=-2)}"))
-    conn.send_bytes(payload)
-    conn.close()
-    try:
-        close()
-    except Exception:
-        pass

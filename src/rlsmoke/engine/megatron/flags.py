@@ -1,9 +1,5 @@
 """megatron-core TransformerConfig kwargs from rendered Megatron-LM flags, by the rule of Megatron-LM's
-`core_transformer_config_from_args`: a flag `--foo-bar` sets the field `foo_bar`; `FIELDS` lists the
-ones read (grid, shape, MoE, MLA, recompute) and `RENAMED` the few whose destination differs.
-`pipeline_dtype` is the params dtype (bf16), as Megatron-LM always passes it. The megatron trainer
-builds its model by it (`engine.megatron.model`) and the conformance check constructs it.
-"""
+`core_transformer_config_from_args`: `--foo-bar` sets `foo_bar` (`FIELDS`), `RENAMED` the exceptions."""
 
 from __future__ import annotations
 

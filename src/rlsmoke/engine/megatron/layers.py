@@ -1,6 +1,5 @@
-"""The layers of ours the megatron trainer builds where megatron-core has none that runs without
-TransformerEngine: causal core attention (with DSA's indexer), a Linear held whole on every TP rank,
-and the torch norm marked for sequence parallelism."""
+"""Layers megatron-core has none of without TransformerEngine: causal core attention (with DSA's indexer),
+a Linear whole on every TP rank, and a torch norm for sequence parallelism."""
 
 from __future__ import annotations
 
@@ -76,12 +75,7 @@ def duplicated_linear_cls():
 
 
 class SequenceParallelNorm:
-    """megatron-core's torch norm (`WrappedTorchNorm`) for sequence parallelism.
-
-    `WrappedTorchNorm` asserts `not config.sequence_parallel` (megatron-core 0.16.1: "sequence parallel
-    not supported by torch LayerNorm"); TransformerEngine's and Apex's norms support it by marking their
-    weights `sequence_parallel`, which `finalize_model_grads` reads to all-reduce the partial grads of
-    each TP rank's sequence chunk. This is the same torch norm with that mark."""
+    """`WrappedTorchNorm` refuses sequence parallelism; marked `sequence_parallel` as TE's norms are."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_):
         norm_cls = torch.nn.LayerNorm if config.normalization == "LayerNorm" else torch.nn.RMSNorm

@@ -1,16 +1,9 @@
 """A megatron-core `GPTModel` from the Megatron flags the plan renders for Miles (one source).
 
-The config is `config_kwargs` of the rendered argv (the rule of Megatron-LM's
-`core_transformer_config_from_args`), plus the `GPTModel` arguments that are no config field
-(`--rotary-percent`, `--rotary-base`, the padded vocab). Layers come from megatron-core's local
-(non-TransformerEngine) specs, with our core attention (`engine.megatron.layers`): megatron-core's
-local `DotProductAttention` rejects MLA's separate key/value head dims, and its `DSAttention` needs the
-CUDA `fast_hadamard_transform` kernel. GLM-5's layer holds megatron-core's own `DSAIndexer` and attends
-over every causal key, which is DSA exactly while the sequence is within the index top-k (2048): the
-top-k then selects every key and the indexer only feeds its training loss. Longer sequences are refused.
-
-MoE runs `SequentialMLP` experts (`--moe-grouped-gemm` and `--moe-permute-fusion` need TransformerEngine).
-On CPU the token dispatcher is `allgather`: the `alltoall` one allocates CUDA streams when built.
+The config is `config_kwargs` of the rendered argv (Megatron-LM's `core_transformer_config_from_args`).
+Layers are megatron-core's local specs with our core attention (`engine.megatron.layers`): the local
+`DotProductAttention` rejects MLA's head dims, `DSAttention` needs a CUDA kernel. GLM-5's layer attends
+over every causal key, DSA exactly while the sequence is within index_topk (longer is refused).
 """
 
 from __future__ import annotations
@@ -57,8 +50,7 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
-        # built where it runs: on a GPU the parameters are allocated there, uninitialized (a host build
-        # and copy of GLM-5 4-layer's 11 GB took 3.3-5.4 s of its load on an H200)
+        # built where it runs (a host build and copy of GLM-5 4-layer took 3.3-5.4 s on an H200)
         use_cpu_initialization=not device.startswith("cuda"),
         perform_initialization=False,  # every weight comes from the checkpoint
         hidden_dropout=0.0,
@@ -69,14 +61,12 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
-        # the GRPO loss is already divided by the global token count: DDP sums the data-parallel
-        # gradients instead of averaging them
+        # the loss is already divided by the global token count: DDP sums instead of averaging
         calculate_per_token_loss=True,
     )
     rate = flag_value(argv, "--moe-router-bias-update-rate")
     if rate is not None:
-        # config_kwargs drops a rate of 0 (megatron-core's default 1e-3 then moves the expert bias in
-        # finalize_model_grads; Miles freezes it, and the weight sync checks no HF buffer)
+        # config_kwargs drops a rate of 0, whose default 1e-3 would move the expert bias; Miles freezes it
         kw["moe_router_bias_update_rate"] = float(rate)
     if not device.startswith("cuda"):
         kw["moe_token_dispatcher_type"] = "allgather"
@@ -90,15 +80,8 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
 
 
 def layer_spec(config):
-    """megatron-core's local decoder block spec with our core attention in every layer, and MLA's down
-    projections duplicated on every TP rank, as its TransformerEngine spec builds them.
-
-    The local spec cuts the down projections by rows (`ColumnParallelLinear`) and gathers their output;
-    the gather's backward keeps each rank's slice of the gradient only, so the RoPE key (the last rows
-    of `linear_kv_down_proj`, shared by every head) gets the gradient of one rank's heads: measured on
-    tiny GLM-5 at TP=2 with SP, those rows' gradient was 50-110% off and every earlier layer's with it.
-    Duplicated (megatron-core's own duplicated `Linear`, marked `sequence_parallel` as TE's is), the
-    RoPE key is gathered over the sequence, whose backward sums the heads of every rank."""
+    """The local block spec with our core attention and MLA's down projections duplicated as TE's spec
+    does: split by rows, the shared RoPE key's grad was 50-110% off at TP=2 (tiny GLM-5)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
@@ -119,16 +102,13 @@ def layer_spec(config):
 
 @contextlib.contextmanager
 def device_shim(device: str):
-    """megatron-core asks `torch.cuda.current_device()` where it places the router's expert bias
-    (build) and the RoPE frequencies (forward); on a CPU-only torch that call raises, so on the CPU
-    it answers the CPU while megatron-core code runs."""
+    """`torch.cuda.current_device()` answers the CPU while megatron-core code runs on a CPU-only torch."""
     if device.startswith("cuda"):
         yield
         return
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-    # Under TP and SP the embedding forks the model-parallel CUDA RNG stream (for dropout): there is no
-    # CUDA RNG on CPU, and with dropout 0 no random number is drawn in the fork.
+    # Under TP and SP the embedding forks the CUDA RNG stream; with dropout 0 nothing is drawn in it.
     tracker = get_cuda_rng_tracker()
     original, fork = torch.cuda.current_device, tracker.fork
     torch.cuda.current_device = lambda: torch.device("cpu")
@@ -140,10 +120,7 @@ def device_shim(device: str):
 
 
 def _without_transformer_engine() -> None:
-    """Two places where megatron-core 0.16.1 without TransformerEngine breaks on its own fallback:
-    moe_utils binds `te_general_gemm` only when TE imports, then tests it against None (the router
-    raises NameError); MLA believes TE is there (its extension module imports without TE) and calls
-    `isinstance(linear, TELinear)` with TELinear None. Both get the value their fallback means."""
+    """megatron-core 0.16.1 without TE: `te_general_gemm` and `TELinear` get the None their fallback means."""
     from megatron.core.transformer import multi_latent_attention as mla
     from megatron.core.transformer.moe import moe_utils
 
@@ -187,12 +164,7 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
 
 
 def _mark_tensor_parallel(model) -> None:
-    """The marks megatron-core's weight initializer puts on TP-split weights (`tensor_model_parallel`,
-    `partition_dim`, `partition_stride`), which the grad norm reads to count each tensor once.
-
-    Every weight here comes from the checkpoint (`perform_initialization=False`), and megatron-core
-    0.16.1 marks a split weight only inside its initializer: unmarked, every split weight looked
-    duplicated over TP and the TP=2 grad norm came out 158.2 where one rank's is 223.7 (tiny GLM-5)."""
+    """megatron-core marks TP-split weights only in its initializer: unmarked, TP=2's grad norm was wrong."""
     from megatron.core.tensor_parallel.layers import (
         ColumnParallelLinear,
         RowParallelLinear,
@@ -215,10 +187,8 @@ def _mark_tensor_parallel(model) -> None:
         set_defaults_if_not_set_tensor_model_parallel_attributes(p)
 
 
-# GLM-5's HF attention builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps (1e-6), not
-# rms_norm_eps (1e-5): one megatron-core layernorm_epsilon cannot say both. Measured on tiny GLM-5 in
-# fp32: with 1e-5 on the latents the logits differ from HF's by 2.6e-3 (train-rollout log-prob diff
-# 1.2e-4, 20x the FSDP trainer's bound); with 1e-6 they agree as GLM-4.5's do.
+# GLM-5's HF q_a_layernorm and kv_a_layernorm use RMSNorm's default eps (1e-6), not rms_norm_eps (1e-5):
+# with 1e-5 the logits differed from HF's by 2.6e-3 (tiny GLM-5, fp32).
 MLA_LATENT_NORM_EPS = 1e-6
 
 

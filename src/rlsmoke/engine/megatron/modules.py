@@ -10,11 +10,8 @@ from rlsmoke.bridge.convert import Parallel
 
 
 class HFStyle(torch.nn.Module):
-    """GPTModel behind the HF call the trainer makes: `model(input_ids=...).logits` over the real vocab.
-
-    Under TP the output layer is vocab-parallel: the logits are gathered (differentiably) across the TP
-    ranks. Under sequence parallelism the sequence must split evenly over them: it is padded at the
-    end, which a causal model's earlier positions never see, and the padding is cut off again."""
+    """GPTModel behind `model(input_ids=...).logits`: vocab-parallel logits gathered over TP, the sequence
+    padded at the end to split evenly under SP (a causal model's earlier positions never see it)."""
 
     def __init__(self, gpt, vocab_size: int, device: str, par: Parallel | None = None):
         super().__init__()

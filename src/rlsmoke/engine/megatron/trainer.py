@@ -1,20 +1,9 @@
-"""The megatron trainer: megatron-core's GPTModel, built as Megatron builds it, loaded through the bridge,
-trained by the HF trainer's GRPO loss and synced back into the HF rollout engine through the bridge.
+"""The megatron trainer: megatron-core's GPTModel, built as Megatron builds it, loaded and synced through
+the bridge, trained by the HF trainer's GRPO loss.
 
-The compute model is Megatron's bf16 training (Miles: `args.bf16`, `--moe-router-dtype fp32`): the
-GPTModel is built in the compute dtype, its router upcasts to fp32 and its expert bias stays an fp32
-buffer; nothing runs under `torch.autocast`, where the router's bf16 logits against CUDA's fp32
-`scores.sum()` fail `topk_routing_with_score_function` in `index_put_`. megatron-core's DDP
-accumulates fp32 `main_grad`s and `finalize_model_grads` sums them over the data-parallel ranks (the
-loss is already divided by the global token count) and the sequence-parallel norms.
-
-megatron-core 0.16.1's own optimizers need CUDA (`MixedPrecisionOptimizer.__init__` allocates on
-'cuda', the distributed one takes only `torch.cuda.*Tensor`s), so the step is torch AdamW over fp32
-main parameters, clipped by the global grad norm, and the compute copy is refreshed from them
-(`rlsmoke.engine.precision`): the same code on CPU with gloo and on CUDA with NCCL.
-
-World size 1 runs in the driver process (`MegatronTrainWorker`, colocated); TP (with SP) and EP run one
-`build_rank` per process, and `gather_hf_weights` joins their shards into HF tensors.
+Megatron's bf16 training (Miles: `args.bf16`, `--moe-router-dtype fp32`), no `torch.autocast` (there the
+router's bf16 logits fail `topk_routing_with_score_function`). megatron-core 0.16.1's optimizers need CUDA,
+so the step is torch AdamW over fp32 main parameters (`rlsmoke.engine.precision`), on CPU and GPU alike.
 """
 
 from __future__ import annotations
@@ -41,15 +30,8 @@ from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import ModelSpec
 
 
-def _dp_group():
-    from megatron.core import parallel_state
-
-    return parallel_state.get_data_parallel_group()
-
-
 class MegatronTrainer:
-    """One rank's trainer: forward_only and step, with the attributes `engine.offload.Phases` moves
-    (`model`: the compute copy, `master`: the main parameters, `optimizer`)."""
+    """One rank's trainer, with the attributes `engine.offload.Phases` moves."""
 
     def __init__(self, compute: HFStyle, gpt, ddp, pairs, par: Parallel, *, lr: float, betas: tuple[float, float],
                  weight_decay: float, grad_clip: float, eps_clip: float, eps_clip_high: float,
@@ -60,8 +42,7 @@ class MegatronTrainer:
         self._pairs = list(zip([p for p, _ in pairs], self.master.parameters(), strict=True))
         self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
         self.entropy_coef, self.temperature, self.comm_device = entropy_coef, temperature, comm_device
-        # which compute parameters the backward reached: DDP moves their grads into main_grad, where
-        # an unreached parameter and a zero gradient look alike
+        # the compute parameters the backward reached: in main_grad an unreached one looks like a zero grad
         self._reached: set[int] = set()
         for i, (p, _) in enumerate(self._pairs):
             p.register_hook(lambda grad, i=i: self._reached.add(i))
@@ -70,9 +51,7 @@ class MegatronTrainer:
                                            weight_decay=weight_decay, fused=fused or None)  # fmt: skip
 
     def set_variant(self, inject, temperature: float) -> None:
-        """`rlsmoke run --variants`: the temperature; train-dropout is not wired here and a bridge defect is
-        built into the loaded weights, so both are refused before the load (`RunConfig.validate`,
-        `engine.config.parse_variants`)."""
+        """`--variants`: the temperature; other faults are refused before the load (`RunConfig.validate`)."""
         self.temperature = temperature
 
     @torch.no_grad()
@@ -90,11 +69,12 @@ class MegatronTrainer:
 
     def step(self, groups, old, advantages) -> dict[str, float]:
         """One optimizer step over this data-parallel rank's groups; metrics over the whole batch."""
+        from megatron.core import parallel_state
         from megatron.core.distributed import finalize_model_grads
 
         from rlsmoke.engine.megatron.model import device_shim
 
-        dp_group = _dp_group()
+        dp_group = parallel_state.get_data_parallel_group()
         self.model.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad(set_to_none=True)
@@ -116,8 +96,7 @@ class MegatronTrainer:
         with device_shim(self.comm_device):
             finalize_model_grads([self.ddp])  # DP reduction, SP norms across TP
         for i, (p, main) in enumerate(self._pairs):
-            # a parameter outside the graph (the DSA indexer: dense attention never calls it) keeps no
-            # grad, as torch leaves it None: AdamW then skips it, weight decay included
+            # a parameter outside the graph (the DSA indexer) keeps no grad, so AdamW skips it
             main.grad = p.main_grad.to(main.dtype) if i in self._reached else None
         grad_norm = self._grad_norm()
         if not torch.isfinite(torch.tensor(grad_norm)):
@@ -141,8 +120,7 @@ class MegatronTrainer:
 
     @torch.no_grad()
     def _grad_norm(self) -> float:
-        """The L2 norm of the whole model's gradient: each rank adds its tensors' squares, divided by the
-        number of ranks holding the same tensor (TP-duplicated norms, data-parallel replicas)."""
+        """The global grad norm: each tensor's squares divided by the ranks holding the same tensor."""
         world, par = self.par.world_size, self.par
         local = torch.zeros((), dtype=torch.float64, device=self.comm_device)
         for p, main in self._pairs:
@@ -158,38 +136,31 @@ class MegatronTrainer:
 
 def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank: int, *, cfg: RunConfig,
                device: str, defect: str | None = None, phases: dict[str, float] | None = None) -> MegatronTrainer:  # fmt: skip
-    """This rank's GPTModel in the compute dtype under megatron-core DDP, its fp32 main parameters from
-    the bridge's unrounded shard, and the trainer over both (model-parallel state initialized).
-    `phases`, when given, gets the seconds of each part (build, convert, trainer setup)."""
+    """This rank's GPTModel under DDP, its fp32 main parameters and the trainer; `phases` gets seconds."""
     clock = LoadLaps(phases)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from rlsmoke.engine.megatron.model import build_gpt, device_shim
 
     if par.tp > 1 and not par.sp:
-        # megatron-core's MoE layer refuses to train under TP without SP, and its MLA sums the shared
-        # RoPE key's gradient over the TP ranks only through the sequence-parallel gather
+        # megatron-core's MoE refuses TP without SP, and MLA sums the RoPE key's grad only through SP's gather
         raise RlsmokeError(f"tp={par.tp} trains only with sequence parallelism", rule="megatron.layout",
                            fix="turn sequence parallelism on (Megatron's --sequence-parallel)")  # fmt: skip
     compute_dtype, master_dtype = TORCH_DTYPES[cfg.train_compute_dtype], TORCH_DTYPES[cfg.train_dtype]
     with unfilled():  # every parameter is loaded below (strict)
         gpt = build_gpt(spec, par, params_dtype=compute_dtype, device=device)
     clock("build")
-    # One process on a GPU: the bridge's conversion (pure data movement) runs on the device, on the
-    # checkpoint's tensors as read there.
+    # One process on a GPU: the bridge's conversion runs on the device.
     src = (
         {k: v.to(device) for k, v in hf.items()} if device.startswith("cuda") and par.world_size == 1 else hf
     )
-    # The bridge moves the checkpoint's tensors in their own dtype when the main dtype holds every value
-    # of it (bf16 or fp32 into fp32): each main parameter is then cast once and the compute copy loaded
-    # from the same values, bit for bit what casting every tensor first gave, without a whole-model
-    # pass and copy. Otherwise (fp32 into bf16 main weights) the values are rounded first, as before.
+    # Tensors move in their own dtype when the main dtype holds every value (bf16 or fp32 into fp32): bit
+    # for bit what casting first gave, without a whole-model pass; fp32 into bf16 is rounded first.
     if not all(torch.promote_types(v.dtype, master_dtype) == master_dtype for v in src.values()):
         src = {k: v.to(master_dtype) for k, v in src.items()}
     full = hf_to_megatron(src, spec, vocab_size=gpt.vocab_size, defect=defect)
     state = shard(full, spec, hf, par, rank) if par.world_size > 1 else full
-    # what the checkpoint's tensors occupy: a tensor the bridge passed through untouched is still
-    # theirs, and a rollout copy built from the same read may hold it
+    # a tensor the bridge passed through untouched may be held by a rollout copy built from the same read
     borrowed = {v.untyped_storage().data_ptr() for v in src.values()}
     del src
     model = gpt
@@ -230,9 +201,7 @@ def _owned(t: torch.Tensor, dtype: torch.dtype, borrowed: set[int]) -> torch.Ten
 
 def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel,
                       dtype: torch.dtype, defect: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
-    """Every rank's compute parameters gathered (in `dtype`, one tensor at a time, in the same order on
-    every rank), joined into the whole Megatron state and turned into HF tensors through the bridge.
-    Every rank gets the whole state: each holds a rollout copy."""
+    """Every rank's compute parameters gathered in `dtype` into HF tensors; each rank holds a rollout copy."""
     import torch.distributed as dist
 
     from rlsmoke.engine.megatron.model import rank_state
@@ -259,6 +228,7 @@ class MegatronTrainWorker:
 
         from rlsmoke.engine import megatron
         from rlsmoke.engine.megatron import dist
+        from rlsmoke.engine.procs import free_port
         from rlsmoke.engine.read import read_checkpoint
 
         if not megatron.available():
@@ -277,7 +247,7 @@ class MegatronTrainWorker:
             importlib.import_module(name)
         clock("megatron import")
         if not tdist.is_initialized():
-            dist.init(0, self.par, dist.free_port(), backend=dist.backend_for(cfg.device))
+            dist.init(0, self.par, free_port(), backend=dist.backend_for(cfg.device))
         clock("process group")
         hf = read_checkpoint(ckpt, cfg.device)  # on a GPU straight onto it, where the bridge converts
         clock("read")
@@ -287,9 +257,7 @@ class MegatronTrainWorker:
         self._read: dict[str, torch.Tensor] | None = hf  # until the rollout copy is built from it
 
     def take_checkpoint(self) -> dict[str, torch.Tensor] | None:
-        """The checkpoint's tensors as this worker read them, once: the colocated rollout copy is built
-        from them rather than reading the files again (0.7 s of GLM-5 4-layer's load on an H200). No
-        trainer tensor shares their storage (`_owned`)."""
+        """The checkpoint's tensors as read, once, for the colocated rollout copy (0.7 s on GLM-5 4-layer)."""
         read, self._read = self._read, None
         return read
 
@@ -306,8 +274,7 @@ class MegatronTrainWorker:
 
 
 def in_memory_weights(model, disk: dict[str, torch.Tensor], dtype: torch.dtype):
-    """HF checkpoint tensors -> the HF model's in-memory parameters. transformers fuses a MoE layer's
-    experts into `experts.gate_up_proj` (E, 2I, H: gate rows then up rows) and `experts.down_proj`."""
+    """HF checkpoint tensors -> the HF model's parameters, experts fused as transformers fuses them."""
     for name, p in model.named_parameters():
         if name in disk:
             t = disk[name]

@@ -1,11 +1,7 @@
 """The built-in engine's dense `target` reward as a Miles reward function: `--custom-rm-path rlsmoke_reward.target`.
 
-Miles imports this module from the job's PYTHONPATH (the launch puts this folder there), so it needs no
-rlsmoke installed where the job runs: it reads the scoring rule from `rlsmoke/engine/reward.py` beside it
-by path, the one file both engines score with.
-
-Miles calls `await target(args, sample)` once per sample, or with a list of samples where rewards are
-computed per group (`--group-rm`); a float per sample comes back either way.
+Needs no rlsmoke installed where the job runs: it reads `rlsmoke/engine/reward.py` beside it by path.
+Miles calls `await target(args, sample)` per sample, or with a group's list (`--group-rm`).
 """
 
 from __future__ import annotations

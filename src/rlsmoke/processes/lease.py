@@ -1,9 +1,5 @@
-"""GPU and port leases shared by every pytest worker (and every session) on one host.
-
-A lease is a set of held file locks in one host-wide folder: `gpu-<id>.lock` for each GPU id and
-`ports-<k>.lock` for each block of ports. Locks, not worker numbers, decide who gets what, so two
-xdist workers, or two `pytest` runs of two users, never share a GPU or a port. A process that dies
-releases its locks with it (flock), so a crashed worker never leaks a GPU.
+"""GPU and port leases shared by every pytest worker (and session) on one host: flock'ed files in one
+host-wide folder, so two workers or users never share a GPU or port, and a dead process releases its own.
 """
 
 from __future__ import annotations
@@ -65,11 +61,7 @@ class GpuLease:
 
 def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float = 3600.0,
                poll: float = 0.2, folder: Path | None = None) -> GpuLease:  # fmt: skip
-    """Hold `n` GPU ids of `pool` that nobody else holds; wait (up to `timeout` s) until `n` are free.
-
-    All-or-nothing under one allocator lock: a worker never sits on half a lease while another waits
-    for the other half, so two 8-GPU tests on one 8-GPU host run one after the other, never deadlock.
-    """
+    """Hold `n` free GPU ids of `pool` all-or-nothing under one lock (no deadlock), up to `timeout` s."""
     if n <= 0:
         return GpuLease(platform, ())
     if n > len(pool):
@@ -140,11 +132,7 @@ def _bindable(port: int) -> bool:
 
 
 def lease_ports(*, start: int = 0, folder: Path | None = None, base: int | None = None) -> PortLease:
-    """The first free block at or after block `start` (the xdist worker number, to spread the search).
-
-    A block is taken when its lock is free and its named ports are bindable now; something outside the
-    suite holding one of them makes us skip the block rather than collide later.
-    """
+    """The first free block from `start` whose ports are also bindable now."""
     folder = folder or lease_dir()
     base = base if base is not None else int(os.environ.get("RLSMOKE_PORT_BASE", PORT_BASE))
     for i in range(PORT_BLOCKS):

@@ -1,10 +1,5 @@
-"""Before Ray starts: the user's own Miles parses the rendered argv, so a flag it refuses is an error in seconds.
-
-Miles parses through Megatron's strict parser: an unknown flag stops `train.py` before anything runs,
-after a Ray cluster was started and the job submitted. The pre-flight runs that parse alone
-(`miles_parser_driver`) on this host's Python, with the Miles checkout and the plan's PYTHONPATH
-(its Megatron-LM) on the path, as the job will have them.
-"""
+"""Before Ray starts: the user's own Miles parses the rendered argv, so a flag it refuses is an error in
+seconds, not after a cluster started and a job was submitted (`miles_parser_driver`)."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ def _flags_in(message: str) -> list[str]:
 
 
 def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None:
-    """Raise `[miles.flags]` when the Miles at `miles_root` refuses `launch.argv`; `[miles.preflight]` when
-    its parser cannot run on this host's Python."""
+    """`[miles.flags]` when Miles refuses `launch.argv`; `[miles.preflight]` when its parser cannot run."""
     miles_root = check_dir(
         miles_root, "--check-miles", fix="pass --check-miles the folder of a Miles checkout"
     ).resolve()
@@ -46,7 +40,13 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
     with tempfile.TemporaryDirectory(prefix="rlsmoke-preflight-") as tmp:
         args_file, result_file = Path(tmp) / "argv.json", Path(tmp) / "result.json"
         args_file.write_text(json.dumps(launch.argv[2:]))
-        cmd = [sys.executable, "-m", "rlsmoke.launch.miles_parser_driver", str(args_file), str(result_file)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rlsmoke.processes.miles_parser_driver",
+            str(args_file),
+            str(result_file),
+        ]
         try:
             proc = _parse_in_own_group(cmd, miles_root, env, timeout)
         except subprocess.TimeoutExpired:
@@ -71,8 +71,7 @@ def check_flags(launch, miles_root: Path, *, timeout: float = TIMEOUT_S) -> None
 
 
 def _parse_in_own_group(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """The parser in a process group of its own, which ends with it, whatever it started (a child process
-    an import spawns) and however the wait ends: a timeout, Ctrl-C, SIGTERM, or the parse itself."""
+    """The parser in a process group of its own, which ends with it however the wait ends."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     try:

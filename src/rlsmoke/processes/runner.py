@@ -1,9 +1,7 @@
 """Run a launch: its own session, a clean env, logs tee'd to the artifacts folder, nothing left behind.
 
-Every process we start gets `RLSMOKE_RUN_TOKEN=<token>` in its env and inherits it down the tree. On
-timeout or at the end the session's process group gets SIGTERM, then SIGKILL; then any process that
-still carries the token (a daemon that called setsid, as Ray's do) is killed by its pid. Nothing is
-ever killed by name, so a user's other Ray cluster or training job on the host is never touched.
+Every process gets `RLSMOKE_RUN_TOKEN=<token>`; at the end the session gets SIGTERM, then SIGKILL, then any
+process still carrying the token (a setsid daemon, as Ray's) is killed by pid. Never by name.
 """
 
 from __future__ import annotations
@@ -57,12 +55,7 @@ def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
 
 
 def tree_pids(token: str, sid: int | None = None) -> list[int]:
-    """Live pids that belong to a launch: in session `sid`, or holding `token` in their env.
-
-    Both, because each misses some: a daemon that calls setsid leaves the session but keeps the env,
-    and Ray's processes overwrite their env block with their title (setproctitle) but stay in the
-    session. Zombies are excluded: they are dead, only not yet reaped by init.
-    """
+    """Live pids of a launch: in session `sid`, or with `token` in their env; zombies excluded."""
     needle = f"{TOKEN_VAR}={token}".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -122,11 +115,7 @@ def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
 
 
 class Process:
-    """One launched command in its own session, logged to `log`. Use as a context manager.
-
-    Without `echo` the command writes to the log itself: no reader thread here. `start(argv, env, log)`,
-    when given, starts the command instead of a spawn (`launch.here.start_forked`), the log its output.
-    """
+    """One launched command in its own session, logged to `log`; `start` replaces the spawn when given."""
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
                  token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S,
@@ -206,11 +195,7 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: floa
 
 
 def ray_start_argv(ray_start: Sequence[str], ports, temp_dir: str) -> list[str]:
-    """The plan's `ray start --head ...` plus every port from our lease, `--block` and our temp dir.
-
-    `--block` keeps `ray start` in the foreground as the leader of our session: SIGTERM to it stops
-    the cluster it started, and only that one (`ray stop` would stop every cluster on the host).
-    """
+    """The plan's `ray start --head` with our ports, temp dir and `--block` (stopping it stops ours only)."""
     lo, hi = ports.worker_ports
     return [*ray_start, "--port", str(ports.gcs), "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(ports.dashboard), "--include-dashboard", "true",
@@ -264,20 +249,13 @@ def wait_dashboard(port: int, proc: Process, timeout: float) -> None:
 
 def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
               timeout: float, echo: TextIO | None = None) -> Result:  # fmt: skip
-    """Upstream's launch under `miles_root`: a Ray head with the plan's GPUs, then the job; then stop Ray.
-
-    `env` is what every process gets (visible devices, MASTER_PORT); the job's runtime env is the plan's
-    env plus `env`, like upstream's `--runtime-env-json`.
-    """
+    """Upstream's launch under `miles_root`: a Ray head, the job, then stop Ray; `env` to every process."""
     started = time.monotonic()
-    # Newer Ray turns on token auth by default; this cluster listens on loopback only and its own
-    # dashboard probe and `ray job submit` carry no token.
+    # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
     full_env = clean_env({**launch.env, **env, "RAY_AUTH_MODE": "disabled"})
     # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
-    # Each Process has its own token. The head's marks every process of the cluster, the job's driver
-    # included (Ray hands the head's env down), so the head's stop finds them all; the job's stop must
-    # not sweep up (and SIGKILL) the cluster before the head is stopped.
+    # Each Process has its own token: the job's stop must not SIGKILL the cluster before the head's stop.
     head = Process(ray_start_argv(launch.ray_start(), ports, temp_dir), env=full_env, cwd=miles_root,
                    log=artifacts / "ray-head.log")  # fmt: skip
     result = None

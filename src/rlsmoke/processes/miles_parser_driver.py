@@ -1,12 +1,9 @@
 """Parse one argv with the Miles on sys.path, as its `train.py` would, and stop there. Stdlib only.
 
-    python -m rlsmoke.launch.miles_parser_driver ARGV_JSON RESULT_JSON
+    python -m rlsmoke.processes.miles_parser_driver ARGV_JSON RESULT_JSON
 
-Run by `rlsmoke.launch.preflight` in a subprocess whose cwd and sys.path hold the user's Miles (and its
-Megatron-LM). It calls that Miles' own `miles.utils.arguments.parse_args()`, takes the parser at the
-moment it would parse the command line (Megatron's parser with Miles' and SGLang's flags added), and
-parses the argv with it. Nothing after the parse runs: no config is read, no validator, no GPU.
-The result: {"accepted": true} or {"accepted": false, "message": argparse's error}.
+Run by `rlsmoke.processes.preflight`: takes Miles' own parser (`parse_args()`) at the moment it would parse
+the command line; nothing after the parse runs. The result: {"accepted": bool, "message": argparse's error}.
 """
 
 from __future__ import annotations

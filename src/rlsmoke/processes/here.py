@@ -1,13 +1,7 @@
 """`python -m rlsmoke.cli ARGS` run in this process: a suite's CPU run in the pytest worker, which has
-imported the engine once (a fresh interpreter spends about 5 s importing torch and transformers for a
-tiny run that itself takes about 2 s).
-
-The same run as a spawned one: `rlsmoke.cli.main(ARGS)` under the run's environment, its output (Python's
-and the file descriptors', which its ranks inherit) appended to the log, its exit code. A timeout asks
-the run to stop as SIGTERM does. A stop signal that reaches the run (Ctrl-C, a CI job's SIGTERM) stops
-it as it stops a spawned run, then is raised again here for the caller's own handler (pytest's).
-What stays with the caller: a hang in native code, which only a process boundary can cut (GPU runs
-are spawned, `runner.run`), and the string-hash seed, on which nothing in a run depends.
+imported the engine once (a fresh interpreter spends about 5 s importing for a 2 s tiny run). A stop
+signal stops it as it stops a spawned run, then is raised again for the caller's handler. A hang in
+native code is what only a process boundary can cut, so GPU runs are spawned (`runner.run`).
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from rlsmoke.launch.runner import Result
+from rlsmoke.processes.runner import Result
 
 MODULE_ARGV = ("-m", "rlsmoke.cli")
 
@@ -37,8 +31,7 @@ def can_run_here(argv: Sequence[str]) -> bool:
 
 def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None,
              errors: Path | None = None) -> Result:  # fmt: skip
-    """Run `argv` (`can_run_here`) to completion or `timeout` s, in this process, its output appended to
-    `log` (its stderr to `errors` when given)."""
+    """Run `argv` to completion or `timeout` s in this process, its output appended to `log`."""
     import rlsmoke.engine.run  # noqa: F401  torch and transformers: an interrupt now is the caller's own
     from rlsmoke.engine import signals
 
@@ -164,10 +157,7 @@ class ForkedRun:
 def start_forked(
     argv: Sequence[str], env: Mapping[str, str], log: Path, errors: Path | None = None
 ) -> ForkedRun:
-    """`argv` (`can_run_here`) forked from the fork server, which imported the engine once per process:
-    a run in a process of its own (its own session, as `runner.Process` ends it) without an
-    interpreter's start, its output appended to `log` (its stderr to `errors` when given). For
-    `runner.Process(start=...)`."""
+    """`argv` forked from the fork server in a session of its own. For `runner.Process(start=...)`."""
     from rlsmoke.engine import procs
 
     ctx = procs.RankContext()

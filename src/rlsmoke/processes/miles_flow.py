@@ -1,0 +1,58 @@
+"""Miles' whole flow, run: convert (unless done), then Ray's head and the job (`runner.run_miles`).
+The steps are rendered by `launch.flow`; this runs them."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+from rlsmoke.errors import RunError
+from rlsmoke.launch.flow import RECORD_DIR_VAR, RELEASE, TRACKER, convert_step, torch_dist_done
+from rlsmoke.launch.miles import Paths
+from rlsmoke.metrics import CI_HISTORY
+from rlsmoke.processes import preflight, runner
+
+
+def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], artifacts: Path,
+            timeout: float) -> runner.Result | None:  # fmt: skip
+    """The convert step unless done (the tracker reads `release`); its Result when it ran and failed, else
+    None. Logged in `artifacts/flow.log`, the converter's own output in `artifacts/convert.log`."""
+    step = convert_step(plan, paths)
+    dst = Path(plan.launch.ref_load)
+    with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
+        if torch_dist_done(dst):
+            log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")
+            return None
+        log.write(f"convert: {step.shell()}\n")
+    # Miles' own converter call keeps the caller's PYTHONPATH after the checkout and Megatron
+    search = os.pathsep.join(filter(None, [step.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
+    result = runner.run(step.command, env=runner.clean_env({**plan.launch.env, **env, "PYTHONPATH": search}),
+                        cwd=miles_root, log=artifacts / "convert.log", timeout=timeout)  # fmt: skip
+    if not result.ok:
+        return result
+    if not torch_dist_done(dst):
+        raise RunError(f"the converter exited 0 but {dst / TRACKER} does not read {RELEASE}; see "
+                       f"{result.log}", rule="miles.torch_dist")  # fmt: skip
+    return None
+
+
+def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
+        echo: TextIO | None = None) -> runner.Result:  # fmt: skip
+    """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
+    step that fails ends the flow and its Result is returned. The prepare step is the suite's (verified
+    before this)."""
+    started = time.monotonic()
+    # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
+    preflight.check_flags(plan.launch, miles_root)
+    record_dir = artifacts / CI_HISTORY
+    failed = convert(plan, paths, miles_root=miles_root, env=env, artifacts=artifacts, timeout=timeout)
+    if failed is not None:
+        return failed
+    with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
+        log.write(f"submit: {RECORD_DIR_VAR}={record_dir}\n")
+    left = max(1.0, timeout - (time.monotonic() - started))
+    return runner.run_miles(plan.launch, miles_root=miles_root, ports=ports, env={**env, RECORD_DIR_VAR: str(record_dir)},
+                            artifacts=artifacts, timeout=left, echo=echo)  # fmt: skip
