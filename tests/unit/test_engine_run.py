@@ -2,7 +2,8 @@
 async placement, the other two model families, and bad input. One run per fixture, many assertions.
 
 The --inject twins (temperature-mismatch, stale-weights, rollout-noise, train-dropout) live in
-tests/e2e/test_fault_twins_cpu.py; this module covers the gates those faults cannot reach.
+tests/e2e/test_*_cpu.py, each model's with its one-step test; this module covers the gates those faults
+cannot reach.
 """
 
 import functools
