@@ -89,12 +89,21 @@ class ForkedCli:
     the process tests use, for `python -m rlsmoke.cli ...` forked from multiprocessing's fork server
     (`processes.here.start_forked`): the run as a spawned one, without an interpreter's imports."""
 
-    def __init__(self, argv, folder: Path, env=None):
+    def __init__(self, argv, folder: Path, env=None, setup=None, stdout: str | None = None):
+        """`setup` (picklable, called in the child before `rlsmoke.cli.main`) is what a test asks more of
+        the process, as `preexec_fn` would: a file-size limit, a patched function, a search path.
+        `stdout` replaces the folder's stdout file (os.devnull: a file-size limit binds only the run's files)."""
         folder.mkdir(parents=True, exist_ok=True)
         self._out, self._err = folder / "stdout", folder / "stderr"
         for path in (self._out, self._err):
             path.write_text("")
-        self._run = here.start_forked(argv, dict(os.environ if env is None else env), self._out, self._err)
+        if stdout is not None:
+            self._out = Path(stdout)
+        env = dict(os.environ if env is None else env)
+        if setup is None:
+            self._run = here.start_forked(argv, env, self._out, self._err)
+        else:
+            self._run = _start_forked_with(setup, argv, env, self._out, self._err)
         self.pid = self._run.pid
 
     @property
@@ -113,3 +122,49 @@ class ForkedCli:
     def communicate(self, timeout=None):
         self._run.wait(timeout)
         return self._out.read_text(errors="replace"), self._err.read_text(errors="replace")
+
+
+def _start_forked_with(setup, argv, env, log: Path, errors: Path) -> here.ForkedRun:
+    """`here.start_forked`, with `setup()` run in the child before the CLI."""
+    from rlsmoke.engine import procs
+
+    ctx = procs.RankContext()
+    ctx.set_forkserver_preload(
+        [procs.SERVER_SETUP, *procs.preloadable((*procs.HEAVY_MODULES, *here.PRELOAD))]
+    )
+    ready_r, ready_w = ctx.Pipe(duplex=False)
+    process = ctx.Process(
+        target=_setup_then_main, args=(setup, list(argv[3:]), env, str(log), str(errors), ready_w)
+    )
+    process.start()
+    ready_w.close()
+    try:
+        ready_r.recv()
+    except EOFError:
+        pass
+    ready_r.close()
+    return here.ForkedRun(process)
+
+
+def _setup_then_main(setup, *args) -> None:
+    setup()
+    here._forked_main(*args)
+
+
+def limit_file_size(limit: int) -> None:
+    """RLIMIT_FSIZE at `limit` bytes; a write past it fails with EFBIG instead of raising SIGXFSZ."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def first_on_path(folder: str) -> None:
+    """`folder` first on sys.path, as PYTHONPATH puts it for a fresh interpreter; refused when one of its
+    modules is imported already (the fork server's), since the folder could then change nothing."""
+    import sys
+
+    taken = [p.stem for p in Path(folder).iterdir() if p.stem in sys.modules]
+    assert not taken, f"imported before {folder} went on the path: {taken}"
+    sys.path.insert(0, folder)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from procs import run_cli
 
 from rlsmoke.cli import main
 from rlsmoke.errors import ExitCode
@@ -34,8 +35,8 @@ def can_mount(tmp_path_factory):
 def test_a_read_only_cache_that_holds_the_checkpoint_is_read(tmp_path, can_mount):
     cache = tmp_path / "cache"
     env = {**os.environ, "RLSMOKE_CACHE": str(cache)}
-    built = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "prepare", CASE, "--tiny", "--no-progress"],
-                           capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    built = run_cli([sys.executable, "-m", "rlsmoke.cli", "prepare", CASE, "--tiny", "--no-progress"], env=env,
+                    timeout=300)  # fmt: skip
     assert built.returncode == 0, built.stderr[-2000:]
     for lock in cache.rglob("*.lock"):
         lock.unlink()  # a cache copied read-only onto a machine may hold no lock file at all

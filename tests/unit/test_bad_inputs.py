@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from procs import run_cli
 
 from rlsmoke.errors import ExitCode
 
@@ -231,8 +232,8 @@ def test_the_builtin_metrics_are_what_a_run_logs(tmp_path):
     from rlsmoke.metrics import load_record
 
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "2",
-                           "--out", str(out), "--records-only"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = run_cli([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "2", "--out",
+                    str(out), "--records-only"], env=os.environ, timeout=300)  # fmt: skip
     assert proc.returncode == ExitCode.OK, proc.stderr[-3000:]
     assert set(load_record(out).keys()) == BUILTIN_METRICS
 

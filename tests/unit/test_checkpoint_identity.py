@@ -5,12 +5,12 @@ version, not once per run.
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from procs import run_cli
 
 from rlsmoke.checkpoints import prepare
 from rlsmoke.checkpoints.identity import check_checkpoint, check_checksums, check_identity
@@ -39,8 +39,9 @@ def flip_a_byte(folder: Path) -> Path:
 
 
 def refused_run(case: str, ckpt: Path, out: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", case, "--platform", "cpu", "--checkpoint",
-                           str(ckpt), "--out", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    """`rlsmoke run` on `ckpt`, in this process (its refusal comes before anything loads)."""
+    proc = run_cli([sys.executable, "-m", "rlsmoke.cli", "run", case, "--platform", "cpu", "--checkpoint", str(ckpt),
+                    "--out", str(out)], env=os.environ, timeout=300)  # fmt: skip
     err = proc.stderr.strip()
     assert proc.returncode == ExitCode.USAGE, (proc.returncode, err[-3000:])
     assert "Traceback" not in err and len(err.splitlines()) == 1, err

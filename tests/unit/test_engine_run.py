@@ -2,18 +2,21 @@
 async placement, the other two model families, and bad input. One run per fixture, many assertions.
 
 The --inject twins (temperature-mismatch, stale-weights, rollout-noise, train-dropout) live in
-tests/e2e/test_fault_twins_cpu.py; this module covers the gates those faults cannot reach.
+tests/e2e/test_*_cpu.py, each model's with its one-step test; this module covers the gates those faults
+cannot reach.
 """
 
+import functools
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from procs import alive
+from procs import ForkedCli, alive, first_on_path
 
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
@@ -41,16 +44,20 @@ def _gated(out: Path) -> tuple[dict, object]:
 
 
 def _without_ray(out: Path, shadow: Path, *flags: str) -> tuple[object, bool]:
-    """`rlsmoke run CASE --platform cpu FLAGS` as a user types it (a fresh interpreter), with NO_RAY first
-    on its path: (the process, whether it imported Ray)."""
+    """`rlsmoke run CASE --platform cpu FLAGS` from the CLI's first line, forked with the engine imported
+    (Ray is not: `first_on_path` checks), with NO_RAY first on its path: (the process, whether it
+    imported Ray)."""
     (shadow / "ray").mkdir()
     (shadow / "ray" / "__init__.py").write_text(NO_RAY)
     env = os.environ | {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))
     }
-    proc = subprocess.run([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out),
-                           *flags], env=env, timeout=300, capture_output=True, text=True)  # fmt: skip
-    return proc, (shadow / "ray" / "imported").exists()
+    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out), *flags]
+    io = Path(tempfile.mkdtemp(prefix="rlsmoke-io-"))  # not in `shadow`: a folder there is a module's name
+    proc = ForkedCli(argv, io, env=env, setup=functools.partial(first_on_path, str(shadow)))
+    stdout, stderr = proc.communicate(timeout=300)
+    done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    return done, (shadow / "ray" / "imported").exists()
 
 
 @pytest.fixture(scope="module")

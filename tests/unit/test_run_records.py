@@ -3,9 +3,9 @@ replaces an earlier run's records (--overwrite) only once its own are complete, 
 one `disk.full` line with exit 2.
 """
 
+import functools
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import ForkedCli
+from procs import ForkedCli, limit_file_size
 
 from rlsmoke.artifacts import LOCK_NAME, RECORDS, RunFolder, write_atomic
 from rlsmoke.errors import ExitCode, RlsmokeError
@@ -23,13 +23,12 @@ from rlsmoke.errors import ExitCode, RlsmokeError
 CASE = "glm4.5-355b-a32b-4layer"
 
 
-def rlsmoke_run(out, *argv: str, **popen):
-    """`rlsmoke run` into `out`, forked with the engine imported; spawned where `popen` asks more of the
-    process (a file-size limit)."""
+def rlsmoke_run(out, *argv: str, setup=None, stdout=None):
+    """`rlsmoke run` into `out`, forked with the engine imported; `setup` is called in the child first
+    (a file-size limit, a patched function)."""
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out), *argv]
-    if not popen:
-        return ForkedCli(argv, Path(tempfile.mkdtemp(prefix="rlsmoke-io-")))  # not beside --out: a full disk
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    io = Path(tempfile.mkdtemp(prefix="rlsmoke-io-"))  # not beside --out: a full disk
+    return ForkedCli(argv, io, setup=setup, stdout=stdout)
 
 
 def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
@@ -120,18 +119,10 @@ def test_records_are_one_runs_complete_or_absent_an_overwrite_replaces_them_once
     assert sorted(p.name for p in out.iterdir()) == sorted(RECORDS) and not leftovers(out)
 
 
-def _file_size_limit(limit: int):
-    def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    return apply
-
-
 @pytest.mark.parametrize("room", [1000, 5000])  # bytes a file may take: run.log, then the gated summary.json
 def test_records_are_one_runs_complete_or_absent_no_room_is_one_disk_full_line(tmp_path, room):
     out = tmp_path / "D"
-    code, err = finished(rlsmoke_run(out, preexec_fn=_file_size_limit(room)))
+    code, err = finished(rlsmoke_run(out, setup=functools.partial(limit_file_size, room), stdout=os.devnull))
     assert code == ExitCode.USAGE, err
     one_error_line(err, "disk.full")
     assert str(out) in err and not leftovers(out), err
@@ -177,33 +168,30 @@ def test_a_run_folder_refuses_a_second_holder(tmp_path):
 
 # A SIGTERM that lands while a finalizer runs: Python prints the handler's exception and carries on, as
 # it does for any exception raised in a __del__ (seen once in CI, inside regex's Group.__del__).
-STOP_IN_A_FINALIZER = """
-import os, signal, sys
-from rlsmoke.engine import run
-
-one_run = run.one_run
-
 class StopsWhenCollected:
     def __del__(self):
         os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside the finalizer
 
-def stopped_in_a_finalizer(*args, **kwargs):
-    lines = one_run(*args, **kwargs)
-    StopsWhenCollected()  # collected at once: the SIGTERM's exception is swallowed
-    return lines
 
-run.one_run = stopped_in_a_finalizer
-from rlsmoke.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+def stop_in_a_finalizer() -> None:
+    """In the run's process, before the CLI: a SIGTERM raised inside a finalizer once the run's step is done."""
+    from rlsmoke.engine import run
+
+    one_run = run.one_run
+
+    def stopped_in_a_finalizer(*args, **kwargs):
+        lines = one_run(*args, **kwargs)
+        StopsWhenCollected()  # collected at once: the SIGTERM's exception is swallowed
+        return lines
+
+    run.one_run = stopped_in_a_finalizer
 
 
 def test_a_stop_whose_exception_a_finalizer_swallowed_still_stops_the_run_and_keeps_the_earlier_records(
     tmp_path,
 ):
     out, earlier = tmp_path / "D", earlier_records(tmp_path / "D")
-    proc = subprocess.run([sys.executable, "-c", STOP_IN_A_FINALIZER, "run", CASE, "--platform", "cpu", "--out", str(out),
-                           "--overwrite"], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert "Exception ignored" in proc.stderr, proc.stderr  # the exception was swallowed where it was raised
-    assert proc.returncode == ExitCode.INTERRUPTED_SIGTERM, proc.stderr
+    code, err = finished(rlsmoke_run(out, "--overwrite", setup=stop_in_a_finalizer))
+    assert "Exception ignored" in err, err  # the exception was swallowed where it was raised
+    assert code == ExitCode.INTERRUPTED_SIGTERM, err
     assert {p.name: p.read_text() for p in out.iterdir()} == earlier and not leftovers(out)

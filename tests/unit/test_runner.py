@@ -128,3 +128,15 @@ def test_a_sigterm_ignoring_process_is_killed(tmp_path):
     runner.stop_tree(proc.proc, proc.token, grace=0.5)
     assert proc.proc.returncode == -signal.SIGKILL and time.monotonic() - t0 < 10
     proc.stop()
+
+
+def test_a_run_here_given_os_environ_itself_runs_under_it_not_under_nothing():
+    """`run_here(argv, env=os.environ)`: the run's environment is set by clearing os.environ first, so a
+    mapping that is os.environ must be copied before (an empty one started the fork server without
+    PYTHONPATH, whose forked runs then imported another checkout's rlsmoke and exited 1)."""
+    from rlsmoke.processes import here
+
+    before = dict(os.environ)
+    with here._environment(os.environ):
+        assert dict(os.environ) == before
+    assert dict(os.environ) == before

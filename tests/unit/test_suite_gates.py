@@ -1,5 +1,5 @@
 """`gates_for(case).check(record)` on hand-written run folders: a pass, and a twin for every gate
-that no engine fault reaches (the engine's faults are in tests/e2e/test_fault_twins_cpu.py)."""
+that no engine fault reaches (the engine's faults are in each model's tests/e2e/test_*_cpu.py)."""
 
 import json
 import math

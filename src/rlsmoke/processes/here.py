@@ -89,7 +89,7 @@ def _exit_code(args: list[str]) -> int:
 
 @contextlib.contextmanager
 def _environment(env: Mapping[str, str]) -> Iterator[None]:
-    before = dict(os.environ)
+    env, before = dict(env), dict(os.environ)  # a copy first: `env` may be os.environ itself
     os.environ.clear()
     os.environ.update(env)
     try:
