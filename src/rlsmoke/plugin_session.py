@@ -127,36 +127,3 @@ def declared_run(item: pytest.Item):
             else None
         )
     return spec if isinstance(spec, CaseRun) else None
-
-
-SHARED_RUNS = ".shared-runs"  # in the artifacts root: which test folder holds a session's shared run
-
-
-def share_across_workers(root: Path):
-    """`VariantRuns(share=...)` under xdist, whose worksteal hands one module's tests to several workers: the
-    worker that asks first runs a shared run; one that asks later waits for it (a lock), then copies its
-    folder into its own test's folder, instead of loading the same variants again. None outside xdist."""
-    session = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not session:
-        return None
-
-    def share(launch, run) -> None:
-        import fcntl
-        import hashlib
-        import shutil
-
-        folder = str(launch.art.path)
-        same = "\0".join(a.replace(folder, "OUT") for a in launch.argv)  # the run, wherever it writes
-        lock = root / SHARED_RUNS / session / hashlib.sha256(same.encode()).hexdigest()[:20]
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock, "a+") as held:
-            fcntl.flock(held, fcntl.LOCK_EX)  # released when the run is done, or its worker gone
-            held.seek(0)
-            done = held.read().strip()
-            if done:
-                shutil.copytree(done, folder, dirs_exist_ok=True)
-                return
-            run()
-            held.write(folder)  # only once it passed: a worker after a failed run runs it itself
-
-    return share

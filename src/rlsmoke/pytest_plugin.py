@@ -146,9 +146,6 @@ def pytest_configure(config: pytest.Config) -> None:
             )
     if not hasattr(config, "workerinput") and not _listing(config):  # xdist workers share their controller's
         config.stash[_SESSION_LOCK] = plugin_session.hold_artifacts_root(_artifacts_root(config))
-        shutil.rmtree(
-            _artifacts_root(config) / plugin_session.SHARED_RUNS, ignore_errors=True
-        )  # earlier sessions'
 
 
 def _hold_threads(config: pytest.Config) -> None:
@@ -260,8 +257,7 @@ def rlsmoke_variant_runs(request: pytest.FixtureRequest):
     from rlsmoke.suite import VariantRuns
 
     variants = tuple(getattr(request.module, "SHARED_RUN", ()))
-    share = plugin_session.share_across_workers(_artifacts_root(request.config))
-    return VariantRuns(variants, share=share) if variants else None
+    return VariantRuns(variants) if variants else None
 
 
 @pytest.fixture

@@ -236,13 +236,13 @@ def _fault(variant: str) -> str | None:
 
 
 def run_variants(case, artifacts: Artifacts | str | Path, variants: Sequence[str], *, seed: int = 0,
-                 timeout: float | None = None, echo=None, flags: tuple[str, ...] = (), share=None) -> dict[str, CaseRecord]:  # fmt: skip
-    """One `rlsmoke run --variants` of `case` on the built-in engine, one load: each variant (`clean`, a fault,
-    `@T` its rollout temperature) is its own run in `artifacts/<slug>`, bit for bit a fresh run of it. Returns
-    each variant's record; a fault's never reaches the history baseline. Raises as `run_case` does."""
+                 timeout: float | None = None, echo=None, flags: tuple[str, ...] = ()) -> dict[str, CaseRecord]:  # fmt: skip
+    """One `rlsmoke run --variants` of `case` on the built-in engine: the workers load once, and each variant
+    (`clean`, an --inject fault, `@T` for its rollout temperature) is its own run in `artifacts/<slug>`, bit
+    for bit a fresh run of it. Returns each variant's record, by the variant as given. A fault's record
+    never reaches the history baseline. Raises as `run_case` does."""
     launch = plan_launch(case, artifacts, seed=seed, timeout=timeout, flags=flags, variants=tuple(variants))
-    run = lambda: _finished(launch, _run_builtin(launch, echo))  # noqa: E731
-    share(launch, run) if share else run()  # `share`: once across xdist workers (VariantRuns)
+    _finished(launch, _run_builtin(launch, echo))
     records = {}
     for text, variant in zip(variants, parse_variants(",".join(variants), 1.0), strict=True):
         art = dataclasses.replace(launch.art, path=launch.art.path / variant.slug, record_property=lambda k, v: None,
@@ -253,14 +253,16 @@ def run_variants(case, artifacts: Artifacts | str | Path, variants: Sequence[str
 
 class VariantRuns:
     """Declared variants of one case, run as one `run_variants` (one load) by the test that asks first;
-    each test then gates its own variant's records (`record`). A module-scoped fixture holds one (the
-    plugin's `rlsmoke_variant_runs`, for a module's SHARED_RUN; its `share(launch, run)` runs it once
-    across xdist workers). `variants` as `rlsmoke run --variants` takes them. A variant the session's
-    trainer cannot run is left out of the shared run, and its test skips (`DoesNotFit`), as `run_case` would."""
+    each test then gates its own variant's records (`record`). A module-scoped fixture holds one
+    (the plugin's `rlsmoke_variant_runs`, for a module's SHARED_RUN).
 
-    def __init__(self, variants: Sequence[str], *, seed: int = 0, flags: tuple[str, ...] = (), share=None):
+    `variants` as `rlsmoke run --variants` takes them. A variant the session's trainer cannot run is left
+    out of the shared run, and its test skips (`DoesNotFit`), as `run_case` would.
+    """
+
+    def __init__(self, variants: Sequence[str], *, seed: int = 0, flags: tuple[str, ...] = ()):
         parse_variants(",".join(variants), 1.0)  # a bad declaration fails at collection, not in a test
-        self.variants, self.seed, self.flags, self.share = tuple(variants), seed, tuple(flags), share
+        self.variants, self.seed, self.flags = tuple(variants), seed, tuple(flags)
         self._runs: dict = {}  # (case, trainer) -> the records by variant, or what the run raised
 
     def record(self, case, artifacts: Artifacts, variant: str) -> CaseRecord:
@@ -278,9 +280,7 @@ class VariantRuns:
         if key not in self._runs:
             runnable = [v for v in self.variants if not trainer_refusal(artifacts.trainer, ran, _fault(v))]
             try:
-                self._runs[key] = run_variants(
-                    case, artifacts, runnable, seed=self.seed, flags=self.flags, share=self.share
-                )
+                self._runs[key] = run_variants(case, artifacts, runnable, seed=self.seed, flags=self.flags)
             except (RunError, RlsmokeError) as exc:  # each of its tests fails with it, none runs it again
                 self._runs[key] = exc
         got = self._runs[key]

@@ -151,39 +151,3 @@ def test_a_fault_twin_skips_on_a_launcher_without_faults(tmp_path):
     art = dataclasses.replace(Artifacts(path=tmp_path), launcher="miles")
     with pytest.raises(DoesNotFit, match="not --launcher miles"):
         runs.record(case, art, "stale-weights")
-
-
-def test_a_shared_run_runs_once_across_workers_and_a_failed_one_is_run_again(tmp_path, monkeypatch):
-    """`share_across_workers`: the second asker of the same argv (another folder) copies the first's folder
-    instead of running; after a run that raised, the next asker runs it itself. Outside xdist: no sharing."""
-    from types import SimpleNamespace
-
-    from rlsmoke import plugin_session
-
-    monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)
-    assert plugin_session.share_across_workers(tmp_path) is None
-    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", "session-1")
-    share = plugin_session.share_across_workers(tmp_path / "root")
-    ran = []
-
-    def launch(name):
-        folder = tmp_path / name
-        folder.mkdir()
-        return SimpleNamespace(
-            art=SimpleNamespace(path=folder), argv=("run", "--out", str(folder), "--seed", "0")
-        )
-
-    def run(folder, fails=False):
-        ran.append(folder.name)
-        if fails:
-            raise RuntimeError("the run failed")
-        (folder / "clean").mkdir()
-        (folder / "clean" / "summary.json").write_text("{}")
-
-    first, second, third = launch("a"), launch("b"), launch("c")
-    with pytest.raises(RuntimeError):
-        share(first, lambda: run(first.art.path, fails=True))
-    share(second, lambda: run(second.art.path))
-    share(third, lambda: run(third.art.path))
-    assert ran == ["a", "b"]  # a failed, so b ran it again; c copied b's
-    assert (third.art.path / "clean" / "summary.json").read_text() == "{}"
