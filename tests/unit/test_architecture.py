@@ -224,3 +224,16 @@ def test_run_config_imports_neither_the_engine_nor_the_launch():
             "'fla', 'triton') or m.startswith(('rlsmoke.launch', 'rlsmoke.conformance', 'rlsmoke.engine.run'))))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def missing_modules(names) -> list[str]:
+    """The rlsmoke modules among `names` that do not exist (a fork server skips those without a word)."""
+    return [n for n in names if n.startswith("rlsmoke.") and n not in MODULES]
+
+
+def test_the_fork_servers_preload_rlsmoke_modules_that_exist():
+    from rlsmoke.engine import procs
+    from rlsmoke.processes import here
+
+    assert missing_modules((procs.SERVER_SETUP, *here.PRELOAD)) == []
+    assert missing_modules(("rlsmoke.engine.cli", "rlsmoke.engine.run")) == ["rlsmoke.engine.cli"]  # the twin

@@ -124,7 +124,7 @@ def _output_to(out, err) -> Iterator[None]:
 
 # What the fork server imports once (less what would start a GPU driver: `engine.procs.preloadable`)
 PRELOAD = (
-    "rlsmoke.engine.cli",
+    "rlsmoke.run_command",
     "rlsmoke.engine.run",
     "rlsmoke.engine.sharded",
     "rlsmoke.engine.megatron.trainer",
