@@ -177,33 +177,3 @@ def test_the_train_only_flow_runs_end_to_end_and_its_twin_fails_its_gate(tmp_pat
     assert main(["calibrate", str(tmp_path / "seeds"), "--write", str(tmp_path / "cal" / "miles.json")]) == 0
     entry = json.loads((tmp_path / "cal" / "miles.json").read_text())["entries"][0]
     assert entry["provenance"]["runs"] == 3 and entry["key"]["launcher"] == "miles"
-
-
-@needs_ray
-def test_a_failed_rollout_ends_the_flow_and_the_ray_head_started_beside_it(tmp_path, monkeypatch, capsys):
-    """Ray's head starts while the rollout runs; a rollout that fails stops it and its cluster, names its log
-    and never starts Miles' trainer."""
-    from procs import alive
-
-    from rlsmoke.launch.flow import Step
-    from rlsmoke.processes import runner
-    from rlsmoke.processes import train_only as running
-
-    started = []
-
-    class Recorded(runner.Process):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            started.append(self)
-
-    monkeypatch.setattr(runner, "Process", Recorded)
-    monkeypatch.setenv("RLSMOKE_LEASE_DIR", str(tmp_path / "leases"))
-    failing = Step("rollout", "a rollout that fails", ("python3", "-c", "import sys; sys.exit(7)"))
-    monkeypatch.setattr(running, "rollout_step", lambda tp: failing)
-    root = write_root(tmp_path / "miles")
-    assert _run(tmp_path, root, tmp_path / "art") == 3
-    shown = capsys.readouterr().out
-    assert "error: [run.broke]" in shown and "rollout.log" in shown, shown
-    assert [c["kind"] for c in commands(root)] == ["convert"]  # no train.py
-    heads = [p for p in started if "ray" in p.argv[0] and "--head" in p.argv]
-    assert len(heads) == 1 and not alive(heads[0].proc.pid)  # the head's group, its cluster, is gone

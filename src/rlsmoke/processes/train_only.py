@@ -61,20 +61,19 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP
     )
     if failed is not None:
         return failed
+    rollout = rollout_step(tp)
+    result = runner.run(rollout.command, env=runner.clean_env(env), log=out / "rollout.log", timeout=timeout)
+    if not result.ok:
+        return result
     ports = lease_ports()
     # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
     search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
     full_env = runner.clean_env({**tp.launch.env, **env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
     head_argv = [*ray_head_train_only(tp.launch), *runner.ray_head_ports(ports, temp_dir)]
-    # Ray's head starts (8-9 s) while the rollout runs: neither waits on the other
     head = runner.Process(head_argv, env=full_env, cwd=miles_root, log=out / "ray-head.log")
     result = None
     try:
-        rollout = runner.run(rollout_step(tp).command, env=runner.clean_env(env), log=out / "rollout.log",
-                             timeout=timeout)  # fmt: skip
-        if not rollout.ok:
-            return rollout
         wait_port(ports.gcs, head, timeout=min(120.0, timeout))
         train_env = {
             **full_env,
