@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from rlsmoke.errors import RlsmokeError, TopologyError, UnknownNameError
-from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, MODES
+from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, DEFAULT_MODE, MODES
 from rlsmoke.models import ModelSpec
 from rlsmoke.overrides import MAX_NUM_GPUS, check_gpus_per_node, parse_num_gpus, parse_overrides
 from rlsmoke.platforms import get_platform
@@ -99,9 +100,7 @@ def _largest_divisor(n: int, cap: int, must_divide: int) -> int:
     return max(d for d in range(1, top + 1) if n % d == 0 and (must_divide == 0 or must_divide % d == 0))
 
 
-def default_train(
-    spec: ModelSpec, platform: str, mode: str, world: int, target: Target | None = None
-) -> dict:
+def default_train(spec: ModelSpec, platform: str, mode: str, world: int, target: Target) -> dict:
     """Training grid defaults: the family's grid (`ModelSpec.grid`), whose fixed points are its seed's."""
     if platform == "rocm" or mode == "async":
         # Seed 004 ROCm: the actor half trains with TP1 PP1 CP1 and EP over all of it.
@@ -111,7 +110,7 @@ def default_train(
         return dict(g.whole, etp=1)
     tp = _largest_divisor(world, g.tp, spec.tp_divisor)
     pp = g.pp if long and g.pp_from and world >= g.pp_from else 1
-    if target and target.main:
+    if target.main:
         cp = g.cp if g.main_cp_from and long and world >= g.main_cp_from else 1
     else:
         cp = g.cp if world // tp >= g.cp else 1
@@ -165,9 +164,9 @@ def plan_topology(
     validate: bool = True,
 ) -> Topology:
     """Derive every parallel size and GPU count from NUM_GPUS, then validate (unless told not to)."""
-    plat = get_platform(platform)
+    get_platform(platform)
     num_gpus = parse_num_gpus(num_gpus)
-    mode = mode or plat.default_mode
+    mode = mode or DEFAULT_MODE[platform]
     if mode not in MODES:
         raise UnknownNameError(
             f"mode={mode!r} is unknown", rule="mode.known", fix=f"use one of: {', '.join(MODES)}"
@@ -180,15 +179,11 @@ def plan_topology(
     check_gpus_per_node(gpus_per_node)
     gpn = gpus_per_node or min(DEFAULT_GPUS_PER_NODE, num_gpus)
 
-    if mode == "colocate":
-        actor = rollout = num_gpus
-    else:
-        actor = num_gpus // 2
-        rollout = num_gpus - actor
-    actor = int(sets.get("actor_gpus", actor))
-    rollout = int(sets.get("rollout_gpus", rollout))
+    half = num_gpus // 2
+    actor, rollout = (num_gpus, num_gpus) if mode == "colocate" else (half, num_gpus - half)
+    actor, rollout = int(sets.get("actor_gpus", actor)), int(sets.get("rollout_gpus", rollout))
 
-    t = default_train(spec, plat.name, mode, max(actor, 1), TARGETS[target])
+    t = default_train(spec, platform, mode, max(actor, 1), TARGETS[target])
     t.update({k[6:]: v for k, v in sets.items() if k.startswith("train.")})
     t.setdefault("sp", t["tp"] > 1)
     t.setdefault("pp_layers", split_layers(spec.num_layers, t["pp"]) if t["pp"] > 0 else ())
@@ -197,7 +192,7 @@ def plan_topology(
     train = TrainGrid(**t)
 
     gpe = sets.get("rollout.gpus_per_engine")  # an int once parsed
-    r = default_rollout(spec, plat.name, mode, max(rollout, 1), gpe if isinstance(gpe, int) else None)
+    r = default_rollout(spec, platform, mode, max(rollout, 1), gpe if isinstance(gpe, int) else None)
     r.update({k[8:]: v for k, v in sets.items() if k.startswith("rollout.")})
     r.setdefault("tp", r["gpus_per_engine"])
     r.setdefault("dp_attention", r["dp"] > 1)
@@ -205,29 +200,23 @@ def plan_topology(
     layout = RolloutLayout(**r)
 
     topo = Topology(
-        case=spec.name, platform=plat.name, num_gpus=num_gpus, mode=mode, gpus_per_node=gpn,
+        case=spec.name, platform=platform, num_gpus=num_gpus, mode=mode, gpus_per_node=gpn,
         num_nodes=max(1, math.ceil(num_gpus / gpn)), actor_gpus=actor, rollout_gpus=rollout,
         train=train, rollout=layout, target=TARGETS[target],
         explicit_split="actor_gpus" in sets or "rollout_gpus" in sets,
     )  # fmt: skip
-    if validate:
-        found = violations(topo, spec)
-        if found:
-            rule_id, message, fix = found[0]
-            values = single_fixes(topo, spec, sets, rule_id)
-            if values:
-                sets_ = [f"--set {kv}" for kv in values]
-                which = sets_[0] if len(sets_) == 1 else f"any one of {', '.join(sets_)}"
-                found[0] = (rule_id, message, f"{fix.rstrip('.')}: {which} fixes this plan.")
-            if plat.name == "cpu":  # no Megatron or SGLang runs on CPU: the rules are the plan's own
-                found = [(_plan_rule(r), m, f) for r, m, f in found]
-            raise TopologyError(found)
-    return topo
-
-
-def _plan_rule(rule_id: str) -> str:
-    head, _, rest = rule_id.partition(".")
-    return f"plan.{rest}" if head in ("megatron", "sglang") else rule_id
+    found = violations(topo, spec) if validate else []
+    if not found:
+        return topo
+    rule_id, message, fix = found[0]
+    values = single_fixes(topo, spec, sets, rule_id)
+    if values:
+        sets_ = [f"--set {kv}" for kv in values]
+        which = sets_[0] if len(sets_) == 1 else f"any one of {', '.join(sets_)}"
+        found[0] = (rule_id, message, f"{fix.rstrip('.')}: {which} fixes this plan.")
+    if platform == "cpu":  # no Megatron or SGLang runs on CPU: the rules are the plan's own
+        found = [(re.sub(r"^(megatron|sglang)\.", "plan.", r), m, f) for r, m, f in found]
+    raise TopologyError(found)
 
 
 # The keys whose one value can fix a rule; `single_fixes` tries each value and keeps those that plan.
