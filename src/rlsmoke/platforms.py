@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import dataclass
 
 from rlsmoke.errors import UnknownNameError
-from rlsmoke.facts import DEFAULT_MODE
 
 
 @dataclass(frozen=True)
@@ -17,10 +17,6 @@ class Platform:
     devices: tuple[str, ...]  # device classes rlsmoke knows thresholds and memory for
     visible_devices_var: str | None
     torch_device: str
-
-    @property
-    def default_mode(self) -> str:
-        return DEFAULT_MODE[self.name]
 
 
 PLATFORMS = {
@@ -99,30 +95,24 @@ def _visible_count(platform: str, physical: int) -> int:
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def cpu_cores() -> int:
-    """The cores this process may run on (its affinity mask, which a container or taskset narrows)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def thread_budget() -> int:
-    """This process's threads: OMP_NUM_THREADS when set (a worker's share, or the user's), else its cores."""
+    """This process's threads: OMP_NUM_THREADS when set (a worker's share, or the user's), else the cores
+    it may run on (its affinity mask, which a container or taskset narrows)."""
     try:
         return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
     except ValueError:
-        return cpu_cores()
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def cpu_share(parts: int, total: int | None = None) -> int:
-    """Threads for one of `parts` processes sharing `total` (default this process's budget): at least 1."""
-    return max(1, (total if total is not None else thread_budget()) // max(1, parts))
+def cpu_share(parts: int) -> int:
+    """Threads for one of `parts` processes sharing this process's budget: at least 1."""
+    return max(1, thread_budget() // max(1, parts))
 
 
 def share_cores(workers: int) -> int:
     """Hold this pytest worker to 1/`workers` of the cores (inherited thread variables, torch's pool); a
     variable the user set is kept. Returns the threads."""
-    import sys
-
-    n = thread_budget() if os.environ.get("OMP_NUM_THREADS") else cpu_share(workers, cpu_cores())
+    n = thread_budget() if os.environ.get("OMP_NUM_THREADS") else cpu_share(workers)
     for var in THREAD_VARS:  # all alike: torch's pool follows MKL's variable where MKL is its BLAS
         os.environ.setdefault(var, str(n))
     if "torch" in sys.modules:
