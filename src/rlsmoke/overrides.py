@@ -21,6 +21,7 @@ SETTABLE: Mapping[str, str] = {
     "rollout.dp_attention": _BOOL, "rollout.dense_tp_lm_head": _BOOL,
     "actor_gpus": _INT, "rollout_gpus": _INT,
 }  # fmt: skip
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def parse_overrides(items: list[str] | Mapping[str, object]) -> dict[str, object]:
@@ -48,7 +49,13 @@ def _split_kv(item: str) -> tuple[str, str]:
 def _coerce(key: str, kind: str, raw: Any) -> object:
     """A string value parsed to its kind; a value of a mapping taken as given, its sizes bounded."""
     if kind == _BOOL:
-        return _boolean(key, raw) if isinstance(raw, str) else raw
+        if not isinstance(raw, str):
+            return raw
+        if raw.lower() not in _TRUE + _FALSE:
+            raise RlsmokeError(
+                f"--set {key}={raw} is not a boolean", rule="set.value", fix=f"use {key}=true or false"
+            )
+        return raw.lower() in _TRUE
     if isinstance(raw, str):
         try:
             raw = int(raw) if kind == _INT else tuple(int(v) for v in raw.split(","))
@@ -61,16 +68,6 @@ def _coerce(key: str, kind: str, raw: Any) -> object:
     if kind == _LAYERS:
         return tuple(_in_range(key, int(n)) for n in raw)
     return _in_range(key, raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
-
-
-def _boolean(key: str, raw: str) -> bool:
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise RlsmokeError(
-        f"--set {key}={raw} is not a boolean", rule="set.value", fix=f"use {key}=true or false"
-    )
 
 
 def _in_range(key: str, value: int) -> int:
