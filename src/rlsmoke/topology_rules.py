@@ -191,7 +191,6 @@ RULES: tuple[Rule, ...] = (
     ),
 )  # fmt: skip
 
-RULE_IDS = ("gpus.positive",) + tuple(r.id for r in RULES)
 # What decides whether SGLang can run an engine: its GPUs against the rollout's and the model's sizes.
 ENGINE_RULES = tuple(r for r in RULES if r.id.startswith("sglang.") or r.id == "rollout.engine_multiple")
 
