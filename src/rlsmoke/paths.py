@@ -26,6 +26,15 @@ _BY_ERRNO = {
     errno.EFBIG: ("disk.full", "would grow past the file-size limit"),
     errno.EXDEV: ("path.cross_device", "cannot be renamed across file systems"),
 }
+# what a path of the wrong kind is, by its file type
+_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFREG: "a file",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 def from_os_error(exc: OSError, what: str = "", path: Path | str | None = None) -> RlsmokeError:
@@ -50,20 +59,6 @@ def _fix(rule: str, what: str) -> str:
     }.get(rule, f"give {flag} another path")
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISREG(mode):
-        return "a file"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a file or folder"
-
-
 def _stat(path: Path, what: str) -> os.stat_result | None:
     """The path's stat, None when it does not exist; every other OSError is the path's one line."""
     try:
@@ -83,7 +78,8 @@ def _check_kind(path: Path, what: str, is_kind, noun: str, fix: str, must_exist:
         raise RlsmokeError(f"{what}={path} does not exist", rule="path.missing",
                            fix=fix or _fix("path.missing", what))  # fmt: skip
     if st is not None and not is_kind(st.st_mode):
-        raise RlsmokeError(f"{what}={path} is {_kind(st.st_mode)}, not {noun}", rule="path.kind",
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a file or folder")
+        raise RlsmokeError(f"{what}={path} is {kind}, not {noun}", rule="path.kind",
                            fix=fix or f"give {what} {noun}")  # fmt: skip
     return path
 
