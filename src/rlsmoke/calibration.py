@@ -6,6 +6,7 @@ gets its gates with bounds by MARGIN_RULE and the seeds' min / median / max as p
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -49,8 +50,8 @@ def definition(gate: dict) -> str:
 KEY_TEXT_FIELDS = ("case", "platform", "device", "launcher", "width")
 
 
-def summary_of(run: Path) -> dict:
-    """The run's summary.json as an object whose key fields have the types a key needs."""
+def summary_of(run: Path) -> tuple[dict, RunKey]:
+    """The run's summary.json, an object whose key fields have the types a key needs, and that key."""
     path = check_name(Path(run) / "summary.json", "run")
     fix = "pass `rlsmoke run --out` folders or the suite's artifacts folders"
     if not path.is_file():
@@ -69,12 +70,8 @@ def summary_of(run: Path) -> dict:
     if wrong:
         raise RlsmokeError(f"run={run}: summary.json has {', '.join(wrong)}, not text", rule="calibrate.summary",
                            fix="write those fields as strings, as `rlsmoke run` does")  # fmt: skip
-    return doc
-
-
-def key_of(run: Path, summary: dict) -> RunKey:
     try:
-        return RunKey.from_summary(summary)
+        return doc, RunKey.from_summary(doc)
     except RlsmokeError:
         raise
     except (ValueError, TypeError) as exc:  # num_gpus "two" and the like
@@ -127,8 +124,7 @@ def template_for(key: RunKey, target: list[dict]) -> list[dict]:
 
 def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]]:
     """One entry from all the runs of one key (e.g. two `--repeat 5` runs with different --seed)."""
-    summary = summary_of(runs[0])
-    key = key_of(runs[0], summary)
+    summary, key = summary_of(runs[0])
     records = [rec for run in runs for rec in records_of(run)]
     rows, gates, not_logged = [], [], []
     for tmpl in template:
@@ -209,8 +205,7 @@ def markdown(entry: dict, rows: list[tuple]) -> str:
 
 def read_target(path: Path) -> dict | None:
     """The thresholds file `--write` will update, or None when it does not exist yet."""
-    path = Path(path)
-    check_name(path, "--write")
+    path = check_name(path, "--write")
     if not path.exists():
         return None
     check_file(path, "--write", fix="pass --write a thresholds .json file (created if missing)")
@@ -241,7 +236,6 @@ def check_markdown(path: Path) -> None:
 
 def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
     """Replace the entries of the same keys in `doc`, read from `path` (None: a new file), atomically."""
-    path = Path(path)
     if doc is None:
         doc = {"schema_version": thresholds.SCHEMA_VERSION,
                "header": {"what": "calibrated with `rlsmoke calibrate`", "margin_rule": MARGIN_RULE},
@@ -262,7 +256,7 @@ def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = 
     """Calibrate every key among `runs`, print, write when asked. Under `min_seeds` seeds is refused."""
     by_key: dict[RunKey, list[Path]] = {}
     for folder in runs:
-        by_key.setdefault(key_of(folder, summary_of(folder)), []).append(Path(folder))
+        by_key.setdefault(summary_of(folder)[1], []).append(Path(folder))
     doc = read_target(write) if write else None  # checked before any work
     if markdown_to:
         check_markdown(markdown_to)
@@ -311,8 +305,6 @@ def register(subparsers) -> None:
 
 
 def _count(text: str) -> int:
-    import argparse
-
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count of at least 1")
     return int(text)
