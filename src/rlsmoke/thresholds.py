@@ -50,13 +50,11 @@ class Gate:
         if value is None:
             return GateResult(self, None, False, math.nan, "missing: the run did not log this metric")
         b, v = self.bound, value
-        margins = {"<": b - v, "<=": b - v, ">": v - b, ">=": v - b, "abs<": b - abs(v), "finite>": v - b}
+        margin = {"<": b - v, "<=": b - v, "abs<": b - abs(v)}.get(self.op, v - b)
+        # every comparison with a NaN is False: a NaN value fails
         passed = {"<": v < b, "<=": v <= b, ">": v > b, ">=": v >= b, "abs<": abs(v) < b,
                   "finite>": math.isfinite(v) and v > b}[self.op]  # fmt: skip
-        margin = margins[self.op]
-        return GateResult(
-            self, value, bool(passed) and not math.isnan(v), margin if math.isfinite(margin) else math.nan
-        )
+        return GateResult(self, value, passed, margin if math.isfinite(margin) else math.nan)
 
 
 @dataclass(frozen=True)
@@ -307,11 +305,8 @@ def same_key(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
 
 def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -> tuple[Path, dict] | None:
     """The most specific entry whose key matches (exact fields beat "*"; the first read wins a tie)."""
-    matches = [
-        (p, e)
-        for p, e in all_entries([thresholds_dir] if thresholds_dir else None)
-        if _applies(e["key"], key)
-    ]
+    entries = all_entries([thresholds_dir] if thresholds_dir else None)
+    matches = [(p, e) for p, e in entries if _applies(e["key"], key)]
     return max(matches, key=lambda m: sum(m[1]["key"].get(f, "*") != "*" for f in KEY_FIELDS), default=None)
 
 
