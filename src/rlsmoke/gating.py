@@ -40,11 +40,11 @@ class CaseGates:
         art = artifacts or self.artifacts or getattr(record, "ran_with", None) or bare
         verdict = self.verdict(record, artifacts)
         bands = []
-        if art is not None and art.history is not None and not art.update_golden:
-            bands = history.record_and_check(
-                art.history, record, verdict, commit=art.commit, trusted=art.trusted
-            )
         if art is not None:
+            if art.history is not None and not art.update_golden:
+                bands = history.record_and_check(
+                    art.history, record, verdict, commit=art.commit, trusted=art.trusted
+                )
             metrics.update_summary(art.path, verdict.summary_fields())
             for r in verdict.results:
                 art.record_property(f"gate:{r.gate.name}", "PASS" if r.passed else f"FAIL {r.line()}")
@@ -57,14 +57,13 @@ class CaseGates:
                 art.record_property("threshold_candidate", str(path))
                 return verdict  # recording, not gating: the candidate goes to review
         failed_bands = [b for b in bands if not b.passed]
-        if failed_bands and art is not None and art.history_shadow:
+        if failed_bands and art.history_shadow:  # bands come only with artifacts
             warnings.warn(HistoryBandWarning(history.report(failed_bands)), stacklevel=2)
             failed_bands = []
-        if not verdict.passed or failed_bands:
-            lines = [verdict.report()] if not verdict.passed else []
-            if failed_bands:
-                lines.append(history.report(failed_bands))
-            raise GateFailure("\n".join(lines))
+        failures = [] if verdict.passed else [verdict.report()]
+        failures += [history.report(failed_bands)] if failed_bands else []
+        if failures:
+            raise GateFailure("\n".join(failures))
         return verdict
 
 
