@@ -159,19 +159,16 @@ def _close(a: float, b: float) -> bool:
 def _fold_repeats(parsed: list[tuple[str, int, dict]], path: Path) -> list[tuple[str, int, dict]]:
     """Miles logs each train step twice: an identical repeat folds, a differing one is an error."""
     seen: dict[tuple[str, int], dict] = {}
-    out = []
     for kind, i, values in parsed:
         first = seen.setdefault((kind, i), values)
         diff = sorted(k for k in first.keys() | values.keys() if k not in first or k not in values
                       or not _close(first[k], values[k]))  # fmt: skip
-        if first is values:
-            out.append((kind, i, values))
-        elif diff:
+        if diff:
             shown = ", ".join(f"{k}: {first.get(k)} then {values.get(k)}" for k in diff[:3])
             raise RlsmokeError(f"log={path} has `{kind} {i}` twice with different values ({shown})",
                                rule="metrics.log_repeat", fix="one run per log: was it appended to, or do two "
                                "actors log as the same role? see the lines in the log")  # fmt: skip
-    return out
+    return [(kind, i, values) for (kind, i), values in seen.items()]
 
 
 # --- Miles' CI metrics: CiHistoryBackend's JSONL ---------------------------------------------------
