@@ -130,8 +130,7 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
     for tmpl in template:
         gate = {k: v for k, v in tmpl.items() if k not in ("max_observed", "provenance")}
         metric = thresholds.summary_key(gate["metric"], gate.get("reduce", "max"))
-        values = [r.value(gate["metric"], gate.get("reduce", "max")) for r in records]
-        values = [v for v in values if v is not None]
+        values = [v for r in records if (v := r.value(gate["metric"], gate.get("reduce", "max"))) is not None]
         bad = [f"seed {i}: {v}" for i, v in enumerate(values) if not math.isfinite(v)]
         if bad:  # a bound from a NaN is NaN, which no run passes and strict JSON cannot hold
             raise RlsmokeError(f"runs {', '.join(map(str, runs))} logged {gate['name']}'s metric {metric} as "
@@ -214,12 +213,9 @@ def read_target(path: Path) -> dict | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RlsmokeError(f"thresholds={path} cannot be read as JSON ({type(exc).__name__})",
                            rule="thresholds.schema", fix="write to a new file, or repair this one") from None  # fmt: skip
-    if (
-        not isinstance(doc, dict)
-        or doc.get("schema_version") != thresholds.SCHEMA_VERSION
-        or "entries" not in doc
-    ):
-        raise RlsmokeError(f"thresholds={path} is not a schema {thresholds.SCHEMA_VERSION} thresholds file",
+    schema = thresholds.SCHEMA_VERSION
+    if not isinstance(doc, dict) or doc.get("schema_version") != schema or "entries" not in doc:
+        raise RlsmokeError(f"thresholds={path} is not a schema {schema} thresholds file",
                            rule="thresholds.schema", fix="write to a new file or fix its schema_version")  # fmt: skip
     return doc
 
@@ -230,8 +226,7 @@ def check_markdown(path: Path) -> None:
     if path.exists():
         check_file(path, "--markdown", fix="pass --markdown a file to append the tables to")
     else:
-        check_dir(path.parent if str(path.parent) else Path("."), "--markdown's folder",
-                  fix="pass --markdown a file in a folder that exists")  # fmt: skip
+        check_dir(path.parent, "--markdown's folder", fix="pass --markdown a file in a folder that exists")
 
 
 def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
