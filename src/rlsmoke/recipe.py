@@ -11,8 +11,6 @@ from rlsmoke.facts import CPU_MAX_RESPONSE_LEN, CPU_N_PROMPTS, CPU_N_SAMPLES, DE
 
 @dataclass(frozen=True)
 class Recipe:
-    """Seed 004's one-step CI settings (not topology)."""
-
     num_rollout: int = 3
     rollout_batch_size: int = 8
     n_samples_per_prompt: int = 8

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Target:
-    """The Miles / SGLang versions whose flags a plan renders."""
-
     name: str
     miles: str
     sglang: str
