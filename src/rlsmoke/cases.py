@@ -83,13 +83,8 @@ def add_tiny_arg(p: argparse._ActionsContainer, default: str) -> None:
 def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) -> None:
     """The case flags shared by `plan` and `run`. `run` detects the platform; a plan never does."""
     add_case_arg(p)
-    if detect_platform:
-        p.add_argument(
-            "--platform",
-            help=f"{' | '.join(PLATFORMS)} (default: detected: nvidia-smi, then rocm-smi, else cpu)",
-        )
-    else:
-        p.add_argument("--platform", required=True, help=" | ".join(PLATFORMS))
+    detected = " (default: detected: nvidia-smi, then rocm-smi, else cpu)" if detect_platform else ""
+    p.add_argument("--platform", required=not detect_platform, help=" | ".join(PLATFORMS) + detected)
     p.add_argument("--num-gpus", help="total GPUs (NUM_GPUS); every parallel size derives from it")
     p.add_argument("--mode", help=f"{' | '.join(MODES)} (default: {default_mode_text()})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
