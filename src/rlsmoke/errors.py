@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+import signal
 
 
 class ExitCode(enum.IntEnum):
@@ -62,7 +63,5 @@ class Interrupted(KeyboardInterrupt):
     """A signal (SIGTERM) asked the run to stop: raised in the main thread so every `finally` cleans up."""
 
     def __init__(self, signum: int):
-        import signal
-
         self.signum = signum
         super().__init__(signal.Signals(signum).name)
