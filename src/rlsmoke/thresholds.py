@@ -23,7 +23,7 @@ OPS = ("<", "<=", ">", ">=", "abs<", "finite>")
 REDUCES = ("max", "min", "first", "last", "absmax")
 
 
-def summary_key(metric: str, reduce: str = "max") -> str:
+def summary_key(metric: str, reduce: str) -> str:
     """The flat key of a gated value: the metric, suffixed when not the default max."""
     return metric if reduce == "max" else f"{metric}@{reduce}"
 
@@ -211,8 +211,8 @@ def read_entries(directory: Path) -> list[tuple[Path, dict]]:
     return entries
 
 
-def gate_from_spec(spec: dict, entry_provenance: dict, source: Path | str = "") -> Gate:
-    where = f"thresholds={source}: " if source else ""
+def gate_from_spec(spec: dict, entry_provenance: dict, source: Path) -> Gate:
+    where = f"thresholds={source}: "
     if not isinstance(spec, dict):
         raise RlsmokeError(f"{where}gate {spec!r} is not an object", rule="thresholds.schema",
                            fix="write each gate as {name, metric, op, bound}")  # fmt: skip
@@ -271,9 +271,9 @@ def all_entries(directories: list[Path] | None = None) -> list[tuple[Path, dict]
     return entries
 
 
-def check_thresholds(key: RunKey | None = None, logged: frozenset[str] | None = None) -> None:
+def check_thresholds(key: RunKey, logged: frozenset[str]) -> None:
     """Every thresholds file a run reads, checked before the run: finite bounds, unique names and keys, and
-    with `key` and `logged` every applicable gate on a metric its launcher logs."""
+    every gate of an entry that applies to `key` on a metric its launcher logs (`logged`)."""
     for path, entry in all_entries():
         names = [spec.get("name") if isinstance(spec, dict) else None for spec in entry["gates"]]
         twice = sorted({str(n) for n in names if names.count(n) > 1})
@@ -282,7 +282,7 @@ def check_thresholds(key: RunKey | None = None, logged: frozenset[str] | None = 
                                f"{json.dumps(entry['key'], sort_keys=True)}", rule="thresholds.gate_names",
                                fix="give each gate of an entry its own name")  # fmt: skip
         gates = [gate_from_spec(spec, entry.get("provenance", {}), path) for spec in entry["gates"]]
-        if key is None or logged is None or not _applies(entry["key"], key.to_json()):
+        if not _applies(entry["key"], key.to_json()):
             continue
         for gate in gates:
             if gate.metric not in logged:
