@@ -43,7 +43,7 @@ class RunKey:
 
     @classmethod
     def from_summary(cls, summary: Mapping, *, case: str | None = None, platform: str | None = None,
-                     device: str | None = None, launcher: str | None = None) -> RunKey:  # fmt: skip
+                     device: str | None = None) -> RunKey:  # fmt: skip
         """The key a summary.json (or a record's meta) names; the keywords fill what it does not say."""
         name = summary.get("case") or case
         platform = summary.get("platform") or platform or "cpu"
@@ -52,7 +52,7 @@ class RunKey:
             missing = "case" if name is None else "device"
             raise RlsmokeError(f"the run's summary names no {missing} (platform={platform})", rule="runkey.fields",
                                fix=f"write `{missing}` into the run's summary.json, or pass it in")  # fmt: skip
-        return cls(str(name), platform, device, summary.get("launcher") or launcher or "builtin",
+        return cls(str(name), platform, device, summary.get("launcher") or "builtin",
                    dtype_text(summary.get("dtype")) or "", summary.get("width") or "",
                    gpu_count(summary.get("num_gpus")))  # fmt: skip
 
