@@ -12,14 +12,13 @@ from rlsmoke.facts import DEFAULT_GPUS_PER_NODE
 MAX_NUM_GPUS = 65536
 MAX_GPUS_PER_NODE = 64
 
-
-_INT, _BOOL, _LAYERS = "int", "bool", "layers"
-SETTABLE: Mapping[str, str] = {
-    "train.tp": _INT, "train.sp": _BOOL, "train.pp": _INT, "train.pp_layers": _LAYERS, "train.cp": _INT,
-    "train.ep": _INT, "train.etp": _INT,
-    "rollout.gpus_per_engine": _INT, "rollout.tp": _INT, "rollout.dp": _INT, "rollout.ep": _INT,
-    "rollout.dp_attention": _BOOL, "rollout.dense_tp_lm_head": _BOOL,
-    "actor_gpus": _INT, "rollout_gpus": _INT,
+# each key's type: pp_layers is a tuple of layer counts
+SETTABLE: Mapping[str, type] = {
+    "train.tp": int, "train.sp": bool, "train.pp": int, "train.pp_layers": tuple, "train.cp": int,
+    "train.ep": int, "train.etp": int,
+    "rollout.gpus_per_engine": int, "rollout.tp": int, "rollout.dp": int, "rollout.ep": int,
+    "rollout.dp_attention": bool, "rollout.dense_tp_lm_head": bool,
+    "actor_gpus": int, "rollout_gpus": int,
 }  # fmt: skip
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -46,9 +45,9 @@ def _split_kv(item: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _coerce(key: str, kind: str, raw: Any) -> object:
+def _coerce(key: str, kind: type, raw: Any) -> object:
     """A string value parsed to its kind; a value of a mapping taken as given, its sizes bounded."""
-    if kind == _BOOL:
+    if kind is bool:
         if not isinstance(raw, str):
             return raw
         if raw.lower() not in _TRUE + _FALSE:
@@ -58,14 +57,14 @@ def _coerce(key: str, kind: str, raw: Any) -> object:
         return raw.lower() in _TRUE
     if isinstance(raw, str):
         try:
-            raw = int(raw) if kind == _INT else tuple(int(v) for v in raw.split(","))
+            raw = int(raw) if kind is int else tuple(int(v) for v in raw.split(","))
         except ValueError:
             raise RlsmokeError(
-                f"--set {key}={raw} is not {'an integer' if kind == _INT else 'a comma list of integers'}",
+                f"--set {key}={raw} is not {'an integer' if kind is int else 'a comma list of integers'}",
                 rule="set.value",
                 fix=f"give {key} a number",
             ) from None
-    if kind == _LAYERS:
+    if kind is tuple:
         return tuple(_in_range(key, int(n)) for n in raw)
     return _in_range(key, raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
 
