@@ -105,7 +105,6 @@ def thread_budget() -> int:
 
 
 def cpu_share(parts: int) -> int:
-    """Threads for one of `parts` processes sharing this process's budget: at least 1."""
     return max(1, thread_budget() // max(1, parts))
 
 

@@ -42,7 +42,6 @@ def initial_on_device(cfg, spec) -> bool:
 
 
 def check_run_fits(cfg, spec, *, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
-    """Refuse a run whose estimate exceeds its devices; return the estimate."""
     est = estimate(spec, replace(plan_of_run(cfg), prompt_len=max(PROMPT_TOKENS, prompt_tokens)))
     have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
     if have and est.peak > usable_gib(cfg.device_class) * GIB:

@@ -24,7 +24,6 @@ REDUCES = ("max", "min", "first", "last", "absmax")
 
 
 def summary_key(metric: str, reduce: str) -> str:
-    """The flat key of a gated value: the metric, suffixed when not the default max."""
     return metric if reduce == "max" else f"{metric}@{reduce}"
 
 
@@ -76,7 +75,6 @@ class GateResult:
         return "missing" if self.value is None else f"{self.value:.4g}"
 
     def cells(self) -> tuple[str, str, str, str, str]:
-        """The gate, its metric, the value, the bound and the margin: a table's row."""
         op = {"abs<": "|x|<", "finite>": "fin>"}.get(self.gate.op, self.gate.op)
         g = self.gate
         return g.name, g.summary_key, self.shown, f"{op} {g.bound:.4g}", f"{self.margin:.3g}"
@@ -125,7 +123,6 @@ class Verdict:
         return "\n".join(aligned(rows) + [f"verdict: {'PASS' if self.passed else 'FAIL'}"])
 
     def report(self) -> str:
-        """Every failure with value, bound, margin and provenance, then where the artifacts are."""
         key = self.key.text() if self.key else "no key"
         if self.passed:
             return f"all {len(self.results)} gates passed ({key}); artifacts: {self.artifacts}"

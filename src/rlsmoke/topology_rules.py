@@ -196,5 +196,4 @@ ENGINE_RULES = tuple(r for r in RULES if r.id.startswith("sglang.") or r.id == "
 
 
 def violations(topo: Topology, spec: ModelSpec) -> list[tuple[str, str, str]]:
-    """Every rule that fails, as (rule id, message, fix)."""
     return [(r.id, r.message(topo, spec), r.fix) for r in RULES if not r.ok(topo, spec)]
