@@ -41,11 +41,6 @@ def round_sig(x: float, up: bool) -> float:
     return float(f"{rounded:.3g}")  # no 0.35000000000000003
 
 
-def definition(gate: dict) -> str:
-    """A definitional gate's own words, without the seed statistics an earlier calibration put first."""
-    return re.sub(r"^(\d+ seeds: [^;]*; )+", "", gate["provenance"])
-
-
 # RunKey's fields a summary names as text
 KEY_TEXT_FIELDS = ("case", "platform", "device", "launcher", "width")
 
@@ -152,8 +147,10 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
         elif gate["name"] == "reward_max":
             gate["bound"] = min(1.0, round_sig(REWARD_HIGH * hi, up=True))
         gate["max_observed"] = hi
-        gate["provenance"] = (f"{len(records)} seeds: min {lo:.4g}, median {med:.4g}, max {hi:.4g}"
-                              + (f"; {definition(tmpl)}" if gate["name"] in DEFINITIONAL and "provenance" in tmpl else ""))  # fmt: skip
+        gate["provenance"] = f"{len(records)} seeds: min {lo:.4g}, median {med:.4g}, max {hi:.4g}"
+        # a definitional gate keeps its own words, less the seed statistics of an earlier calibration
+        if gate["name"] in DEFINITIONAL and "provenance" in tmpl:
+            gate["provenance"] += "; " + re.sub(r"^(\d+ seeds: [^;]*; )+", "", tmpl["provenance"])
         gates.append(gate)
     if not gates:
         raise RlsmokeError(f"runs {', '.join(map(str, runs))} logged none of the gated metrics",
