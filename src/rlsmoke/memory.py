@@ -67,8 +67,7 @@ class Estimate:
 
     def gib(self) -> dict[str, float]:
         """{phase: GiB} plus "peak", rounded for summary.json."""
-        out = {k: round(v / GIB, 2) for k, v in self.phases.items()}
-        return out | {"peak": round(self.peak / GIB, 2)}
+        return {k: round(v / GIB, 2) for k, v in (self.phases | {"peak": self.peak}).items()}
 
     def describe(self) -> str:
         worst = self.terms.get(self.peak_phase, {})
