@@ -41,10 +41,9 @@ class TopologyError(RlsmokeError):
     def __init__(self, violations: list[tuple[str, str, str]]):
         self.violations = violations
         rule, message, fix = violations[0]
-        more = ", ".join(v[0] for v in violations[1:])
-        super().__init__(
-            message + (f" (+{len(violations) - 1} more: {more})" if more else ""), rule=rule, fix=fix
-        )
+        others = [v[0] for v in violations[1:]]
+        more = f" (+{len(others)} more: {', '.join(others)})" if others else ""
+        super().__init__(message + more, rule=rule, fix=fix)
 
 
 class CheckpointError(RlsmokeError):
