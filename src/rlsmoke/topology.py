@@ -82,12 +82,8 @@ class Topology:
         d["train"]["pp_layers"] = list(self.train.pp_layers)
         d["target"] = self.target.name
         d["target_versions"] = {"miles": self.target.miles, "sglang": self.target.sglang}
-        d.update(
-            actor_num_nodes=self.actor_num_nodes,
-            actor_gpus_per_node=self.actor_gpus_per_node,
-            ray_num_gpus=self.ray_num_gpus,
-            visible_devices=list(self.visible_devices),
-        )
+        d |= {k: getattr(self, k) for k in ("actor_num_nodes", "actor_gpus_per_node", "ray_num_gpus")}
+        d["visible_devices"] = list(self.visible_devices)
         return d
 
 
