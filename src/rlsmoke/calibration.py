@@ -106,7 +106,7 @@ def template_for(key: RunKey, target: list[dict]) -> list[dict]:
     found = thresholds.matching_entry(key.to_json())
     if found is not None:
         return found[1]["gates"]
-    known = target + [e for d in thresholds.thresholds_dirs() for _, e in thresholds.read_entries(d)]
+    known = target + [e for _, e in thresholds.all_entries()]
     # the built-in engine's other trainers (builtin-megatron) run the same step: the same gates
     launchers = ("*", key.launcher, key.launcher.split("-")[0])
     for entry in known:
