@@ -15,11 +15,10 @@ def offload_needed(cfg, spec) -> bool:
     where the estimate has met the measured peak."""
     if cfg.mode != "colocate" or not cfg.device.startswith("cuda"):
         return False
-    if cfg.num_gpus > 1:
-        return True
     have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
-    resident = estimate(spec, replace(plan_of_run(cfg), offload=False))
-    return not have or resident.peak > RESIDENT_FRACTION * have * GIB
+    if cfg.num_gpus > 1 or not have:
+        return True
+    return estimate(spec, replace(plan_of_run(cfg), offload=False)).peak > RESIDENT_FRACTION * have * GIB
 
 
 def offload_train_needed(cfg, spec) -> bool:
