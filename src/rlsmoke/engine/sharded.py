@@ -8,7 +8,6 @@ ranks through pipes: the same path with gloo on CPU (CI) and NCCL on GPUs.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import traceback
 from collections.abc import Callable
@@ -18,12 +17,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import kda, signals, sync
+from rlsmoke.engine import signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
+from rlsmoke.engine.local_workers import rollout_engine, trainer_options
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
 from rlsmoke.engine.offload import Phases, local_shard
 from rlsmoke.engine.procs import free_port, frozen_for_forks, rank_context
-from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
+from rlsmoke.engine.rollout import Group
 from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.engine.workers import SharedDevice, phased
 from rlsmoke.errors import RlsmokeError, RunError
@@ -92,19 +92,9 @@ class Rank(SharedDevice):
             set_dropout(model, cfg.inject.value)
         low = TORCH_DTYPES[cfg.rollout_dtype] if on_gpu else None  # bf16 compute and reduce on GPUs
         shard(model, device_type="cuda" if on_gpu else "cpu", dtype=low)
-        self.trainer = ShardedTrainer(
-            model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-            eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], comm_device=self.device,
-            temperature=cfg.rollout_temperature,
-        )  # fmt: skip
+        self.trainer = ShardedTrainer(model, comm_device=self.device, **trainer_options(cfg))
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
-        self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,
-                                    max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
-                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, self.device, spec.family,
-                                                                    kda.choose(self.device, spec.family)),
-                                    decode=cfg.rollout_decode)  # fmt: skip
+        self.engine = rollout_engine(self.rollout_model, cfg, self.device, eos_id, pad_id)
         self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
                              rollout_model=self.rollout_model, ranks_on_host=world,
                              offload_train=cfg.offload_train_active)  # fmt: skip
@@ -275,10 +265,9 @@ class Sharded:
                 proc.join()
 
 
-_MISSING = object()
-
-
 def _interleave(shares: list[list]) -> list:
     """Undo `items[r::W]`: the r-th share's k-th item was item k*W + r."""
-    rows = itertools.zip_longest(*shares, fillvalue=_MISSING)  # the k-th row: items k*W .. k*W + W-1
-    return [item for row in rows for item in row if item is not _MISSING]
+    items = [None] * sum(map(len, shares))
+    for rank, share in enumerate(shares):
+        items[rank :: len(shares)] = share
+    return items
