@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from rlsmoke.engine import kda, sync
+from rlsmoke.engine import kda, signals, sync
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.local_workers import RolloutWorker, TrainWorker, worker_location
 from rlsmoke.engine.model import TORCH_DTYPES
@@ -85,7 +85,6 @@ class RayAsync:
                 rule="engine.ray",
                 fix="pip install 'rlsmoke[ray]', or run with --mode colocate --num-gpus 1",
             ) from None
-        from rlsmoke.engine import signals
         from rlsmoke.engine.ray_cluster import LocalCluster
 
         self.ray, self.cfg, self.cluster = ray, cfg, None
@@ -176,8 +175,6 @@ class RayAsync:
 
     def close(self) -> None:
         """The driver leaves, then every process of the cluster ends (actors, raylet, agents, GCS)."""
-        from rlsmoke.engine import signals
-
         try:
             if self.ray.is_initialized():
                 with signals.held():  # Ray's shutdown resets SIGTERM to its default (death)
