@@ -84,9 +84,6 @@ class TrainWorker:
             self.trainer, reuse.narrow_for(self.cfg), self.cfg.initial_on_device
         )
 
-    def set_variant(self, inject, temperature: float) -> None:
-        self.trainer.set_variant(inject, temperature)
-
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)
 

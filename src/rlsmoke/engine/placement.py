@@ -120,7 +120,7 @@ class RayAsync:
         try:
             return self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if isinstance(getattr(exc, "cause", None), Exception) else None
+            cause = getattr(exc, "cause", None)
             if isinstance(cause, (RunError, RlsmokeError, torch.OutOfMemoryError)):
                 raise cause from None
             raise RunError(

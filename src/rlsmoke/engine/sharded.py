@@ -159,11 +159,8 @@ def _serve(
 
 
 def _on_every_rank(method: str) -> Callable[..., Any]:
-    def call(self: Sharded, *args) -> list:
-        return self._call(method, [args] * self.world)
-
-    call.__name__ = method
-    return call
+    """The same call on every rank; the answers in rank order."""
+    return lambda self, *args: self._call(method, [args] * self.world)
 
 
 class Sharded:
@@ -223,7 +220,6 @@ class Sharded:
         torch.manual_seed(seed)
         self._call("manual_seed", [(seed,)] * self.world)
 
-    # the same call on every rank; the answers in rank order
     drop_optimizer_state = _on_every_rank("drop_optimizer_state")
     memory = _on_every_rank("memory")  # each rank's peak allocated device memory by phase (GiB)
     offload_state = _on_every_rank("offload_state")

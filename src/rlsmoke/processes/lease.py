@@ -51,12 +51,6 @@ class GpuLease:
             lock.release()
         self._locks.clear()
 
-    def __enter__(self) -> GpuLease:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
 
 def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float = 3600.0,
                poll: float = 0.2, folder: Path | None = None) -> GpuLease:  # fmt: skip

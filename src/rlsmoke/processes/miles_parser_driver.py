@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import sys
+from pathlib import Path
 
 
 class _Captured(Exception):
@@ -51,11 +52,11 @@ def parse(args: list[str]) -> dict:
             parser = miles_parser(args)
     except SystemExit:  # Miles' first, Miles-only parser refused a value already (argparse printed why)
         errors = [line for line in stderr.getvalue().splitlines() if ": error: " in line]
-        sys.stderr.write(stderr.getvalue())
         if not errors:  # not argparse's refusal: the parser itself ended (a crash, its own exit code)
             raise
         return {"accepted": False, "message": errors[-1].split(": error: ", 1)[1]}
-    sys.stderr.write(stderr.getvalue())
+    finally:
+        sys.stderr.write(stderr.getvalue())
 
     def refuse(message: str):
         raise _Refused(message)
@@ -68,15 +69,6 @@ def parse(args: list[str]) -> dict:
     return {"accepted": True}
 
 
-def main(argv: list[str]) -> int:
-    args_path, result_path = argv
-    with open(args_path) as f:
-        args = json.load(f)
-    result = parse(args)
-    with open(result_path, "w") as f:
-        json.dump(result, f)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    args_path, result_path = map(Path, sys.argv[1:])
+    result_path.write_text(json.dumps(parse(json.loads(args_path.read_text()))))

@@ -54,7 +54,7 @@ def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
     return env
 
 
-def tree_pids(token: str, sid: int | None = None) -> list[int]:
+def tree_pids(token: str, sid: int) -> list[int]:
     """Live pids of a launch: in session `sid`, or with `token` in their env; zombies excluded."""
     needle = f"{TOKEN_VAR}={token}".encode()
     found = []
@@ -65,8 +65,7 @@ def tree_pids(token: str, sid: int | None = None) -> list[int]:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             if fields[0] == "Z":
                 continue
-            in_session = sid is not None and int(fields[3]) == sid
-            if in_session or needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+            if int(fields[3]) == sid or needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 found.append(int(entry))
     return found
 
@@ -96,12 +95,11 @@ def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -
         proc.wait(timeout=grace)
 
 
-def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
+def _tee(stream, log: TextIO, echo: TextIO) -> None:
     for line in iter(stream.readline, ""):
         log.write(line)
         log.flush()
-        if echo is not None:
-            echo.write(line)
+        echo.write(line)
     stream.close()
 
 

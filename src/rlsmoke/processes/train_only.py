@@ -92,15 +92,12 @@ def prepare_hf(tp: TrainOnlyPlan) -> Path:
     return hf
 
 
-def rollout_info(out: Path) -> dict:
-    """What the rollout step said it wrote (its device, dtype, means), from its log's last `rollout file:` line."""
-    lines = [ln for ln in (out / "rollout.log").read_text().splitlines() if ln.startswith("rollout file: ")]
-    return json.loads(lines[-1].removeprefix("rollout file: ")) if lines else {}
-
-
 def write_summary(tp: TrainOnlyPlan, device: str) -> None:
-    """summary.json: the run's key (launcher miles, one GPU) and what it ran."""
-    info = rollout_info(Path(tp.out))
+    """summary.json: the run's key (launcher miles, one GPU) and what it ran; `rollout` is what the rollout
+    step said it wrote (its device, dtype, means), from its log's last `rollout file:` line."""
+    log = (Path(tp.out) / "rollout.log").read_text().splitlines()
+    lines = [ln for ln in log if ln.startswith("rollout file: ")]
+    info = json.loads(lines[-1].removeprefix("rollout file: ")) if lines else {}
     fields = {"case": tp.plan.case.name, "platform": tp.plan.topology.platform, "device": device,
               "launcher": "miles", "dtype": f"{info.get('dtype', 'bfloat16')}/float32",
               "width": "tiny" if tp.tiny else "full", "num_gpus": 1, "seed": tp.seed, "repeat": tp.repeat, "mode": "train-only",
