@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from rlsmoke.engine import kda, signals, sync
+from rlsmoke.engine import kda, signals
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.local_workers import RolloutWorker, TrainWorker, worker_location
 from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.offload import Phases
-from rlsmoke.engine.workers import Placement, SharedDevice, TrainSide, phased
+from rlsmoke.engine.workers import Placement, SharedDevice, TrainSide
 from rlsmoke.errors import RlsmokeError, RunError
 
 
@@ -47,23 +47,12 @@ class Colocated(SharedDevice):
                              rollout_model=self.rollout_model, offload_train=cfg.offload_train_active)  # fmt: skip
         self.where = {"train": worker_location(), "rollout": worker_location()}
 
-    def memory(self) -> list:
-        """Peak allocated device memory by phase (GiB), one entry per rank; [None] off CUDA."""
-        return [self.phases.meter.report()]
-
     def parallel(self) -> dict:
         """The training layout as executed (the megatron trainer's own, else one data-parallel rank)."""
         return self.train.parallel() if hasattr(self.train, "parallel") else executed_layout(dp=1)
 
     def rollout_weights(self):
         return self.train.rollout_weights(self.rollout_model, TORCH_DTYPES[self.cfg.rollout_dtype])
-
-    def offload_state(self) -> list[dict]:
-        return [self.phases.state()]
-
-    @phased("sync")
-    def sync(self, *, skip: bool) -> dict[str, float]:
-        return sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
 
     def close(self) -> None:
         pass

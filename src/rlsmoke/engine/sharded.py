@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import signals, sync
+from rlsmoke.engine import signals
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.local_workers import rollout_engine, trainer_options
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
@@ -25,7 +25,7 @@ from rlsmoke.engine.offload import Phases, local_shard
 from rlsmoke.engine.procs import free_port, frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group
 from rlsmoke.engine.train import Trainer, set_dropout
-from rlsmoke.engine.workers import SharedDevice, phased
+from rlsmoke.engine.workers import SharedDevice
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
 
@@ -106,18 +106,10 @@ class Rank(SharedDevice):
             t = p.detach()
             yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t).to(dtype)
 
-    @phased("sync")
     def sync(self, skip: bool) -> dict[str, float]:
-        result = sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
+        result = super().sync(skip=skip)
         mismatched = self.trainer.global_sum(result["sync/mismatched_params"])
         return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
-
-    def memory(self) -> dict | None:
-        """This rank's peak allocated device memory by phase (GiB); None off CUDA."""
-        return self.phases.meter.report()
-
-    def offload_state(self) -> dict:
-        return self.phases.state()
 
     def where(self) -> dict:
         shards_on = {local_shard(p).device.type for p in self.trainer.model.parameters()}
@@ -161,6 +153,11 @@ def _serve(
 def _on_every_rank(method: str) -> Callable[..., Any]:
     """The same call on every rank; the answers in rank order."""
     return lambda self, *args: self._call(method, [args] * self.world)
+
+
+def _one_entry_per_rank(method: str) -> Callable[..., list]:
+    """A call whose answer has an entry per rank (`SharedDevice.memory`): every rank's, in rank order."""
+    return lambda self: [entry for answer in self._call(method, [()] * self.world) for entry in answer]
 
 
 class Sharded:
@@ -221,8 +218,8 @@ class Sharded:
         self._call("manual_seed", [(seed,)] * self.world)
 
     drop_optimizer_state = _on_every_rank("drop_optimizer_state")
-    memory = _on_every_rank("memory")  # each rank's peak allocated device memory by phase (GiB)
-    offload_state = _on_every_rank("offload_state")
+    memory = _one_entry_per_rank("memory")  # each rank's peak allocated device memory by phase (GiB)
+    offload_state = _one_entry_per_rank("offload_state")
     keep_initial = _on_every_rank("keep_initial")
     restore_initial = _on_every_rank("restore_initial")
     set_variant = _on_every_rank("set_variant")
