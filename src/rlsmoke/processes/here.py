@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -145,8 +146,6 @@ class ForkedRun:
     def wait(self, timeout: float | None = None) -> int:
         self.process.join(timeout)
         if self.process.exitcode is None:
-            import subprocess
-
             raise subprocess.TimeoutExpired(str(self.pid), timeout)
         return self.process.exitcode
 
@@ -158,11 +157,8 @@ def start_forked(
     ctx = procs.RankContext()
     ctx.set_forkserver_preload([procs.SERVER_SETUP, *procs.preloadable((*procs.HEAVY_MODULES, *PRELOAD))])
     ready_r, ready_w = ctx.Pipe(duplex=False)
-    process = ctx.Process(
-        target=_forked_main,
-        args=(list(argv[3:]), dict(env), str(log), str(errors or log), ready_w),
-        daemon=False,
-    )
+    args = (list(argv[3:]), dict(env), str(log), str(errors or log), ready_w)
+    process = ctx.Process(target=_forked_main, args=args)
     process.start()
     ready_w.close()
     with contextlib.suppress(EOFError):
