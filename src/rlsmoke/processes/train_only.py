@@ -59,15 +59,11 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S)
     full_env = runner.clean_env({**tp.launch.env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
     head_argv = [*ray_head_train_only(tp.launch), *runner.ray_head_ports(ports, temp_dir)]
+    train_env = {**full_env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}", flow.RECORD_DIR_VAR: tp.record_dir}
     head = runner.Process(head_argv, env=full_env, cwd=miles_root, log=out / "ray-head.log")
     result = None
     try:
         runner.wait_head(head, ports.gcs, timeout=min(120.0, timeout), what="GCS")
-        train_env = {
-            **full_env,
-            RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}",
-            flow.RECORD_DIR_VAR: tp.record_dir,
-        }
         result = runner.run(
             tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout
         )
