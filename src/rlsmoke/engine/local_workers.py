@@ -31,15 +31,15 @@ def trainer_options(cfg: RunConfig) -> dict[str, Any]:
     """The `Trainer` settings every train side takes from the run's config as they are."""
     return dict(lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
                 eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
-                gradient_checkpointing=cfg.gradient_checkpointing,
-                compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], temperature=cfg.rollout_temperature)  # fmt: skip
+                gradient_checkpointing=cfg.gradient_checkpointing, temperature=cfg.rollout_temperature,
+                compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype])  # fmt: skip
 
 
 def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int) -> RolloutEngine:
-    family = cfg.spec.family
+    batch = batch_for(cfg.rollout_batch, device, cfg.spec.family, kda.choose(device, cfg.spec.family))
     return RolloutEngine(model, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_response_len,
-                         eos_id=eos_id, pad_id=pad_id, inject=cfg.inject, decode=cfg.rollout_decode,
-                         batch=batch_for(cfg.rollout_batch, device, family, kda.choose(device, family)))  # fmt: skip
+                         eos_id=eos_id, pad_id=pad_id, inject=cfg.inject, batch=batch,
+                         decode=cfg.rollout_decode)  # fmt: skip
 
 
 class TrainWorker:
