@@ -16,13 +16,8 @@ import sys
 from pathlib import Path
 
 
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        self.parser = parser
-
-
-class _Refused(Exception):
-    pass
+class _Stopped(Exception):
+    """Raised where argparse would parse (with the parser) or exit on an error (with its message)."""
 
 
 def miles_parser(args: list[str]) -> argparse.ArgumentParser:
@@ -30,7 +25,7 @@ def miles_parser(args: list[str]) -> argparse.ArgumentParser:
     original = argparse.ArgumentParser.parse_args
 
     def stop(self, args=None, namespace=None):
-        raise _Captured(self)
+        raise _Stopped(self)
 
     argparse.ArgumentParser.parse_args = stop
     sys.argv = ["train.py", *args]  # Miles reads sys.argv (its backend is picked from it first)
@@ -38,8 +33,8 @@ def miles_parser(args: list[str]) -> argparse.ArgumentParser:
         from miles.utils.arguments import parse_args
 
         parse_args()
-    except _Captured as got:
-        return got.parser
+    except _Stopped as got:
+        return got.args[0]
     finally:
         argparse.ArgumentParser.parse_args = original
     raise RuntimeError("miles.utils.arguments.parse_args() returned without parsing the command line")
@@ -59,12 +54,12 @@ def parse(args: list[str]) -> dict:
         sys.stderr.write(stderr.getvalue())
 
     def refuse(message: str):
-        raise _Refused(message)
+        raise _Stopped(message)
 
     parser.error = refuse  # what would be `train.py: error: ...` and exit 2
     try:
         parser.parse_args(args)
-    except _Refused as refused:
+    except _Stopped as refused:
         return {"accepted": False, "message": str(refused)}
     return {"accepted": True}
 
