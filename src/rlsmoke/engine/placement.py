@@ -76,7 +76,7 @@ class RayAsync:
             ) from None
         from rlsmoke.engine.ray_cluster import LocalCluster
 
-        self.ray, self.cfg, self.cluster = ray, cfg, None
+        self.ray, self.cluster = ray, None
         gpus = cfg.num_gpus
         try:  # an interrupt at any point, during Ray's start too: close() ends the whole cluster
             self.cluster = LocalCluster(num_cpus=max(2, gpus), num_gpus=gpus)
