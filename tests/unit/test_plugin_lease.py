@@ -46,8 +46,9 @@ def test_lease_waits_then_succeeds(tmp_path):
     with pytest.raises(TimeoutError, match="waited 0 s for 1 free GPUs of 0,1"):
         lease_gpus("nvidia", POOL[:2], 1, timeout=0.2, poll=0.05, folder=tmp_path)
     first.release()
-    with lease_gpus("nvidia", POOL[:2], 1, timeout=1, folder=tmp_path) as second:
-        assert second.ids == ("0",)
+    second = lease_gpus("nvidia", POOL[:2], 1, timeout=1, folder=tmp_path)
+    assert second.ids == ("0",)
+    second.release()
 
 
 def test_more_than_the_pool_is_rejected(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,6 +27,21 @@ def worker_location() -> dict:
     return info
 
 
+def trainer_options(cfg: RunConfig) -> dict[str, Any]:
+    """The `Trainer` settings every train side takes from the run's config as they are."""
+    return dict(lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
+                gradient_checkpointing=cfg.gradient_checkpointing, temperature=cfg.rollout_temperature,
+                compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype])  # fmt: skip
+
+
+def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int) -> RolloutEngine:
+    batch = batch_for(cfg.rollout_batch, device, cfg.spec.family, kda.choose(device, cfg.spec.family))
+    return RolloutEngine(model, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_response_len,
+                         eos_id=eos_id, pad_id=pad_id, inject=cfg.inject, batch=batch,
+                         decode=cfg.rollout_decode)  # fmt: skip
+
+
 class TrainWorker:
     def __init__(self, cfg: RunConfig, ckpt: Path, threads: int | None = None):
         process_settings(threads)
@@ -42,12 +58,8 @@ class TrainWorker:
         ref = derive_policy(model, spec, cfg.train_dtype) if cfg.kl_coef else None
         lap("compute copy")
         self.trainer = Trainer(
-            model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-            eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
-            kl_coef=cfg.kl_coef, ref_model=ref, gradient_checkpointing=cfg.gradient_checkpointing,
-            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], compute_model=compute,
-            temperature=cfg.rollout_temperature,
-        )  # fmt: skip
+            model, kl_coef=cfg.kl_coef, ref_model=ref, compute_model=compute, **trainer_options(cfg)
+        )
         lap("trainer setup")
 
     def forward_only(self, groups: list[Group]):
@@ -72,9 +84,6 @@ class TrainWorker:
             self.trainer, reuse.narrow_for(self.cfg), self.cfg.initial_on_device
         )
 
-    def set_variant(self, inject, temperature: float) -> None:
-        self.trainer.set_variant(inject, temperature)
-
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)
 
@@ -98,11 +107,7 @@ class RolloutWorker:
         else:
             self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device, state=state)
         lap("rollout copy")
-        self.engine = RolloutEngine(self.model, temperature=cfg.rollout_temperature,
-                                    max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
-                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, cfg.device, spec.family,
-                                                                    kda.choose(cfg.device, spec.family)),
-                                    decode=cfg.rollout_decode)  # fmt: skip
+        self.engine = rollout_engine(self.model, cfg, cfg.device, eos_id, pad_id)
 
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
         return self.engine.generate(prompt_ids, n, seed)

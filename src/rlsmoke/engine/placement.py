@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from rlsmoke.engine import kda, sync
+from rlsmoke.engine import kda, signals
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.local_workers import RolloutWorker, TrainWorker, worker_location
 from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.offload import Phases
-from rlsmoke.engine.workers import Placement, SharedDevice, TrainSide, phased
+from rlsmoke.engine.workers import Placement, SharedDevice, TrainSide
 from rlsmoke.errors import RlsmokeError, RunError
 
 
@@ -47,23 +47,12 @@ class Colocated(SharedDevice):
                              rollout_model=self.rollout_model, offload_train=cfg.offload_train_active)  # fmt: skip
         self.where = {"train": worker_location(), "rollout": worker_location()}
 
-    def memory(self) -> list:
-        """Peak allocated device memory by phase (GiB), one entry per rank; [None] off CUDA."""
-        return [self.phases.meter.report()]
-
     def parallel(self) -> dict:
         """The training layout as executed (the megatron trainer's own, else one data-parallel rank)."""
         return self.train.parallel() if hasattr(self.train, "parallel") else executed_layout(dp=1)
 
     def rollout_weights(self):
         return self.train.rollout_weights(self.rollout_model, TORCH_DTYPES[self.cfg.rollout_dtype])
-
-    def offload_state(self) -> list[dict]:
-        return [self.phases.state()]
-
-    @phased("sync")
-    def sync(self, *, skip: bool) -> dict[str, float]:
-        return sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
 
     def close(self) -> None:
         pass
@@ -85,10 +74,9 @@ class RayAsync:
                 rule="engine.ray",
                 fix="pip install 'rlsmoke[ray]', or run with --mode colocate --num-gpus 1",
             ) from None
-        from rlsmoke.engine import signals
         from rlsmoke.engine.ray_cluster import LocalCluster
 
-        self.ray, self.cfg, self.cluster = ray, cfg, None
+        self.ray, self.cluster = ray, None
         gpus = cfg.num_gpus
         try:  # an interrupt at any point, during Ray's start too: close() ends the whole cluster
             self.cluster = LocalCluster(num_cpus=max(2, gpus), num_gpus=gpus)
@@ -121,7 +109,7 @@ class RayAsync:
         try:
             return self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if isinstance(getattr(exc, "cause", None), Exception) else None
+            cause = getattr(exc, "cause", None)
             if isinstance(cause, (RunError, RlsmokeError, torch.OutOfMemoryError)):
                 raise cause from None
             raise RunError(
@@ -176,8 +164,6 @@ class RayAsync:
 
     def close(self) -> None:
         """The driver leaves, then every process of the cluster ends (actors, raylet, agents, GCS)."""
-        from rlsmoke.engine import signals
-
         try:
             if self.ray.is_initialized():
                 with signals.held():  # Ray's shutdown resets SIGTERM to its default (death)

@@ -109,14 +109,6 @@ class RankContext(mp_context.ForkServerContext):
     Process = RankProcess
 
 
-def server_preload(rank_modules: tuple[str, ...] = ()) -> list[str]:
-    """What the fork server imports: the heavy modules and the ranks' own that the driver has imported."""
-    return [
-        SERVER_SETUP,
-        *(name for name in preloadable((*HEAVY_MODULES, *rank_modules)) if name in sys.modules),
-    ]
-
-
 def _stop_progress_monitors() -> None:
     """tqdm's monitor threads, which a bar leaves running; the next bar starts its own again."""
     tqdm_std = sys.modules.get("tqdm.std")
@@ -131,8 +123,6 @@ def _stop_progress_monitors() -> None:
 DISTRIBUTED_THREADS = ("pt_", "gloo", "nccl", "NCCL")
 # autograd's per-GPU threads: no group's, and `fork_is_safe` rules on the GPU driver itself.
 AUTOGRAD_DEVICE_THREADS = "pt_autograd_"
-
-
 LIVE_GROUP = "an initialized process group"
 
 
@@ -158,35 +148,25 @@ HIP_RUNTIME = "libamdhip64.so"  # cannot be asked without initializing it: mappe
 CUDA_ERROR_NOT_INITIALIZED = 3
 
 
-def mapped_libraries(prefixes: tuple[str, ...]) -> dict[str, str] | None:
-    """Each of `prefixes` this process has mapped, with its file; None where /proc cannot say."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    files = {line[line.index("/") :] for line in maps.splitlines() if "/" in line}
-    return {
-        prefix: file for prefix in prefixes for file in sorted(files) if Path(file).name.startswith(prefix)
-    }
-
-
 def gpu_driver_initialized() -> bool:
     """Whether this process has initialized a GPU driver that a fork's child would inherit unusable."""
-    mapped = mapped_libraries((CUDA_DRIVER, HIP_RUNTIME))
-    if mapped is None:  # /proc cannot say: only a GPU build of torch could have started one
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:  # /proc cannot say: only a GPU build of torch could have started one
         torch = sys.modules.get("torch")
         return torch is None or bool(torch.version.cuda or torch.version.hip)
-    if HIP_RUNTIME in mapped:
+    files = {line[line.index("/") :] for line in maps.splitlines() if "/" in line}
+    if any(Path(file).name.startswith(HIP_RUNTIME) for file in files):
         return True
-    if CUDA_DRIVER not in mapped:
+    cuda = sorted(file for file in files if Path(file).name.startswith(CUDA_DRIVER))
+    if not cuda:
         return False
     try:
-        driver = ctypes.CDLL(mapped[CUDA_DRIVER])  # the copy already in the process: nothing is loaded
+        driver = ctypes.CDLL(cuda[-1])  # the copy already in the process: nothing is loaded
     except OSError:
         return True
-    count = ctypes.c_int()
     # asks, initializes nothing
-    return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
+    return driver.cuDeviceGetCount(ctypes.byref(ctypes.c_int())) != CUDA_ERROR_NOT_INITIALIZED
 
 
 def fork_is_safe() -> bool:
@@ -199,9 +179,7 @@ def fork_is_safe() -> bool:
     others = set(threading.enumerate()) - {threading.main_thread(), fork_aware}
     if others or distributed_leftovers() or gpu_driver_initialized():
         return False
-    if torch is None:
-        return True
-    return torch.get_num_threads() == 1 and not torch.cuda.is_initialized()
+    return torch is None or (torch.get_num_threads() == 1 and not torch.cuda.is_initialized())
 
 
 @contextlib.contextmanager
@@ -224,21 +202,28 @@ def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> 
                     importlib.import_module(name)
         return ForkContext()
     ctx = RankContext()
-    ctx.set_forkserver_preload(server_preload(rank_modules))
+    # the heavy modules and the ranks' own that the driver has imported
+    preload = [name for name in preloadable((*HEAVY_MODULES, *rank_modules)) if name in sys.modules]
+    ctx.set_forkserver_preload([SERVER_SETUP, *preload])
     return ctx
 
 
 RENDEZVOUS_PORTS = range(20000, 21000)
 
 
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A port nothing listens on now, picked at random from RENDEZVOUS_PORTS (the kernel's pick if all are taken)."""
     for port in random.SystemRandom().sample(RENDEZVOUS_PORTS, min(64, len(RENDEZVOUS_PORTS))):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if bindable(port):
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -45,7 +45,6 @@ class LocalCluster:
     def __init__(self, *, num_cpus: int, num_gpus: int, timeout: float = 120):
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rlsmoke-ray-"))
         self.proc: subprocess.Popen | None = None
-        self.address = ""
         options = {"address": "local", "num_cpus": num_cpus, "num_gpus": num_gpus, "include_dashboard": False,
                    "_node_ip_address": "127.0.0.1", "_temp_dir": str(self.temp_dir), "log_to_driver": False,
                    "configure_logging": False}  # fmt: skip
@@ -58,25 +57,21 @@ class LocalCluster:
                     # the driver's mode (unset means disabled to a driver given an address)
                     env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")},
                 )  # fmt: skip
-            self.address = self._wait_ready(timeout)
+            deadline = time.monotonic() + timeout
+            line = ""
+            while not line:  # the head prints one line once its cluster is up, or exits
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (self.temp_dir / "head.log").read_text(errors="replace").strip().splitlines()[-5:]
+                    raise RunError(f"the local Ray cluster did not start: {' | '.join(tail) or 'no output'}",
+                                   rule="engine.ray_start")  # fmt: skip
+                if select.select([self.proc.stdout], [], [], 0.2)[0]:
+                    line = self.proc.stdout.readline()
+            self.address = json.loads(line)["address"]
         except BaseException:
             self.stop()
             raise
         finally:
             log.close()
-
-    def _wait_ready(self, timeout: float) -> str:
-        assert self.proc is not None and self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        line = ""
-        while not line:  # the head prints one line once its cluster is up, or exits
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = (self.temp_dir / "head.log").read_text(errors="replace").strip().splitlines()[-5:]
-                raise RunError(f"the local Ray cluster did not start: {' | '.join(tail) or 'no output'}",
-                               rule="engine.ray_start")  # fmt: skip
-            if select.select([self.proc.stdout], [], [], 0.2)[0]:
-                line = self.proc.stdout.readline()
-        return json.loads(line)["address"]
 
     def stop(self) -> None:
         """SIGKILL every process of the cluster's session (Ray's drain is slow); remove its temp folder."""
@@ -86,8 +81,7 @@ class LocalCluster:
                     self.proc.wait(timeout=0.05)  # reaps the head; the others are init's to reap
                     time.sleep(0.02)
             self.proc.wait()
-            if self.proc.stdout:
-                self.proc.stdout.close()
+            self.proc.stdout.close()
             self.proc = None
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 

@@ -8,7 +8,6 @@ ranks through pipes: the same path with gloo on CPU (CI) and NCCL on GPUs.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import traceback
 from collections.abc import Callable
@@ -18,14 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlsmoke.engine import kda, signals, sync
+from rlsmoke.engine import signals
 from rlsmoke.engine.config import RunConfig, executed_layout
+from rlsmoke.engine.local_workers import rollout_engine, trainer_options
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
 from rlsmoke.engine.offload import Phases, local_shard
 from rlsmoke.engine.procs import free_port, frozen_for_forks, rank_context
-from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
+from rlsmoke.engine.rollout import Group
 from rlsmoke.engine.train import Trainer, set_dropout
-from rlsmoke.engine.workers import SharedDevice, phased
+from rlsmoke.engine.workers import SharedDevice
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share
 
@@ -92,19 +92,9 @@ class Rank(SharedDevice):
             set_dropout(model, cfg.inject.value)
         low = TORCH_DTYPES[cfg.rollout_dtype] if on_gpu else None  # bf16 compute and reduce on GPUs
         shard(model, device_type="cuda" if on_gpu else "cpu", dtype=low)
-        self.trainer = ShardedTrainer(
-            model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-            eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype], comm_device=self.device,
-            temperature=cfg.rollout_temperature,
-        )  # fmt: skip
+        self.trainer = ShardedTrainer(model, comm_device=self.device, **trainer_options(cfg))
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
-        self.engine = RolloutEngine(self.rollout_model, temperature=cfg.rollout_temperature,
-                                    max_new_tokens=cfg.max_response_len, eos_id=eos_id, pad_id=pad_id,
-                                    inject=cfg.inject, batch=batch_for(cfg.rollout_batch, self.device, spec.family,
-                                                                    kda.choose(self.device, spec.family)),
-                                    decode=cfg.rollout_decode)  # fmt: skip
+        self.engine = rollout_engine(self.rollout_model, cfg, self.device, eos_id, pad_id)
         self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
                              rollout_model=self.rollout_model, ranks_on_host=world,
                              offload_train=cfg.offload_train_active)  # fmt: skip
@@ -116,18 +106,10 @@ class Rank(SharedDevice):
             t = p.detach()
             yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t).to(dtype)
 
-    @phased("sync")
     def sync(self, skip: bool) -> dict[str, float]:
-        result = sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
+        result = super().sync(skip=skip)
         mismatched = self.trainer.global_sum(result["sync/mismatched_params"])
         return {**result, "sync/mismatched_params": mismatched, "sync/ranks": float(self.world)}
-
-    def memory(self) -> dict | None:
-        """This rank's peak allocated device memory by phase (GiB); None off CUDA."""
-        return self.phases.meter.report()
-
-    def offload_state(self) -> dict:
-        return self.phases.state()
 
     def where(self) -> dict:
         shards_on = {local_shard(p).device.type for p in self.trainer.model.parameters()}
@@ -169,11 +151,13 @@ def _serve(
 
 
 def _on_every_rank(method: str) -> Callable[..., Any]:
-    def call(self: Sharded, *args) -> list:
-        return self._call(method, [args] * self.world)
+    """The same call on every rank; the answers in rank order."""
+    return lambda self, *args: self._call(method, [args] * self.world)
 
-    call.__name__ = method
-    return call
+
+def _one_entry_per_rank(method: str) -> Callable[..., list]:
+    """A call whose answer has an entry per rank (`SharedDevice.memory`): every rank's, in rank order."""
+    return lambda self: [entry for answer in self._call(method, [()] * self.world) for entry in answer]
 
 
 class Sharded:
@@ -233,10 +217,9 @@ class Sharded:
         torch.manual_seed(seed)
         self._call("manual_seed", [(seed,)] * self.world)
 
-    # the same call on every rank; the answers in rank order
     drop_optimizer_state = _on_every_rank("drop_optimizer_state")
-    memory = _on_every_rank("memory")  # each rank's peak allocated device memory by phase (GiB)
-    offload_state = _on_every_rank("offload_state")
+    memory = _one_entry_per_rank("memory")  # each rank's peak allocated device memory by phase (GiB)
+    offload_state = _one_entry_per_rank("offload_state")
     keep_initial = _on_every_rank("keep_initial")
     restore_initial = _on_every_rank("restore_initial")
     set_variant = _on_every_rank("set_variant")
@@ -275,10 +258,9 @@ class Sharded:
                 proc.join()
 
 
-_MISSING = object()
-
-
 def _interleave(shares: list[list]) -> list:
     """Undo `items[r::W]`: the r-th share's k-th item was item k*W + r."""
-    rows = itertools.zip_longest(*shares, fillvalue=_MISSING)  # the k-th row: items k*W .. k*W + W-1
-    return [item for row in rows for item in row if item is not _MISSING]
+    items = [None] * sum(map(len, shares))
+    for rank, share in enumerate(shares):
+        items[rank :: len(shares)] = share
+    return items

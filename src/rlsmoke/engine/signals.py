@@ -66,23 +66,20 @@ def stopping_run() -> Iterator[None]:
 @contextlib.contextmanager
 def exit_at_once(say: Callable[[int], None]) -> Iterator[None]:
     """While nothing has started: `say(signum)`, then exit 128 + signum. A hosted run keeps its handlers."""
-    if _hosted:
-        yield
-        return
 
     def exit_now(signum, frame):
         _received.append(signum)
         say(signum)
         os._exit(128 + signum)
 
-    with _handling(exit_now):
+    with contextlib.nullcontext() if _hosted else _handling(exit_now):
         yield
 
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """STOP signals wait (main thread) until the block ends; the handlers as it began are put back first."""
-    if threading.current_thread() is not threading.main_thread():
+    if not can_host():
         yield
         return
     handlers = {signum: signal.getsignal(signum) for signum in STOP}
@@ -170,11 +167,6 @@ def hosted(got: list[int]) -> Iterator[None]:
         _hosted.pop()
         got.extend(_received)
         _received.clear()
-
-
-def stop_main_thread() -> None:
-    """From another thread: ask the main thread's run to stop as SIGTERM does."""
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
 
 # --- a pytest session ----------------------------------------------------------------------------

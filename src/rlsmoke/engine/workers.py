@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from rlsmoke.engine import reuse
+from rlsmoke.engine import reuse, sync
 from rlsmoke.engine.train import drop_moments
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,6 +92,17 @@ class SharedDevice:
 
     def move_seconds(self) -> dict[str, float]:
         return dict(self.phases.move_seconds)
+
+    def memory(self) -> list:
+        """Peak allocated device memory by phase (GiB), one entry per rank; [None] off CUDA."""
+        return [self.phases.meter.report()]
+
+    def offload_state(self) -> list[dict]:
+        return [self.phases.state()]
+
+    @phased("sync")
+    def sync(self, *, skip: bool) -> dict[str, float]:
+        return sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
 
     def keep_initial(self) -> None:
         """What a further seed of --repeat or --variants starts from (`engine.reuse`)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from rlsmoke.engine import procs, signals
 from rlsmoke.processes.runner import Result
 
 MODULE_ARGV = ("-m", "rlsmoke.cli")
@@ -23,8 +25,6 @@ MODULE_ARGV = ("-m", "rlsmoke.cli")
 
 def can_run_here(argv: Sequence[str]) -> bool:
     """`argv` is this interpreter's `-m rlsmoke.cli ...`, and this is the main thread (signal handlers)."""
-    from rlsmoke.engine import signals
-
     return (
         len(argv) > 3 and argv[0] == sys.executable and tuple(argv[1:3]) == MODULE_ARGV and signals.can_host()
     )
@@ -34,7 +34,6 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
              errors: Path | None = None) -> Result:  # fmt: skip
     """Run `argv` to completion or `timeout` s in this process, its output appended to `log`."""
     import rlsmoke.engine.run  # noqa: F401  torch and transformers: an interrupt now is the caller's own
-    from rlsmoke.engine import signals
 
     argv = tuple(str(a) for a in argv)
     log = Path(log)
@@ -46,8 +45,8 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
     def expire() -> None:
         with lock:
             if not done.is_set():
-                expired.set()
-                signals.stop_main_thread()
+                expired.set()  # the run then stops as on SIGTERM
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
     timer = threading.Timer(timeout, expire) if timeout else None
     code, got = None, list[int]()  # got: the stop signals the run received
@@ -147,8 +146,6 @@ class ForkedRun:
     def wait(self, timeout: float | None = None) -> int:
         self.process.join(timeout)
         if self.process.exitcode is None:
-            import subprocess
-
             raise subprocess.TimeoutExpired(str(self.pid), timeout)
         return self.process.exitcode
 
@@ -157,16 +154,11 @@ def start_forked(
     argv: Sequence[str], env: Mapping[str, str], log: Path, errors: Path | None = None
 ) -> ForkedRun:
     """`argv` forked from the fork server in a session of its own. For `runner.Process(start=...)`."""
-    from rlsmoke.engine import procs
-
     ctx = procs.RankContext()
     ctx.set_forkserver_preload([procs.SERVER_SETUP, *procs.preloadable((*procs.HEAVY_MODULES, *PRELOAD))])
     ready_r, ready_w = ctx.Pipe(duplex=False)
-    process = ctx.Process(
-        target=_forked_main,
-        args=(list(argv[3:]), dict(env), str(log), str(errors or log), ready_w),
-        daemon=False,
-    )
+    args = (list(argv[3:]), dict(env), str(log), str(errors or log), ready_w)
+    process = ctx.Process(target=_forked_main, args=args)
     process.start()
     ready_w.close()
     with contextlib.suppress(EOFError):

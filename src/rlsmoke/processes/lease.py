@@ -5,7 +5,6 @@ host-wide folder, so two workers or users never share a GPU or port, and a dead 
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from rlsmoke.engine.procs import bindable
 from rlsmoke.platforms import PLATFORMS
 
 DEFAULT_LEASE_DIR = Path(tempfile.gettempdir()) / f"rlsmoke-leases-{os.getuid()}"
@@ -29,9 +29,8 @@ def lease_dir() -> Path:
 
 def visible_gpu_ids(platform: str, count: int) -> tuple[str, ...]:
     """The GPU ids this process may hand out: the visible-devices variable if set, else 0..count-1."""
-    var = PLATFORMS[platform].visible_devices_var if platform in PLATFORMS else None
-    value = os.environ.get(var or "", "")
-    ids = tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
+    value = os.environ.get(PLATFORMS[platform].visible_devices_var or "", "")
+    ids = tuple(v.strip() for v in value.split(",") if v.strip())
     return ids[:count] if ids else tuple(str(i) for i in range(count))
 
 
@@ -44,7 +43,7 @@ class GpuLease:
     _locks: list[FileLock] = field(default_factory=list, repr=False)
 
     def env(self) -> dict[str, str]:
-        var = PLATFORMS[self.platform].visible_devices_var if self.platform in PLATFORMS else None
+        var = PLATFORMS[self.platform].visible_devices_var
         return {var: ",".join(self.ids)} if var and self.ids else {}
 
     def release(self) -> None:
@@ -52,18 +51,10 @@ class GpuLease:
             lock.release()
         self._locks.clear()
 
-    def __enter__(self) -> GpuLease:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
 
 def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float = 3600.0,
                poll: float = 0.2, folder: Path | None = None) -> GpuLease:  # fmt: skip
     """Hold `n` free GPU ids of `pool` all-or-nothing under one lock (no deadlock), up to `timeout` s."""
-    if n <= 0:
-        return GpuLease(platform, ())
     if n > len(pool):
         raise ValueError(
             f"n={n} GPUs asked for but the pool has {len(pool)} ({','.join(pool)}). Adjust --num-gpus."
@@ -72,18 +63,17 @@ def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float =
     deadline = time.monotonic() + timeout
     while True:
         with FileLock(str(folder / "allocator.lock")):
-            held: list[FileLock] = []
+            held: dict[str, FileLock] = {}
             for gpu in pool:
                 lock = FileLock(str(folder / f"gpu-{gpu}.lock"))
                 try:
                     lock.acquire(timeout=0)
                 except Timeout:
                     continue
-                held.append(lock)
+                held[gpu] = lock
                 if len(held) == n:
-                    ids = tuple(Path(lk.lock_file).stem.removeprefix("gpu-") for lk in held)
-                    return GpuLease(platform, ids, held)
-            for lock in held:
+                    return GpuLease(platform, tuple(held), list(held.values()))
+            for lock in held.values():
                 lock.release()
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -122,28 +112,18 @@ class PortLease:
             self._lock = None
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def lease_ports(*, start: int = 0, folder: Path | None = None, base: int | None = None) -> PortLease:
     """The first free block from `start` whose ports are also bindable now."""
     folder = folder or lease_dir()
     base = base if base is not None else int(os.environ.get("RLSMOKE_PORT_BASE", PORT_BASE))
     for i in range(PORT_BLOCKS):
-        k = (start + i) % PORT_BLOCKS
-        lock = FileLock(str(folder / f"ports-{base + k * PORT_BLOCK}.lock"))
+        block = base + (start + i) % PORT_BLOCKS * PORT_BLOCK
+        lock = FileLock(str(folder / f"ports-{block}.lock"))
         try:
             lock.acquire(timeout=0)
         except Timeout:
             continue
-        block = base + k * PORT_BLOCK
-        if all(_bindable(block + off) for off in PORT_NAMES.values()):
+        if all(bindable(block + off) for off in PORT_NAMES.values()):
             return PortLease(block, lock)
         lock.release()
     raise RuntimeError(

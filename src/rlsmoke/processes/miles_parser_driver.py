@@ -13,15 +13,11 @@ import contextlib
 import io
 import json
 import sys
+from pathlib import Path
 
 
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        self.parser = parser
-
-
-class _Refused(Exception):
-    pass
+class _Stopped(Exception):
+    """Raised where argparse would parse (with the parser) or exit on an error (with its message)."""
 
 
 def miles_parser(args: list[str]) -> argparse.ArgumentParser:
@@ -29,7 +25,7 @@ def miles_parser(args: list[str]) -> argparse.ArgumentParser:
     original = argparse.ArgumentParser.parse_args
 
     def stop(self, args=None, namespace=None):
-        raise _Captured(self)
+        raise _Stopped(self)
 
     argparse.ArgumentParser.parse_args = stop
     sys.argv = ["train.py", *args]  # Miles reads sys.argv (its backend is picked from it first)
@@ -37,8 +33,8 @@ def miles_parser(args: list[str]) -> argparse.ArgumentParser:
         from miles.utils.arguments import parse_args
 
         parse_args()
-    except _Captured as got:
-        return got.parser
+    except _Stopped as got:
+        return got.args[0]
     finally:
         argparse.ArgumentParser.parse_args = original
     raise RuntimeError("miles.utils.arguments.parse_args() returned without parsing the command line")
@@ -51,32 +47,23 @@ def parse(args: list[str]) -> dict:
             parser = miles_parser(args)
     except SystemExit:  # Miles' first, Miles-only parser refused a value already (argparse printed why)
         errors = [line for line in stderr.getvalue().splitlines() if ": error: " in line]
-        sys.stderr.write(stderr.getvalue())
         if not errors:  # not argparse's refusal: the parser itself ended (a crash, its own exit code)
             raise
         return {"accepted": False, "message": errors[-1].split(": error: ", 1)[1]}
-    sys.stderr.write(stderr.getvalue())
+    finally:
+        sys.stderr.write(stderr.getvalue())
 
     def refuse(message: str):
-        raise _Refused(message)
+        raise _Stopped(message)
 
     parser.error = refuse  # what would be `train.py: error: ...` and exit 2
     try:
         parser.parse_args(args)
-    except _Refused as refused:
+    except _Stopped as refused:
         return {"accepted": False, "message": str(refused)}
     return {"accepted": True}
 
 
-def main(argv: list[str]) -> int:
-    args_path, result_path = argv
-    with open(args_path) as f:
-        args = json.load(f)
-    result = parse(args)
-    with open(result_path, "w") as f:
-        json.dump(result, f)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    args_path, result_path = map(Path, sys.argv[1:])
+    result_path.write_text(json.dumps(parse(json.loads(args_path.read_text()))))

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,7 @@ def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
     return env
 
 
-def tree_pids(token: str, sid: int | None = None) -> list[int]:
+def tree_pids(token: str, sid: int) -> list[int]:
     """Live pids of a launch: in session `sid`, or with `token` in their env; zombies excluded."""
     needle = f"{TOKEN_VAR}={token}".encode()
     found = []
@@ -64,8 +65,7 @@ def tree_pids(token: str, sid: int | None = None) -> list[int]:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             if fields[0] == "Z":
                 continue
-            in_session = sid is not None and int(fields[3]) == sid
-            if in_session or needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+            if int(fields[3]) == sid or needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 found.append(int(entry))
     return found
 
@@ -95,12 +95,11 @@ def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -
         proc.wait(timeout=grace)
 
 
-def _tee(stream, log: TextIO, echo: TextIO | None) -> None:
+def _tee(stream, log: TextIO, echo: TextIO) -> None:
     for line in iter(stream.readline, ""):
         log.write(line)
         log.flush()
-        if echo is not None:
-            echo.write(line)
+        echo.write(line)
     stream.close()
 
 
@@ -108,26 +107,26 @@ class Process:
     """One launched command in its own session, logged to `log`; `start` replaces the spawn when given."""
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
-                 token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S,
-                 start=None):  # fmt: skip
+                 echo: TextIO | None = None, grace: float = TERM_GRACE_S, start=None):  # fmt: skip
         self.grace = grace
         self.argv = tuple(str(a) for a in argv)
-        self.token = token or uuid.uuid4().hex
+        self.token = uuid.uuid4().hex
         self.log = Path(log)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._logf = self.log.open("a", encoding="utf-8")
         self._logf.write(f"$ {' '.join(self.argv)}\n")
         self._logf.flush()
         self.started = time.monotonic()
-        out = self._logf.fileno()  # opened for appending: the command's lines and ours interleave whole
+        env = {**env, TOKEN_VAR: self.token}
         self._reader = None
         if start is not None:
-            self.proc = start(self.argv, {**env, TOKEN_VAR: self.token}, self.log)
+            self.proc = start(self.argv, env, self.log)
             return
+        # the log is opened for appending: the command's lines and ours interleave whole
         self.proc = subprocess.Popen(
-            self.argv, env={**env, TOKEN_VAR: self.token}, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if echo else out, stderr=subprocess.STDOUT, text=True, errors="replace",
-            bufsize=1, start_new_session=True,
+            self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if echo else self._logf.fileno(), stderr=subprocess.STDOUT, text=True,
+            errors="replace", bufsize=1, start_new_session=True,
         )  # fmt: skip
         if echo is not None:
             self._reader = threading.Thread(
@@ -141,18 +140,13 @@ class Process:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-        except (
-            BaseException
-        ):  # Ctrl-C while waiting: the run is in a session of its own, which no terminal signals
+            took = time.monotonic() - self.started
+            self._logf.write(f"rlsmoke: timed out after {took:.0f} s; killing the process group\n")
+        except BaseException:  # Ctrl-C while waiting: its session of its own gets no terminal's signals
             self.stop()
             raise
-        rc = None if timed_out else self.proc.returncode
-        if timed_out:
-            self._logf.write(
-                f"rlsmoke: timed out after {time.monotonic() - self.started:.0f} s; "
-                "killing the process group\n"
-            )
         self.stop()
+        rc = None if timed_out else self.proc.returncode
         return Result(self.argv, rc, timed_out, time.monotonic() - self.started, self.log)
 
     def stop(self, grace: float | None = None) -> None:
@@ -166,19 +160,11 @@ class Process:
             self._logf.flush()
             self._logf.close()
 
-    def __enter__(self) -> Process:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None, cwd=None,
-        token: str | None = None, echo: TextIO | None = None, grace: float = TERM_GRACE_S, start=None) -> Result:  # fmt: skip
+        echo: TextIO | None = None, start=None) -> Result:  # fmt: skip
     """Run `argv` to completion (or `timeout` s), tee'd to `log`; leaves no process behind."""
-    return Process(argv, env=env, log=log, cwd=cwd, token=token, echo=echo, grace=grace, start=start).wait(
-        timeout
-    )
+    return Process(argv, env=env, log=log, cwd=cwd, echo=echo, start=start).wait(timeout)
 
 
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------
@@ -228,21 +214,29 @@ def job_submit_argv(job_submit: Sequence[str], dashboard: int) -> list[str]:
     return argv
 
 
-def wait_dashboard(port: int, proc: Process, timeout: float) -> None:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+def wait_head(head: Process, port: int, timeout: float, what: str = "dashboard") -> None:
+    """Until the head's dashboard (or its GCS) answers on `port`; the head exiting first is an error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.proc.poll() is not None:
-            raise RuntimeError(f"`ray start` exited with {proc.proc.returncode} before its dashboard came up; "
-                               f"see {proc.log}")  # fmt: skip
-        with contextlib.suppress(OSError):
-            with opener.open(f"http://127.0.0.1:{port}/api/version", timeout=2) as resp:
-                if resp.status == 200:
-                    return
+        if head.proc.poll() is not None:
+            raise RuntimeError(f"`ray start` exited with {head.proc.returncode} before its {what} came up; "
+                               f"see {head.log}")  # fmt: skip
+        if _answers(port, http=what == "dashboard"):
+            return
         time.sleep(0.5)
-    raise TimeoutError(
-        f"Ray's dashboard on port {port} did not answer within {timeout:.0f} s; see {proc.log}"
-    )
+    raise TimeoutError(f"Ray's {what} on port {port} did not answer within {timeout:.0f} s; see {head.log}")
+
+
+def _answers(port: int, *, http: bool) -> bool:
+    """The port takes a connection; `http`: Ray's dashboard answers its version there."""
+    if not http:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    with contextlib.suppress(OSError), opener.open(f"http://127.0.0.1:{port}/api/version", timeout=2) as resp:
+        return resp.status == 200
+    return False
 
 
 def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
@@ -260,7 +254,7 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
                    log=artifacts / "ray-head.log")  # fmt: skip
     result = None
     try:
-        wait_dashboard(ports.dashboard, head, timeout=min(120.0, timeout))
+        wait_head(head, ports.dashboard, timeout=min(120.0, timeout))
         runtime_env = json.dumps({"env_vars": {**launch.env, **env}})
         left = max(1.0, timeout - (time.monotonic() - started))
         submit = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import tempfile
 import time
 from pathlib import Path
 
+from rlsmoke.artifacts import earlier_records, write_atomic
+from rlsmoke.cases import case_from_args
+from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
@@ -24,64 +27,46 @@ from rlsmoke.launch.train_only import (
     rollout_step,
     value,
 )
-from rlsmoke.processes import miles_flow
+from rlsmoke.metrics import KINDS, load_record, update_summary
+from rlsmoke.miles_rollout import check_inject
+from rlsmoke.platforms import detect
+from rlsmoke.processes import miles_flow, preflight, runner
+from rlsmoke.processes.lease import lease_ports
 from rlsmoke.recipe import Recipe
+from rlsmoke.repeats import gate_run
 
 
-def wait_port(port: int, head, timeout: float) -> None:
-    """Until the head's GCS accepts connections; the head exiting first is an error with its log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if head.proc.poll() is not None:
-            raise RuntimeError(
-                f"`ray start` exited with {head.proc.returncode} before its GCS came up; see {head.log}"
-            )
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"Ray's GCS on port {port} did not answer within {timeout:.0f} s; see {head.log}")
-
-
-def run(tp: TrainOnlyPlan, *, miles_root: Path, env: dict, timeout: float = STEP_TIMEOUT_S, echo=None):
+def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
     """The pre-flight, convert (unless done), the rollout, Ray's head and Miles' train.py; the first step
     that fails ends the flow and its Result is returned. The HF checkpoint must be there (`prepare_hf`)."""
-    import tempfile
-
-    from rlsmoke.processes import preflight, runner
-    from rlsmoke.processes.lease import lease_ports
-
     out = Path(tp.out)
     out.mkdir(parents=True, exist_ok=True)
     preflight.check_flags(tp.launch, miles_root)  # the user's Miles parses the argv before anything runs
     flow.check(tp.plan)
     failed = miles_flow.convert(
-        tp.plan, tp.paths, miles_root=miles_root, env=env, artifacts=out, timeout=timeout
+        tp.plan, tp.paths, miles_root=miles_root, env={}, artifacts=out, timeout=timeout
     )
     if failed is not None:
         return failed
-    rollout = rollout_step(tp)
-    result = runner.run(rollout.command, env=runner.clean_env(env), log=out / "rollout.log", timeout=timeout)
+    result = runner.run(
+        rollout_step(tp).command, env=runner.clean_env(), log=out / "rollout.log", timeout=timeout
+    )
     if not result.ok:
         return result
     ports = lease_ports()
     # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
     search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
-    full_env = runner.clean_env({**tp.launch.env, **env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
+    full_env = runner.clean_env({**tp.launch.env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
     temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
     head_argv = [*ray_head_train_only(tp.launch), *runner.ray_head_ports(ports, temp_dir)]
+    train_env = {**full_env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}", flow.RECORD_DIR_VAR: tp.record_dir}
     head = runner.Process(head_argv, env=full_env, cwd=miles_root, log=out / "ray-head.log")
     result = None
     try:
-        wait_port(ports.gcs, head, timeout=min(120.0, timeout))
-        train_env = {
-            **full_env,
-            RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}",
-            flow.RECORD_DIR_VAR: tp.record_dir,
-        }
-        result = runner.run(tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout,
-                            echo=echo)  # fmt: skip
+        runner.wait_head(head, ports.gcs, timeout=min(120.0, timeout), what="GCS")
+        result = runner.run(
+            tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout
+        )
     finally:
         runner.stop_ray_head(head, temp_dir, out, result)
         ports.release()
@@ -103,34 +88,24 @@ def prepare_hf(tp: TrainOnlyPlan) -> Path:
     return hf
 
 
-def rollout_info(out: Path) -> dict:
-    """What the rollout step said it wrote (its device, dtype, means), from its log's last `rollout file:` line."""
-    lines = [ln for ln in (out / "rollout.log").read_text().splitlines() if ln.startswith("rollout file: ")]
-    return json.loads(lines[-1].removeprefix("rollout file: ")) if lines else {}
-
-
-def write_summary(tp: TrainOnlyPlan, device: str) -> dict:
-    """summary.json: the run's key (launcher miles, one GPU) and what it ran."""
-    from rlsmoke.metrics import update_summary
-
-    info = rollout_info(Path(tp.out))
+def write_summary(tp: TrainOnlyPlan, device: str) -> None:
+    """summary.json: the run's key (launcher miles, one GPU) and what it ran; `rollout` is what the rollout
+    step said it wrote (its device, dtype, means), from its log's last `rollout file:` line."""
+    log = (Path(tp.out) / "rollout.log").read_text().splitlines()
+    lines = [ln for ln in log if ln.startswith("rollout file: ")]
+    info = json.loads(lines[-1].removeprefix("rollout file: ")) if lines else {}
     fields = {"case": tp.plan.case.name, "platform": tp.plan.topology.platform, "device": device,
               "launcher": "miles", "dtype": f"{info.get('dtype', 'bfloat16')}/float32",
               "width": "tiny" if tp.tiny else "full", "num_gpus": 1, "seed": tp.seed, "repeat": tp.repeat, "mode": "train-only",
               "inject": tp.inject or "none", "rollout_temperature": float(value(tp.launch, "--rollout-temperature")),
               "rollout": info, "miles_root": tp.paths.miles_root, "artifacts": tp.out}  # fmt: skip
     update_summary(tp.out, fields)
-    return fields
 
 
 def gate(out: Path):
     """Miles' logged metrics (run.log, checked against its CiHistory JSONL) against the thresholds of the
     run's key, each step as its seed's record (metrics.jsonl, `repeat` i for step i), as `rlsmoke run
     --repeat` gates its seeds; the verdict goes into summary.json."""
-    from rlsmoke.artifacts import write_atomic
-    from rlsmoke.metrics import KINDS, load_record
-    from rlsmoke.repeats import gate_run
-
     record = load_record(out / "run.log")
     steps = sorted({i for kind in KINDS for i in record.entries.get(kind, {})})
     lines = [{"kind": kind, "index": 0, "repeat": i, "metrics": dict(record.entries[kind][i])}
@@ -142,12 +117,6 @@ def gate(out: Path):
 def handler(args) -> int:
     """`rlsmoke run ... --launcher miles --train-only`: exit 0 every gate passed, 1 a gate failed, 2 bad
     input, 3 a step broke (its log named)."""
-    from rlsmoke.artifacts import earlier_records
-    from rlsmoke.cases import case_from_args
-    from rlsmoke.checkpoints.cache_paths import cache_home
-    from rlsmoke.miles_rollout import check_inject
-    from rlsmoke.platforms import detect
-
     if not args.train_only:
         raise RlsmokeError("--launcher miles in `rlsmoke run` runs Miles' trainer alone", rule="run.launcher",
                            fix="add --train-only, or run Miles' whole flow with pytest --launcher miles")  # fmt: skip
@@ -175,8 +144,8 @@ def handler(args) -> int:
     tp = make_plan(case, paths=paths, out=str(out), recipe=recipe, tiny=tiny, seed=args.seed, inject=args.inject,
                    repeat=args.repeat)  # fmt: skip
     prepare_hf(tp)
-    result = run(tp, miles_root=Path(paths.miles_root), env={})
-    if result is not None and not result.ok:
+    result = run(tp, miles_root=Path(paths.miles_root))
+    if not result.ok:
         what = "timed out" if result.timed_out else f"exited with {result.returncode}"
         tail = "\n".join(result.log.read_text(errors="replace").splitlines()[-20:])
         print(f"{tail}\nerror: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")
