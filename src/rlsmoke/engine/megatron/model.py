@@ -19,10 +19,6 @@ from rlsmoke.engine.megatron.layers import core_attention_cls, sequence_parallel
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
-# Flags whose feature needs TransformerEngine (or a CUDA-only kernel) and the local equivalent used
-# (without grouped GEMM, SequentialMLP: one Linear pair per expert, same math).
-LOCAL_EQUIVALENTS = {"moe_grouped_gemm": False, "moe_permute_fusion": False}
-
 
 def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, params_dtype: torch.dtype,
                        device: str):  # fmt: skip
@@ -30,14 +26,11 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
 
     mla = "--multi-latent-attention" in argv
     kw = config_kwargs(argv, mla=mla)
-    kw.update(LOCAL_EQUIVALENTS)
-    # the layout that runs here replaces the plan's grid (a plan may be rendered for 8 nodes)
-    for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                  "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
-                  "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                  "recompute_granularity", "recompute_method", "recompute_num_layers"):  # fmt: skip
-        kw.pop(field, None)
     kw.update(
+        # what needs TransformerEngine (or a CUDA-only kernel) off: without grouped GEMM, SequentialMLP
+        # (one Linear pair per expert, same math)
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
         tensor_model_parallel_size=par.tp,
         expert_model_parallel_size=par.ep,
         expert_tensor_parallel_size=par.expert_tp,
@@ -138,14 +131,14 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
     _without_transformer_engine()
     argv = spec.megatron_args()  # the Megatron model flags the plan renders for Miles
     config = transformer_config(spec, argv, par, params_dtype=params_dtype, device=device)
-    pos = flag_value(argv, "--position-embedding-type") or "learned_absolute"
+    divisible_by = int(flag_value(argv, "--make-vocab-size-divisible-by") or 128)
     with device_shim(device):
         model = GPTModel(
             config,
             layer_spec(config),
-            vocab_size=vocab_size(spec, argv, par),
+            vocab_size=padded_vocab(spec.vocab_size, divisible_by, par.tp),
             max_sequence_length=int(spec.hf_extra.get("max_position_embeddings", 4096)),
-            position_embedding_type=pos,
+            position_embedding_type=flag_value(argv, "--position-embedding-type") or "learned_absolute",
             rotary_percent=float(flag_value(argv, "--rotary-percent") or 1.0),
             rotary_base=int(float(flag_value(argv, "--rotary-base") or 10000)),
             share_embeddings_and_output_weights="--untie-embeddings-and-output-weights" not in argv,
@@ -186,12 +179,6 @@ def _mark_tensor_parallel(model) -> None:
 # GLM-5's HF q_a_layernorm and kv_a_layernorm use RMSNorm's default eps (1e-6), not rms_norm_eps (1e-5):
 # with 1e-5 the logits differed from HF's by 2.6e-3 (tiny GLM-5, fp32).
 MLA_LATENT_NORM_EPS = 1e-6
-
-
-def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:
-    return padded_vocab(
-        spec.vocab_size, int(flag_value(argv, "--make-vocab-size-divisible-by") or 128), par.tp
-    )
 
 
 def rank_state(model) -> dict[str, torch.Tensor]:
