@@ -137,5 +137,6 @@ def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
     return out
 
 
-def expert_name(template: str, e: int) -> str:
+def expert_name(template: str, e: int | None) -> str:
+    """Expert `e`'s name (a name without `{e}`, of no expert, as it is)."""
     return template.replace("{e}", str(e))
