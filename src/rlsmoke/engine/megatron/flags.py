@@ -52,11 +52,11 @@ FIELDS = {
     "rotary_base": float,
 }
 MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "v_head_dim", "qk_pos_emb_head_dim", "rotary_base")
-# Megatron-LM flag -> (field, value when present, or None to read the flag's value)
+# Megatron-LM flag -> (field, converter of the flag's value, or the value a store_true flag sets)
 RENAMED = {
-    "--num-experts": ("num_moe_experts", None),
-    "--decoder-first-pipeline-num-layers": ("num_layers_in_first_pipeline_stage", None),
-    "--decoder-last-pipeline-num-layers": ("num_layers_in_last_pipeline_stage", None),
+    "--num-experts": ("num_moe_experts", int),
+    "--decoder-first-pipeline-num-layers": ("num_layers_in_first_pipeline_stage", int),
+    "--decoder-last-pipeline-num-layers": ("num_layers_in_last_pipeline_stage", int),
     "--swiglu": ("gated_linear_unit", True),
     "--disable-bias-linear": ("add_bias_linear", False),
 }
@@ -84,21 +84,17 @@ def config_kwargs(argv: list[str], *, mla: bool) -> dict:
     import torch
 
     kwargs: dict = {"bf16": True, "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16}
-    for field, convert in FIELDS.items():
-        if field in MLA_ONLY and not mla:
-            continue
-        flag = "--" + field.replace("_", "-")
-        if convert is bool:
+    named = {
+        "--" + field.replace("_", "-"): (field, True if convert is bool else convert)
+        for field, convert in FIELDS.items()
+        if mla or field not in MLA_ONLY
+    }
+    for flag, (field, convert) in (named | RENAMED).items():
+        if not isinstance(convert, type):  # a store_true flag: the value it sets
             if flag in argv:
-                kwargs[field] = True
+                kwargs[field] = convert
         elif (value := flag_value(argv, flag)) is not None:
             kwargs[field] = convert(value)
-    for flag, (field, const) in RENAMED.items():
-        if const is not None:
-            if flag in argv:
-                kwargs[field] = const
-        elif (value := flag_value(argv, flag)) is not None:
-            kwargs[field] = int(value)
     if "--group-query-attention" in argv:
         kwargs["num_query_groups"] = int(flag_value(argv, "--num-query-groups"))
     if (freq := flag_value(argv, "--moe-layer-freq")) is not None:
