@@ -52,8 +52,7 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         # the loss is already divided by the global token count: DDP sums instead of averaging
         calculate_per_token_loss=True,
     )
-    rate = flag_value(argv, "--moe-router-bias-update-rate")
-    if rate is not None:
+    if (rate := flag_value(argv, "--moe-router-bias-update-rate")) is not None:
         # config_kwargs drops a rate of 0, whose default 1e-3 would move the expert bias; Miles freezes it
         kw["moe_router_bias_update_rate"] = float(rate)
     if not device.startswith("cuda"):
@@ -121,8 +120,7 @@ def _without_transformer_engine() -> None:
 def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = torch.float32,
               device: str = "cpu"):  # fmt: skip
     """The rank's GPTModel (model-parallel state must be initialized for `par`)."""
-    why = refusal(spec)  # RunConfig.validate refuses it first, before anything loads
-    if why:
+    if why := refusal(spec):  # RunConfig.validate refuses it first, before anything loads
         raise RlsmokeError(
             why, rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested"
         )

@@ -46,9 +46,7 @@ class HFStyle(torch.nn.Module):
 
     def forward(self, input_ids, use_cache=False, **_):
         b, s = input_ids.shape
-        split = self.par.tp if self.par.tp > 1 and self.par.sp else 1
-        pad = -s % split
-        if pad:
+        if pad := -s % (self.par.tp if self.par.sp else 1):
             input_ids = torch.cat([input_ids, input_ids.new_zeros(b, pad)], dim=1)
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(b, -1)
         with device_shim(self.device_name):
@@ -104,8 +102,7 @@ class MegatronTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self._reached.clear()
         device = torch.device(self.comm_device)
-        [total_tokens] = self._sum([float(sum(g.mask.sum() for g in groups))], dp_group)
-        total_tokens = max(total_tokens, 1.0)
+        total_tokens = max(self._sum([float(sum(g.mask.sum() for g in groups))], dp_group)[0], 1.0)
         sums = dict.fromkeys(STEP_SUMS, 0.0)
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)
@@ -227,8 +224,7 @@ def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, t
             dist.all_gather(parts, mine[name].contiguous())
             for r, t in enumerate(parts):
                 states[r][name] = t.cpu()
-    full = unshard(states, spec, hf, par)
-    return megatron_to_hf(full, spec, hf, defect=defect)
+    return megatron_to_hf(unshard(states, spec, hf, par), spec, hf, defect=defect)
 
 
 class MegatronTrainWorker:
