@@ -87,13 +87,6 @@ KDA: dict[str, Cut] = {
 HYPER_CONNECTIONS = tuple(f"hc_{part}_{name}" for part in ("attn", "ffn") for name in ("base", "fn", "scale"))
 
 
-def _mla(hf: str, mg: str, hf_names: set[str]) -> list[Rule]:
-    rules = [Rule(mg + m, (hf + h,), cut) for m, (h, cut) in MLA.items()]
-    rules += [Rule(mg + "core_attention.indexer." + m, (hf + "indexer." + h,)) for m, h in DSA_INDEXER.items()
-              if hf + "indexer." + h in hf_names]  # fmt: skip
-    return rules
-
-
 def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
     """Every Megatron tensor of `spec`, given the HF names (a layer with `self_attn.A_log` is KDA)."""
     hf_names = set(hf_names)
@@ -112,8 +105,10 @@ def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
             out += _gqa(spec, attn, mg_attn)
         elif attn + "A_log" in hf_names:
             out += [Rule(mg_attn + name, (attn + name,), cut) for name, cut in KDA.items()]
-        else:
-            out += _mla(attn, mg_attn, hf_names)
+        else:  # MLA, and the DSA indexer's tensors the checkpoint holds
+            out += [Rule(mg_attn + m, (attn + h,), cut) for m, (h, cut) in MLA.items()]
+            hf_ix, mg_ix = attn + "indexer.", mg_attn + "core_attention.indexer."
+            out += [Rule(mg_ix + m, (hf_ix + h,)) for m, h in DSA_INDEXER.items() if hf_ix + h in hf_names]
         out += [Rule(mg + h, (hf + h,)) for h in HYPER_CONNECTIONS if hf + h in hf_names]
         out += _mlp(hf + "mlp.", mg + "mlp.", moe=i >= spec.first_k_dense)
     # a vision tower travels under its own name; anything else unruled in the text tower is an error
