@@ -14,8 +14,6 @@ FIELDS = {
     "expert_model_parallel_size": int,
     "expert_tensor_parallel_size": int,
     "sequence_parallel": bool,
-    "num_layers_in_first_pipeline_stage": int,
-    "num_layers_in_last_pipeline_stage": int,
     # shape
     "num_layers": int,
     "hidden_size": int,
