@@ -27,10 +27,9 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
     mla = "--multi-latent-attention" in argv
     kw = config_kwargs(argv, mla=mla)
     kw.update(
-        # what needs TransformerEngine (or a CUDA-only kernel) off: without grouped GEMM, SequentialMLP
-        # (one Linear pair per expert, same math)
+        # no grouped GEMM without TransformerEngine: SequentialMLP, one Linear pair per expert (same math);
+        # the fused kernels, the MoE permute's too, stay off as megatron-core's defaults have them
         moe_grouped_gemm=False,
-        moe_permute_fusion=False,
         tensor_model_parallel_size=par.tp,
         expert_model_parallel_size=par.ep,
         expert_tensor_parallel_size=par.expert_tp,
@@ -44,11 +43,6 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         hidden_dropout=0.0,
         attention_dropout=0.0,
         layernorm_epsilon=float(spec.hf_extra.get("rms_norm_eps", 1e-5)),
-        gradient_accumulation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
         # the loss is already divided by the global token count: DDP sums instead of averaging
         calculate_per_token_loss=True,
     )
