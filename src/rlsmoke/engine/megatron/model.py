@@ -135,11 +135,13 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
             rotary_base=int(float(flag_value(argv, "--rotary-base") or 10000)),
             share_embeddings_and_output_weights="--untie-embeddings-and-output-weights" not in argv,
         )
-    # the DSA indexer's key norm too: HF builds it as LayerNorm(eps=1e-6), megatron-core with layernorm_epsilon
+    # HF builds MLA's q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, the DSA indexer's key norm
+    # as LayerNorm(eps=1e-6); megatron-core builds them with rms_norm_eps (1e-5), which put the logits 2.6e-3
+    # off HF's (tiny GLM-5, fp32)
     latent_norms = ("self_attention.q_layernorm", "self_attention.kv_layernorm", "indexer.k_norm")
     for name, module in model.named_modules() if "--multi-latent-attention" in argv else ():
         if name.endswith(latent_norms) and hasattr(module, "eps"):
-            module.eps = MLA_LATENT_NORM_EPS
+            module.eps = 1e-6
     _mark_tensor_parallel(model)
     return model.to(device)
 
@@ -166,11 +168,6 @@ def _mark_tensor_parallel(model) -> None:
             set_tensor_model_parallel_attributes(weight, True, 1, 1)
     for p in model.parameters():
         set_defaults_if_not_set_tensor_model_parallel_attributes(p)
-
-
-# GLM-5's HF q_a_layernorm and kv_a_layernorm use RMSNorm's default eps (1e-6), not rms_norm_eps (1e-5):
-# with 1e-5 the logits differed from HF's by 2.6e-3 (tiny GLM-5, fp32).
-MLA_LATENT_NORM_EPS = 1e-6
 
 
 def rank_state(model) -> dict[str, torch.Tensor]:
