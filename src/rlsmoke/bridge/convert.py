@@ -42,14 +42,10 @@ class Parallel:
         """The smallest world that holds both grids."""
         return math.lcm(self.tp, self.ep * self.expert_tp)
 
-    @property
-    def dp(self) -> int:
-        """Data-parallel replicas of the dense layers (PP = CP = 1 here)."""
-        return self.world_size // self.tp
-
     def executed(self) -> dict[str, int | bool]:
         """The layout as run: what summary.json records under `parallel`."""
-        return {"tp": self.tp, "ep": self.ep, "pp": 1, "cp": 1, "dp": self.dp, "sp": self.tp > 1 and self.sp}
+        dp = self.world_size // self.tp  # replicas of the dense layers (PP = CP = 1 here)
+        return {"tp": self.tp, "ep": self.ep, "pp": 1, "cp": 1, "dp": dp, "sp": self.tp > 1 and self.sp}
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(tp_rank, ep_rank, etp_rank) of a global rank."""
