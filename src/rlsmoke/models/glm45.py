@@ -7,9 +7,8 @@ from rlsmoke.models.base import ModelSpec, ParallelGrid, frozen, moe_layer_freq,
 
 def glm45_megatron_args(spec: ModelSpec) -> list[str]:
     x = spec.hf_extra
-    qk_norm = ["--qk-layernorm"] if x["use_qk_norm"] else []
     return [
-        "--disable-bias-linear", *qk_norm, "--group-query-attention",
+        "--disable-bias-linear", *(["--qk-layernorm"] if x["use_qk_norm"] else []), "--group-query-attention",
         "--num-attention-heads", str(spec.num_attention_heads),
         "--num-query-groups", str(spec.num_query_groups),
         "--kv-channels", str(x["head_dim"]),
