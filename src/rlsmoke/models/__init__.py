@@ -45,10 +45,7 @@ _MODELS: dict[str, Callable[[], ModelSpec]] = {
 }
 MODEL_NAMES = tuple(_MODELS)
 # What a case becomes on one GPU, where its full width does not fit with fp32 master weights.
-ONE_GPU_VARIANT = {
-    "glm5-744b-a40b-4layer": "glm5-744b-a40b-4layer-1gpu",
-    "glm5.3-flash-4layer": "glm5.3-flash-4layer-1gpu",
-}
+ONE_GPU_VARIANT = {name: f"{name}-1gpu" for name in ("glm5-744b-a40b-4layer", "glm5.3-flash-4layer")}
 
 
 def model_spec(name: str, *, tiny: bool = False) -> ModelSpec:
