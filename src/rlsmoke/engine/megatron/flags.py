@@ -23,7 +23,6 @@ FIELDS = {
     "qk_layernorm": bool,
     "add_qkv_bias": bool,
     "normalization": str,
-    # MoE
     "moe_router_topk": int,
     "moe_ffn_hidden_size": int,
     "moe_shared_expert_intermediate_size": int,
@@ -37,7 +36,6 @@ FIELDS = {
     "moe_token_dispatcher_type": str,
     "moe_grouped_gemm": bool,
     "moe_enable_deepep": bool,
-    # recompute
     "recompute_granularity": str,
     "recompute_method": str,
     "recompute_num_layers": int,
@@ -62,7 +60,6 @@ RENAMED = {
 
 def moe_layer_freq_value(expr: str) -> int | list[int]:
     """Megatron-LM's `--moe-layer-freq`: an int, or a list expression such as `[0]*3+[1]*1`."""
-    tree = ast.parse(expr, mode="eval").body
 
     def ev(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
@@ -74,7 +71,7 @@ def moe_layer_freq_value(expr: str) -> int | list[int]:
             return left * right if isinstance(node.op, ast.Mult) else left + right
         raise ValueError(f"--moe-layer-freq={expr!r} is not an int or a list expression")
 
-    return ev(tree)
+    return ev(ast.parse(expr, mode="eval").body)
 
 
 def config_kwargs(argv: list[str], *, mla: bool) -> dict:
