@@ -148,26 +148,20 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
 
 def _mark_tensor_parallel(model) -> None:
     """megatron-core marks TP-split weights only in its initializer: unmarked, TP=2's grad norm was wrong."""
-    from megatron.core.tensor_parallel.layers import (
-        ColumnParallelLinear,
-        RowParallelLinear,
-        VocabParallelEmbedding,
-        set_defaults_if_not_set_tensor_model_parallel_attributes,
-        set_tensor_model_parallel_attributes,
-    )
+    from megatron.core import tensor_parallel
 
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if weight is None or hasattr(weight, "tensor_model_parallel"):
             continue
-        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+        if isinstance(module, (tensor_parallel.ColumnParallelLinear, tensor_parallel.VocabParallelEmbedding)):
             # a gated fc1 holds [gate_r; up_r] on each rank: megatron-core's stride 2
             gated = name.endswith("linear_fc1") and module.config.gated_linear_unit
-            set_tensor_model_parallel_attributes(weight, True, 0, 2 if gated else 1)
-        elif isinstance(module, RowParallelLinear):
-            set_tensor_model_parallel_attributes(weight, True, 1, 1)
+            tensor_parallel.set_tensor_model_parallel_attributes(weight, True, 0, 2 if gated else 1)
+        elif isinstance(module, tensor_parallel.RowParallelLinear):
+            tensor_parallel.set_tensor_model_parallel_attributes(weight, True, 1, 1)
     for p in model.parameters():
-        set_defaults_if_not_set_tensor_model_parallel_attributes(p)
+        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)
 
 
 def rank_state(model) -> dict[str, torch.Tensor]:
