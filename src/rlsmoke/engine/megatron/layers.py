@@ -50,8 +50,7 @@ def core_attention_cls():
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                    scale=self.softmax_scale)  # fmt: skip
-            b, h, _, dv = out.shape
-            return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
+            return out.permute(2, 0, 1, 3).flatten(2)
 
     return CausalCoreAttention
 
