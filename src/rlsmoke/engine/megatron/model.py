@@ -64,6 +64,7 @@ def layer_spec(config):
     """The local block spec with our core attention and MLA's down projections duplicated as TE's spec
     does: split by rows, the shared RoPE key's grad was 50-110% off at TP=2 (tiny GLM-5)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.post_training.modelopt.layers import Linear
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
     core = core_attention_cls()
@@ -71,8 +72,6 @@ def layer_spec(config):
         attention = layer.submodules.self_attention.submodules
         attention.core_attention = core
         if hasattr(attention, "linear_kv_down_proj"):
-            from megatron.core.post_training.modelopt.layers import Linear
-
             attention.linear_kv_down_proj = Linear
             if getattr(attention, "linear_q_down_proj", None) is not None:
                 attention.linear_q_down_proj = Linear
