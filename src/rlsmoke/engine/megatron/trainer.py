@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from rlsmoke.bridge.convert import Parallel, hf_to_megatron, megatron_to_hf, shard, unshard
-from rlsmoke.engine import precision
+from rlsmoke.engine import precision, train
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.megatron import MODULES, available
 from rlsmoke.engine.megatron.dist import backend_for, init
@@ -24,14 +24,6 @@ from rlsmoke.engine.megatron.model import build_gpt, device_shim, rank_state
 from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps
 from rlsmoke.engine.procs import free_port
 from rlsmoke.engine.read import read_checkpoint, unfilled
-from rlsmoke.engine.train import (
-    STEP_SUMS,
-    checksums,
-    group_loss,
-    require_finite,
-    step_metrics,
-    token_logprobs,
-)
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import ModelSpec
 
@@ -84,7 +76,7 @@ class MegatronTrainer:
     def forward_only(self, groups):
         """The old log-probs and entropies, eval mode, no graph (no autocast: the params are the dtype)."""
         self.model.eval()
-        return [tuple(t.cpu() for t in token_logprobs(self.model, g, self.temperature)) for g in groups]
+        return [tuple(t.cpu() for t in train.token_logprobs(self.model, g, self.temperature)) for g in groups]
 
     def _sum(self, values: list[float], group=None) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
@@ -103,13 +95,14 @@ class MegatronTrainer:
         self._reached.clear()
         device = torch.device(self.comm_device)
         total_tokens = max(self._sum([float(sum(g.mask.sum() for g in groups))], dp_group)[0], 1.0)
-        sums = dict.fromkeys(STEP_SUMS, 0.0)
+        sums = dict.fromkeys(train.STEP_SUMS, 0.0)
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)
-            logp, entropy = token_logprobs(self.model, g, self.temperature)
-            loss, group_sums = group_loss(logp, entropy, mask, old_lp.to(device), adv.to(device), eps_clip=cfg.eps_clip,
-                                          eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef)  # fmt: skip
-            require_finite(loss, g)
+            logp, entropy = train.token_logprobs(self.model, g, self.temperature)
+            loss, group_sums = train.group_loss(logp, entropy, mask, old_lp.to(device), adv.to(device),
+                                                eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
+                                                entropy_coef=cfg.entropy_coef)  # fmt: skip
+            train.require_finite(loss, g)
             with device_shim(self.comm_device):  # SP's backward asks megatron-core's device too
                 (loss / total_tokens).backward()
             for k, v in group_sums.items():
@@ -127,17 +120,17 @@ class MegatronTrainer:
             for main in self.master.parameters():
                 if main.grad is not None:
                     main.grad.mul_(coef)
-        before = checksums(self.master)
+        before = train.checksums(self.master)
         self.optimizer.step()
         precision.refresh(self._pairs)
-        after = checksums(self.master)
+        after = train.checksums(self.master)
         changed, count = self._sum([float(sum(after[n] != before[n] for n in before)), float(len(before))])
         if changed == 0:
             raise RunError("the optimizer step changed no parameter", rule="train.update_applied")
         self.model.eval()
-        totals = dict(zip(STEP_SUMS, self._sum([sums[k] for k in STEP_SUMS], dp_group), strict=True))
-        return step_metrics(totals, total_tokens, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
-                            changed=changed, count=count)  # fmt: skip
+        totals = dict(zip(sums, self._sum(list(sums.values()), dp_group), strict=True))
+        return train.step_metrics(totals, total_tokens, grad_norm=grad_norm, changed=changed, count=count,
+                                  lr=self.optimizer.param_groups[0]["lr"])  # fmt: skip
 
     @torch.no_grad()
     def _grad_norm(self) -> float:
