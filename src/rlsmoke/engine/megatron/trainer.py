@@ -268,12 +268,10 @@ def in_memory_weights(model, disk: dict[str, torch.Tensor], dtype: torch.dtype):
             t = disk[name]
         elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             base, kind = name.rsplit(".", 1)
-            n = p.shape[0]
-            if kind == "gate_up_proj":
-                t = torch.stack([torch.cat([disk[f"{base}.{e}.gate_proj.weight"], disk[f"{base}.{e}.up_proj.weight"]])
-                                 for e in range(n)])  # fmt: skip
-            else:
-                t = torch.stack([disk[f"{base}.{e}.down_proj.weight"] for e in range(n)])
+            parts = ("gate_proj", "up_proj") if kind == "gate_up_proj" else ("down_proj",)
+            t = torch.stack(
+                [torch.cat([disk[f"{base}.{e}.{w}.weight"] for w in parts]) for e in range(len(p))]
+            )
         else:
             raise RlsmokeError(
                 f"rollout parameter {name} has no HF checkpoint tensor", rule="bridge.hf_names"
