@@ -42,20 +42,16 @@ class Parallel:
         """The smallest world that holds both grids."""
         return math.lcm(self.tp, self.ep * self.expert_tp)
 
-    @property
-    def dp(self) -> int:
-        """Data-parallel replicas of the dense layers (PP = CP = 1 here)."""
-        return self.world_size // self.tp
-
     def executed(self) -> dict[str, int | bool]:
         """The layout as run: what summary.json records under `parallel`."""
-        return {"tp": self.tp, "ep": self.ep, "pp": 1, "cp": 1, "dp": self.dp, "sp": self.tp > 1 and self.sp}
+        dp = self.world_size // self.tp  # replicas of the dense layers (PP = CP = 1 here)
+        return {"tp": self.tp, "ep": self.ep, "pp": 1, "cp": 1, "dp": dp, "sp": self.tp > 1 and self.sp}
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(tp_rank, ep_rank, etp_rank) of a global rank."""
         return rank % self.tp, (rank // self.expert_tp) % self.ep, rank % self.expert_tp
 
-    def check(self, spec: ModelSpec) -> Parallel:
+    def check(self, spec: ModelSpec) -> None:
         problems = []
         if spec.num_experts % self.ep:
             problems.append(f"ep={self.ep} does not divide num_experts={spec.num_experts}")
@@ -65,7 +61,6 @@ class Parallel:
             raise RlsmokeError(
                 "; ".join(problems), rule="bridge.layout", fix="choose a TP/EP the model divides"
             )
-        return self
 
 
 def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
@@ -105,15 +100,6 @@ def _split(rule: Rule, t: torch.Tensor, spec: ModelSpec, defect: str | None) -> 
     return parts[::-1] if rule.tp == "gate_up" and defect == "bridge-gate-up-order" else parts
 
 
-def _kv_permutation(spec: ModelSpec, t: torch.Tensor, inverse: bool) -> torch.Tensor:
-    """bridge-kv-order on MLA: per head, [k_nope; v] read as [v; k_nope]."""
-    nope, v = spec.hf_extra["qk_nope_head_dim"], spec.hf_extra["v_head_dim"]
-    heads = t.reshape(spec.num_attention_heads, nope + v, -1)
-    a, b = (v, nope) if inverse else (nope, v)
-    first, second = heads.split([a, b], dim=1)
-    return torch.cat([second, first], dim=1).reshape(t.shape)
-
-
 # The DSA indexer tensors whose rows are head dims (wq_b: per indexer head).
 INDEXER_HEAD_DIM_ROWS = tuple(f"core_attention.indexer.{n}" for n in
                               ("linear_wq_b.weight", "linear_wk.weight", "k_norm.weight", "k_norm.bias"))  # fmt: skip
@@ -124,15 +110,23 @@ def moves_indexer_rope(spec: ModelSpec) -> bool:
     return spec.family == "glm5"
 
 
-def _indexer_rope(spec: ModelSpec, t: torch.Tensor, *, to_megatron: bool) -> torch.Tensor:
-    """Per indexer head, the RoPE rows moved between first and last, as Miles' converter does."""
-    head, rope = spec.hf_extra["index_head_dim"], spec.hf_extra["qk_rope_head_dim"]
-    heads = t.reshape(-1, head, *t.shape[1:])
-    cut = rope if to_megatron else head - rope
-    return torch.cat([heads[:, cut:], heads[:, :cut]], dim=1).reshape(t.shape)
+def _head_rows(
+    rule: Rule, t: torch.Tensor, spec: ModelSpec, defect: str | None, *, to_megatron: bool
+) -> torch.Tensor:
+    """Rows moved within each head: the indexer's RoPE rows between first and last (as Miles' converter
+    does), or bridge-kv-order's MLA [k_nope; v] read as [v; k_nope]."""
+    x = spec.hf_extra
+    if rule.megatron.endswith(INDEXER_HEAD_DIM_ROWS) and moves_indexer_rope(spec):
+        rows, first = x["index_head_dim"], x["qk_rope_head_dim"]
+    elif defect == "bridge-kv-order" and rule.megatron.endswith("linear_kv_up_proj.weight"):
+        rows, first = x["qk_nope_head_dim"] + x["v_head_dim"], x["qk_nope_head_dim"]
+    else:
+        return t
+    cut = first if to_megatron else rows - first  # the rows of each head that move to its end
+    return t.reshape(-1, rows, *t.shape[1:]).roll(-cut, dims=1).reshape(t.shape)
 
 
-def _expert_source(e: int, spec: ModelSpec, defect: str | None) -> int:
+def _expert_source(e: int | None, spec: ModelSpec, defect: str | None) -> int | None:
     return 1 - e if defect == "bridge-expert-swap" and e in (0, 1) and spec.num_experts > 1 else e
 
 
@@ -150,20 +144,16 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, *, vocab_siz
     used: set[str] = set()
     for rule in rules(spec, hf):
         for e in range(spec.num_experts) if rule.expert else (None,):
-            names = [expert_name(n, _expert_source(e, spec, defect)) if e is not None else n for n in rule.hf]
-            missing = [n for n in names if n not in hf]
-            if missing:
+            names = [expert_name(n, _expert_source(e, spec, defect)) for n in rule.hf]
+            if missing := [n for n in names if n not in hf]:
                 raise RlsmokeError(f"HF tensor {missing[0]} is missing for {rule.megatron}",
                                    rule="bridge.hf_names", fix="convert a checkpoint of this model")  # fmt: skip
             used.update(names)
             t = _fuse(rule, [hf[n] for n in names], spec, defect)
-            if rule.megatron.endswith(INDEXER_HEAD_DIM_ROWS) and moves_indexer_rope(spec):
-                t = _indexer_rope(spec, t, to_megatron=True)
-            if defect == "bridge-kv-order" and rule.megatron.endswith("linear_kv_up_proj.weight"):
-                t = _kv_permutation(spec, t, inverse=False)
+            t = _head_rows(rule, t, spec, defect, to_megatron=True)
             if rule.tp == "vocab" and vocab_size and vocab_size > t.shape[0]:
                 t = torch.cat([t, t.new_zeros(vocab_size - t.shape[0], *t.shape[1:])])
-            out[expert_name(rule.megatron, e) if e is not None else rule.megatron] = t
+            out[expert_name(rule.megatron, e)] = t
     if left := sorted(set(hf) - used):
         raise RlsmokeError(f"HF tensor {left[0]} (+{len(left) - 1} more) has no Megatron rule",
                            rule="bridge.hf_names", fix="add a rule to rlsmoke.bridge.tables")  # fmt: skip
@@ -177,16 +167,13 @@ def megatron_to_hf(full: Mapping[str, torch.Tensor], spec: ModelSpec, hf_names,
     out: dict[str, torch.Tensor] = {}
     for rule in rules(spec, hf_names):
         for e in range(spec.num_experts) if rule.expert else (None,):
-            t = full[expert_name(rule.megatron, e) if e is not None else rule.megatron]
+            t = full[expert_name(rule.megatron, e)]
             if rule.tp == "vocab":
                 t = t[: spec.vocab_size]
-            if defect == "bridge-kv-order" and rule.megatron.endswith("linear_kv_up_proj.weight"):
-                t = _kv_permutation(spec, t, inverse=True)
-            if rule.megatron.endswith(INDEXER_HEAD_DIM_ROWS) and moves_indexer_rope(spec):
-                t = _indexer_rope(spec, t, to_megatron=False)
-            src = _expert_source(e, spec, defect) if e is not None else None
+            t = _head_rows(rule, t, spec, defect, to_megatron=False)
+            src = _expert_source(e, spec, defect)
             for name, part in zip(rule.hf, _split(rule, t, spec, defect), strict=True):
-                out[expert_name(name, src) if src is not None else name] = part
+                out[expert_name(name, src)] = part
     return out
 
 

@@ -23,13 +23,7 @@ class Rule:
     expert: bool = False
 
 
-def _hf_prefix(spec: ModelSpec) -> str:
-    # GLM-5.3-Flash's text tower sits under the multimodal wrapper.
-    return "model.language_model." if spec.family == "glm5.3-flash" else "model."
-
-
-def _mlp(spec: ModelSpec, i: int, moe: bool) -> list[Rule]:
-    hf, mg = f"{_hf_prefix(spec)}layers.{i}.mlp.", f"decoder.layers.{i}.mlp."
+def _mlp(hf: str, mg: str, moe: bool) -> list[Rule]:
     if not moe:
         return [
             Rule(mg + "linear_fc1.weight", (hf + "gate_proj.weight", hf + "up_proj.weight"), "gate_up"),
@@ -48,8 +42,7 @@ def _mlp(spec: ModelSpec, i: int, moe: bool) -> list[Rule]:
     ]
 
 
-def _gqa(spec: ModelSpec, i: int) -> list[Rule]:
-    hf, mg = f"model.layers.{i}.self_attn.", f"decoder.layers.{i}.self_attention."
+def _gqa(spec: ModelSpec, hf: str, mg: str) -> list[Rule]:
     rules = [
         Rule(mg + "linear_qkv.weight", tuple(hf + f"{p}_proj.weight" for p in "qkv"), "qkv"),
         Rule(mg + "linear_proj.weight", (hf + "o_proj.weight",), "row"),
@@ -72,17 +65,16 @@ MLA: dict[str, tuple[str, Cut]] = {
     "linear_kv_up_proj.weight": ("kv_b_proj.weight", "column"),
     "linear_proj.weight": ("o_proj.weight", "row"),
 }
-# DSA indexer: megatron-core names -> HF names, duplicated on every TP rank.
+# DSA indexer: megatron-core names -> HF names, duplicated on every TP rank (the key pool: GLM-5.3-Flash's).
 DSA_INDEXER = {
     "linear_wq_b.weight": "wq_b.weight",
     "linear_wk.weight": "wk.weight",
     "k_norm.weight": "k_norm.weight",
     "k_norm.bias": "k_norm.bias",
     "linear_weights_proj.weight": "weights_proj.weight",
+    "index_kpool_compress_ape": "index_kpool_compress_ape",
+    "index_kpool_compress_gate": "index_kpool_compress_gate",
 }
-# GLM-5.3-Flash's indexer adds a compressed key pool.
-DSA_INDEXER_FLASH = {"index_kpool_compress_ape": "index_kpool_compress_ape",
-                     "index_kpool_compress_gate": "index_kpool_compress_gate"}  # fmt: skip
 # KDA (no megatron-core module): HF name -> TP cut, by heads.
 KDA: dict[str, Cut] = {
     "q_proj.weight": "column", "k_proj.weight": "column", "v_proj.weight": "column",
@@ -95,26 +87,10 @@ KDA: dict[str, Cut] = {
 HYPER_CONNECTIONS = tuple(f"hc_{part}_{name}" for part in ("attn", "ffn") for name in ("base", "fn", "scale"))
 
 
-def _mla(spec: ModelSpec, i: int, hf_names: set[str]) -> list[Rule]:
-    hf, mg = f"{_hf_prefix(spec)}layers.{i}.self_attn.", f"decoder.layers.{i}.self_attention."
-    rules = [Rule(mg + m, (hf + h,), cut) for m, (h, cut) in MLA.items()]
-    indexer = dict(DSA_INDEXER)
-    if spec.family == "glm5.3-flash":
-        indexer.update(DSA_INDEXER_FLASH)
-    rules += [Rule(mg + "core_attention.indexer." + m, (hf + "indexer." + h,)) for m, h in indexer.items()
-              if hf + "indexer." + h in hf_names]  # fmt: skip
-    return rules
-
-
-def _kda(spec: ModelSpec, i: int) -> list[Rule]:
-    hf, mg = f"{_hf_prefix(spec)}layers.{i}.self_attn.", f"decoder.layers.{i}.self_attention."
-    return [Rule(mg + name, (hf + name,), cut) for name, cut in KDA.items()]
-
-
 def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
     """Every Megatron tensor of `spec`, given the HF names (a layer with `self_attn.A_log` is KDA)."""
     hf_names = set(hf_names)
-    p = _hf_prefix(spec)
+    p = "model.language_model." if spec.family == "glm5.3-flash" else "model."  # Flash: a multimodal wrapper
     out = [
         Rule("embedding.word_embeddings.weight", (p + "embed_tokens.weight",), "vocab"),
         Rule("decoder.final_layernorm.weight", (p + "norm.weight",)),
@@ -124,18 +100,22 @@ def rules(spec: ModelSpec, hf_names: Iterable[str]) -> list[Rule]:
         hf, mg = f"{p}layers.{i}.", f"decoder.layers.{i}."
         out += [Rule(mg + "input_layernorm.weight", (hf + "input_layernorm.weight",)),
                 Rule(mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",))]  # fmt: skip
+        attn, mg_attn = hf + "self_attn.", mg + "self_attention."
         if spec.attention == "gqa":
-            out += _gqa(spec, i)
-        elif hf + "self_attn.A_log" in hf_names:
-            out += _kda(spec, i)
-        else:
-            out += _mla(spec, i, hf_names)
+            out += _gqa(spec, attn, mg_attn)
+        elif attn + "A_log" in hf_names:
+            out += [Rule(mg_attn + name, (attn + name,), cut) for name, cut in KDA.items()]
+        else:  # MLA, and the DSA indexer's tensors the checkpoint holds
+            out += [Rule(mg_attn + m, (attn + h,), cut) for m, (h, cut) in MLA.items()]
+            hf_ix, mg_ix = attn + "indexer.", mg_attn + "core_attention.indexer."
+            out += [Rule(mg_ix + m, (hf_ix + h,)) for m, h in DSA_INDEXER.items() if hf_ix + h in hf_names]
         out += [Rule(mg + h, (hf + h,)) for h in HYPER_CONNECTIONS if hf + h in hf_names]
-        out += _mlp(spec, i, moe=i >= spec.first_k_dense)
+        out += _mlp(hf + "mlp.", mg + "mlp.", moe=i >= spec.first_k_dense)
     # a vision tower travels under its own name; anything else unruled in the text tower is an error
     out += [Rule(n, (n,)) for n in sorted(hf_names) if not n.startswith(p) and n != "lm_head.weight"]
     return out
 
 
-def expert_name(template: str, e: int) -> str:
+def expert_name(template: str, e: int | None) -> str:
+    """Expert `e`'s name (a name without `{e}`, of no expert, as it is)."""
     return template.replace("{e}", str(e))

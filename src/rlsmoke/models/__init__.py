@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlsmoke.errors import UnknownNameError
-from rlsmoke.models.base import ModelSpec, moe_layer_freq, reduce_layers
+from rlsmoke.models.base import ModelSpec, reduce_layers
 from rlsmoke.models.glm5 import glm5_744b_a40b, glm5_tiny
 from rlsmoke.models.glm5_flash import glm5_3_flash, glm5_flash_tiny
 from rlsmoke.models.glm45 import glm45_355b_a32b, glm45_air, glm45_tiny
 
-__all__ = ["ModelSpec", "MODEL_NAMES", "ONE_GPU_VARIANT", "model_spec", "moe_layer_freq", "reduce_layers"]
+__all__ = ["ModelSpec", "MODEL_NAMES", "ONE_GPU_VARIANT", "model_spec", "reduce_layers"]
 
 _TINY: dict[str, Callable[[ModelSpec], ModelSpec]] = {
     "glm5": glm5_tiny,
@@ -45,10 +45,7 @@ _MODELS: dict[str, Callable[[], ModelSpec]] = {
 }
 MODEL_NAMES = tuple(_MODELS)
 # What a case becomes on one GPU, where its full width does not fit with fp32 master weights.
-ONE_GPU_VARIANT = {
-    "glm5-744b-a40b-4layer": "glm5-744b-a40b-4layer-1gpu",
-    "glm5.3-flash-4layer": "glm5.3-flash-4layer-1gpu",
-}
+ONE_GPU_VARIANT = {name: f"{name}-1gpu" for name in ("glm5-744b-a40b-4layer", "glm5.3-flash-4layer")}
 
 
 def model_spec(name: str, *, tiny: bool = False) -> ModelSpec:
@@ -57,6 +54,5 @@ def model_spec(name: str, *, tiny: bool = False) -> ModelSpec:
         raise UnknownNameError(
             f"case={name!r} is unknown", rule="case.known", fix=f"use one of: {', '.join(MODEL_NAMES)}"
         )
-    spec = _MODELS[name]()
-    spec = spec.replace(name=name)
+    spec = _MODELS[name]().replace(name=name)
     return _TINY[spec.family](spec) if tiny else spec

@@ -18,7 +18,6 @@ def frozen(d: Mapping | None = None, **kwargs) -> Mapping:
 # Every family's tiny width: the same layer structure, seconds to train on 2 CPU cores.
 TINY_WIDTH = dict(hidden_size=256, ffn_hidden_size=512, moe_ffn_hidden_size=128, num_experts=16, moe_topk=4,
                   vocab_size=4096)  # fmt: skip
-TINY_MAX_POSITIONS = 4096
 # GLM-5 and GLM-5.3-Flash: MLA and the DSA indexer at the tiny width
 TINY_MLA = dict(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim=32, index_head_dim=32,
                 index_n_heads=4)  # fmt: skip
@@ -31,7 +30,7 @@ def tiny(spec: ModelSpec, *, heads: int, query_groups: int, **extra) -> ModelSpe
         num_attention_heads=heads,
         num_query_groups=query_groups,
         **TINY_WIDTH,
-        hf_extra=frozen({**spec.hf_extra, **extra, "max_position_embeddings": TINY_MAX_POSITIONS}),
+        hf_extra=frozen(spec.hf_extra, **extra, max_position_embeddings=4096),
     )
 
 

@@ -7,9 +7,8 @@ from rlsmoke.models.base import ModelSpec, ParallelGrid, frozen, moe_layer_freq,
 
 def glm45_megatron_args(spec: ModelSpec) -> list[str]:
     x = spec.hf_extra
-    qk_norm = ["--qk-layernorm"] if x["use_qk_norm"] else []
     return [
-        "--disable-bias-linear", *qk_norm, "--group-query-attention",
+        "--disable-bias-linear", *(["--qk-layernorm"] if x["use_qk_norm"] else []), "--group-query-attention",
         "--num-attention-heads", str(spec.num_attention_heads),
         "--num-query-groups", str(spec.num_query_groups),
         "--kv-channels", str(x["head_dim"]),
@@ -41,8 +40,8 @@ GLM45_GRID = ParallelGrid(tp=4, ep=4, whole_from=64, whole=frozen(tp=8, pp=4, cp
                           rollout_whole_from=32, rollout_whole=frozen(gpus_per_engine=32, dp=4, ep=32))  # fmt: skip
 
 
-def _glm45(name: str, **shape) -> ModelSpec:
-    extra = dict(
+def _glm45(name: str, extra: dict | None = None, **shape) -> ModelSpec:
+    defaults = dict(
         n_shared_experts=1,
         routed_scaling_factor=2.5,
         norm_topk_prob=True,
@@ -52,14 +51,13 @@ def _glm45(name: str, **shape) -> ModelSpec:
         rms_norm_eps=1e-5,
         rope_parameters={"rope_theta": 1000000.0, "partial_rotary_factor": 0.5, "rope_type": "default"},
     )
-    extra.update(shape.pop("extra", {}))
     return ModelSpec(
         name=name,
         family="glm4.5",
         hf_model_type="glm4_moe",
         hf_architecture="Glm4MoeForCausalLM",
         attention="gqa",
-        hf_extra=frozen(extra),
+        hf_extra=frozen(defaults, **(extra or {})),
         megatron_args_fn=glm45_megatron_args,
         grid=GLM45_GRID,
         **shape,

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from rlsmoke.models.base import TINY_MLA, ModelSpec, ParallelGrid, frozen, moe_layer_freq, tiny
 
 
-def dsa_moe_args(spec: ModelSpec) -> list[str]:
-    """The MoE and shape args GLM-5 and GLM-5.3-Flash share (sigmoid router with expert bias)."""
+def dsa_megatron_args(spec: ModelSpec, *, plugin: tuple[str, str], rope: bool) -> list[str]:
+    """The Megatron args GLM-5 and GLM-5.3-Flash share (sigmoid router with expert bias, MLA): `plugin` is
+    Miles' layer spec; without `rope` (Flash: qk_rope_head_dim 0) there is no rotary part."""
+    x = spec.hf_extra
     return [
+        "--spec", *plugin,
         "--moe-layer-freq", moe_layer_freq(spec),
         "--num-experts", str(spec.num_experts),
         "--moe-router-topk", str(spec.moe_topk),
@@ -17,19 +22,16 @@ def dsa_moe_args(spec: ModelSpec) -> list[str]:
         "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax",
         "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0",
         "--moe-router-load-balancing-type", "seq_aux_loss",
-        "--moe-router-topk-scaling-factor", str(spec.hf_extra["routed_scaling_factor"]),
+        "--moe-router-topk-scaling-factor", str(x["routed_scaling_factor"]),
         "--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32",
         "--make-vocab-size-divisible-by", "16",
         "--num-layers", str(spec.num_layers),
         "--hidden-size", str(spec.hidden_size),
         "--ffn-hidden-size", str(spec.ffn_hidden_size),
         "--num-attention-heads", str(spec.num_attention_heads),
-    ]  # fmt: skip
-
-
-def mla_args(spec: ModelSpec) -> list[str]:
-    x = spec.hf_extra
-    return [
+        "--disable-bias-linear", "--swiglu", "--untie-embeddings-and-output-weights",
+        "--position-embedding-type", *(("rope", "--no-position-embedding") if rope else ("none",)),
+        "--normalization", "RMSNorm", "--qk-layernorm",
         "--multi-latent-attention",
         "--q-lora-rank", str(x["q_lora_rank"]),
         "--kv-lora-rank", str(x["kv_lora_rank"]),
@@ -37,22 +39,15 @@ def mla_args(spec: ModelSpec) -> list[str]:
         "--v-head-dim", str(x["v_head_dim"]),
         "--kv-channels", str(x["qk_nope_head_dim"]),
         "--qk-pos-emb-head-dim", str(x["qk_rope_head_dim"]),
-    ]  # fmt: skip
-
-
-def glm5_megatron_args(spec: ModelSpec) -> list[str]:
-    return [
-        "--spec", "miles_plugins.models.glm5.glm5", "get_glm5_spec",
-        *dsa_moe_args(spec),
-        "--disable-bias-linear", "--swiglu", "--untie-embeddings-and-output-weights",
-        "--position-embedding-type", "rope", "--no-position-embedding",
-        "--normalization", "RMSNorm", "--qk-layernorm",
-        *mla_args(spec),
         "--vocab-size", str(spec.vocab_size),
-        "--rotary-base", "1000000",
+        *(("--rotary-base", "1000000") if rope else ()),
         "--enable-experimental",
     ]  # fmt: skip
 
+
+glm5_megatron_args = partial(
+    dsa_megatron_args, plugin=("miles_plugins.models.glm5.glm5", "get_glm5_spec"), rope=True
+)
 
 # Seed 004 NVIDIA: 8 GPUs as TP4+SP, CP2, EP8, one rollout engine of 8; PP4 from 32 GPUs. Miles main
 # trains CP1 (600ac7452).

@@ -3,22 +3,14 @@ config is multimodal and rlsmoke trains the text tower."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from rlsmoke.models.base import TINY_MLA, ModelSpec, ParallelGrid, frozen, tiny
-from rlsmoke.models.glm5 import dsa_moe_args, mla_args
+from rlsmoke.models.glm5 import dsa_megatron_args
 
-
-def glm5_flash_megatron_args(spec: ModelSpec) -> list[str]:
-    return [
-        "--spec", "miles_plugins.models.glm5_next.glm5_next", "get_glm5_next_spec",
-        *dsa_moe_args(spec),
-        "--disable-bias-linear", "--swiglu", "--untie-embeddings-and-output-weights",
-        "--position-embedding-type", "none",  # qk_rope_head_dim is 0: no rotary part
-        "--normalization", "RMSNorm", "--qk-layernorm",
-        *mla_args(spec),
-        "--vocab-size", str(spec.vocab_size),
-        "--enable-experimental",
-    ]  # fmt: skip
-
+glm5_flash_megatron_args = partial(
+    dsa_megatron_args, plugin=("miles_plugins.models.glm5_next.glm5_next", "get_glm5_next_spec"), rope=False
+)
 
 # Seed 000: 32 GPUs as TP8 / PP4 / EP8 / CP1 (stages 11/11/11/12); 8-GPU rollout engines, TP8 / EP8.
 FLASH_GRID = ParallelGrid(tp=8, ep=8, pp=4, pp_from=32, rollout_dp=False, dense_tp_lm_head=False)

@@ -33,10 +33,6 @@ class ParamCount:
     def total(self) -> int:
         return self.root + sum(self.blocks)
 
-    @property
-    def dense(self) -> int:
-        return self.total - self.experts
-
 
 def _mla(h: int, heads: int, x: dict) -> int:
     q_rank, kv_rank = x["q_lora_rank"], x["kv_lora_rank"]

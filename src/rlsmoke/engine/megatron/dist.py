@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from rlsmoke.bridge.convert import Parallel
 
@@ -14,8 +15,6 @@ def backend_for(device: str) -> str:
 
 def init(rank: int, par: Parallel, port: int, *, backend: str = "gloo") -> None:
     """Join the world of `par` as `rank` and build megatron-core's model-parallel groups."""
-    import torch.distributed as dist
-
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     # the address in the call, not os.environ: a later run's ranks would find a stale MASTER_PORT
@@ -36,7 +35,6 @@ def model_parallel(par: Parallel) -> None:
 
 
 def close() -> None:
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()

@@ -14,8 +14,6 @@ FIELDS = {
     "expert_model_parallel_size": int,
     "expert_tensor_parallel_size": int,
     "sequence_parallel": bool,
-    "num_layers_in_first_pipeline_stage": int,
-    "num_layers_in_last_pipeline_stage": int,
     # shape
     "num_layers": int,
     "hidden_size": int,
@@ -25,7 +23,6 @@ FIELDS = {
     "qk_layernorm": bool,
     "add_qkv_bias": bool,
     "normalization": str,
-    # MoE
     "moe_router_topk": int,
     "moe_ffn_hidden_size": int,
     "moe_shared_expert_intermediate_size": int,
@@ -39,7 +36,6 @@ FIELDS = {
     "moe_token_dispatcher_type": str,
     "moe_grouped_gemm": bool,
     "moe_enable_deepep": bool,
-    # recompute
     "recompute_granularity": str,
     "recompute_method": str,
     "recompute_num_layers": int,
@@ -52,11 +48,11 @@ FIELDS = {
     "rotary_base": float,
 }
 MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "v_head_dim", "qk_pos_emb_head_dim", "rotary_base")
-# Megatron-LM flag -> (field, value when present, or None to read the flag's value)
+# Megatron-LM flag -> (field, converter of the flag's value, or the value a store_true flag sets)
 RENAMED = {
-    "--num-experts": ("num_moe_experts", None),
-    "--decoder-first-pipeline-num-layers": ("num_layers_in_first_pipeline_stage", None),
-    "--decoder-last-pipeline-num-layers": ("num_layers_in_last_pipeline_stage", None),
+    "--num-experts": ("num_moe_experts", int),
+    "--decoder-first-pipeline-num-layers": ("num_layers_in_first_pipeline_stage", int),
+    "--decoder-last-pipeline-num-layers": ("num_layers_in_last_pipeline_stage", int),
     "--swiglu": ("gated_linear_unit", True),
     "--disable-bias-linear": ("add_bias_linear", False),
 }
@@ -64,7 +60,6 @@ RENAMED = {
 
 def moe_layer_freq_value(expr: str) -> int | list[int]:
     """Megatron-LM's `--moe-layer-freq`: an int, or a list expression such as `[0]*3+[1]*1`."""
-    tree = ast.parse(expr, mode="eval").body
 
     def ev(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
@@ -76,7 +71,7 @@ def moe_layer_freq_value(expr: str) -> int | list[int]:
             return left * right if isinstance(node.op, ast.Mult) else left + right
         raise ValueError(f"--moe-layer-freq={expr!r} is not an int or a list expression")
 
-    return ev(tree)
+    return ev(ast.parse(expr, mode="eval").body)
 
 
 def config_kwargs(argv: list[str], *, mla: bool) -> dict:
@@ -84,21 +79,17 @@ def config_kwargs(argv: list[str], *, mla: bool) -> dict:
     import torch
 
     kwargs: dict = {"bf16": True, "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16}
-    for field, convert in FIELDS.items():
-        if field in MLA_ONLY and not mla:
-            continue
-        flag = "--" + field.replace("_", "-")
-        if convert is bool:
+    named = {
+        "--" + field.replace("_", "-"): (field, True if convert is bool else convert)
+        for field, convert in FIELDS.items()
+        if mla or field not in MLA_ONLY
+    }
+    for flag, (field, convert) in (named | RENAMED).items():
+        if not isinstance(convert, type):  # a store_true flag: the value it sets
             if flag in argv:
-                kwargs[field] = True
+                kwargs[field] = convert
         elif (value := flag_value(argv, flag)) is not None:
             kwargs[field] = convert(value)
-    for flag, (field, const) in RENAMED.items():
-        if const is not None:
-            if flag in argv:
-                kwargs[field] = const
-        elif (value := flag_value(argv, flag)) is not None:
-            kwargs[field] = int(value)
     if "--group-query-attention" in argv:
         kwargs["num_query_groups"] = int(flag_value(argv, "--num-query-groups"))
     if (freq := flag_value(argv, "--moe-layer-freq")) is not None:

@@ -3,6 +3,7 @@ a Linear whole on every TP rank, and a torch norm for sequence parallelism."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -16,9 +17,7 @@ def core_attention_cls():
     class CausalCoreAttention(MegatronModule):
         """Causal SDPA over [s, b, h, d] (keys may have fewer heads: GQA) -> [s, b, h * dv]."""
 
-        def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
-                     softmax_scale=None, k_channels=None, v_channels=None, cp_comm_type=None,
-                     pg_collection=None, **_):  # fmt: skip
+        def __init__(self, config, softmax_scale=None, k_channels=None, pg_collection=None, **_):
             super().__init__(config=config)
             head_dim = k_channels if k_channels is not None else config.kv_channels
             self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -28,7 +27,7 @@ def core_attention_cls():
                 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
                 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-                linear = duplicated_linear_cls()
+                linear = DuplicatedLinear
                 norm = SequenceParallelNorm if config.sequence_parallel else WrappedTorchNorm
                 parts = dsa.DSAIndexerSubmodules(linear_wq_b=linear, linear_wk=linear, k_norm=norm,
                                                  linear_weights_proj=linear)  # fmt: skip
@@ -36,8 +35,7 @@ def core_attention_cls():
                 self.indexer = build_module(spec, config=config, pg_collection=pg_collection)
                 self.index_topk = config.dsa_indexer_topk
 
-        def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
-                    packed_seq_params=None, **_):  # fmt: skip
+        def forward(self, query, key, value, *_, **__):
             s = query.shape[0]
             if self.index_topk is not None and s > self.index_topk:
                 raise RlsmokeError(
@@ -52,26 +50,22 @@ def core_attention_cls():
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                    scale=self.softmax_scale)  # fmt: skip
-            b, h, _, dv = out.shape
-            return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
+            return out.permute(2, 0, 1, 3).flatten(2)
 
     return CausalCoreAttention
 
 
-def duplicated_linear_cls():
-    class DuplicatedLinear(torch.nn.Linear):
-        """A Linear held whole on every TP rank, returning (out, bias) as megatron-core's linears do."""
+class DuplicatedLinear(torch.nn.Linear):
+    """A Linear held whole on every TP rank, returning (out, bias) as megatron-core's linears do."""
 
-        def __init__(self, input_size, output_size, *, config, init_method=None, bias=False, **_):
-            super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
-            # a sequence chunk's partial grad: finalize_model_grads sums it over TP
-            for p in self.parameters():
-                p.sequence_parallel = config.sequence_parallel
+    def __init__(self, input_size, output_size, *, config, bias=False, **_):
+        super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
+        # a sequence chunk's partial grad: finalize_model_grads sums it over TP
+        for p in self.parameters():
+            p.sequence_parallel = config.sequence_parallel
 
-        def forward(self, x):
-            return super().forward(x), None
-
-    return DuplicatedLinear
+    def forward(self, x):
+        return super().forward(x), None
 
 
 class SequenceParallelNorm:
@@ -87,22 +81,15 @@ class SequenceParallelNorm:
 
 def sequence_parallel_norms(spec) -> None:
     """Swap every `WrappedTorchNorm` in a (nested) layer spec for `SequenceParallelNorm`."""
-    import dataclasses
-
-    from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    if isinstance(spec, ModuleSpec):
-        if spec.module is WrappedTorchNorm:
-            spec.module = SequenceParallelNorm
-        sequence_parallel_norms(spec.submodules)
-    elif dataclasses.is_dataclass(spec):
+    if isinstance(spec, list):
+        for item in spec:
+            sequence_parallel_norms(item)
+    elif dataclasses.is_dataclass(spec) and not isinstance(spec, type):  # a ModuleSpec or its submodules
         for f in dataclasses.fields(spec):
             value = getattr(spec, f.name)
             if value is WrappedTorchNorm:
                 setattr(spec, f.name, SequenceParallelNorm)
             else:
                 sequence_parallel_norms(value)
-    elif isinstance(spec, list):
-        for item in spec:
-            sequence_parallel_norms(item)

@@ -19,10 +19,6 @@ from rlsmoke.engine.megatron.layers import core_attention_cls, sequence_parallel
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
-# Flags whose feature needs TransformerEngine (or a CUDA-only kernel) and the local equivalent used
-# (without grouped GEMM, SequentialMLP: one Linear pair per expert, same math).
-LOCAL_EQUIVALENTS = {"moe_grouped_gemm": False, "moe_permute_fusion": False}
-
 
 def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, params_dtype: torch.dtype,
                        device: str):  # fmt: skip
@@ -30,14 +26,10 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
 
     mla = "--multi-latent-attention" in argv
     kw = config_kwargs(argv, mla=mla)
-    kw.update(LOCAL_EQUIVALENTS)
-    # the layout that runs here replaces the plan's grid (a plan may be rendered for 8 nodes)
-    for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                  "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
-                  "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                  "recompute_granularity", "recompute_method", "recompute_num_layers"):  # fmt: skip
-        kw.pop(field, None)
     kw.update(
+        # no grouped GEMM without TransformerEngine: SequentialMLP, one Linear pair per expert (same math);
+        # the fused kernels, the MoE permute's too, stay off as megatron-core's defaults have them
+        moe_grouped_gemm=False,
         tensor_model_parallel_size=par.tp,
         expert_model_parallel_size=par.ep,
         expert_tensor_parallel_size=par.expert_tp,
@@ -51,16 +43,10 @@ def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, param
         hidden_dropout=0.0,
         attention_dropout=0.0,
         layernorm_epsilon=float(spec.hf_extra.get("rms_norm_eps", 1e-5)),
-        gradient_accumulation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
         # the loss is already divided by the global token count: DDP sums instead of averaging
         calculate_per_token_loss=True,
     )
-    rate = flag_value(argv, "--moe-router-bias-update-rate")
-    if rate is not None:
+    if (rate := flag_value(argv, "--moe-router-bias-update-rate")) is not None:
         # config_kwargs drops a rate of 0, whose default 1e-3 would move the expert bias; Miles freezes it
         kw["moe_router_bias_update_rate"] = float(rate)
     if not device.startswith("cuda"):
@@ -78,6 +64,7 @@ def layer_spec(config):
     """The local block spec with our core attention and MLA's down projections duplicated as TE's spec
     does: split by rows, the shared RoPE key's grad was 50-110% off at TP=2 (tiny GLM-5)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.post_training.modelopt.layers import Linear
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
     core = core_attention_cls()
@@ -85,8 +72,6 @@ def layer_spec(config):
         attention = layer.submodules.self_attention.submodules
         attention.core_attention = core
         if hasattr(attention, "linear_kv_down_proj"):
-            from megatron.core.post_training.modelopt.layers import Linear
-
             attention.linear_kv_down_proj = Linear
             if getattr(attention, "linear_q_down_proj", None) is not None:
                 attention.linear_q_down_proj = Linear
@@ -128,8 +113,7 @@ def _without_transformer_engine() -> None:
 def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = torch.float32,
               device: str = "cpu"):  # fmt: skip
     """The rank's GPTModel (model-parallel state must be initialized for `par`)."""
-    why = refusal(spec)  # RunConfig.validate refuses it first, before anything loads
-    if why:
+    if why := refusal(spec):  # RunConfig.validate refuses it first, before anything loads
         raise RlsmokeError(
             why, rule="megatron.model", fix="use --trainer fsdp for GLM-5.3-Flash; its bridge is still tested"
         )
@@ -138,60 +122,45 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
     _without_transformer_engine()
     argv = spec.megatron_args()  # the Megatron model flags the plan renders for Miles
     config = transformer_config(spec, argv, par, params_dtype=params_dtype, device=device)
-    pos = flag_value(argv, "--position-embedding-type") or "learned_absolute"
+    divisible_by = int(flag_value(argv, "--make-vocab-size-divisible-by") or 128)
     with device_shim(device):
         model = GPTModel(
             config,
             layer_spec(config),
-            vocab_size=vocab_size(spec, argv, par),
+            vocab_size=padded_vocab(spec.vocab_size, divisible_by, par.tp),
             max_sequence_length=int(spec.hf_extra.get("max_position_embeddings", 4096)),
-            position_embedding_type=pos,
+            position_embedding_type=flag_value(argv, "--position-embedding-type") or "learned_absolute",
             rotary_percent=float(flag_value(argv, "--rotary-percent") or 1.0),
             rotary_base=int(float(flag_value(argv, "--rotary-base") or 10000)),
             share_embeddings_and_output_weights="--untie-embeddings-and-output-weights" not in argv,
         )
-    # the DSA indexer's key norm too: HF builds it as LayerNorm(eps=1e-6), megatron-core with layernorm_epsilon
+    # HF builds MLA's q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, the DSA indexer's key norm
+    # as LayerNorm(eps=1e-6); megatron-core builds them with rms_norm_eps (1e-5), which put the logits 2.6e-3
+    # off HF's (tiny GLM-5, fp32)
     latent_norms = ("self_attention.q_layernorm", "self_attention.kv_layernorm", "indexer.k_norm")
     for name, module in model.named_modules() if "--multi-latent-attention" in argv else ():
         if name.endswith(latent_norms) and hasattr(module, "eps"):
-            module.eps = MLA_LATENT_NORM_EPS
+            module.eps = 1e-6
     _mark_tensor_parallel(model)
     return model.to(device)
 
 
 def _mark_tensor_parallel(model) -> None:
     """megatron-core marks TP-split weights only in its initializer: unmarked, TP=2's grad norm was wrong."""
-    from megatron.core.tensor_parallel.layers import (
-        ColumnParallelLinear,
-        RowParallelLinear,
-        VocabParallelEmbedding,
-        set_defaults_if_not_set_tensor_model_parallel_attributes,
-        set_tensor_model_parallel_attributes,
-    )
+    from megatron.core import tensor_parallel
 
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if weight is None or hasattr(weight, "tensor_model_parallel"):
             continue
-        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+        if isinstance(module, (tensor_parallel.ColumnParallelLinear, tensor_parallel.VocabParallelEmbedding)):
             # a gated fc1 holds [gate_r; up_r] on each rank: megatron-core's stride 2
             gated = name.endswith("linear_fc1") and module.config.gated_linear_unit
-            set_tensor_model_parallel_attributes(weight, True, 0, 2 if gated else 1)
-        elif isinstance(module, RowParallelLinear):
-            set_tensor_model_parallel_attributes(weight, True, 1, 1)
+            tensor_parallel.set_tensor_model_parallel_attributes(weight, True, 0, 2 if gated else 1)
+        elif isinstance(module, tensor_parallel.RowParallelLinear):
+            tensor_parallel.set_tensor_model_parallel_attributes(weight, True, 1, 1)
     for p in model.parameters():
-        set_defaults_if_not_set_tensor_model_parallel_attributes(p)
-
-
-# GLM-5's HF q_a_layernorm and kv_a_layernorm use RMSNorm's default eps (1e-6), not rms_norm_eps (1e-5):
-# with 1e-5 the logits differed from HF's by 2.6e-3 (tiny GLM-5, fp32).
-MLA_LATENT_NORM_EPS = 1e-6
-
-
-def vocab_size(spec: ModelSpec, argv: list[str], par: Parallel) -> int:
-    return padded_vocab(
-        spec.vocab_size, int(flag_value(argv, "--make-vocab-size-divisible-by") or 128), par.tp
-    )
+        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)
 
 
 def rank_state(model) -> dict[str, torch.Tensor]:

@@ -8,47 +8,65 @@ so the step is torch AdamW over fp32 main parameters (`rlsmoke.engine.precision`
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
 
 from rlsmoke.bridge.convert import Parallel, hf_to_megatron, megatron_to_hf, shard, unshard
-from rlsmoke.engine import precision
+from rlsmoke.engine import precision, train
 from rlsmoke.engine.config import RunConfig
-from rlsmoke.engine.megatron.modules import HFStyle, MainParams
+from rlsmoke.engine.megatron import MODULES, available
+from rlsmoke.engine.megatron.dist import backend_for, init
+from rlsmoke.engine.megatron.model import build_gpt, device_shim, rank_state
 from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps
-from rlsmoke.engine.read import unfilled
-from rlsmoke.engine.train import (
-    STEP_SUMS,
-    checksums,
-    group_loss,
-    require_finite,
-    step_metrics,
-    token_logprobs,
-)
+from rlsmoke.engine.procs import free_port
+from rlsmoke.engine.read import read_checkpoint, unfilled
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import ModelSpec
+
+
+class HFStyle(torch.nn.Module):
+    """GPTModel behind `model(input_ids=...).logits`: vocab-parallel logits gathered over TP, the sequence
+    padded at the end to split evenly under SP (a causal model's earlier positions never see it)."""
+
+    def __init__(self, gpt, vocab_size: int, device: str, par: Parallel):
+        super().__init__()
+        self.gpt, self.vocab_size, self.device_name, self.par = gpt, vocab_size, device, par
+
+    def forward(self, input_ids, use_cache=False, **_):
+        b, s = input_ids.shape
+        if pad := -s % (self.par.tp if self.par.sp else 1):
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(b, pad)], dim=1)
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(b, -1)
+        with device_shim(self.device_name):
+            logits = self.gpt(input_ids, pos, None)
+            if self.par.tp > 1:
+                from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+                logits = gather_from_tensor_model_parallel_region(logits)
+        # padded vocab rows are no tokens: Megatron-LM pads, the HF engine samples the real vocab
+        return SimpleNamespace(logits=logits[:, :s, : self.vocab_size])
 
 
 class MegatronTrainer:
     """One rank's trainer, with the attributes `engine.offload.Phases` moves."""
 
-    def __init__(self, compute: HFStyle, gpt, ddp, pairs, par: Parallel, *, lr: float, betas: tuple[float, float],
-                 weight_decay: float, grad_clip: float, eps_clip: float, eps_clip_high: float,
-                 entropy_coef: float, temperature: float, comm_device: str):  # fmt: skip
-        self.model, self.gpt, self.ddp, self.par = compute, gpt, ddp, par
-        self.master = MainParams([m for _, m in pairs])
-        # (compute, main)
-        self._pairs = list(zip([p for p, _ in pairs], self.master.parameters(), strict=True))
-        self.grad_clip, self.eps_clip, self.eps_clip_high = grad_clip, eps_clip, eps_clip_high
-        self.entropy_coef, self.temperature, self.comm_device = entropy_coef, temperature, comm_device
+    def __init__(self, compute: HFStyle, gpt, ddp, pairs, par: Parallel, cfg: RunConfig, device: str):
+        self.model, self.gpt, self.ddp, self.par, self.cfg = compute, gpt, ddp, par, cfg
+        # the fp32 main parameters AdamW steps, one per compute parameter (Megatron's main params)
+        self.master = torch.nn.ParameterList([m for _, m in pairs])
+        self._pairs = list(zip([p for p, _ in pairs], self.master, strict=True))  # (compute, main)
+        self.temperature, self.comm_device = cfg.rollout_temperature, device
         # the compute parameters the backward reached: in main_grad an unreached one looks like a zero grad
         self._reached: set[int] = set()
         for i, (p, _) in enumerate(self._pairs):
             p.register_hook(lambda grad, i=i: self._reached.add(i))
-        fused = comm_device.startswith("cuda")
-        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, betas=betas,
-                                           weight_decay=weight_decay, fused=fused or None)  # fmt: skip
+        fused = device.startswith("cuda") or None
+        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay, fused=fused)  # fmt: skip
 
     def set_variant(self, inject, temperature: float) -> None:
         """`--variants`: the temperature; other faults are refused before the load (`RunConfig.validate`)."""
@@ -58,11 +76,9 @@ class MegatronTrainer:
     def forward_only(self, groups):
         """The old log-probs and entropies, eval mode, no graph (no autocast: the params are the dtype)."""
         self.model.eval()
-        return [tuple(t.cpu() for t in token_logprobs(self.model, g, self.temperature)) for g in groups]
+        return [tuple(t.cpu() for t in train.token_logprobs(self.model, g, self.temperature)) for g in groups]
 
     def _sum(self, values: list[float], group=None) -> list[float]:
-        import torch.distributed as dist
-
         t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
         dist.all_reduce(t, group=group)
         return t.tolist()
@@ -72,23 +88,21 @@ class MegatronTrainer:
         from megatron.core import parallel_state
         from megatron.core.distributed import finalize_model_grads
 
-        from rlsmoke.engine.megatron.model import device_shim
-
-        dp_group = parallel_state.get_data_parallel_group()
+        dp_group, cfg = parallel_state.get_data_parallel_group(), self.cfg
         self.model.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad(set_to_none=True)
         self._reached.clear()
         device = torch.device(self.comm_device)
-        [total_tokens] = self._sum([float(sum(g.mask.sum() for g in groups))], dp_group)
-        total_tokens = max(total_tokens, 1.0)
-        sums = dict.fromkeys(STEP_SUMS, 0.0)
+        total_tokens = max(self._sum([float(sum(g.mask.sum() for g in groups))], dp_group)[0], 1.0)
+        sums = dict.fromkeys(train.STEP_SUMS, 0.0)
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)
-            logp, entropy = token_logprobs(self.model, g, self.temperature)
-            loss, group_sums = group_loss(logp, entropy, mask, old_lp.to(device), adv.to(device), eps_clip=self.eps_clip,
-                                          eps_clip_high=self.eps_clip_high, entropy_coef=self.entropy_coef)  # fmt: skip
-            require_finite(loss, g)
+            logp, entropy = train.token_logprobs(self.model, g, self.temperature)
+            loss, group_sums = train.group_loss(logp, entropy, mask, old_lp.to(device), adv.to(device),
+                                                eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
+                                                entropy_coef=cfg.entropy_coef)  # fmt: skip
+            train.require_finite(loss, g)
             with device_shim(self.comm_device):  # SP's backward asks megatron-core's device too
                 (loss / total_tokens).backward()
             for k, v in group_sums.items():
@@ -101,22 +115,22 @@ class MegatronTrainer:
         grad_norm = self._grad_norm()
         if not torch.isfinite(torch.tensor(grad_norm)):
             raise RunError(f"grad_norm is {grad_norm}", rule="train.finite_grads")
-        coef = self.grad_clip / (grad_norm + 1e-6)
+        coef = cfg.grad_clip / (grad_norm + 1e-6)
         if coef < 1.0:  # torch's clip_grad_norm_ rule, over the global norm
             for main in self.master.parameters():
                 if main.grad is not None:
                     main.grad.mul_(coef)
-        before = checksums(self.master)
+        before = train.checksums(self.master)
         self.optimizer.step()
         precision.refresh(self._pairs)
-        after = checksums(self.master)
+        after = train.checksums(self.master)
         changed, count = self._sum([float(sum(after[n] != before[n] for n in before)), float(len(before))])
         if changed == 0:
             raise RunError("the optimizer step changed no parameter", rule="train.update_applied")
         self.model.eval()
-        totals = dict(zip(STEP_SUMS, self._sum([sums[k] for k in STEP_SUMS], dp_group), strict=True))
-        return step_metrics(totals, total_tokens, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
-                            changed=changed, count=count)  # fmt: skip
+        totals = dict(zip(sums, self._sum(list(sums.values()), dp_group), strict=True))
+        return train.step_metrics(totals, total_tokens, grad_norm=grad_norm, changed=changed, count=count,
+                                  lr=self.optimizer.param_groups[0]["lr"])  # fmt: skip
 
     @torch.no_grad()
     def _grad_norm(self) -> float:
@@ -139,8 +153,6 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
     """This rank's GPTModel under DDP, its fp32 main parameters and the trainer; `phases` gets seconds."""
     clock = LoadLaps(phases)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-    from rlsmoke.engine.megatron.model import build_gpt, device_shim
 
     if par.tp > 1 and not par.sp:
         # megatron-core's MoE refuses TP without SP, and MLA sums the RoPE key's grad only through SP's gather
@@ -170,11 +182,9 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
         model = Float16Module(gpt.config, gpt)  # Megatron's bf16 model: every parameter and buffer in bf16
     gpt.load_state_dict(state, strict=True)  # rounds into the compute dtype
     with torch.no_grad():  # the router's expert bias stays fp32 (Miles keeps it so; HF holds it in fp32)
-        for name, module in gpt.named_modules():
-            if getattr(module, "expert_bias", None) is not None:
-                module.expert_bias.data = _owned(
-                    state[f"{name}.expert_bias"].to(device), torch.float32, borrowed
-                )
+        for name, bias in gpt.named_buffers():
+            if name.endswith("expert_bias"):
+                bias.data = _owned(state[name].to(device), torch.float32, borrowed)
     pairs = [
         (p, _owned(state[name].to(device), master_dtype, borrowed)) for name, p in gpt.named_parameters()
     ]
@@ -183,12 +193,7 @@ def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False)
     with device_shim(device):  # its grad buffers go where `torch.cuda.current_device()` says
         ddp = DistributedDataParallel(gpt.config, ddp_config, model)
-    trainer = MegatronTrainer(
-        HFStyle(ddp, spec.vocab_size, device, par), gpt, ddp, pairs, par, lr=cfg.lr, betas=cfg.betas,
-        weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, eps_clip=cfg.eps_clip,
-        eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef, temperature=cfg.rollout_temperature,
-        comm_device=device,
-    )  # fmt: skip
+    trainer = MegatronTrainer(HFStyle(ddp, spec.vocab_size, device, par), gpt, ddp, pairs, par, cfg, device)
     clock("trainer setup")
     return trainer
 
@@ -202,10 +207,6 @@ def _owned(t: torch.Tensor, dtype: torch.dtype, borrowed: set[int]) -> torch.Ten
 def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel,
                       dtype: torch.dtype, defect: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """Every rank's compute parameters gathered in `dtype` into HF tensors; each rank holds a rollout copy."""
-    import torch.distributed as dist
-
-    from rlsmoke.engine.megatron.model import rank_state
-
     mine = {k: v.detach().to(dtype) for k, v in rank_state(trainer.gpt).items()}
     if par.world_size == 1:
         states = [mine]
@@ -216,38 +217,25 @@ def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, t
             dist.all_gather(parts, mine[name].contiguous())
             for r, t in enumerate(parts):
                 states[r][name] = t.cpu()
-    full = unshard(states, spec, hf, par)
-    return megatron_to_hf(full, spec, hf, defect=defect)
+    return megatron_to_hf(unshard(states, spec, hf, par), spec, hf, defect=defect)
 
 
 class MegatronTrainWorker:
     """World size 1, in the driver's process: what `rlsmoke run --trainer megatron` colocates."""
 
-    def __init__(self, cfg: RunConfig, ckpt: Path, threads: int | None = None):
-        import torch.distributed as tdist
-
-        from rlsmoke.engine import megatron
-        from rlsmoke.engine.megatron import dist
-        from rlsmoke.engine.procs import free_port
-        from rlsmoke.engine.read import read_checkpoint
-
-        if not megatron.available():
+    def __init__(self, cfg: RunConfig, ckpt: Path):
+        if not available():
             raise RlsmokeError("trainer=megatron needs megatron-core, which is not installed",
                                rule="engine.megatron", fix="pip install 'rlsmoke[megatron]'")  # fmt: skip
-        if threads:
-            torch.set_num_threads(threads)
-        self.cfg, self.spec = cfg, cfg.spec
-        self.par = Parallel()
+        self.spec, self.par = cfg.spec, Parallel()
         self.defect = cfg.inject.kind if cfg.inject.kind.startswith("bridge-") else None
         self.load_phases: dict[str, float] = {}  # summary.json timing.load_phases_s
         clock = LoadLaps(self.load_phases)
-        import importlib
-
-        for name in megatron.MODULES:  # imported with the engine by `rlsmoke run`; a caller's own here
+        for name in MODULES:  # imported with the engine by `rlsmoke run`; a caller's own here
             importlib.import_module(name)
         clock("megatron import")
-        if not tdist.is_initialized():
-            dist.init(0, self.par, free_port(), backend=dist.backend_for(cfg.device))
+        if not dist.is_initialized():
+            init(0, self.par, free_port(), backend=backend_for(cfg.device))
         clock("process group")
         hf = read_checkpoint(ckpt, cfg.device)  # on a GPU straight onto it, where the bridge converts
         clock("read")
@@ -278,14 +266,12 @@ def in_memory_weights(model, disk: dict[str, torch.Tensor], dtype: torch.dtype):
     for name, p in model.named_parameters():
         if name in disk:
             t = disk[name]
-        elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             base, kind = name.rsplit(".", 1)
-            n = p.shape[0]
-            if kind == "gate_up_proj":
-                t = torch.stack([torch.cat([disk[f"{base}.{e}.gate_proj.weight"], disk[f"{base}.{e}.up_proj.weight"]])
-                                 for e in range(n)])  # fmt: skip
-            else:
-                t = torch.stack([disk[f"{base}.{e}.down_proj.weight"] for e in range(n)])
+            parts = ("gate_proj", "up_proj") if kind == "gate_up_proj" else ("down_proj",)
+            t = torch.stack(
+                [torch.cat([disk[f"{base}.{e}.{w}.weight"] for w in parts]) for e in range(len(p))]
+            )
         else:
             raise RlsmokeError(
                 f"rollout parameter {name} has no HF checkpoint tensor", rule="bridge.hf_names"
