@@ -93,23 +93,17 @@ def commit_of(config: pytest.Config) -> str:
     return out.stdout.strip() or "unknown"
 
 
-def gpus_marker(item: pytest.Item) -> int | None:
+def requirement_of(item: pytest.Item):
+    """The test's `selection.Requirement` (None for a unit test); a malformed gpus marker ends the session."""
+    from rlsmoke.selection import requirement
+
     mark = item.get_closest_marker("gpus")
-    if mark is None:
-        return None
-    if len(mark.args) != 1 or not isinstance(mark.args[0], int) or mark.args[0] < 1:
+    if mark is not None and (len(mark.args) != 1 or not isinstance(mark.args[0], int) or mark.args[0] < 1):
         raise pytest.UsageError(
             f"{item.nodeid}: gpus{mark.args} is wrong. Write @pytest.mark.gpus(N) with N >= 1"
         )
-    return mark.args[0]
-
-
-def requirement_of(item: pytest.Item):
-    from rlsmoke.selection import requirement
-
-    return requirement(
-        (m.name for m in item.iter_markers()), gpus_marker(item), item.config.getoption("num_gpus")
-    )
+    gpus = mark.args[0] if mark is not None else None
+    return requirement((m.name for m in item.iter_markers()), gpus, item.config.getoption("num_gpus"))
 
 
 def declared_run(item: pytest.Item):
@@ -119,11 +113,7 @@ def declared_run(item: pytest.Item):
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "case_record" in callspec.params:
         spec = callspec.params["case_record"]
-    else:
-        case = getattr(getattr(item, "module", None), "CASE", None)
-        spec = (
-            CaseRun(case, shared=tuple(getattr(getattr(item, "module", None), "SHARED_RUN", ())))
-            if case is not None
-            else None
-        )
-    return spec if isinstance(spec, CaseRun) else None
+        return spec if isinstance(spec, CaseRun) else None
+    module = getattr(item, "module", None)
+    case = getattr(module, "CASE", None)
+    return CaseRun(case, shared=tuple(getattr(module, "SHARED_RUN", ()))) if case is not None else None

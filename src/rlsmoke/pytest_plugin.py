@@ -33,7 +33,6 @@ TINY_THREADS = 1
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
 _SESSION_LOCK = pytest.StashKey["int | None"]()
-SUMMARY_HEADER = "# rlsmoke runs"  # the first line of the summary.md the session writes (`report`)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -144,7 +143,8 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(
                 f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)"
             )
-    if not hasattr(config, "workerinput") and not _listing(config):  # xdist workers share their controller's
+    listing = config.option.collectonly or config.getoption("showfixtures", False)  # the session runs no test
+    if not hasattr(config, "workerinput") and not listing:  # xdist workers share their controller's
         config.stash[_SESSION_LOCK] = plugin_session.hold_artifacts_root(_artifacts_root(config))
 
 
@@ -176,11 +176,6 @@ def _host(config: pytest.Config):
                         0 if forced == "cpu" else (config.getoption("num_gpus") or 0))  # fmt: skip
         config.stash[_HOST] = host
     return config.stash[_HOST]
-
-
-def _listing(config: pytest.Config) -> bool:
-    """--collect-only, --fixtures: the session runs no test."""
-    return bool(config.option.collectonly or config.getoption("showfixtures", False))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -224,11 +219,6 @@ def _artifacts_root(config: pytest.Config) -> Path:
     return Path(value).resolve() if value else Path(config.rootpath) / "artifacts"
 
 
-def _worker_index() -> int:
-    m = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
-    return int(m.group(1)) if m else 0
-
-
 @pytest.fixture(scope="session")
 def rlsmoke_host(pytestconfig: pytest.Config):
     """The host the suite runs on (`rlsmoke.platforms.Host`)."""
@@ -242,11 +232,12 @@ def rlsmoke_ports(pytestconfig: pytest.Config):
 
 
 def _ports(config: pytest.Config):
-    """Leased on first need; released as the session ends."""
+    """Leased on first need, from the xdist worker's index; released as the session ends."""
     if _PORTS not in config.stash:
         from rlsmoke.processes.lease import lease_ports
 
-        config.stash[_PORTS] = lease_ports(start=_worker_index())
+        worker = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
+        config.stash[_PORTS] = lease_ports(start=int(worker.group(1)) if worker else 0)
     return config.stash[_PORTS]
 
 
@@ -325,19 +316,17 @@ def pytest_runtest_call(item: pytest.Item):
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if hasattr(session.config, "workerinput"):
-        return  # an xdist worker: the controller writes it once
     root = _artifacts_root(session.config)
-    if not root.is_dir():
-        return
-    summary = root / "summary.md"
-    if summary.is_file() and not summary.read_text(errors="replace").startswith(SUMMARY_HEADER):
+    if hasattr(session.config, "workerinput") or not root.is_dir():
+        return  # an xdist worker: the controller writes it once
+    from rlsmoke.report import SESSION_HEADER, SUMMARY_MD, write_session_summary
+
+    summary = root / SUMMARY_MD
+    if summary.is_file() and not summary.read_text(errors="replace").startswith(SESSION_HEADER):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(
                 f"rlsmoke: {summary} was not written by rlsmoke: left as it is, no session summary"
             )
         return
-    from rlsmoke.report import write_session_summary
-
     write_session_summary(root)
