@@ -148,7 +148,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 # Session fields no same-named `rlsmoke run` flag sets; the rest are read off the flags by name.
-NOT_FLAGS = frozenset({"host", "gpus", "one_gpu_variant", "launcher", "gated", "variants"})
+NOT_FLAGS = frozenset({"host", "launcher", "gated", "variants"})
 
 
 def case_and_session(args) -> tuple[Case, Session]:
