@@ -65,14 +65,11 @@ def final_folder(records: Path) -> Path:
     return records.parent if records.name == STAGING_NAME else records
 
 
-# No room to write: a full disk, a quota, a file-size limit. Each is the --out's, so bad input (exit 2).
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 def no_room(exc: BaseException) -> bool:
-    """Whether `exc` (or what it was raised from) says the disk had no room for a write."""
+    """Whether `exc` (or what it was raised from) says the disk had no room for a write: a full disk, a quota,
+    a file-size limit. Each is the --out's, so bad input (exit 2)."""
     while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -157,8 +154,7 @@ class RunFolder:
             for p in self.staging.iterdir()
             if not (p.is_file() and not p.is_symlink() and _RECORD_NAME.match(p.name))
         ]
-        if foreign:
-            self.release()
+        if foreign:  # __enter__ releases the lock
             raise RlsmokeError(f"--out {self.out} holds {STAGING_NAME}/ with files rlsmoke did not write "
                                f"({', '.join(sorted(foreign)[:3])})", rule="run.not_ours",
                                fix=f"move {self.staging} away, then run again")  # fmt: skip

@@ -98,14 +98,15 @@ class CaseRun:
         return run_case(self.case, art, inject=self.inject, seed=self.seed,
                         rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
-    def plan(self, art: Artifacts, verify: bool = False) -> CaseLaunch:
-        """What `run` would launch now (the checkpoint verified only with `verify`)."""
-        return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                           rollout_temperature=self.rollout_temperature, verify=verify, flags=self.flags)  # fmt: skip
+    def plan(self, art: Artifacts) -> CaseLaunch:
+        """What `run` would launch now (the checkpoint not verified)."""
+        return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed, verify=False,
+                           rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
 
 def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-             rollout_temperature: float | None = None, flags: tuple[str, ...] = ()) -> CaseRecord:  # fmt: skip
+             rollout_temperature: float | None = None,
+             flags: tuple[str, ...] = ()) -> CaseRecord:  # fmt: skip
     """Run one step of `case` with the session's launcher; return its metrics record (`rlsmoke.metrics.Record`).
 
     Raises `DoesNotFit` when the case's full width does not fit the host's GPUs (the plugin skips),
