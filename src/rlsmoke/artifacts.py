@@ -97,6 +97,17 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def try_lock(path: Path, flags: int = os.O_RDWR | os.O_CREAT) -> int | None:
+    """An fd that holds `path`'s exclusive flock, or None while another process holds it."""
+    fd = os.open(path, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def earlier_records(out: Path, *, overwrite: bool) -> list[str]:
     """The records an earlier run left in `out`; `run.out_used` unless `overwrite` lets a run replace them."""
     earlier = [name for name in RECORDS if (Path(out) / name).exists()]
@@ -164,13 +175,10 @@ class RunFolder:
         """The folder's lock, or `run.out_locked` at once; the lock is checked to be the file's still."""
         path = self.out / LOCK_NAME
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+            fd = try_lock(path)
+            if fd is None:
                 raise RlsmokeError(f"--out {self.out} is in use by another run", rule="run.out_locked",
-                                   fix="wait for it to finish, or pass another --out") from None  # fmt: skip
+                                   fix="wait for it to finish, or pass another --out")  # fmt: skip
             try:
                 same = os.fstat(fd).st_ino == os.stat(path).st_ino
             except FileNotFoundError:

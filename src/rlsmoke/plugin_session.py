@@ -44,17 +44,14 @@ def check_options(config: pytest.Config) -> None:
 def hold_artifacts_root(root: Path) -> int:
     """The artifacts root is this session's until it ends: a second session on it is refused at once
     (its `artifacts` fixture would empty folders this one's runs write)."""
-    import fcntl
+    from rlsmoke.artifacts import try_lock
 
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
+    fd = try_lock(root / SESSION_LOCK)
+    if fd is None:
+        holder = (root / SESSION_LOCK).read_text(errors="replace").strip() or "?"
         raise pytest.UsageError(f"the artifacts folder {root} is in use by another pytest session (pid {holder}). "
-                                "Pass --artifacts-dir DIR, or wait for it to end") from None  # fmt: skip
+                                "Pass --artifacts-dir DIR, or wait for it to end")  # fmt: skip
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -62,22 +59,17 @@ def hold_artifacts_root(root: Path) -> int:
 
 def refuse_a_live_run(folder: Path) -> None:
     """A run that still holds its folder's lock (`artifacts.RunFolder`) keeps its folder: the test fails."""
-    import fcntl
-
-    from rlsmoke.artifacts import LOCK_NAME
+    from rlsmoke.artifacts import LOCK_NAME, try_lock
 
     for lock in folder.rglob(LOCK_NAME) if folder.is_dir() else ():
         try:
-            fd = os.open(lock, os.O_RDONLY)
+            fd = try_lock(lock, os.O_RDONLY)
         except OSError:  # released meanwhile
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if fd is None:
             pytest.fail(f"{lock.parent} is held by a live run; this test's artifacts folder is left as it is. "
                         "End that run, or pass --artifacts-dir DIR", pytrace=False)  # fmt: skip
-        finally:
-            os.close(fd)
+        os.close(fd)
 
 
 def commit_of(config: pytest.Config) -> str:
