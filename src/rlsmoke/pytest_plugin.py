@@ -40,7 +40,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--num-gpus",
         type=int,
-        default=None,
         metavar="N",
         help="GPUs a GPU case runs on, replacing its NUM_GPUS; 0 skips the GPU cases (default env NUM_GPUS, "
         "else the module's)",
@@ -48,7 +47,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--platform",
         choices=("nvidia", "rocm", "cpu"),
-        default=None,
         help="the host's platform when detection cannot see it (default detected by nvidia-smi/rocm-smi)",
     )
     g.addoption(
@@ -72,20 +70,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     g.addoption(
         "--model-dir",
-        default=None,
         metavar="DIR",
         help="prepared HF checkpoints, one folder per case, verified before launch (default the cache)",
     )
     g.addoption(
         "--artifacts-dir",
-        default=None,
         metavar="DIR",
         help="where each test writes its logs, metrics and summaries (default <rootdir>/artifacts)",
     )
     g.addoption(
         "--update-golden",
         action="store_true",
-        default=False,
         help="record each run's values as a thresholds candidate instead of gating (default off)",
     )
     g.addoption(
@@ -103,13 +98,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--history-trusted",
         action="store_true",
-        default=False,
         help="mark passing runs as trusted baselines for the history band (default off)",
     )
     g.addoption(
         "--run-timeout",
         type=float,
-        default=None,
         metavar="S",
         help=f"seconds before a launched run is killed (default {plugin_session.timeout_defaults()})",
     )
@@ -204,8 +197,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             req = plugin_session.requirement_of(item)
         except RlsmokeError as exc:
             raise pytest.UsageError(f"{item.nodeid}: {exc.one_line()}") from None
-        if req is None:
-            continue
         module = getattr(item, "module", None)  # a module's CASE: a case too big for the host skips here
         decision = decide(req, _host(config), launcher=config.getoption("launcher"),
                           miles_root=config.getoption("miles_root"), case=getattr(module, "CASE", None),
