@@ -19,7 +19,7 @@ from rlsmoke.facts import (
 )
 from rlsmoke.platforms import detect, get_platform
 from rlsmoke.recipe import BatchShape
-from rlsmoke.resolve import Session, resolve, resolve_variants
+from rlsmoke.resolve import Session, resolve
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -167,11 +167,6 @@ def case_and_session(args) -> tuple[Case, Session]:
 def config_from_args(args) -> RunConfig:
     """The one run the flags ask for, validated."""
     return resolve(*case_and_session(args))
-
-
-def variants_from_args(args) -> list[RunConfig]:
-    """--variants: each variant's RunConfig, validated before anything loads."""
-    return resolve_variants(*case_and_session(args))
 
 
 def add_train_only_args(p: argparse.ArgumentParser) -> None:
