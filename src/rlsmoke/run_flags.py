@@ -65,24 +65,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--num-rollout", type=int, default=2, help="rollouts; every one but the last is trained on"
     )
-    g.add_argument(
-        "--n-prompts",
-        type=int,
-        help=f"prompts per rollout (default on GPUs: seed 004's {gpu.prompts}; on CPU: {cpu.prompts}, or "
-        "one per data-parallel rank when more)",
-    )
-    g.add_argument(
-        "--n-samples",
-        type=int,
-        help=f"samples per prompt, the GRPO group (default on GPUs: seed 004's {gpu.n_samples}; on CPU: "
-        f"{cpu.n_samples})",
-    )
-    g.add_argument(
-        "--max-response-len",
-        type=int,
-        help=f"response cap in tokens (default on GPUs: seed 004's {gpu.max_response_len}; on CPU: "
-        f"{cpu.max_response_len}, for speed)",
-    )
+    for flag, what, field, cpu_more in (  # the batch's shape: seed 004's on GPUs, a smaller one on CPU
+        ("--n-prompts", "prompts per rollout", "prompts", ", or one per data-parallel rank when more"),
+        ("--n-samples", "samples per prompt, the GRPO group", "n_samples", ""),
+        ("--max-response-len", "response cap in tokens", "max_response_len", ", for speed"),
+    ):
+        default = (
+            f"default on GPUs: seed 004's {getattr(gpu, field)}; on CPU: {getattr(cpu, field)}{cpu_more}"
+        )
+        g.add_argument(flag, type=int, help=f"{what} ({default})")
     g.add_argument(
         "--rollout-batch",
         default="auto",
