@@ -61,7 +61,6 @@ _RECORD_NAME = re.compile(
 
 def final_folder(records: Path) -> Path:
     """The folder a run's records end up in: --out itself, also while an --overwrite run stages them."""
-    records = Path(records)
     return records.parent if records.name == STAGING_NAME else records
 
 

@@ -111,12 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--repeat", type=int, default=1, help="K files, rollout ids 0..K-1 from seeds SEED..SEED+K-1"
     )
-    p.add_argument(
-        "--dtype", default=None, help="float32 | bfloat16 (default bfloat16 on a GPU, float32 on CPU)"
-    )
-    p.add_argument("--device", default=None, help="default cuda when there is one, else cpu")
+    p.add_argument("--dtype", help="float32 | bfloat16 (default bfloat16 on a GPU, float32 on CPU)")
+    p.add_argument("--device", help="default cuda when there is one, else cpu")
     p.add_argument("--prompt-data", type=Path, required=True)
-    p.add_argument("--inject", default=None,
+    p.add_argument("--inject",
                    help="a fault in the file: temperature-mismatch (log-probs of the raw logits, T=1), "
                    "rollout-noise=SIGMA")  # fmt: skip
     return p
