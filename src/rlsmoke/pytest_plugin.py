@@ -130,12 +130,11 @@ def pytest_configure(config: pytest.Config) -> None:
     back_to_default = sigterm_interrupts_session()  # the runs' teardown on a CI job's timeout
     if back_to_default is not None:
         config.add_cleanup(back_to_default)
-    if config.getoption("launcher", "builtin") == "miles" and config.getoption("miles_root"):
-        root = Path(config.getoption("miles_root"))
-        if not root.is_dir():
-            raise pytest.UsageError(
-                f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)"
-            )
+    root = config.getoption("miles_root")
+    if config.getoption("launcher", "builtin") == "miles" and root and not Path(root).is_dir():
+        raise pytest.UsageError(
+            f"--miles-root={Path(root)} is not a folder. Pass a Miles checkout (train.py in it)"
+        )
     listing = config.option.collectonly or config.getoption("showfixtures", False)  # the session runs no test
     if not hasattr(config, "workerinput") and not listing:  # xdist workers share their controller's
         config.stash[_SESSION_LOCK] = plugin_session.hold_artifacts_root(_artifacts_root(config))
@@ -178,7 +177,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     fd = config.stash.get(_SESSION_LOCK, None)
     if fd is not None:
         os.close(fd)  # the lock goes with it
-        config.stash[_SESSION_LOCK] = None
 
 
 def pytest_report_header(config: pytest.Config) -> str:
