@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -96,8 +97,6 @@ def cmd_plan(args) -> int:
         return ExitCode.OK
     head = _head_addr(args, plan.topology)
     if head:  # the topology stands: only the launch names the head
-        import dataclasses
-
         from rlsmoke.launch.miles import render
 
         recipe = dataclasses.replace(recipe, master_addr=head)

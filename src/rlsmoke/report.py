@@ -39,9 +39,8 @@ def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool =
     (Path(folder) / SUMMARY_MD).write_text("\n".join(lines))
 
 
-def write_session_summary(artifacts_dir: Path) -> Path | None:
-    """One table of every run under `artifacts_dir` (each run's `summary.json`), as `summary.md`."""
-    root = Path(artifacts_dir)
+def write_session_summary(root: Path) -> Path | None:
+    """One table of every run under the artifacts folder `root` (each run's `summary.json`), as `summary.md`."""
     runs = []
     for path in sorted(root.rglob("summary.json")):
         if any(part.startswith(".") for part in path.relative_to(root).parts):

@@ -189,9 +189,8 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
                   + (f" rollout_temperature={cfg.rollout_temperature:g}" if args.variants is not None else "")
                   + f" ({summary['seconds']:.1f} s run{shared}, {time.perf_counter() - started:.1f} s since the "
                   "process began)")  # fmt: skip
-        timing = f"timing: {describe_timing(summary['timing'])}"
         print(header)
-        print(timing)
+        print(f"timing: {describe_timing(summary['timing'])}")
         if args.records_only:
             print(f"records (not gated): {out}")
             log(f"{header}; records only, not gated")
