@@ -32,7 +32,6 @@ TINY_THREADS = 1
 
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
-_SESSION_LOCK = pytest.StashKey["int | None"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -137,7 +136,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     listing = config.option.collectonly or config.getoption("showfixtures", False)  # the session runs no test
     if not hasattr(config, "workerinput") and not listing:  # xdist workers share their controller's
-        config.stash[_SESSION_LOCK] = plugin_session.hold_artifacts_root(_artifacts_root(config))
+        fd = plugin_session.hold_artifacts_root(_artifacts_root(config))
+        config.add_cleanup(lambda: os.close(fd))  # the lock goes with it
 
 
 def _hold_threads(config: pytest.Config) -> None:
@@ -168,15 +168,6 @@ def _host(config: pytest.Config):
                         0 if forced == "cpu" else (config.getoption("num_gpus") or 0))  # fmt: skip
         config.stash[_HOST] = host
     return config.stash[_HOST]
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    ports = config.stash.get(_PORTS, None)
-    if ports is not None:
-        ports.release()
-    fd = config.stash.get(_SESSION_LOCK, None)
-    if fd is not None:
-        os.close(fd)  # the lock goes with it
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -227,6 +218,7 @@ def _ports(config: pytest.Config):
 
         worker = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
         config.stash[_PORTS] = lease_ports(start=int(worker.group(1)) if worker else 0)
+        config.add_cleanup(config.stash[_PORTS].release)
     return config.stash[_PORTS]
 
 
