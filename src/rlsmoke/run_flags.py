@@ -65,14 +65,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--num-rollout", type=int, default=2, help="rollouts; every one but the last is trained on"
     )
-    for flag, what, field, cpu_more in (  # the batch's shape: seed 004's on GPUs, a smaller one on CPU
+    for flag, what, field, on_cpu in (  # the batch's shape: seed 004's on GPUs, a smaller one on CPU
         ("--n-prompts", "prompts per rollout", "prompts", ", or one per data-parallel rank when more"),
         ("--n-samples", "samples per prompt, the GRPO group", "n_samples", ""),
         ("--max-response-len", "response cap in tokens", "max_response_len", ", for speed"),
     ):
-        default = (
-            f"default on GPUs: seed 004's {getattr(gpu, field)}; on CPU: {getattr(cpu, field)}{cpu_more}"
-        )
+        default = f"default on GPUs: seed 004's {getattr(gpu, field)}; on CPU: {getattr(cpu, field)}{on_cpu}"
         g.add_argument(flag, type=int, help=f"{what} ({default})")
     g.add_argument(
         "--rollout-batch",
