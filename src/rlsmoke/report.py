@@ -40,7 +40,7 @@ def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool =
 
 
 def write_session_summary(root: Path) -> Path | None:
-    """One table of every run under the artifacts folder `root` (each run's `summary.json`), as `summary.md`."""
+    """One table of every run under the artifacts folder `root` (each run's `summary.json`): `summary.md`."""
     runs = []
     for path in sorted(root.rglob("summary.json")):
         if any(part.startswith(".") for part in path.relative_to(root).parts):
