@@ -61,18 +61,14 @@ _RECORD_NAME = re.compile(
 
 def final_folder(records: Path) -> Path:
     """The folder a run's records end up in: --out itself, also while an --overwrite run stages them."""
-    records = Path(records)
     return records.parent if records.name == STAGING_NAME else records
 
 
-# No room to write: a full disk, a quota, a file-size limit. Each is the --out's, so bad input (exit 2).
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 def no_room(exc: BaseException) -> bool:
-    """Whether `exc` (or what it was raised from) says the disk had no room for a write."""
+    """Whether `exc` (or what it was raised from) says the disk had no room for a write: a full disk, a quota,
+    a file-size limit. Each is the --out's, so bad input (exit 2)."""
     while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -98,6 +94,17 @@ def write_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def try_lock(path: Path, flags: int = os.O_RDWR | os.O_CREAT) -> int | None:
+    """An fd that holds `path`'s exclusive flock, or None while another process holds it."""
+    fd = os.open(path, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def earlier_records(out: Path, *, overwrite: bool) -> list[str]:
@@ -157,8 +164,7 @@ class RunFolder:
             for p in self.staging.iterdir()
             if not (p.is_file() and not p.is_symlink() and _RECORD_NAME.match(p.name))
         ]
-        if foreign:
-            self.release()
+        if foreign:  # __enter__ releases the lock
             raise RlsmokeError(f"--out {self.out} holds {STAGING_NAME}/ with files rlsmoke did not write "
                                f"({', '.join(sorted(foreign)[:3])})", rule="run.not_ours",
                                fix=f"move {self.staging} away, then run again")  # fmt: skip
@@ -168,13 +174,10 @@ class RunFolder:
         """The folder's lock, or `run.out_locked` at once; the lock is checked to be the file's still."""
         path = self.out / LOCK_NAME
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+            fd = try_lock(path)
+            if fd is None:
                 raise RlsmokeError(f"--out {self.out} is in use by another run", rule="run.out_locked",
-                                   fix="wait for it to finish, or pass another --out") from None  # fmt: skip
+                                   fix="wait for it to finish, or pass another --out")  # fmt: skip
             try:
                 same = os.fstat(fd).st_ino == os.stat(path).st_ino
             except FileNotFoundError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -35,20 +36,16 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(ExitCode.USAGE)
 
 
-def describe_case(name: str) -> str:
-    """One line: the model, its layers and experts, its width (and the tiny one), its size."""
+def cmd_cases(args) -> int:
+    """One line a case: the model, its layers and experts, its width (and the tiny one), its size."""
     from rlsmoke.models import model_spec
 
-    spec, tiny = model_spec(name), model_spec(name, tiny=True)
-    dense = f"{spec.first_k_dense} dense + {spec.num_layers - spec.first_k_dense} MoE"
-    return (f"{name:<27} {spec.family} ({spec.hf_model_type}), {spec.num_layers} layers ({dense}), "
-            f"{spec.num_experts} experts top-{spec.moe_topk}, width {spec.hidden_size} (--tiny {tiny.hidden_size}), "
-            f"{spec.parameter_count() / 1e9:.1f} B params")  # fmt: skip
-
-
-def cmd_cases(args) -> int:
     for name in CASE_NAMES:
-        print(describe_case(name))
+        spec, tiny = model_spec(name), model_spec(name, tiny=True)
+        dense = f"{spec.first_k_dense} dense + {spec.num_layers - spec.first_k_dense} MoE"
+        print(f"{name:<27} {spec.family} ({spec.hf_model_type}), {spec.num_layers} layers ({dense}), "
+              f"{spec.num_experts} experts top-{spec.moe_topk}, width {spec.hidden_size} "
+              f"(--tiny {tiny.hidden_size}), {spec.parameter_count() / 1e9:.1f} B params")  # fmt: skip
     return ExitCode.OK
 
 
@@ -100,8 +97,6 @@ def cmd_plan(args) -> int:
         return ExitCode.OK
     head = _head_addr(args, plan.topology)
     if head:  # the topology stands: only the launch names the head
-        import dataclasses
-
         from rlsmoke.launch.miles import render
 
         recipe = dataclasses.replace(recipe, master_addr=head)
@@ -117,7 +112,14 @@ def cmd_plan(args) -> int:
         print(json.dumps(plan.to_json() | {"steps": [s.to_json() for s in steps]}, indent=2))
     else:
         print(shell_script(plan, steps))
-    return _check(plan) if args.check else ExitCode.OK
+    if not args.check:
+        return ExitCode.OK
+    # the real parsers' verdicts; only those of the plan's own target decide (the other dialect must fail)
+    from rlsmoke.conformance import check_plan, format_verdicts, real_verdict
+
+    verdicts = check_plan(plan.to_json())
+    print(format_verdicts(verdicts), file=sys.stderr)
+    return ExitCode.GATE_FAILED if real_verdict(verdicts) is False else ExitCode.OK
 
 
 def _head_addr(args, topo) -> str | None:
@@ -134,15 +136,6 @@ def _head_addr(args, topo) -> str | None:
             fix="pass --head-addr with the head node's IP, or set MASTER_ADDR",
         )
     return head
-
-
-def _check(plan) -> int:
-    """The real parsers' verdicts; only those of the plan's own target decide (the other dialect must fail)."""
-    from rlsmoke.conformance import check_plan, format_verdicts, real_verdict
-
-    verdicts = check_plan(plan.to_json())
-    print(format_verdicts(verdicts), file=sys.stderr)
-    return ExitCode.GATE_FAILED if real_verdict(verdicts) is False else ExitCode.OK
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

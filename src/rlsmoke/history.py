@@ -13,9 +13,8 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsmoke.runkey import SERIES
+from rlsmoke.runkey import SERIES  # the series a band is computed over; commit is per run
 
-KEY = SERIES  # the series a band is computed over; commit is per run
 DEFAULT_K = 20  # upstream: the mean of the last <= 20 trusted nightly runs
 
 
@@ -72,11 +71,6 @@ def band_values(record) -> dict[str, float]:
     return {f"{metric}@{i}": v for metric in BANDS for _, i, v in record.series(metric)}
 
 
-def band_metric(key: str) -> str:
-    """The metric of a band key: `train/grad_norm@0` -> `train/grad_norm` (a bare metric is its own)."""
-    return key.split("@", 1)[0]
-
-
 @dataclass(frozen=True)
 class BandResult:
     metric: str  # a band key: the metric, `@step` where it is judged per step
@@ -100,7 +94,7 @@ def baseline(conn: sqlite3.Connection, key: Mapping[str, str], k: int = DEFAULT_
     """The band metrics of the last `k` trusted runs of `key`, newest first."""
     rows = conn.execute(
         'SELECT metrics FROM runs WHERE "case"=? AND platform=? AND device=? AND launcher=? AND trusted=1 '
-        "ORDER BY id DESC LIMIT ?", (*(str(key[f]) for f in KEY), k),
+        "ORDER BY id DESC LIMIT ?", (*(str(key[f]) for f in SERIES), k),
     ).fetchall()  # fmt: skip
     return [json.loads(r["metrics"]) for r in rows]
 
@@ -109,7 +103,7 @@ def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) ->
     """One result per band key both this run and the baseline have; no baseline, no result."""
     results = []
     for key in values:  # band_values gives them in BANDS order, step by step
-        band = BANDS.get(band_metric(key))
+        band = BANDS.get(key.split("@", 1)[0])  # `train/grad_norm@0`'s band is `train/grad_norm`'s
         past = [r[key] for r in runs if key in r and math.isfinite(r[key])]
         if band is None or not past:
             continue
@@ -120,25 +114,23 @@ def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) ->
 
 
 def add_run(conn: sqlite3.Connection, key: Mapping[str, str], *, commit: str, trusted: bool, verdict: str,
-            values: Mapping[str, float], gates: list[dict] = (), artifacts: str = "",
-            created: float | None = None) -> int:  # fmt: skip
+            values: Mapping[str, float], gates: list[dict] = (), artifacts: str = "") -> int:  # fmt: skip
     cur = conn.execute(
         'INSERT INTO runs (created, "case", platform, device, launcher, "commit", trusted, verdict, metrics, gates, '
         "artifacts) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        (created or time.time(), *(str(key[f]) for f in KEY), commit, int(trusted), verdict,
+        (time.time(), *(str(key[f]) for f in SERIES), commit, int(trusted), verdict,
          json.dumps(dict(values)), json.dumps(list(gates)), artifacts),
     )  # fmt: skip
     conn.commit()
     return int(cur.lastrowid)
 
 
-def record_and_check(db: str | Path, record, verdict, *, commit: str, trusted: bool,
-                     k: int = DEFAULT_K) -> list[BandResult]:  # fmt: skip
+def record_and_check(db: str | Path, record, verdict, *, commit: str, trusted: bool) -> list[BandResult]:
     """Band-check `record` against the trusted baseline of its key, then store it."""
-    key = dict(zip(KEY, verdict.key.series(), strict=True))
+    key = dict(zip(SERIES, verdict.key.series(), strict=True))
     values = band_values(record)
     with closing(connect(db)) as conn:
-        results = check_bands(values, baseline(conn, key, k))
+        results = check_bands(values, baseline(conn, key))
         ok = verdict.passed and all(r.passed for r in results)
         gates = [{"name": r.gate.name, "metric": r.gate.summary_key, "op": r.gate.op, "bound": r.gate.bound,
                   "value": r.value if r.value is None or math.isfinite(r.value) else None, "passed": r.passed}
@@ -156,7 +148,7 @@ def report(failed: list[BandResult]) -> str:
 
 
 # The columns `rlsmoke report` reads; a history without them is another schema.
-REPORT_COLUMNS = ("id", *KEY, "trusted", "metrics", "gates")
+REPORT_COLUMNS = ("id", *SERIES, "trusted", "metrics", "gates")
 
 
 def runs(db: str | Path) -> list[dict]:

@@ -54,7 +54,6 @@ def roll_out(case: str, checkpoint: Path, *, tiny: bool, n_prompts: int, n_sampl
 def samples_of(groups, prompts, tokenizer, eos: int) -> list[RolloutSample]:
     from rlsmoke.engine.reward import REWARDS
 
-    score = REWARDS["target"]
     samples: list[RolloutSample] = []
     for g, p in zip(groups, prompts, strict=True):
         for row in range(g.tokens.shape[0]):
@@ -64,7 +63,7 @@ def samples_of(groups, prompts, tokenizer, eos: int) -> list[RolloutSample]:
             samples.append(RolloutSample(
                 group_index=g.prompt_index, index=len(samples), prompt=p.text, label=p.label,
                 prompt_tokens=p.ids, response_tokens=tuple(response), response_text=text,
-                reward=score(text, response, p.label),
+                reward=REWARDS["target"](text, response, p.label),
                 rollout_log_probs=tuple(float(x) for x in g.rollout_logprobs[row, :length]),
                 truncated=response[-1] != eos,
             ))  # fmt: skip
@@ -111,12 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--repeat", type=int, default=1, help="K files, rollout ids 0..K-1 from seeds SEED..SEED+K-1"
     )
-    p.add_argument(
-        "--dtype", default=None, help="float32 | bfloat16 (default bfloat16 on a GPU, float32 on CPU)"
-    )
-    p.add_argument("--device", default=None, help="default cuda when there is one, else cpu")
+    p.add_argument("--dtype", help="float32 | bfloat16 (default bfloat16 on a GPU, float32 on CPU)")
+    p.add_argument("--device", help="default cuda when there is one, else cpu")
     p.add_argument("--prompt-data", type=Path, required=True)
-    p.add_argument("--inject", default=None,
+    p.add_argument("--inject",
                    help="a fault in the file: temperature-mismatch (log-probs of the raw logits, T=1), "
                    "rollout-noise=SIGMA")  # fmt: skip
     return p

@@ -44,17 +44,14 @@ def check_options(config: pytest.Config) -> None:
 def hold_artifacts_root(root: Path) -> int:
     """The artifacts root is this session's until it ends: a second session on it is refused at once
     (its `artifacts` fixture would empty folders this one's runs write)."""
-    import fcntl
+    from rlsmoke.artifacts import try_lock
 
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
+    fd = try_lock(root / SESSION_LOCK)
+    if fd is None:
+        holder = (root / SESSION_LOCK).read_text(errors="replace").strip() or "?"
         raise pytest.UsageError(f"the artifacts folder {root} is in use by another pytest session (pid {holder}). "
-                                "Pass --artifacts-dir DIR, or wait for it to end") from None  # fmt: skip
+                                "Pass --artifacts-dir DIR, or wait for it to end")  # fmt: skip
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -62,22 +59,17 @@ def hold_artifacts_root(root: Path) -> int:
 
 def refuse_a_live_run(folder: Path) -> None:
     """A run that still holds its folder's lock (`artifacts.RunFolder`) keeps its folder: the test fails."""
-    import fcntl
-
-    from rlsmoke.artifacts import LOCK_NAME
+    from rlsmoke.artifacts import LOCK_NAME, try_lock
 
     for lock in folder.rglob(LOCK_NAME) if folder.is_dir() else ():
         try:
-            fd = os.open(lock, os.O_RDONLY)
+            fd = try_lock(lock, os.O_RDONLY)
         except OSError:  # released meanwhile
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if fd is None:
             pytest.fail(f"{lock.parent} is held by a live run; this test's artifacts folder is left as it is. "
                         "End that run, or pass --artifacts-dir DIR", pytrace=False)  # fmt: skip
-        finally:
-            os.close(fd)
+        os.close(fd)
 
 
 def commit_of(config: pytest.Config) -> str:
@@ -93,23 +85,17 @@ def commit_of(config: pytest.Config) -> str:
     return out.stdout.strip() or "unknown"
 
 
-def gpus_marker(item: pytest.Item) -> int | None:
+def requirement_of(item: pytest.Item):
+    """The test's `selection.Requirement` (None for a unit test); a malformed gpus marker ends the session."""
+    from rlsmoke.selection import requirement
+
     mark = item.get_closest_marker("gpus")
-    if mark is None:
-        return None
-    if len(mark.args) != 1 or not isinstance(mark.args[0], int) or mark.args[0] < 1:
+    if mark is not None and (len(mark.args) != 1 or not isinstance(mark.args[0], int) or mark.args[0] < 1):
         raise pytest.UsageError(
             f"{item.nodeid}: gpus{mark.args} is wrong. Write @pytest.mark.gpus(N) with N >= 1"
         )
-    return mark.args[0]
-
-
-def requirement_of(item: pytest.Item):
-    from rlsmoke.selection import requirement
-
-    return requirement(
-        (m.name for m in item.iter_markers()), gpus_marker(item), item.config.getoption("num_gpus")
-    )
+    gpus = mark.args[0] if mark is not None else None
+    return requirement((m.name for m in item.iter_markers()), gpus, item.config.getoption("num_gpus"))
 
 
 def declared_run(item: pytest.Item):
@@ -119,11 +105,7 @@ def declared_run(item: pytest.Item):
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "case_record" in callspec.params:
         spec = callspec.params["case_record"]
-    else:
-        case = getattr(getattr(item, "module", None), "CASE", None)
-        spec = (
-            CaseRun(case, shared=tuple(getattr(getattr(item, "module", None), "SHARED_RUN", ())))
-            if case is not None
-            else None
-        )
-    return spec if isinstance(spec, CaseRun) else None
+        return spec if isinstance(spec, CaseRun) else None
+    module = getattr(item, "module", None)
+    case = getattr(module, "CASE", None)
+    return CaseRun(case, shared=tuple(getattr(module, "SHARED_RUN", ()))) if case is not None else None

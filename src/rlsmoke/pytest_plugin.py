@@ -32,8 +32,6 @@ TINY_THREADS = 1
 
 _HOST = pytest.StashKey["object"]()
 _PORTS = pytest.StashKey["object"]()
-_SESSION_LOCK = pytest.StashKey["int | None"]()
-SUMMARY_HEADER = "# rlsmoke runs"  # the first line of the summary.md the session writes (`report`)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,7 +39,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--num-gpus",
         type=int,
-        default=None,
         metavar="N",
         help="GPUs a GPU case runs on, replacing its NUM_GPUS; 0 skips the GPU cases (default env NUM_GPUS, "
         "else the module's)",
@@ -49,7 +46,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--platform",
         choices=("nvidia", "rocm", "cpu"),
-        default=None,
         help="the host's platform when detection cannot see it (default detected by nvidia-smi/rocm-smi)",
     )
     g.addoption(
@@ -73,20 +69,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     g.addoption(
         "--model-dir",
-        default=None,
         metavar="DIR",
         help="prepared HF checkpoints, one folder per case, verified before launch (default the cache)",
     )
     g.addoption(
         "--artifacts-dir",
-        default=None,
         metavar="DIR",
         help="where each test writes its logs, metrics and summaries (default <rootdir>/artifacts)",
     )
     g.addoption(
         "--update-golden",
         action="store_true",
-        default=False,
         help="record each run's values as a thresholds candidate instead of gating (default off)",
     )
     g.addoption(
@@ -104,13 +97,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--history-trusted",
         action="store_true",
-        default=False,
         help="mark passing runs as trusted baselines for the history band (default off)",
     )
     g.addoption(
         "--run-timeout",
         type=float,
-        default=None,
         metavar="S",
         help=f"seconds before a launched run is killed (default {plugin_session.timeout_defaults()})",
     )
@@ -138,14 +129,15 @@ def pytest_configure(config: pytest.Config) -> None:
     back_to_default = sigterm_interrupts_session()  # the runs' teardown on a CI job's timeout
     if back_to_default is not None:
         config.add_cleanup(back_to_default)
-    if config.getoption("launcher", "builtin") == "miles" and config.getoption("miles_root"):
-        root = Path(config.getoption("miles_root"))
-        if not root.is_dir():
-            raise pytest.UsageError(
-                f"--miles-root={root} is not a folder. Pass a Miles checkout (train.py in it)"
-            )
-    if not hasattr(config, "workerinput") and not _listing(config):  # xdist workers share their controller's
-        config.stash[_SESSION_LOCK] = plugin_session.hold_artifacts_root(_artifacts_root(config))
+    root = config.getoption("miles_root")
+    if config.getoption("launcher", "builtin") == "miles" and root and not Path(root).is_dir():
+        raise pytest.UsageError(
+            f"--miles-root={Path(root)} is not a folder. Pass a Miles checkout (train.py in it)"
+        )
+    listing = config.option.collectonly or config.getoption("showfixtures", False)  # the session runs no test
+    if not hasattr(config, "workerinput") and not listing:  # xdist workers share their controller's
+        fd = plugin_session.hold_artifacts_root(_artifacts_root(config))
+        config.add_cleanup(lambda: os.close(fd))  # the lock goes with it
 
 
 def _hold_threads(config: pytest.Config) -> None:
@@ -178,21 +170,6 @@ def _host(config: pytest.Config):
     return config.stash[_HOST]
 
 
-def _listing(config: pytest.Config) -> bool:
-    """--collect-only, --fixtures: the session runs no test."""
-    return bool(config.option.collectonly or config.getoption("showfixtures", False))
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    ports = config.stash.get(_PORTS, None)
-    if ports is not None:
-        ports.release()
-    fd = config.stash.get(_SESSION_LOCK, None)
-    if fd is not None:
-        os.close(fd)  # the lock goes with it
-        config.stash[_SESSION_LOCK] = None
-
-
 def pytest_report_header(config: pytest.Config) -> str:
     n = config.getoption("num_gpus")
     return (f"rlsmoke: launcher={config.getoption('launcher')} num_gpus={n if n is not None else 'per module'} "
@@ -209,8 +186,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             req = plugin_session.requirement_of(item)
         except RlsmokeError as exc:
             raise pytest.UsageError(f"{item.nodeid}: {exc.one_line()}") from None
-        if req is None:
-            continue
         module = getattr(item, "module", None)  # a module's CASE: a case too big for the host skips here
         decision = decide(req, _host(config), launcher=config.getoption("launcher"),
                           miles_root=config.getoption("miles_root"), case=getattr(module, "CASE", None),
@@ -222,11 +197,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _artifacts_root(config: pytest.Config) -> Path:
     value = config.getoption("artifacts_dir")
     return Path(value).resolve() if value else Path(config.rootpath) / "artifacts"
-
-
-def _worker_index() -> int:
-    m = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
-    return int(m.group(1)) if m else 0
 
 
 @pytest.fixture(scope="session")
@@ -242,11 +212,13 @@ def rlsmoke_ports(pytestconfig: pytest.Config):
 
 
 def _ports(config: pytest.Config):
-    """Leased on first need; released as the session ends."""
+    """Leased on first need, from the xdist worker's index; released as the session ends."""
     if _PORTS not in config.stash:
         from rlsmoke.processes.lease import lease_ports
 
-        config.stash[_PORTS] = lease_ports(start=_worker_index())
+        worker = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
+        config.stash[_PORTS] = lease_ports(start=int(worker.group(1)) if worker else 0)
+        config.add_cleanup(config.stash[_PORTS].release)
     return config.stash[_PORTS]
 
 
@@ -325,19 +297,17 @@ def pytest_runtest_call(item: pytest.Item):
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if hasattr(session.config, "workerinput"):
-        return  # an xdist worker: the controller writes it once
     root = _artifacts_root(session.config)
-    if not root.is_dir():
-        return
-    summary = root / "summary.md"
-    if summary.is_file() and not summary.read_text(errors="replace").startswith(SUMMARY_HEADER):
+    if hasattr(session.config, "workerinput") or not root.is_dir():
+        return  # an xdist worker: the controller writes it once
+    from rlsmoke.report import SESSION_HEADER, SUMMARY_MD, write_session_summary
+
+    summary = root / SUMMARY_MD
+    if summary.is_file() and not summary.read_text(errors="replace").startswith(SESSION_HEADER):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(
                 f"rlsmoke: {summary} was not written by rlsmoke: left as it is, no session summary"
             )
         return
-    from rlsmoke.report import write_session_summary
-
     write_session_summary(root)

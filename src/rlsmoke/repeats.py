@@ -44,8 +44,7 @@ class SeedVerdicts:
             if failing:
                 note += f"; failing seeds: {', '.join(map(str, failing))}"
             results.append(dataclasses.replace(result, note="; ".join(filter(None, [result.note, note]))))
-        first = self.verdicts[0]
-        return Verdict(tuple(results), first.artifacts, first.key, first.source)
+        return dataclasses.replace(self.verdicts[0], results=tuple(results))
 
     def table(self) -> str:
         """Each gate's worst seed: its value, bound and margin, which seed it is, and every failing seed."""

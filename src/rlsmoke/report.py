@@ -15,13 +15,14 @@ from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.runkey import SERIES
 
 SUMMARY_MD = "summary.md"
+SESSION_HEADER = "# rlsmoke runs"  # the first line of the session's summary.md: a file without it is not ours
 
 
 def _fmt(x) -> str:
     return "missing" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
-def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool = False) -> Path:
+def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool = False) -> None:
     """`summary.md` beside the run's `summary.json`: the key, every gate and band, and where the logs are."""
     key = verdict.key.text()
     lines = [f"# {verdict.key.case}: {'PASS' if verdict.passed else 'FAIL'}", "", f"`{key}`", "",
@@ -35,14 +36,11 @@ def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool =
             lines.append(f"| `{b.metric}` | {b.value:.4g} | [{b.lower:.4g}, {b.upper:.4g}] | {b.runs} | "
                          f"{'PASS' if b.passed else 'FAIL (shadow)' if shadow else 'FAIL'} |")  # fmt: skip
     lines += ["", f"Artifacts: `{folder}` (run.log, metrics.jsonl, summary.json)", ""]
-    path = Path(folder) / SUMMARY_MD
-    path.write_text("\n".join(lines))
-    return path
+    (Path(folder) / SUMMARY_MD).write_text("\n".join(lines))
 
 
-def write_session_summary(artifacts_dir: Path) -> Path | None:
-    """One table of every run under `artifacts_dir` (each run's `summary.json`), as `summary.md`."""
-    root = Path(artifacts_dir)
+def write_session_summary(root: Path) -> Path | None:
+    """One table of every run under the artifacts folder `root` (each run's `summary.json`): `summary.md`."""
     runs = []
     for path in sorted(root.rglob("summary.json")):
         if any(part.startswith(".") for part in path.relative_to(root).parts):
@@ -51,7 +49,7 @@ def write_session_summary(artifacts_dir: Path) -> Path | None:
             runs.append((path.parent, json.loads(path.read_text())))
     if not runs:
         return None
-    lines = ["# rlsmoke runs", "", "| run | case | platform | device | launcher | verdict | failed gates |",
+    lines = [SESSION_HEADER, "", "| run | case | platform | device | launcher | verdict | failed gates |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for folder, s in runs:
         failed = ", ".join(g["name"] for g in s.get("gates", []) if not g.get("passed")) or "-"
@@ -83,25 +81,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
 
 
-def series(runs: list[dict]) -> dict[tuple, dict[str, list[tuple[int, float, bool]]]]:
-    """{(case, platform, device, launcher): {metric: [(run id, value, trusted)]}} over band and gate metrics."""
-    out: dict[tuple, dict[str, list]] = {}
+def series(runs: list[dict]) -> tuple[dict[tuple, dict[str, list]], dict[tuple, dict[str, tuple]]]:
+    """{(case, platform, device, launcher): {metric: [(run id, value, trusted)]}} over band and gate metrics,
+    and per series the latest hard bound of each gated metric: {key: {metric: (op, bound)}}."""
+    points: dict[tuple, dict[str, list]] = {}
+    bounds: dict[tuple, dict[str, tuple[str, float]]] = {}
     for run in runs:
-        metrics = out.setdefault(tuple(run[f] for f in SERIES), {})
+        key = tuple(run[f] for f in SERIES)
+        metrics = points.setdefault(key, {})
         gated = {g["metric"]: g["value"] for g in run["gates"] if g.get("value") is not None}
         for metric, value in (gated | run["metrics"]).items():  # a value the run stored wins over its gate's
             metrics.setdefault(metric, []).append((run["id"], value, bool(run["trusted"])))
-    return out
-
-
-def bounds(runs: list[dict]) -> dict[tuple, dict[str, tuple[str, float]]]:
-    """The latest hard bound of each gated metric, per series."""
-    out: dict[tuple, dict[str, tuple[str, float]]] = {}
-    for run in runs:
-        key = tuple(run[f] for f in SERIES)
-        for gate in run["gates"]:
-            out.setdefault(key, {})[gate["metric"]] = (gate["op"], gate["bound"])
-    return out
+        bounds.setdefault(key, {}).update({g["metric"]: (g["op"], g["bound"]) for g in run["gates"]})
+    return points, bounds
 
 
 def plot_history(db: Path, out: Path) -> list[Path]:
@@ -110,11 +102,10 @@ def plot_history(db: Path, out: Path) -> list[Path]:
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
 
-    runs = history.runs(db)
-    limits = bounds(runs)
+    all_points, limits = series(history.runs(db))
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for key, metrics in series(runs).items():
+    for key, metrics in all_points.items():
         for metric, points in sorted(metrics.items()):
             fig, ax = plt.subplots(figsize=(7, 3.5))
             xs = list(range(len(points)))
@@ -123,22 +114,19 @@ def plot_history(db: Path, out: Path) -> list[Path]:
                        color="tab:blue", label="trusted", zorder=2)  # fmt: skip
             ax.scatter([x for x, p in zip(xs, points, strict=True) if not p[2]], [p[1] for p in points if not p[2]],
                        color="tab:orange", marker="x", label="untrusted", zorder=2)  # fmt: skip
-            # the band each run was judged against: its trusted predecessors
-            if history.band_metric(metric) in history.BANDS:
-                lo, hi, bx = [], [], []
-                for i in range(len(points)):
-                    past = [{metric: v} for _, v, t in points[:i] if t][-history.DEFAULT_K :]
-                    res = history.check_bands({metric: points[i][1]}, past)
-                    if res:
-                        bx.append(i)
-                        lo.append(res[0].lower)
-                        hi.append(res[0].upper)
-                if bx:
-                    ax.fill_between(bx, lo, hi, color="tab:blue", alpha=0.12, label="history band")
-            if metric in limits.get(key, {}):
-                op, bound = limits[key][metric]
-                if math.isfinite(bound):
-                    ax.axhline(bound, color="tab:red", linestyle="--", label=f"threshold {op} {bound:.3g}")
+            # the band each run was judged against: its trusted predecessors (none for a metric without one)
+            judged = {}  # run index -> its band
+            for i, (_, value, _) in enumerate(points):
+                past = [{metric: v} for _, v, t in points[:i] if t][-history.DEFAULT_K :]
+                for band in history.check_bands({metric: value}, past):  # one, or none without a baseline
+                    judged[i] = band
+            if judged:
+                bands = judged.values()
+                lows, highs = [b.lower for b in bands], [b.upper for b in bands]
+                ax.fill_between(list(judged), lows, highs, color="tab:blue", alpha=0.12, label="history band")
+            op, bound = limits[key].get(metric, ("", math.nan))
+            if math.isfinite(bound):
+                ax.axhline(bound, color="tab:red", linestyle="--", label=f"threshold {op} {bound:.3g}")
             ax.set_xticks(xs, [str(i) for i, _, _ in points], fontsize=7)
             ax.set_xlabel("run id")
             ax.set_title(f"{metric}\n{' / '.join(key)}", fontsize=9)

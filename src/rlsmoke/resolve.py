@@ -35,9 +35,6 @@ class Session:
     """The host and the engine's options beside the case; None: `resolve` decides."""
 
     host: Host | None = None  # None: detected (a CPU run needs none)
-    # the session's GPU count (the suite's --num-gpus / NUM_GPUS): the case runs at it
-    gpus: int | None = None
-    one_gpu_variant: bool = False  # on one GPU a case too wide for it runs its ONE_GPU_VARIANT (the suite)
     trainer: str = DEFAULT_TRAINER
     launcher: str | None = None  # the thresholds key's launcher: builtin, or builtin-megatron
     gated: bool = True  # the run's gates are checked after it (not --records-only): its thresholds must load
@@ -64,13 +61,13 @@ class Session:
     prompt_data: Path | None = None
 
 
-def effective_case(case: Case, gpus: int | None, *, one_gpu_variant: bool = True) -> Case:
+def effective_case(case: Case, gpus: int | None) -> Case:
     """The case at the session's GPU count; on one GPU its `ONE_GPU_VARIANT` when the full width won't fit."""
     if case.platform not in GPU_PLATFORMS:
         return case
     if gpus is not None and case.num_gpus != gpus:
         case = dataclasses.replace(case, num_gpus=gpus)
-    if one_gpu_variant and case.num_gpus == 1 and case.name in ONE_GPU_VARIANT and not case.tiny:
+    if case.num_gpus == 1 and case.name in ONE_GPU_VARIANT and not case.tiny:
         case = dataclasses.replace(case, name=ONE_GPU_VARIANT[case.name])
     return case
 
@@ -114,7 +111,6 @@ def _defaults(case: Case, session: Session, host: Host, *, validate: bool = True
 
 def resolve(case: Case, session: Session = Session()) -> RunConfig:
     """The run of `case` under `session`, decided and validated before anything heavy is imported."""
-    case = effective_case(case, session.gpus, one_gpu_variant=session.one_gpu_variant)
     host = Host("cpu", "CPU", 0) if case.platform == "cpu" else session.host or detect()
     cfg = _defaults(case, session, host)
     if session.repeat < 1:
@@ -173,19 +169,19 @@ def resolve_variants(case: Case, session: Session) -> list[RunConfig]:
     return cfgs
 
 
-def plan_for(case: Case, *, host: Host | None = None, session: Session = Session(), **changes) -> Plan:
+def plan_for(case: Case, *, host: Host | None = None, **changes) -> Plan:
     """The memory plan of the run `resolve` decides, before the offload policy; `changes` replace fields."""
     host = host or Host(case.platform, "GPU", case.num_gpus)
-    plan = plan_of_run(_defaults(case, session, host, validate=False))
+    plan = plan_of_run(_defaults(case, Session(), host, validate=False))
     return dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
 
 
-def shortfall(case: Case, host: Host, session: Session = Session()) -> str:
+def shortfall(case: Case, host: Host) -> str:
     """Why a full-width GPU case cannot fit this host's devices ("" when it fits), as a skip reason."""
     have = DEVICE_MEMORY_GIB.get(host.device, 0)
     if case.platform not in GPU_PLATFORMS or case.tiny or not have:
         return ""
-    est = estimate(case.spec(), plan_for(case, host=host, session=session))
+    est = estimate(case.spec(), plan_for(case, host=host))
     if est.peak <= residency.usable_gib(host.device) * GIB:
         return ""
     gpus = f"{case.num_gpus} GPU{'s' if case.num_gpus > 1 else ''}"

@@ -18,7 +18,8 @@ from rlsmoke.engine.config import RunConfig, Variant
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
 from rlsmoke.facts import TOKENIZER_MODULE, modeling_module
 from rlsmoke.repeats import gate_run
-from rlsmoke.run_flags import add_run_args, add_train_only_args, config_from_args, variants_from_args
+from rlsmoke.resolve import resolve_variants
+from rlsmoke.run_flags import add_run_args, add_train_only_args, case_and_session, config_from_args
 
 
 def register(subparsers) -> None:
@@ -96,8 +97,8 @@ def _handle(args, started: float) -> int:
     if args.variants is None:
         cfgs = [config_from_args(args)]
         outs = [args.out or default_out(cfgs[0].case)]
-    else:  # each variant its own run folder under --out
-        cfgs = variants_from_args(args)
+    else:  # each variant validated before anything loads, its own run folder under --out
+        cfgs = resolve_variants(*case_and_session(args))
         root = args.out or default_out(cfgs[0].case)
         outs = [root / Variant(c.inject, c.rollout_temperature).slug for c in cfgs]
         for out in outs:  # refused before any of them is created or locked
@@ -188,9 +189,8 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
                   + (f" rollout_temperature={cfg.rollout_temperature:g}" if args.variants is not None else "")
                   + f" ({summary['seconds']:.1f} s run{shared}, {time.perf_counter() - started:.1f} s since the "
                   "process began)")  # fmt: skip
-        timing = f"timing: {describe_timing(summary['timing'])}"
         print(header)
-        print(timing)
+        print(f"timing: {describe_timing(summary['timing'])}")
         if args.records_only:
             print(f"records (not gated): {out}")
             log(f"{header}; records only, not gated")

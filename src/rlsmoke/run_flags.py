@@ -19,7 +19,7 @@ from rlsmoke.facts import (
 )
 from rlsmoke.platforms import detect, get_platform
 from rlsmoke.recipe import BatchShape
-from rlsmoke.resolve import Session, resolve, resolve_variants
+from rlsmoke.resolve import Session, resolve
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -65,24 +65,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--num-rollout", type=int, default=2, help="rollouts; every one but the last is trained on"
     )
-    g.add_argument(
-        "--n-prompts",
-        type=int,
-        help=f"prompts per rollout (default on GPUs: seed 004's {gpu.prompts}; on CPU: {cpu.prompts}, or "
-        "one per data-parallel rank when more)",
-    )
-    g.add_argument(
-        "--n-samples",
-        type=int,
-        help=f"samples per prompt, the GRPO group (default on GPUs: seed 004's {gpu.n_samples}; on CPU: "
-        f"{cpu.n_samples})",
-    )
-    g.add_argument(
-        "--max-response-len",
-        type=int,
-        help=f"response cap in tokens (default on GPUs: seed 004's {gpu.max_response_len}; on CPU: "
-        f"{cpu.max_response_len}, for speed)",
-    )
+    for flag, what, field, on_cpu in (  # the batch's shape: seed 004's on GPUs, a smaller one on CPU
+        ("--n-prompts", "prompts per rollout", "prompts", ", or one per data-parallel rank when more"),
+        ("--n-samples", "samples per prompt, the GRPO group", "n_samples", ""),
+        ("--max-response-len", "response cap in tokens", "max_response_len", ", for speed"),
+    ):
+        default = f"default on GPUs: seed 004's {getattr(gpu, field)}; on CPU: {getattr(cpu, field)}{on_cpu}"
+        g.add_argument(flag, type=int, help=f"{what} ({default})")
     g.add_argument(
         "--rollout-batch",
         default="auto",
@@ -148,7 +137,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 # Session fields no same-named `rlsmoke run` flag sets; the rest are read off the flags by name.
-NOT_FLAGS = frozenset({"host", "gpus", "one_gpu_variant", "launcher", "gated", "variants"})
+NOT_FLAGS = frozenset({"host", "launcher", "gated", "variants"})
 
 
 def case_and_session(args) -> tuple[Case, Session]:
@@ -167,11 +156,6 @@ def case_and_session(args) -> tuple[Case, Session]:
 def config_from_args(args) -> RunConfig:
     """The one run the flags ask for, validated."""
     return resolve(*case_and_session(args))
-
-
-def variants_from_args(args) -> list[RunConfig]:
-    """--variants: each variant's RunConfig, validated before anything loads."""
-    return resolve_variants(*case_and_session(args))
 
 
 def add_train_only_args(p: argparse.ArgumentParser) -> None:

@@ -50,12 +50,12 @@ def requirement(markers: Iterable[str], gpus_marker: int | None, override: int |
 def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", miles_root: str | None = None,
            case=None, num_gpus: int | None = None, trainer: str = DEFAULT_TRAINER) -> Decision:  # fmt: skip
     """Whether a test needing `req` runs on `host`; the reason names what was needed and found."""
-    if req is not None:
-        why = trainer_refusal(trainer, effective_case(case, num_gpus) if case is not None else None)
-        if why:
-            return Decision(False, why)
-    if req is None or req.platform == "cpu":
+    if req is None:
         return Decision(True)
+    ran = effective_case(case, num_gpus) if case is not None else None
+    why = trainer_refusal(trainer, ran)
+    if why or req.platform == "cpu":
+        return Decision(not why, why)
     if req.gpus == 0:
         return Decision(
             False, f"needs {VENDOR[req.platform]} GPUs; 0 GPUs asked for (--num-gpus / NUM_GPUS=0)"
@@ -69,11 +69,8 @@ def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", mi
     if launcher == "builtin" and req.platform == "rocm" and req.gpus != BUILTIN_ASYNC_GPUS:
         return Decision(False, f"needs {need} in async mode; the built-in engine places async on exactly "
                                f"{BUILTIN_ASYNC_GPUS}. Pass --launcher miles --miles-root DIR, or --num-gpus 2")  # fmt: skip
-    if case is not None:
-        short = memory_shortfall(effective_case(case, num_gpus), host)
-        if short:
-            return Decision(False, short)
-    return Decision(True)
+    short = memory_shortfall(ran, host) if ran is not None else ""
+    return Decision(not short, short)
 
 
 def trainer_refusal(trainer: str, case=None, inject: str | None = None) -> str:
@@ -82,6 +79,5 @@ def trainer_refusal(trainer: str, case=None, inject: str | None = None) -> str:
         return ""
     if not megatron.available():
         return "--trainer megatron needs megatron-core (pip install 'rlsmoke[megatron]')"
-    if case is None:
-        return megatron.unwired(inject=inject or "")
-    return megatron.refusal(case.spec(), case.num_gpus, case.mode) or megatron.unwired(inject=inject or "")
+    refusal = megatron.refusal(case.spec(), case.num_gpus, case.mode) if case is not None else ""
+    return refusal or megatron.unwired(inject=inject or "")

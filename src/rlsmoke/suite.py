@@ -98,14 +98,14 @@ class CaseRun:
         return run_case(self.case, art, inject=self.inject, seed=self.seed,
                         rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
-    def plan(self, art: Artifacts, verify: bool = False) -> CaseLaunch:
-        """What `run` would launch now (the checkpoint verified only with `verify`)."""
-        return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed,
-                           rollout_temperature=self.rollout_temperature, verify=verify, flags=self.flags)  # fmt: skip
+    def plan(self, art: Artifacts) -> CaseLaunch:
+        """What `run` would launch now (the checkpoint not verified)."""
+        return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed, verify=False,
+                           rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
 
 def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-             rollout_temperature: float | None = None, timeout: float | None = None, echo=None,
+             rollout_temperature: float | None = None,
              flags: tuple[str, ...] = ()) -> CaseRecord:  # fmt: skip
     """Run one step of `case` with the session's launcher; return its metrics record (`rlsmoke.metrics.Record`).
 
@@ -114,33 +114,34 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
     `RunError` when the run broke or timed out; a finished run whose gates fail still returns.
     """
     launch = plan_launch(case, artifacts, inject=inject, seed=seed, rollout_temperature=rollout_temperature,
-                         timeout=timeout, flags=flags)  # fmt: skip
+                         flags=flags)  # fmt: skip
     case, art = launch.case, launch.art
     if launch.launcher == "miles":
         paths = Paths(model_dir=str(art.model_dir or Paths.model_dir), output_dir=str(art.path / "miles"),
                       miles_root=str(art.miles_root))  # fmt: skip
         plan = case.plan(paths=paths)
         flow.check(plan)  # a half-converted checkpoint is refused before anything starts
-        _write_meta(art, case, "miles")
+        # a summary.json naming the run, so the thresholds key of a Miles log is known
+        meta = RunKey.of_case(case, device=art.host.device, launcher="miles").to_json()
+        (art.path / "summary.json").write_text(json.dumps(meta, indent=2) + "\n")
         result = miles_flow.run(plan, paths, miles_root=art.miles_root, ports=art.ports, env=launch.env,
-                          artifacts=art.path, timeout=launch.timeout, echo=echo)  # fmt: skip
+                                artifacts=art.path, timeout=launch.timeout)  # fmt: skip
     else:
-        result = _run_builtin(launch, echo)
-    return _record(launch, result)
+        result = _run_builtin(launch)
+    _finished(launch, result)
+    return _recorded(art, case)
 
 
-def _run_builtin(launch: CaseLaunch, echo) -> runner.Result:
+def _run_builtin(launch: CaseLaunch) -> runner.Result:
     """A CPU run in this process where it can (`processes.here`); megatron's forked from the fork server (its
-    process group would stay in this one); the others spawned: GPU runs (a hang in a GPU kernel needs a
-    process to kill, a GPU driver a process of its own) and a run whose output is echoed."""
+    process group would stay in this one); GPU runs spawned (a hang in a GPU kernel needs a process to kill,
+    a GPU driver a process of its own)."""
     log = launch.art.path / "pytest-run.log"
-    if launch.case.platform == "cpu" and echo is None and here.can_run_here(launch.argv):
-        if launch.art.trainer != "megatron":
-            return here.run_here(launch.argv, env=launch.env, log=log, timeout=launch.timeout)
-        return runner.run(
-            launch.argv, env=launch.env, log=log, timeout=launch.timeout, start=here.start_forked
-        )
-    return runner.run(launch.argv, env=launch.env, log=log, timeout=launch.timeout, echo=echo)
+    here_ok = launch.case.platform == "cpu" and here.can_run_here(launch.argv)
+    if here_ok and launch.art.trainer != "megatron":
+        return here.run_here(launch.argv, env=launch.env, log=log, timeout=launch.timeout)
+    start = here.start_forked if here_ok else None
+    return runner.run(launch.argv, env=launch.env, log=log, timeout=launch.timeout, start=start)
 
 
 @dataclass(frozen=True)
@@ -156,8 +157,8 @@ class CaseLaunch:
 
 
 def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-                rollout_temperature: float | None = None, timeout: float | None = None, verify: bool = True,
-                flags: tuple[str, ...] = (), variants: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
+                rollout_temperature: float | None = None, verify: bool = True, flags: tuple[str, ...] = (),
+                variants: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
     """What `run_case` would launch now (after the checks that come before any launch); with `variants`,
     one `rlsmoke run --variants` (`run_variants`)."""
     art = artifacts if isinstance(artifacts, Artifacts) else Artifacts(Path(artifacts))
@@ -173,7 +174,7 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
     checkpoint = _model_dir_checkpoint(case, art, verify=verify)
-    timeout = timeout or art.timeout or RUN_TIMEOUT_S[case.platform]
+    timeout = art.timeout or RUN_TIMEOUT_S[case.platform]
     env = {**(art.lease.env() if art.lease else {})}
     if art.ports is not None:
         env["MASTER_PORT"] = str(art.ports.master)
@@ -196,12 +197,6 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
     if variants:
         argv += ["--variants", ",".join(variants)]
     return CaseLaunch(case, art, launcher, timeout, runner.clean_env(env), tuple(argv))
-
-
-def _record(launch: CaseLaunch, result: runner.Result) -> CaseRecord:
-    """The finished run's record, kept with the Artifacts it ran with; a run that broke raises."""
-    _finished(launch, result)
-    return _recorded(launch.art, launch.case)
 
 
 def _finished(launch: CaseLaunch, result: runner.Result) -> None:
@@ -235,14 +230,14 @@ def _fault(variant: str) -> str | None:
     return str(inject) if inject.kind else None
 
 
-def run_variants(case, artifacts: Artifacts | str | Path, variants: Sequence[str], *, seed: int = 0,
-                 timeout: float | None = None, echo=None, flags: tuple[str, ...] = ()) -> dict[str, CaseRecord]:  # fmt: skip
+def run_variants(case, artifacts: Artifacts | str | Path, variants: Sequence[str], *,
+                 flags: tuple[str, ...] = ()) -> dict[str, CaseRecord]:  # fmt: skip
     """One `rlsmoke run --variants` of `case` on the built-in engine: the workers load once, and each variant
     (`clean`, an --inject fault, `@T` for its rollout temperature) is its own run in `artifacts/<slug>`, bit
     for bit a fresh run of it. Returns each variant's record, by the variant as given. A fault's record
     never reaches the history baseline. Raises as `run_case` does."""
-    launch = plan_launch(case, artifacts, seed=seed, timeout=timeout, flags=flags, variants=tuple(variants))
-    _finished(launch, _run_builtin(launch, echo))
+    launch = plan_launch(case, artifacts, flags=flags, variants=tuple(variants))
+    _finished(launch, _run_builtin(launch))
     records = {}
     for text, variant in zip(variants, parse_variants(",".join(variants), 1.0), strict=True):
         art = dataclasses.replace(launch.art, path=launch.art.path / variant.slug, record_property=lambda k, v: None,
@@ -260,9 +255,9 @@ class VariantRuns:
     out of the shared run, and its test skips (`DoesNotFit`), as `run_case` would.
     """
 
-    def __init__(self, variants: Sequence[str], *, seed: int = 0, flags: tuple[str, ...] = ()):
+    def __init__(self, variants: Sequence[str], *, flags: tuple[str, ...] = ()):
         parse_variants(",".join(variants), 1.0)  # a bad declaration fails at collection, not in a test
-        self.variants, self.seed, self.flags = tuple(variants), seed, tuple(flags)
+        self.variants, self.flags = tuple(variants), tuple(flags)
         self._runs: dict = {}  # (case, trainer) -> the records by variant, or what the run raised
 
     def record(self, case, artifacts: Artifacts, variant: str) -> CaseRecord:
@@ -280,7 +275,7 @@ class VariantRuns:
         if key not in self._runs:
             runnable = [v for v in self.variants if not trainer_refusal(artifacts.trainer, ran, _fault(v))]
             try:
-                self._runs[key] = run_variants(case, artifacts, runnable, seed=self.seed, flags=self.flags)
+                self._runs[key] = run_variants(case, artifacts, runnable, flags=self.flags)
             except (RunError, RlsmokeError) as exc:  # each of its tests fails with it, none runs it again
                 self._runs[key] = exc
         got = self._runs[key]
@@ -335,12 +330,6 @@ def _model_dir_checkpoint(case, art: Artifacts, *, verify: bool) -> Path | None:
 
         verify_checkpoint(folder)
     return folder
-
-
-def _write_meta(art: Artifacts, case, launcher: str) -> None:
-    """A summary.json naming the run, so the thresholds key of a Miles log is known."""
-    meta = RunKey.of_case(case, device=art.host.device, launcher=launcher).to_json()
-    (art.path / "summary.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def _tail(path: Path, n: int) -> str:
