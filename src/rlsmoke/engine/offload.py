@@ -14,7 +14,6 @@ from collections import defaultdict
 import torch
 
 from rlsmoke.engine.limits import host_memory_bytes
-from rlsmoke.engine.meter import MemoryMeter
 
 
 def _is_dtensor(t) -> bool:
@@ -83,11 +82,9 @@ class HostCopies:
             self._done[k] = None
 
     def _record(self, k: int) -> None:
-        if self.device.type != "cuda":
-            return  # CPU copies are synchronous
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        self._done[k] = event
+        if self.device.type == "cuda":  # CPU copies are synchronous
+            self._done[k] = torch.cuda.Event()
+            self._done[k].record(torch.cuda.current_stream(self.device))
 
     def _staged_to_host(self, t: torch.Tensor) -> torch.Tensor:
         """Device -> pinned buffer (async) while the host copies the previous chunk out of the other one."""
@@ -172,6 +169,46 @@ class _HostShard:
         self.shape, self.stride = like.shape, like.stride()
 
 
+class MemoryMeter:
+    """Peak allocated device memory per phase (`torch.cuda.max_memory_allocated`); None off CUDA."""
+
+    def __init__(self, device: str):
+        self.device = torch.device(device)
+        self.on = self.device.type == "cuda"
+        self.peaks: dict[str, int] = {}
+        # measured from the last reset: process start, or `reset_peak_memory_stats` before loading
+        self.phase = "load"
+
+    def enter(self, phase: str) -> None:
+        self.close()
+        self.phase = phase
+        if self.on:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def close(self) -> None:
+        if self.on:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), peak)
+
+    def report(self) -> dict[str, float] | None:
+        """The peaks since the last report, then a new window: each `--variants` run reports its own."""
+        if not self.on:
+            return None
+        self.close()
+        peaks, self.peaks = {k: round(v / 2**30, 2) for k, v in self.peaks.items()}, {}
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peaks
+
+
+# Where each part is in a phase. The moments come back only for a step (`for_step`): in "train", which
+# scores the last rollout too, they stay where they are.
+RESIDENCY = {
+    "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
+    "train": {"train_params": "device", "rollout_copy": "host"},
+    "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
+}
+
+
 class Phases:
     def __init__(self, *, device: str, offload: bool, trainer, rollout_model, ranks_on_host: int = 1,
                  offload_train: bool = True):  # fmt: skip
@@ -197,33 +234,22 @@ class Phases:
         """What leaves moves in the old phase's window; what comes back counts in the phase that uses it."""
         if phase == self.phase:
             return
-        arriving: list[tuple[str, str]] = []
         if phase in ("rollout", "sync"):
             # after a step the grads are dead weight: they held 21 GiB through GLM-5's rollout on one H200
             self.trainer.optimizer.zero_grad(set_to_none=True)
+        moves = []
         if self.offload:
-            want = {
-                "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
-                # the moments come back only for a step (`for_step`): scoring the last rollout needs none
-                "train": {
-                    "train_params": "device",
-                    "optimizer_state": self.where["optimizer_state"],
-                    "rollout_copy": "host",
-                },
-                "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
-            }[phase]
+            want = RESIDENCY[phase]
             if not self.offload_train:  # the train state stays: only the rollout copy takes turns
-                want |= {"train_params": "device", "optimizer_state": "device"}
-            for part, where in want.items():
-                if self.where[part] == where:
-                    continue
-                if where == "host":
-                    self._move(part, where, phase)
-                else:
-                    arriving.append((part, where))
+                want = want | {"train_params": "device", "optimizer_state": "device"}
+            moves = [(part, where) for part, where in want.items() if self.where[part] != where]
+        for part, where in moves:
+            if where == "host":
+                self._move(part, where, phase)
         self.meter.enter(phase)
-        for part, where in arriving:
-            self._move(part, where, phase)
+        for part, where in moves:
+            if where == "device":
+                self._move(part, where, phase)
 
     @torch.no_grad()
     def _park_compute(self) -> None:
