@@ -45,15 +45,6 @@ def unsupported(model, *, compiled: bool | None = None) -> str | None:
     return None
 
 
-def compile_caches() -> None:
-    """Compiled kernels under $RLSMOKE_CACHE unless the user chose folders: compiled once a machine."""
-    from rlsmoke.checkpoints.cache_paths import cache_home
-    from rlsmoke.engine import kda
-
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
-    kda.triton_cache()
-
-
 class StaticDecoder:
     """`model`'s sampling over a static cache; `compiled` (default: on CUDA) captures the decode step."""
 
@@ -69,7 +60,12 @@ class StaticDecoder:
         self.caches: dict[tuple[int, int], Any] = {}
         self.step = self._forward
         if self.compiled:
-            compile_caches()
+            # compiled kernels under $RLSMOKE_CACHE unless the user chose folders: compiled once a machine
+            from rlsmoke.checkpoints.cache_paths import cache_home
+            from rlsmoke.engine import kda
+
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
+            kda.triton_cache()
             self.step = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
 
     def _forward(self, tokens, positions, mask, cache) -> torch.Tensor:
@@ -133,10 +129,5 @@ def ended_by(response: torch.Tensor, eos_id: int) -> int:
 
 def record(asked: str, decodes) -> dict:
     """summary.json's `rollout_decode`: asked for, used, and why a static decode did not run."""
-    decodes = set(decodes)
-    reasons = sorted({why for _, why in decodes if why})
-    return {
-        "asked": asked,
-        "ran": sorted({ran for ran, _ in decodes}),
-        "fallback": "; ".join(reasons) or None,
-    }
+    fallback = "; ".join(sorted({why for _, why in decodes if why})) or None
+    return {"asked": asked, "ran": sorted({ran for ran, _ in decodes}), "fallback": fallback}
