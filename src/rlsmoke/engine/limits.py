@@ -55,22 +55,14 @@ def check_numbers(cfg, *, repeat: int) -> None:
             raise RlsmokeError(
                 f"{flag}={value} is past {top}", rule="run.range", fix=f"pass {flag} of at most {top}"
             )
-    check_seed(cfg.seed, repeat=repeat, num_rollout=cfg.num_rollout, n_prompts=cfg.n_prompts)
-
-
-def largest_seed(*, repeat: int, num_rollout: int, n_prompts: int) -> int:
-    """The largest --seed whose derived generator seeds all stay within 64 bits."""
-    top = (SEED_MAX - NOISE_OFFSET - (n_prompts - 1)) // PROMPTS_PER_ROLLOUT
-    return (top - (num_rollout - 1)) // ROLLOUTS_PER_SEED - (repeat - 1)
-
-
-def check_seed(seed: int, *, repeat: int, num_rollout: int, n_prompts: int) -> None:
-    largest = largest_seed(repeat=repeat, num_rollout=num_rollout, n_prompts=n_prompts)
-    if not 0 <= seed <= largest:
-        why = ("negative" if seed < 0 else
+    # the largest --seed whose derived generator seeds all stay within 64 bits
+    rollout_seed_max = (SEED_MAX - NOISE_OFFSET - (cfg.n_prompts - 1)) // PROMPTS_PER_ROLLOUT
+    largest = (rollout_seed_max - (cfg.num_rollout - 1)) // ROLLOUTS_PER_SEED - (repeat - 1)
+    if not 0 <= cfg.seed <= largest:
+        why = ("negative" if cfg.seed < 0 else
                f"past {largest}: the rollout seeds each prompt's sampler with (seed x {ROLLOUTS_PER_SEED} + rollout) "
                f"x {PROMPTS_PER_ROLLOUT} + prompt, which must stay within 2**64-1")  # fmt: skip
-        raise RlsmokeError(f"--seed={seed} is {why}", rule="run.seed",
+        raise RlsmokeError(f"--seed={cfg.seed} is {why}", rule="run.seed",
                            fix=f"pass --seed between 0 and {largest}")  # fmt: skip
 
 
@@ -190,8 +182,8 @@ def host_memory_bytes() -> int:
     return total
 
 
-def check_host_memory(cfg, prompt_tokens: int, *, host_bytes: int | None = None) -> int:
-    """On CPU, refuse a batch the host cannot hold, by the memory estimate. Returns the planned bytes."""
+def check_host_memory(cfg, prompt_tokens: int) -> None:
+    """On CPU, refuse a batch the host cannot hold, by the memory estimate."""
     from rlsmoke.memory import estimate, plan_of_run
 
     est = estimate(cfg.spec, replace(plan_of_run(cfg), prompt_len=max(prompt_tokens, 1)))
@@ -199,7 +191,7 @@ def check_host_memory(cfg, prompt_tokens: int, *, host_bytes: int | None = None)
     # every rollout's groups are kept until it is scored: ids, mask and log-probs per token
     kept = cfg.n_prompts * cfg.n_samples * (prompt_tokens + cfg.max_response_len) * 32
     need = processes * (est.peak + PROCESS_BYTES) + kept
-    have = host_bytes if host_bytes is not None else host_memory_bytes()
+    have = host_memory_bytes()
     if need > HOST_FRACTION * have:
         raise RlsmokeError(
             f"the batch of {cfg.n_prompts} prompts x {cfg.n_samples} samples x ({prompt_tokens} + "
@@ -207,4 +199,3 @@ def check_host_memory(cfg, prompt_tokens: int, *, host_bytes: int | None = None)
             f"of {est.describe().replace(' per GPU', '')}), past {HOST_FRACTION:.0%} of this host's "
             f"{have / GIB:.1f} GiB", rule="memory.host",
             fix="lower --n-samples, --n-prompts or --max-response-len")  # fmt: skip
-    return need
