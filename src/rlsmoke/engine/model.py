@@ -29,12 +29,12 @@ class LoadLaps:
         self.last = now
 
 
-def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None = None) -> Path:
+def checkpoint_dir(case: str, *, tiny: bool, given: Path | None = None) -> Path:
     """The checkpoint folder: the one given, or `rlsmoke.checkpoints.prepare`'s cached one."""
     if given is None:
         from rlsmoke.checkpoints import prepare
 
-        return Path(prepare(case, tiny=tiny, seed=seed))  # verified as it is built, and on every cache hit
+        return Path(prepare(case, tiny=tiny))  # verified as it is built, and on every cache hit
     given = Path(given)
     if not (given / "config.json").is_file():
         raise CheckpointError(
@@ -62,15 +62,10 @@ def process_settings(threads: int | None) -> None:
     # CPU backward (MoE index ops) is nondeterministic in the last bits with more threads (measured)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
-    without_cudnn_attention()
+    if torch.cuda.is_available():  # cuDNN's SDPA plans every new shape and has a nondeterministic backward
+        torch.backends.cuda.enable_cudnn_sdp(False)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-
-
-def without_cudnn_attention() -> None:
-    """SDPA without cuDNN, which builds a plan for every new shape and has a nondeterministic backward."""
-    if torch.cuda.is_available():
-        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def model_class(spec: ModelSpec):
@@ -133,11 +128,8 @@ def derive_policy(source, spec: ModelSpec, dtype: str):
         copy = type(source)._from_config(source.config, dtype=TORCH_DTYPES[dtype])
     copy = copy.to_empty(device=device)
     for kind in ("named_parameters", "named_buffers"):
-        mine, theirs = (
-            getattr(copy, kind)(remove_duplicate=False),
-            getattr(source, kind)(remove_duplicate=False),
-        )
-        for (name, t), (src_name, q) in zip(mine, theirs, strict=True):
+        theirs = getattr(source, kind)(remove_duplicate=False)
+        for (name, t), (src_name, q) in zip(getattr(copy, kind)(remove_duplicate=False), theirs, strict=True):
             assert name == src_name, (name, src_name)
             t.copy_(q)
     copy.generation_config = source.generation_config
