@@ -91,12 +91,9 @@ NO_LEFT_PADDING = ("glm5.3-flash",)
 
 def batch_for(choice: str, device: str, family: str, kda: str = "") -> str:
     """One call per rank on a GPU (cost is launches, not rows); per group on CPU, as calibrated."""
-    padding_breaks = family in NO_LEFT_PADDING and kda != "fla"
-    if choice != "auto":
-        return "length" if choice == "rank" and padding_breaks else choice
-    if not device.startswith("cuda"):
-        return "group"
-    return "length" if padding_breaks else "rank"
+    if choice == "auto":
+        choice = "rank" if device.startswith("cuda") else "group"
+    return "length" if choice == "rank" and family in NO_LEFT_PADDING and kda != "fla" else choice
 
 
 class RolloutEngine:
@@ -150,10 +147,9 @@ class RolloutEngine:
             if self.inject.kind == "rollout-noise":
                 chain.append(_Noise(self.inject.value, rows, generators(7)))
             # temperature-mismatch: the engine reports the raw logits' log-probs
-            mismatch = self.inject.kind == "temperature-mismatch"
-            recorder = LogprobRecorder(1.0 if mismatch else self.temperature)
-            chain.append(recorder)
-            chain.append(GroupSampler(self.temperature, rows, generators(0)))
+            divide_by = 1.0 if self.inject.kind == "temperature-mismatch" else self.temperature
+            recorder = LogprobRecorder(divide_by)
+            chain.extend([recorder, GroupSampler(self.temperature, rows, generators(0))])
             return chain, recorder
 
         response = None
@@ -166,7 +162,7 @@ class RolloutEngine:
                 raise
             except Exception as exc:  # a model the compiler cannot capture: generate from here on, and why
                 first = (str(exc).strip().splitlines() or [""])[0][:200]
-                self.static, self.fallback, response = None, f"{type(exc).__name__}: {first}", None
+                self.static, self.fallback = None, f"{type(exc).__name__}: {first}"
         if response is None:
             chain, recorder = processors()
             out = self.model.generate(
