@@ -91,17 +91,15 @@ def _read_staged(fd: int, start: int, data: torch.Tensor) -> None:
     ]
     views = [memoryview(b.numpy()) for b in buffers]
 
-    def read(i: int) -> int:
+    def read(i: int) -> None:
         off, n = chunks[i]
         _pread_full(fd, views[i % len(buffers)][:n], start + off)
-        return i
 
     with ThreadPoolExecutor(max(len(buffers), 1)) as pool:
         pending = [pool.submit(read, i) for i in range(len(buffers))]
         for i, (off, n) in enumerate(chunks):
-            k = i % len(buffers)
             pending[i].result()
-            data[off : off + n].copy_(buffers[k][:n], non_blocking=cuda)
+            data[off : off + n].copy_(buffers[i % len(buffers)][:n], non_blocking=cuda)
             if i + len(buffers) < len(chunks):
                 if cuda:  # the buffer is free once its copy has left it
                     done = torch.cuda.Event()
