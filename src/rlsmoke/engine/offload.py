@@ -57,8 +57,7 @@ class HostCopies:
         if self._stages(t):
             return self._staged_to_host(t)
         host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
-        host.copy_(t, non_blocking=self.pin)
-        return host
+        return host.copy_(t, non_blocking=self.pin)
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         return self._staged_to_device(t) if self._stages(t) else t.to(self.device, non_blocking=self.pin)
