@@ -35,11 +35,7 @@ def unsupported(model, *, compiled: bool | None = None) -> str | None:
     if not {"cache", "past_key_values"} & set(params) or "position_ids" not in params:
         return f"{name}.forward takes no KV cache and position ids (transformers {version})"
     try:
-        from transformers import StaticCache
-
-        StaticCache(config=model.config, max_cache_len=LENGTH_BUCKET)
-    except ImportError:
-        return f"transformers {version} has no StaticCache"
+        transformers.StaticCache(config=model.config, max_cache_len=LENGTH_BUCKET)
     except (KeyError, ValueError, TypeError, AttributeError, NotImplementedError) as exc:
         return f"{name}'s layers have no static cache in transformers {version}: {type(exc).__name__} {exc}"
     return None
@@ -117,14 +113,6 @@ class StaticDecoder:
             if steps % CHECK_EVERY == 0 and not bool(unfinished.any()):
                 break
         return response[:, :steps]
-
-
-def ended_by(response: torch.Tensor, eos_id: int) -> int:
-    """The columns `generate` would have returned: up to the step at which the last row ended."""
-    is_eos = response == eos_id
-    if not bool(is_eos.any(1).all()):
-        return response.shape[1]
-    return int(is_eos.int().argmax(1).max().item()) + 1
 
 
 def record(asked: str, decodes) -> dict:

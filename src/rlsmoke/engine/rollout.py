@@ -172,13 +172,11 @@ class RolloutEngine:
             )  # fmt: skip
             response = out[:, width:]  # (N, R'), R' <= max_new_tokens when every sample hit EOS early
         logprobs = recorder.finish(response[:, -1])  # (N, R')
-        # the static decode looks for the end only now and then: its columns past the last row's EOS go
-        ends = decode_mod.ended_by(response, self.eos_id)
-        response, logprobs = response[:, :ends], logprobs[:, :ends]
         mask = response_mask(response, self.eos_id)
         groups = []
         for (index, ids), r in zip(prompts, rows, strict=True):
-            # a group ends where its own longest sample ends, as a call for it alone would
+            # a group ends where its own longest sample ends, as a call for it alone would (the static decode
+            # looks for the end only now and then: its columns past the last EOS go here too)
             length = int(mask[r].sum(1).max().item())
             groups.append(Group(index, len(ids), torch.cat([tokens[r, width - len(ids) :], response[r, :length]], 1).cpu(),
                                 mask[r, :length].cpu(), logprobs[r, :length].cpu(),
