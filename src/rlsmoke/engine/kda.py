@@ -58,17 +58,16 @@ def install(path: str) -> None:
     """Bind the KDA functions transformers' layer calls to `path`'s implementation (a process-wide choice)."""
     if not path:
         return
-    modeling = importlib.import_module(MODELING)
-    for name, fla_name in KERNELS.items():
-        reference = _REFERENCE.setdefault(name, inspect.unwrap(getattr(modeling, name)))
-        if path == "reference":
-            setattr(modeling, name, reference)
-            continue
+    if path == "fla":
         triton_cache()
         if not CONFIGS:
             CONFIGS.update(_configs())
-        kernel = getattr(importlib.import_module("fla.ops.kda"), fla_name)
-        setattr(modeling, name, _fla_call(kernel, reference))
+    modeling = importlib.import_module(MODELING)
+    for name, fla_name in KERNELS.items():
+        kernel = _REFERENCE.setdefault(name, inspect.unwrap(getattr(modeling, name)))
+        if path == "fla":
+            kernel = _fla_call(getattr(importlib.import_module("fla.ops.kda"), fla_name), kernel)
+        setattr(modeling, name, kernel)
 
 
 def _configs() -> dict:
