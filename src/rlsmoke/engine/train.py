@@ -135,14 +135,10 @@ class Trainer:
         params = [p for p in self.master.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip).item()  # the norm before clipping
         if not math.isfinite(grad_norm):
-            bad = next(
-                n
-                for n, p in self.master.named_parameters()
-                if p.grad is not None and not p.grad.isfinite().all()
-            )
-            raise RunError(
-                f"grad_norm is {grad_norm}; first non-finite grad in {bad}", rule="train.finite_grads"
-            )
+            grads = ((name, p.grad) for name, p in self.master.named_parameters() if p.grad is not None)
+            bad = next(name for name, grad in grads if not grad.isfinite().all())
+            message = f"grad_norm is {grad_norm}; first non-finite grad in {bad}"
+            raise RunError(message, rule="train.finite_grads")
         before = checksums(self.master)
         self.optimizer.step()
         precision.refresh(self._pairs)
