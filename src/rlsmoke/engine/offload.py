@@ -21,7 +21,6 @@ def _is_dtensor(t) -> bool:
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's shard on this rank; any other tensor itself."""
     return t.to_local() if _is_dtensor(t) else t
 
 

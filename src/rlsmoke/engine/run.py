@@ -100,8 +100,6 @@ def execute_variants(runs: list[tuple[RunConfig, Path]], *, process_s: dict | No
 
 
 def _fanout(logs: list[RunLog]) -> Callable[[str], None]:
-    """One line into every log given."""
-
     def log(text: str) -> None:
         for run_log in logs:
             run_log(text)
