@@ -278,14 +278,12 @@ class Phases:
             self._move("optimizer_state", "device", "step")
 
     def state(self) -> dict:
-        """Where each part is, the AdamW moments' devices and pinning, how many master params hold a grad."""
+        """Where each part is, the moments' pinning and parked shards, how many master params hold a grad."""
         held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
                 if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
         # a DTensor's own is_pinned has no sharding rule in a CUDA build of torch: its shard answers
         local = [t.local if isinstance(t, _HostShard) else local_shard(t) for t in held]
-        return {**self.where, "offload": self.offload, "offload_train": self.offload_train, "phase": self.phase,
-                "pinned": self.copies.pin, "staged": self.copies.staged,
-                "optimizer_devices": sorted({str(t.device) for t in local}),
+        return {**self.where, "offload": self.offload, "offload_train": self.offload_train,
                 "optimizer_pinned": sorted({bool(t.is_pinned()) for t in local if t.device.type == "cpu"}),
                 "optimizer_parked_shards": sum(isinstance(t, _HostShard) for t in held),
                 "compute_rebuilt": len(self._rebuilt),  # parked compute parameters cast again on return
