@@ -101,12 +101,6 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
 
 def _template(folder: Path):
     """The chat template for one user turn plus the assistant header, as transformers renders it."""
-    try:
-        source = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
-    except (OSError, ValueError, AttributeError):
-        source = None
-    if not isinstance(source, str):
-        return lambda text: text
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -117,11 +111,14 @@ def _template(folder: Path):
     )
     env.globals["raise_exception"] = raise_exception
     try:
-        template = env.from_string(source)
-    except Exception:
-        return lambda text: text
+        source = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+        template = env.from_string(source) if isinstance(source, str) else None
+    except Exception:  # no readable template: the prompt as it is
+        template = None
 
     def render(text: str) -> str:
+        if template is None:
+            return text
         try:
             return template.render(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
         except Exception:  # the engine's own rendering names a broken template
