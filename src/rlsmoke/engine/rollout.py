@@ -42,9 +42,7 @@ class _Noise(LogitsProcessor):
     def __call__(self, input_ids, scores):
         noise = torch.empty(scores.shape, device=scores.device, dtype=torch.float32)
         for rows, g in zip(self.rows, self.generators, strict=True):
-            noise[rows] = torch.randn(
-                noise[rows].shape, generator=g, device=scores.device, dtype=torch.float32
-            )
+            noise[rows] = torch.randn(noise[rows].shape, generator=g, device=noise.device, dtype=noise.dtype)
         return scores + (self.sigma * noise).to(scores.dtype)
 
 

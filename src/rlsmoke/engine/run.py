@@ -48,10 +48,9 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
     lines = []
     score = REWARDS[cfg.reward]
     clock = clock or PhaseClock()
+    prompt_ids = [p.ids for p in prompts]
     for i in range(cfg.num_rollout):
-        groups = clock(
-            "rollout", workers.generate, [p.ids for p in prompts], cfg.n_samples, seed=seed * 100 + i
-        )
+        groups = clock("rollout", workers.generate, prompt_ids, cfg.n_samples, seed=seed * 100 + i)
         if decodes is not None:
             decodes.update((g.decode, g.fallback) for g in groups)
         for g, p in zip(groups, prompts, strict=True):
