@@ -106,8 +106,7 @@ class StaticDecoder:
                 logits = self.step(response[:, t - 1 : t], last + t, mask, cache)
             scores = torch.where(eos, float("-inf"), logits) if t == 0 else logits
             scores = processors(response[:, max(t - 1, 0) : t], scores)  # the recorder reads the last token
-            token = scores.argmax(-1)
-            response[:, t] = torch.where(unfinished, token, pad_id)
+            response[:, t] = torch.where(unfinished, scores.argmax(-1), pad_id)
             unfinished &= response[:, t] != eos_id
             steps = t + 1
             if steps % CHECK_EVERY == 0 and not bool(unfinished.any()):

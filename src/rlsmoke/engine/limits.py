@@ -92,8 +92,7 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
     best = LongestPrompt(0, 0)
     for number, line in enumerate(Path(prompt_data).read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            text = render(json.loads(line)["prompt"])
-            n = len(tok.encode(text, add_special_tokens=False).ids)
+            n = len(tok.encode(render(json.loads(line)["prompt"]), add_special_tokens=False).ids)
             if n > best.tokens:
                 best = LongestPrompt(n, number)
     return best

@@ -57,8 +57,7 @@ class GroupSampler(LogitsProcessor):
         chosen = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
         for rows, g in zip(self.rows, self.generators, strict=True):
             chosen[rows] = torch.multinomial(probs[rows], num_samples=1, generator=g)[:, 0]
-        only = torch.full_like(scores, float("-inf"))
-        return only.scatter_(1, chosen[:, None], 0.0)
+        return torch.full_like(scores, float("-inf")).scatter_(1, chosen[:, None], 0.0)
 
 
 class LogprobRecorder(LogitsProcessor):
@@ -192,5 +191,4 @@ def keep_grouped_experts(model) -> None:
 def response_mask(response: torch.Tensor, eos_id: int) -> torch.Tensor:
     """1.0 for each token up to and including the first EOS, 0.0 after it."""
     is_eos = (response == eos_id).int()  # (n, R)
-    after = (is_eos.cumsum(dim=1) - is_eos) > 0  # (n, R) strictly after the first EOS
-    return (~after).float()
+    return (is_eos.cumsum(dim=1) - is_eos == 0).float()  # no EOS strictly before it

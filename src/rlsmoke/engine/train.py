@@ -14,16 +14,14 @@ from rlsmoke.errors import RunError
 
 def token_logprobs(model, group: Group, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-prob and entropy at the rollout temperature, as Miles' logit processor divides."""
-    device = next(model.parameters()).device
-    tokens = group.tokens.to(device)  # (n, P+R)
+    tokens = group.tokens.to(next(model.parameters()).device)  # (n, P+R)
     logits = model(input_ids=tokens, use_cache=False).logits  # (n, P+R, V)
     logits = logits[:, group.prompt_len - 1 : -1].float()  # (n, R, V) the positions predicting the response
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, tokens[:, group.prompt_len :, None])[..., 0]  # (n, R)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (n, R)
-    return logp, entropy
+    return logp, -(logp_all.exp() * logp_all).sum(-1)  # and the entropy (n, R)
 
 
 # The per-token sums a step reports, each divided by the step's token count (Miles' train/ keys).
