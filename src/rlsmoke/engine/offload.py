@@ -144,9 +144,8 @@ class HostCopies:
         if isinstance(t, _HostShard):
             from torch.distributed.tensor import DTensor
 
-            local = self.to_device(t.local)
             return DTensor.from_local(
-                local, t.mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride
+                self.to_device(t.local), t.mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride
             )
         return self.to_device(t)
 

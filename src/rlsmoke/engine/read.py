@@ -102,9 +102,7 @@ def _read_staged(fd: int, start: int, data: torch.Tensor) -> None:
             data[off : off + n].copy_(buffers[i % len(buffers)][:n], non_blocking=cuda)
             if i + len(buffers) < len(chunks):
                 if cuda:  # the buffer is free once its copy has left it
-                    done = torch.cuda.Event()
-                    done.record()
-                    done.synchronize()
+                    torch.cuda.current_stream().synchronize()
                 pending.append(pool.submit(read, i + len(buffers)))
     if cuda:
         torch.cuda.synchronize(data.device)

@@ -32,10 +32,9 @@ def group_loss(logp, entropy, mask, old_lp, adv, *, eps_clip: float, eps_clip_hi
                entropy_coef: float) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
     """One group's token-summed loss (PPO clip less the entropy bonus) and its sums for the metrics."""
     loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp, adv, mask, eps_clip, eps_clip_high)
-    loss = loss_tok.sum() - entropy_coef * (entropy * mask).sum()
     sums = {"pg_loss": loss_tok.sum().item(), "pg_clipfrac": clipped.sum().item(), "ppo_kl": ppo_kl.sum().item(),
             "entropy_loss": (entropy.detach() * mask).sum().item()}  # fmt: skip
-    return loss, sums
+    return loss_tok.sum() - entropy_coef * (entropy * mask).sum(), sums
 
 
 def require_finite(loss: torch.Tensor, group: Group) -> None:
