@@ -27,8 +27,7 @@ def unsupported(model, *, compiled: bool | None = None) -> str | None:
     import transformers
 
     name, version = type(model).__name__, transformers.__version__
-    if compiled is None:
-        compiled = next(model.parameters()).device.type == "cuda"
+    compiled = next(model.parameters()).device.type == "cuda" if compiled is None else compiled
     if compiled and name in UNCAPTURED:
         return f"{UNCAPTURED[name]} (transformers {version})"
     params = inspect.signature(model.forward).parameters

@@ -49,10 +49,7 @@ def read_file(path: Path, device: torch.device, *, staged: bool = False) -> dict
                            device=device)  # fmt: skip
     fd = os.open(path, os.O_RDONLY)
     try:
-        if staged or device.type != "cpu":
-            _read_staged(fd, start, data)
-        else:
-            _read_into(fd, start, data)
+        (_read_staged if staged or device.type != "cpu" else _read_into)(fd, start, data)
     except EOFError as exc:  # cut after it was verified
         raise CheckpointError(f"checkpoint file {path} {exc}", rule="checkpoint.load",
                               fix="run `rlsmoke verify CASE`, or `rlsmoke prepare CASE --force`") from None  # fmt: skip

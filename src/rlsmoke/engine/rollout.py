@@ -102,10 +102,9 @@ class RolloutEngine:
         self.batch = batch
         if batch != "group":
             keep_grouped_experts(model)
-        self.static: decode_mod.StaticDecoder | None = None
         self.fallback = decode_mod.unsupported(model) if decode == "static" else None
-        if decode == "static" and self.fallback is None:
-            self.static = decode_mod.StaticDecoder(model)
+        static = decode == "static" and self.fallback is None
+        self.static = decode_mod.StaticDecoder(model) if static else None
 
     def set_variant(self, inject: Inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the next run's fault and sampling temperature."""
