@@ -223,13 +223,9 @@ class Phases:
         self.move_seconds: dict[str, float] = defaultdict(float)
         self._rebuilt: list = []  # (compute, main) pairs whose compute storage is freed while parked
 
-    @property
-    def phase(self) -> str:
-        return self.meter.phase
-
     def enter(self, phase: str) -> None:
         """What leaves moves in the old phase's window; what comes back counts in the phase that uses it."""
-        if phase == self.phase:
+        if phase == self.meter.phase:
             return
         if phase in ("rollout", "sync"):
             # after a step the grads are dead weight: they held 21 GiB through GLM-5's rollout on one H200

@@ -10,8 +10,7 @@ import torch
 
 def rollout_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """The trainer's parameters as the rollout engine should hold them."""
-    for name, p in model.named_parameters():
-        yield name, p.detach().to(dtype)
+    return ((name, p.detach().to(dtype)) for name, p in model.named_parameters())
 
 
 @torch.no_grad()
