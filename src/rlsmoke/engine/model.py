@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -53,8 +54,6 @@ def checkpoint_dir(case: str, *, tiny: bool, given: Path | None = None) -> Path:
 
 def process_settings(threads: int | None) -> None:
     """Per-process settings, in the driver, a Ray actor or a rank: the same seed must give the same bits."""
-    import os
-
     import transformers
 
     if threads:
