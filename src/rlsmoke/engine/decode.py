@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import torch
+import transformers
 
 CHECK_EVERY = 16
 LENGTH_BUCKET = 128
@@ -24,8 +25,6 @@ UNCAPTURED = {
 
 def unsupported(model, *, compiled: bool | None = None) -> str | None:
     """Why `model` cannot decode over a static cache, for the summary; None when it can."""
-    import transformers
-
     name, version = type(model).__name__, transformers.__version__
     compiled = next(model.parameters()).device.type == "cuda" if compiled is None else compiled
     if compiled and name in UNCAPTURED:
@@ -69,12 +68,10 @@ class StaticDecoder:
         return out.logits[:, -1].float()
 
     def _cache(self, rows: int, length: int):
-        from transformers import StaticCache
-
         key = (rows, length)
         if key not in self.caches:
             self.caches.clear()  # a rank's calls share one shape; another frees the last one's memory
-            self.caches[key] = StaticCache(config=self.model.config, max_cache_len=length)
+            self.caches[key] = transformers.StaticCache(config=self.model.config, max_cache_len=length)
         else:
             self.caches[key].reset()
         return self.caches[key]
