@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 from rlsmoke.errors import RlsmokeError
 
 PATHS = ("fla", "reference")
@@ -72,8 +74,6 @@ def install(path: str) -> None:
 
 def _configs() -> dict:
     """Shipped kernel configs for this GPU; RLSMOKE_FLA_RECORD=DIR records the autotuner's choices."""
-    import torch
-
     from rlsmoke.engine import fla_configs
 
     name = torch.cuda.get_device_name(0)
@@ -90,8 +90,6 @@ def _configs() -> dict:
 
 def _generate_two(model, rows: int, length: int) -> None:
     """Two greedy tokens for `rows` rows, every other left-padded, as the rollout engine calls generate."""
-    import torch
-
     device = next(model.parameters()).device
     pad = getattr(model.generation_config, "pad_token_id", None) or 0
     vocab = model.get_input_embeddings().num_embeddings
@@ -116,8 +114,6 @@ def _fla_call(kernel, reference):
 def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
     """Compile and autotune fla's kernels before the first seed, at each model's rows (autotune keys hold
     the batch size); the rollout model also generates, for the prefill and decode variants. Seconds."""
-    import torch
-
     start = time.perf_counter()
     modeling = importlib.import_module(MODELING)
     for model, with_grad, rows in models:
