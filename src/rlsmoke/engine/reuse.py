@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
+from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.offload import local_shard, pins
 
 CHUNK = 1 << 24  # elements cast at a time: no device temporary larger than 64 MiB in fp32
@@ -133,7 +134,5 @@ class InitialRun:
 
 def narrow_for(cfg) -> torch.dtype | None:
     """The dtype a main weight may be kept in: the rollout's when it is narrower than the train dtype."""
-    from rlsmoke.engine.model import TORCH_DTYPES
-
     rollout, train = TORCH_DTYPES[cfg.rollout_dtype], TORCH_DTYPES[cfg.train_dtype]
     return rollout if rollout.itemsize < train.itemsize else None
