@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
+from rlsmoke.engine import kda
 from rlsmoke.errors import CheckpointError
-from rlsmoke.models import ModelSpec
+from rlsmoke.models import ModelSpec, model_spec
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,7 +46,6 @@ def checkpoint_dir(case: str, *, tiny: bool, given: Path | None = None) -> Path:
         )
     from rlsmoke.checkpoints.identity import check_checkpoint
     from rlsmoke.checkpoints.verification import verify
-    from rlsmoke.models import model_spec
 
     verify(given, checksums=False)  # headers and lengths: a truncated shard is named here, not by a loader
     check_checkpoint(given, model_spec(case, tiny=tiny))  # this case's model, every byte as its manifest says
@@ -79,8 +79,6 @@ def model_class(spec: ModelSpec):
 def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str,
                 state: dict[str, torch.Tensor] | None = None):  # fmt: skip
     """The model in `dtype` on `device`, in eval mode; from `state` (tensors already read) when given."""
-    from rlsmoke.engine import kda
-
     kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks it up per call
     try:
         if state is not None:
