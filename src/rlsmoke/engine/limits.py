@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlsmoke.errors import CheckpointError, RlsmokeError
+from rlsmoke.memory import GIB, estimate, plan_of_run
 from rlsmoke.shipped import FIXTURES
 
 # torch.Generator.manual_seed takes an unsigned 64-bit seed.
@@ -23,7 +24,6 @@ MAX_NOISE_SIGMA = 100.0  # the rollout-noise fault's log-prob noise, in nats
 # Of the host's (or cgroup's) memory, what one run may plan to hold; the OS and page cache need the rest.
 HOST_FRACTION = 0.8
 PROCESS_BYTES = 2**29
-GIB = 2**30
 
 
 def _finite(flag: str, value: float) -> None:
@@ -180,8 +180,6 @@ def host_memory_bytes() -> int:
 
 def check_host_memory(cfg, prompt_tokens: int) -> None:
     """On CPU, refuse a batch the host cannot hold, by the memory estimate."""
-    from rlsmoke.memory import estimate, plan_of_run
-
     est = estimate(cfg.spec, replace(plan_of_run(cfg), prompt_len=max(prompt_tokens, 1)))
     processes = cfg.num_gpus if cfg.mode == "colocate" else 2  # async: a trainer and a rollout engine
     # every rollout's groups are kept until it is scored: ids, mask and log-probs per token
