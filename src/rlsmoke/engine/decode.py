@@ -13,6 +13,9 @@ from typing import Any
 import torch
 import transformers
 
+from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.engine import kda
+
 CHECK_EVERY = 16
 LENGTH_BUCKET = 128
 # Modeling whose decode step has data-dependent shapes, which a CUDA graph cannot capture (measured by
@@ -55,9 +58,6 @@ class StaticDecoder:
         self.step = self._forward
         if self.compiled:
             # compiled kernels under $RLSMOKE_CACHE unless the user chose folders: compiled once a machine
-            from rlsmoke.checkpoints.cache_paths import cache_home
-            from rlsmoke.engine import kda
-
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
             kda.triton_cache()
             self.step = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)

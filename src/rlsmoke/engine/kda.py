@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.errors import RlsmokeError
 
 PATHS = ("fla", "reference")
@@ -49,8 +50,6 @@ def choose(device: str, family: str) -> str:
 
 def triton_cache() -> None:
     """Compiled kernels next to the checkpoints ($RLSMOKE_CACHE/triton), unless the user chose a folder."""
-    from rlsmoke.checkpoints.cache_paths import cache_home
-
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_home() / "triton"))
     # the autotuner's choice is kept too (Triton >= 3.3)
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")

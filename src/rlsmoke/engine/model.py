@@ -8,7 +8,10 @@ from pathlib import Path
 
 import torch
 
+from rlsmoke.checkpoints.identity import check_checkpoint
+from rlsmoke.checkpoints.verification import verify
 from rlsmoke.engine import kda
+from rlsmoke.engine.read import read_checkpoint
 from rlsmoke.errors import CheckpointError
 from rlsmoke.models import ModelSpec, model_spec
 
@@ -44,9 +47,6 @@ def checkpoint_dir(case: str, *, tiny: bool, given: Path | None = None) -> Path:
             rule="checkpoint.exists",
             fix=f"run `rlsmoke prepare {case}` or pass an existing --checkpoint DIR",
         )
-    from rlsmoke.checkpoints.identity import check_checkpoint
-    from rlsmoke.checkpoints.verification import verify
-
     verify(given, checksums=False)  # headers and lengths: a truncated shard is named here, not by a loader
     check_checkpoint(given, model_spec(case, tiny=tiny))  # this case's model, every byte as its manifest says
     return given
@@ -85,8 +85,6 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str,
             model = from_state_dict(path, spec, dtype, device, state)
         elif device.startswith("cuda"):
             # the files straight onto the GPU (engine.read), where transformers then fuses the experts
-            from rlsmoke.engine.read import read_checkpoint
-
             model = from_state_dict(path, spec, dtype, device, read_checkpoint(path, device))
         else:  # a memory map: transformers' own load copies nothing it does not convert
             model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype])
