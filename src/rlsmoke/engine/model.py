@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 
 from rlsmoke.checkpoints.identity import check_checkpoint
 from rlsmoke.checkpoints.verification import verify
@@ -54,8 +55,6 @@ def checkpoint_dir(case: str, *, tiny: bool, given: Path | None = None) -> Path:
 
 def process_settings(threads: int | None) -> None:
     """Per-process settings, in the driver, a Ray actor or a rank: the same seed must give the same bits."""
-    import transformers
-
     if threads:
         torch.set_num_threads(threads)
     # CPU backward (MoE index ops) is nondeterministic in the last bits with more threads (measured)
@@ -68,8 +67,6 @@ def process_settings(threads: int | None) -> None:
 
 
 def model_class(spec: ModelSpec):
-    import transformers
-
     if spec.hf_model_type == "glm5_next":
         # AutoModelForCausalLM rejects the composite config; text-only input works on this class.
         return transformers.Glm5NextForConditionalGeneration
@@ -100,18 +97,15 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str,
 
 def from_state_dict(path: Path, spec: ModelSpec, dtype: str, device: str, state: dict[str, torch.Tensor]):
     """The model of `path` from its tensors `state`, as `from_pretrained(path)` builds it."""
-    from transformers import AutoConfig, GenerationConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
     cls = model_class(spec)
-    config = AutoConfig.from_pretrained(path)
+    config = transformers.AutoConfig.from_pretrained(path)
     # the Auto class loads from a folder only: its concrete class takes a state
     if cls.__name__.startswith("Auto"):
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        cls = transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     where = {"device_map": device} if device.startswith("cuda") else {}
     model = cls.from_pretrained(None, config=config, state_dict=state, dtype=TORCH_DTYPES[dtype], **where)
     if (Path(path) / "generation_config.json").is_file():  # what from_pretrained(path) reads too
-        model.generation_config = GenerationConfig.from_pretrained(path)
+        model.generation_config = transformers.GenerationConfig.from_pretrained(path)
     return model
 
 
@@ -132,6 +126,4 @@ def derive_policy(source, spec: ModelSpec, dtype: str):
 
 
 def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
+    return transformers.AutoTokenizer.from_pretrained(path)
