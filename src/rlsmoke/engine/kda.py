@@ -8,6 +8,7 @@ fla compiles and autotunes on first use (minutes on an H200): `warm_up` pays it 
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import inspect
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.engine import fla_configs
 from rlsmoke.errors import RlsmokeError
 
 PATHS = ("fla", "reference")
@@ -73,13 +75,9 @@ def install(path: str) -> None:
 
 def _configs() -> dict:
     """Shipped kernel configs for this GPU; RLSMOKE_FLA_RECORD=DIR records the autotuner's choices."""
-    from rlsmoke.engine import fla_configs
-
     name = torch.cuda.get_device_name(0)
     record = os.environ.get("RLSMOKE_FLA_RECORD")
     if record:
-        import atexit
-
         provenance = {"gpu": name, "fla": fla_configs.fla_version(), "torch": torch.__version__,
                       "command": os.environ.get("RLSMOKE_FLA_RECORD_COMMAND", ""), "date": time.strftime("%Y-%m-%d"),
                       "shapes": "each entry's autotune_key: the kernel's tuning arguments and dtypes"}  # fmt: skip

@@ -166,9 +166,7 @@ def checksums(model) -> dict[str, float]:
         sums.append(total)
     stacked = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)
     if sharded:
-        import torch.distributed as dist
-
-        dist.all_reduce(stacked)
+        torch.distributed.all_reduce(stacked)
     return dict(zip(names, stacked.tolist(), strict=True))
 
 
