@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from rlsmoke.checkpoints import prepare
 from rlsmoke.checkpoints.identity import check_checkpoint
 from rlsmoke.checkpoints.verification import verify
 from rlsmoke.engine import kda
@@ -38,8 +39,6 @@ class LoadLaps:
 def checkpoint_dir(case: str, *, tiny: bool, given: Path | None = None) -> Path:
     """The checkpoint folder: the one given, or `rlsmoke.checkpoints.prepare`'s cached one."""
     if given is None:
-        from rlsmoke.checkpoints import prepare
-
         return Path(prepare(case, tiny=tiny))  # verified as it is built, and on every cache hit
     given = Path(given)
     if not (given / "config.json").is_file():
