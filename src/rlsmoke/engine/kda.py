@@ -132,8 +132,7 @@ def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
             state = torch.zeros(rows, heads, dim, dim, device=weight.device, dtype=torch.float32)
             modeling.recurrent_kimi_delta_attention(q, q, q, g=g, beta=beta, initial_state=state,
                                                     output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
-        for p in layer.parameters():
-            p.grad = None
+        layer.zero_grad(set_to_none=True)
         if not with_grad:
             for length in tokens:
                 _generate_two(model, rows, length)
