@@ -11,6 +11,10 @@ import os
 from typing import Any
 
 import torch
+import transformers
+
+from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.engine import kda
 
 CHECK_EVERY = 16
 LENGTH_BUCKET = 128
@@ -24,34 +28,18 @@ UNCAPTURED = {
 
 def unsupported(model, *, compiled: bool | None = None) -> str | None:
     """Why `model` cannot decode over a static cache, for the summary; None when it can."""
-    import transformers
-
     name, version = type(model).__name__, transformers.__version__
-    if compiled is None:
-        compiled = next(model.parameters()).device.type == "cuda"
+    compiled = next(model.parameters()).device.type == "cuda" if compiled is None else compiled
     if compiled and name in UNCAPTURED:
         return f"{UNCAPTURED[name]} (transformers {version})"
     params = inspect.signature(model.forward).parameters
     if not {"cache", "past_key_values"} & set(params) or "position_ids" not in params:
         return f"{name}.forward takes no KV cache and position ids (transformers {version})"
     try:
-        from transformers import StaticCache
-
-        StaticCache(config=model.config, max_cache_len=LENGTH_BUCKET)
-    except ImportError:
-        return f"transformers {version} has no StaticCache"
+        transformers.StaticCache(config=model.config, max_cache_len=LENGTH_BUCKET)
     except (KeyError, ValueError, TypeError, AttributeError, NotImplementedError) as exc:
         return f"{name}'s layers have no static cache in transformers {version}: {type(exc).__name__} {exc}"
     return None
-
-
-def compile_caches() -> None:
-    """Compiled kernels under $RLSMOKE_CACHE unless the user chose folders: compiled once a machine."""
-    from rlsmoke.checkpoints.cache_paths import cache_home
-    from rlsmoke.engine import kda
-
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
-    kda.triton_cache()
 
 
 class StaticDecoder:
@@ -69,7 +57,9 @@ class StaticDecoder:
         self.caches: dict[tuple[int, int], Any] = {}
         self.step = self._forward
         if self.compiled:
-            compile_caches()
+            # compiled kernels under $RLSMOKE_CACHE unless the user chose folders: compiled once a machine
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
+            kda.triton_cache()
             self.step = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
 
     def _forward(self, tokens, positions, mask, cache) -> torch.Tensor:
@@ -78,12 +68,10 @@ class StaticDecoder:
         return out.logits[:, -1].float()
 
     def _cache(self, rows: int, length: int):
-        from transformers import StaticCache
-
         key = (rows, length)
         if key not in self.caches:
             self.caches.clear()  # a rank's calls share one shape; another frees the last one's memory
-            self.caches[key] = StaticCache(config=self.model.config, max_cache_len=length)
+            self.caches[key] = transformers.StaticCache(config=self.model.config, max_cache_len=length)
         else:
             self.caches[key].reset()
         return self.caches[key]
@@ -114,8 +102,7 @@ class StaticDecoder:
                 logits = self.step(response[:, t - 1 : t], last + t, mask, cache)
             scores = torch.where(eos, float("-inf"), logits) if t == 0 else logits
             scores = processors(response[:, max(t - 1, 0) : t], scores)  # the recorder reads the last token
-            token = scores.argmax(-1)
-            response[:, t] = torch.where(unfinished, token, pad_id)
+            response[:, t] = torch.where(unfinished, scores.argmax(-1), pad_id)
             unfinished &= response[:, t] != eos_id
             steps = t + 1
             if steps % CHECK_EVERY == 0 and not bool(unfinished.any()):
@@ -123,20 +110,7 @@ class StaticDecoder:
         return response[:, :steps]
 
 
-def ended_by(response: torch.Tensor, eos_id: int) -> int:
-    """The columns `generate` would have returned: up to the step at which the last row ended."""
-    is_eos = response == eos_id
-    if not bool(is_eos.any(1).all()):
-        return response.shape[1]
-    return int(is_eos.int().argmax(1).max().item()) + 1
-
-
 def record(asked: str, decodes) -> dict:
     """summary.json's `rollout_decode`: asked for, used, and why a static decode did not run."""
-    decodes = set(decodes)
-    reasons = sorted({why for _, why in decodes if why})
-    return {
-        "asked": asked,
-        "ran": sorted({ran for ran, _ in decodes}),
-        "fallback": "; ".join(reasons) or None,
-    }
+    fallback = "; ".join(sorted({why for _, why in decodes if why})) or None
+    return {"asked": asked, "ran": sorted({ran for ran, _ in decodes}), "fallback": fallback}

@@ -82,15 +82,6 @@ def autotuners():
                 yield obj, obj.fn.fn.__name__ if hasattr(obj.fn, "fn") else obj.fn.__name__
 
 
-def chosen() -> dict[str, dict[tuple, object]]:
-    """Every fla autotuner's choices in this process, by kernel name: {kernel: {key: triton.Config}}."""
-    found: dict[str, dict[tuple, object]] = {}
-    for tuner, kernel in autotuners():
-        if tuner.cache:
-            found.setdefault(kernel, {}).update(tuner.cache)
-    return found
-
-
 def entry(key: tuple, config) -> tuple[str, dict]:
     """One `autotune_entries` item in fla's file format (its hash of the key, the key, the config)."""
     from fla.ops.utils.cache import AutotuneKey
@@ -100,20 +91,21 @@ def entry(key: tuple, config) -> tuple[str, dict]:
     return AutotuneKey.key_hash(key), {"autotune_key": AutotuneKey.normalize_autotune_key(key), "config": cfg}
 
 
-def record(out: Path, provenance: dict) -> list[str]:
+def record(out: Path, provenance: dict) -> None:
     """Write this process's autotune choices as fla config files in `out`, merged with what is there."""
     import triton
 
+    chosen: dict[str, dict[tuple, object]] = {}  # {kernel: {key: triton.Config}}
+    for tuner, kernel in autotuners():
+        if tuner.cache:
+            chosen.setdefault(kernel, {}).update(tuner.cache)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for kernel, choices in sorted(chosen().items()):
+    for kernel, choices in sorted(chosen.items()):
         path = out / f"{kernel}.json"
         data = json.loads(path.read_text()) if path.exists() else {}
         entries = data.get("autotune_entries", {})
         entries.update(entry(key, cfg) for key, cfg in choices.items())
         data = {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries}
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        written.append(kernel)
     kernels = sorted(p.stem for p in out.glob("*.json") if p.name != PROVENANCE)
     (out / PROVENANCE).write_text(json.dumps({**provenance, "kernels": kernels}, indent=1) + "\n")
-    return written

@@ -19,8 +19,7 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def sample_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Masked mean within each sample, then across samples; masked and NaN tokens count 0. (n, R) -> ()"""
     x = torch.where((mask > 0) & torch.isfinite(x), x, torch.zeros_like(x))
-    per_sample = x.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (n,)
-    return per_sample.mean()
+    return (x.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
 
 
 def k3(logp: torch.Tensor, logp_base: torch.Tensor) -> torch.Tensor:

@@ -8,12 +8,17 @@ fla compiles and autotunes on first use (minutes on an H200): `warm_up` pays it 
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import inspect
 import os
 import time
 from pathlib import Path
 
+import torch
+
+from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.engine import fla_configs
 from rlsmoke.errors import RlsmokeError
 
 PATHS = ("fla", "reference")
@@ -47,8 +52,6 @@ def choose(device: str, family: str) -> str:
 
 def triton_cache() -> None:
     """Compiled kernels next to the checkpoints ($RLSMOKE_CACHE/triton), unless the user chose a folder."""
-    from rlsmoke.checkpoints.cache_paths import cache_home
-
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_home() / "triton"))
     # the autotuner's choice is kept too (Triton >= 3.3)
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
@@ -58,30 +61,23 @@ def install(path: str) -> None:
     """Bind the KDA functions transformers' layer calls to `path`'s implementation (a process-wide choice)."""
     if not path:
         return
-    modeling = importlib.import_module(MODELING)
-    for name, fla_name in KERNELS.items():
-        reference = _REFERENCE.setdefault(name, inspect.unwrap(getattr(modeling, name)))
-        if path == "reference":
-            setattr(modeling, name, reference)
-            continue
+    if path == "fla":
         triton_cache()
         if not CONFIGS:
             CONFIGS.update(_configs())
-        kernel = getattr(importlib.import_module("fla.ops.kda"), fla_name)
-        setattr(modeling, name, _fla_call(kernel, reference))
+    modeling = importlib.import_module(MODELING)
+    for name, fla_name in KERNELS.items():
+        kernel = _REFERENCE.setdefault(name, inspect.unwrap(getattr(modeling, name)))
+        if path == "fla":
+            kernel = _fla_call(getattr(importlib.import_module("fla.ops.kda"), fla_name), kernel)
+        setattr(modeling, name, kernel)
 
 
 def _configs() -> dict:
     """Shipped kernel configs for this GPU; RLSMOKE_FLA_RECORD=DIR records the autotuner's choices."""
-    import torch
-
-    from rlsmoke.engine import fla_configs
-
     name = torch.cuda.get_device_name(0)
     record = os.environ.get("RLSMOKE_FLA_RECORD")
     if record:
-        import atexit
-
         provenance = {"gpu": name, "fla": fla_configs.fla_version(), "torch": torch.__version__,
                       "command": os.environ.get("RLSMOKE_FLA_RECORD_COMMAND", ""), "date": time.strftime("%Y-%m-%d"),
                       "shapes": "each entry's autotune_key: the kernel's tuning arguments and dtypes"}  # fmt: skip
@@ -91,8 +87,6 @@ def _configs() -> dict:
 
 def _generate_two(model, rows: int, length: int) -> None:
     """Two greedy tokens for `rows` rows, every other left-padded, as the rollout engine calls generate."""
-    import torch
-
     device = next(model.parameters()).device
     pad = getattr(model.generation_config, "pad_token_id", None) or 0
     vocab = model.get_input_embeddings().num_embeddings
@@ -117,8 +111,6 @@ def _fla_call(kernel, reference):
 def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
     """Compile and autotune fla's kernels before the first seed, at each model's rows (autotune keys hold
     the batch size); the rollout model also generates, for the prefill and decode variants. Seconds."""
-    import torch
-
     start = time.perf_counter()
     modeling = importlib.import_module(MODELING)
     for model, with_grad, rows in models:
@@ -140,8 +132,7 @@ def warm_up(models, *, tokens: tuple[int, ...] = (80, 96)) -> float:
             state = torch.zeros(rows, heads, dim, dim, device=weight.device, dtype=torch.float32)
             modeling.recurrent_kimi_delta_attention(q, q, q, g=g, beta=beta, initial_state=state,
                                                     output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
-        for p in layer.parameters():
-            p.grad = None
+        layer.zero_grad(set_to_none=True)
         if not with_grad:
             for length in tokens:
                 _generate_two(model, rows, length)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlsmoke.errors import CheckpointError, RlsmokeError
+from rlsmoke.memory import GIB, estimate, plan_of_run
 from rlsmoke.shipped import FIXTURES
 
 # torch.Generator.manual_seed takes an unsigned 64-bit seed.
@@ -23,7 +24,6 @@ MAX_NOISE_SIGMA = 100.0  # the rollout-noise fault's log-prob noise, in nats
 # Of the host's (or cgroup's) memory, what one run may plan to hold; the OS and page cache need the rest.
 HOST_FRACTION = 0.8
 PROCESS_BYTES = 2**29
-GIB = 2**30
 
 
 def _finite(flag: str, value: float) -> None:
@@ -55,22 +55,14 @@ def check_numbers(cfg, *, repeat: int) -> None:
             raise RlsmokeError(
                 f"{flag}={value} is past {top}", rule="run.range", fix=f"pass {flag} of at most {top}"
             )
-    check_seed(cfg.seed, repeat=repeat, num_rollout=cfg.num_rollout, n_prompts=cfg.n_prompts)
-
-
-def largest_seed(*, repeat: int, num_rollout: int, n_prompts: int) -> int:
-    """The largest --seed whose derived generator seeds all stay within 64 bits."""
-    top = (SEED_MAX - NOISE_OFFSET - (n_prompts - 1)) // PROMPTS_PER_ROLLOUT
-    return (top - (num_rollout - 1)) // ROLLOUTS_PER_SEED - (repeat - 1)
-
-
-def check_seed(seed: int, *, repeat: int, num_rollout: int, n_prompts: int) -> None:
-    largest = largest_seed(repeat=repeat, num_rollout=num_rollout, n_prompts=n_prompts)
-    if not 0 <= seed <= largest:
-        why = ("negative" if seed < 0 else
+    # the largest --seed whose derived generator seeds all stay within 64 bits
+    rollout_seed_max = (SEED_MAX - NOISE_OFFSET - (cfg.n_prompts - 1)) // PROMPTS_PER_ROLLOUT
+    largest = (rollout_seed_max - (cfg.num_rollout - 1)) // ROLLOUTS_PER_SEED - (repeat - 1)
+    if not 0 <= cfg.seed <= largest:
+        why = ("negative" if cfg.seed < 0 else
                f"past {largest}: the rollout seeds each prompt's sampler with (seed x {ROLLOUTS_PER_SEED} + rollout) "
                f"x {PROMPTS_PER_ROLLOUT} + prompt, which must stay within 2**64-1")  # fmt: skip
-        raise RlsmokeError(f"--seed={seed} is {why}", rule="run.seed",
+        raise RlsmokeError(f"--seed={cfg.seed} is {why}", rule="run.seed",
                            fix=f"pass --seed between 0 and {largest}")  # fmt: skip
 
 
@@ -100,8 +92,7 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
     best = LongestPrompt(0, 0)
     for number, line in enumerate(Path(prompt_data).read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            text = render(json.loads(line)["prompt"])
-            n = len(tok.encode(text, add_special_tokens=False).ids)
+            n = len(tok.encode(render(json.loads(line)["prompt"]), add_special_tokens=False).ids)
             if n > best.tokens:
                 best = LongestPrompt(n, number)
     return best
@@ -109,12 +100,6 @@ def longest_prompt(prompt_data: Path, tokenizer_dir: Path | None = None) -> Long
 
 def _template(folder: Path):
     """The chat template for one user turn plus the assistant header, as transformers renders it."""
-    try:
-        source = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
-    except (OSError, ValueError, AttributeError):
-        source = None
-    if not isinstance(source, str):
-        return lambda text: text
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -125,11 +110,14 @@ def _template(folder: Path):
     )
     env.globals["raise_exception"] = raise_exception
     try:
-        template = env.from_string(source)
-    except Exception:
-        return lambda text: text
+        source = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+        template = env.from_string(source) if isinstance(source, str) else None
+    except Exception:  # no readable template: the prompt as it is
+        template = None
 
     def render(text: str) -> str:
+        if template is None:
+            return text
         try:
             return template.render(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
         except Exception:  # the engine's own rendering names a broken template
@@ -190,16 +178,14 @@ def host_memory_bytes() -> int:
     return total
 
 
-def check_host_memory(cfg, prompt_tokens: int, *, host_bytes: int | None = None) -> int:
-    """On CPU, refuse a batch the host cannot hold, by the memory estimate. Returns the planned bytes."""
-    from rlsmoke.memory import estimate, plan_of_run
-
+def check_host_memory(cfg, prompt_tokens: int) -> None:
+    """On CPU, refuse a batch the host cannot hold, by the memory estimate."""
     est = estimate(cfg.spec, replace(plan_of_run(cfg), prompt_len=max(prompt_tokens, 1)))
     processes = cfg.num_gpus if cfg.mode == "colocate" else 2  # async: a trainer and a rollout engine
     # every rollout's groups are kept until it is scored: ids, mask and log-probs per token
     kept = cfg.n_prompts * cfg.n_samples * (prompt_tokens + cfg.max_response_len) * 32
     need = processes * (est.peak + PROCESS_BYTES) + kept
-    have = host_bytes if host_bytes is not None else host_memory_bytes()
+    have = host_memory_bytes()
     if need > HOST_FRACTION * have:
         raise RlsmokeError(
             f"the batch of {cfg.n_prompts} prompts x {cfg.n_samples} samples x ({prompt_tokens} + "
@@ -207,4 +193,3 @@ def check_host_memory(cfg, prompt_tokens: int, *, host_bytes: int | None = None)
             f"of {est.describe().replace(' per GPU', '')}), past {HOST_FRACTION:.0%} of this host's "
             f"{have / GIB:.1f} GiB", rule="memory.host",
             fix="lower --n-samples, --n-prompts or --max-response-len")  # fmt: skip
-    return need

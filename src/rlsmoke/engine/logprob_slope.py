@@ -25,8 +25,6 @@ def logprob_slope(train_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.
 
 def batch_slope(groups, train_lps: list[torch.Tensor]) -> float:
     """The slope over every response token of a rollout's groups at once."""
-    flat = [
-        (t.flatten(), g.rollout_logprobs.flatten(), g.mask.flatten())
-        for g, t in zip(groups, train_lps, strict=True)
-    ]
-    return logprob_slope(*(torch.cat([f[i] for f in flat]) for i in range(3))).item()
+    train = torch.cat([t.flatten() for t in train_lps])
+    rollout = torch.cat([g.rollout_logprobs.flatten() for g in groups])
+    return logprob_slope(train, rollout, torch.cat([g.mask.flatten() for g in groups])).item()

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import torch
+import transformers
 
+from rlsmoke.checkpoints import prepare
+from rlsmoke.checkpoints.identity import check_checkpoint
+from rlsmoke.checkpoints.verification import verify
+from rlsmoke.engine import kda
+from rlsmoke.engine.read import read_checkpoint
 from rlsmoke.errors import CheckpointError
-from rlsmoke.models import ModelSpec
+from rlsmoke.models import ModelSpec, model_spec
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,12 +36,10 @@ class LoadLaps:
         self.last = now
 
 
-def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None = None) -> Path:
+def checkpoint_dir(case: str, *, tiny: bool, given: Path | None = None) -> Path:
     """The checkpoint folder: the one given, or `rlsmoke.checkpoints.prepare`'s cached one."""
     if given is None:
-        from rlsmoke.checkpoints import prepare
-
-        return Path(prepare(case, tiny=tiny, seed=seed))  # verified as it is built, and on every cache hit
+        return Path(prepare(case, tiny=tiny))  # verified as it is built, and on every cache hit
     given = Path(given)
     if not (given / "config.json").is_file():
         raise CheckpointError(
@@ -42,10 +47,6 @@ def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None =
             rule="checkpoint.exists",
             fix=f"run `rlsmoke prepare {case}` or pass an existing --checkpoint DIR",
         )
-    from rlsmoke.checkpoints.identity import check_checkpoint
-    from rlsmoke.checkpoints.verification import verify
-    from rlsmoke.models import model_spec
-
     verify(given, checksums=False)  # headers and lengths: a truncated shard is named here, not by a loader
     check_checkpoint(given, model_spec(case, tiny=tiny))  # this case's model, every byte as its manifest says
     return given
@@ -53,29 +54,18 @@ def checkpoint_dir(case: str, *, tiny: bool, seed: int = 0, given: Path | None =
 
 def process_settings(threads: int | None) -> None:
     """Per-process settings, in the driver, a Ray actor or a rank: the same seed must give the same bits."""
-    import os
-
-    import transformers
-
     if threads:
         torch.set_num_threads(threads)
     # CPU backward (MoE index ops) is nondeterministic in the last bits with more threads (measured)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
-    without_cudnn_attention()
+    if torch.cuda.is_available():  # cuDNN's SDPA plans every new shape and has a nondeterministic backward
+        torch.backends.cuda.enable_cudnn_sdp(False)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
 
-def without_cudnn_attention() -> None:
-    """SDPA without cuDNN, which builds a plan for every new shape and has a nondeterministic backward."""
-    if torch.cuda.is_available():
-        torch.backends.cuda.enable_cudnn_sdp(False)
-
-
 def model_class(spec: ModelSpec):
-    import transformers
-
     if spec.hf_model_type == "glm5_next":
         # AutoModelForCausalLM rejects the composite config; text-only input works on this class.
         return transformers.Glm5NextForConditionalGeneration
@@ -85,16 +75,12 @@ def model_class(spec: ModelSpec):
 def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str,
                 state: dict[str, torch.Tensor] | None = None):  # fmt: skip
     """The model in `dtype` on `device`, in eval mode; from `state` (tensors already read) when given."""
-    from rlsmoke.engine import kda
-
     kda.install(kda.choose(device, spec.family))  # before the first forward: the layer looks it up per call
     try:
         if state is not None:
             model = from_state_dict(path, spec, dtype, device, state)
         elif device.startswith("cuda"):
             # the files straight onto the GPU (engine.read), where transformers then fuses the experts
-            from rlsmoke.engine.read import read_checkpoint
-
             model = from_state_dict(path, spec, dtype, device, read_checkpoint(path, device))
         else:  # a memory map: transformers' own load copies nothing it does not convert
             model = model_class(spec).from_pretrained(path, dtype=TORCH_DTYPES[dtype])
@@ -110,18 +96,15 @@ def load_policy(path: Path, spec: ModelSpec, dtype: str, device: str,
 
 def from_state_dict(path: Path, spec: ModelSpec, dtype: str, device: str, state: dict[str, torch.Tensor]):
     """The model of `path` from its tensors `state`, as `from_pretrained(path)` builds it."""
-    from transformers import AutoConfig, GenerationConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
     cls = model_class(spec)
-    config = AutoConfig.from_pretrained(path)
+    config = transformers.AutoConfig.from_pretrained(path)
     # the Auto class loads from a folder only: its concrete class takes a state
     if cls.__name__.startswith("Auto"):
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        cls = transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     where = {"device_map": device} if device.startswith("cuda") else {}
     model = cls.from_pretrained(None, config=config, state_dict=state, dtype=TORCH_DTYPES[dtype], **where)
     if (Path(path) / "generation_config.json").is_file():  # what from_pretrained(path) reads too
-        model.generation_config = GenerationConfig.from_pretrained(path)
+        model.generation_config = transformers.GenerationConfig.from_pretrained(path)
     return model
 
 
@@ -133,11 +116,8 @@ def derive_policy(source, spec: ModelSpec, dtype: str):
         copy = type(source)._from_config(source.config, dtype=TORCH_DTYPES[dtype])
     copy = copy.to_empty(device=device)
     for kind in ("named_parameters", "named_buffers"):
-        mine, theirs = (
-            getattr(copy, kind)(remove_duplicate=False),
-            getattr(source, kind)(remove_duplicate=False),
-        )
-        for (name, t), (src_name, q) in zip(mine, theirs, strict=True):
+        theirs = getattr(source, kind)(remove_duplicate=False)
+        for (name, t), (src_name, q) in zip(getattr(copy, kind)(remove_duplicate=False), theirs, strict=True):
             assert name == src_name, (name, src_name)
             t.copy_(q)
     copy.generation_config = source.generation_config
@@ -145,6 +125,4 @@ def derive_policy(source, spec: ModelSpec, dtype: str):
 
 
 def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
+    return transformers.AutoTokenizer.from_pretrained(path)

@@ -14,7 +14,6 @@ from collections import defaultdict
 import torch
 
 from rlsmoke.engine.limits import host_memory_bytes
-from rlsmoke.engine.meter import MemoryMeter
 
 
 def _is_dtensor(t) -> bool:
@@ -22,7 +21,6 @@ def _is_dtensor(t) -> bool:
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's shard on this rank; any other tensor itself."""
     return t.to_local() if _is_dtensor(t) else t
 
 
@@ -58,8 +56,7 @@ class HostCopies:
         if self._stages(t):
             return self._staged_to_host(t)
         host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
-        host.copy_(t, non_blocking=self.pin)
-        return host
+        return host.copy_(t, non_blocking=self.pin)
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         return self._staged_to_device(t) if self._stages(t) else t.to(self.device, non_blocking=self.pin)
@@ -83,11 +80,9 @@ class HostCopies:
             self._done[k] = None
 
     def _record(self, k: int) -> None:
-        if self.device.type != "cuda":
-            return  # CPU copies are synchronous
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        self._done[k] = event
+        if self.device.type == "cuda":  # CPU copies are synchronous
+            self._done[k] = torch.cuda.Event()
+            self._done[k].record(torch.cuda.current_stream(self.device))
 
     def _staged_to_host(self, t: torch.Tensor) -> torch.Tensor:
         """Device -> pinned buffer (async) while the host copies the previous chunk out of the other one."""
@@ -149,9 +144,8 @@ class HostCopies:
         if isinstance(t, _HostShard):
             from torch.distributed.tensor import DTensor
 
-            local = self.to_device(t.local)
             return DTensor.from_local(
-                local, t.mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride
+                self.to_device(t.local), t.mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride
             )
         return self.to_device(t)
 
@@ -172,6 +166,46 @@ class _HostShard:
         self.shape, self.stride = like.shape, like.stride()
 
 
+class MemoryMeter:
+    """Peak allocated device memory per phase (`torch.cuda.max_memory_allocated`); None off CUDA."""
+
+    def __init__(self, device: str):
+        self.device = torch.device(device)
+        self.on = self.device.type == "cuda"
+        self.peaks: dict[str, int] = {}
+        # measured from the last reset: process start, or `reset_peak_memory_stats` before loading
+        self.phase = "load"
+
+    def enter(self, phase: str) -> None:
+        self.close()
+        self.phase = phase
+        if self.on:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def close(self) -> None:
+        if self.on:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), peak)
+
+    def report(self) -> dict[str, float] | None:
+        """The peaks since the last report, then a new window: each `--variants` run reports its own."""
+        if not self.on:
+            return None
+        self.close()
+        peaks, self.peaks = {k: round(v / 2**30, 2) for k, v in self.peaks.items()}, {}
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peaks
+
+
+# Where each part is in a phase. The moments come back only for a step (`for_step`): in "train", which
+# scores the last rollout too, they stay where they are.
+RESIDENCY = {
+    "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
+    "train": {"train_params": "device", "rollout_copy": "host"},
+    "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
+}
+
+
 class Phases:
     def __init__(self, *, device: str, offload: bool, trainer, rollout_model, ranks_on_host: int = 1,
                  offload_train: bool = True):  # fmt: skip
@@ -189,41 +223,26 @@ class Phases:
         self.move_seconds: dict[str, float] = defaultdict(float)
         self._rebuilt: list = []  # (compute, main) pairs whose compute storage is freed while parked
 
-    @property
-    def phase(self) -> str:
-        return self.meter.phase
-
     def enter(self, phase: str) -> None:
         """What leaves moves in the old phase's window; what comes back counts in the phase that uses it."""
-        if phase == self.phase:
+        if phase == self.meter.phase:
             return
-        arriving: list[tuple[str, str]] = []
         if phase in ("rollout", "sync"):
             # after a step the grads are dead weight: they held 21 GiB through GLM-5's rollout on one H200
             self.trainer.optimizer.zero_grad(set_to_none=True)
+        moves = []
         if self.offload:
-            want = {
-                "rollout": {"train_params": "host", "optimizer_state": "host", "rollout_copy": "device"},
-                # the moments come back only for a step (`for_step`): scoring the last rollout needs none
-                "train": {
-                    "train_params": "device",
-                    "optimizer_state": self.where["optimizer_state"],
-                    "rollout_copy": "host",
-                },
-                "sync": {"train_params": "device", "optimizer_state": "host", "rollout_copy": "device"},
-            }[phase]
+            want = RESIDENCY[phase]
             if not self.offload_train:  # the train state stays: only the rollout copy takes turns
-                want |= {"train_params": "device", "optimizer_state": "device"}
-            for part, where in want.items():
-                if self.where[part] == where:
-                    continue
-                if where == "host":
-                    self._move(part, where, phase)
-                else:
-                    arriving.append((part, where))
+                want = want | {"train_params": "device", "optimizer_state": "device"}
+            moves = [(part, where) for part, where in want.items() if self.where[part] != where]
+        for part, where in moves:
+            if where == "host":
+                self._move(part, where, phase)
         self.meter.enter(phase)
-        for part, where in arriving:
-            self._move(part, where, phase)
+        for part, where in moves:
+            if where == "device":
+                self._move(part, where, phase)
 
     @torch.no_grad()
     def _park_compute(self) -> None:
@@ -254,14 +273,12 @@ class Phases:
             self._move("optimizer_state", "device", "step")
 
     def state(self) -> dict:
-        """Where each part is, the AdamW moments' devices and pinning, how many master params hold a grad."""
+        """Where each part is, the moments' pinning and parked shards, how many master params hold a grad."""
         held = [t for st in self.trainer.optimizer.state.values() for t in st.values()
                 if isinstance(t, _HostShard) or (torch.is_tensor(t) and t.dim() > 0)]  # fmt: skip
         # a DTensor's own is_pinned has no sharding rule in a CUDA build of torch: its shard answers
         local = [t.local if isinstance(t, _HostShard) else local_shard(t) for t in held]
-        return {**self.where, "offload": self.offload, "offload_train": self.offload_train, "phase": self.phase,
-                "pinned": self.copies.pin, "staged": self.copies.staged,
-                "optimizer_devices": sorted({str(t.device) for t in local}),
+        return {**self.where, "offload": self.offload, "offload_train": self.offload_train,
                 "optimizer_pinned": sorted({bool(t.is_pinned()) for t in local if t.device.type == "cpu"}),
                 "optimizer_parked_shards": sum(isinstance(t, _HostShard) for t in held),
                 "compute_rebuilt": len(self._rebuilt),  # parked compute parameters cast again on return

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
+from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.offload import local_shard, pins
 
 CHUNK = 1 << 24  # elements cast at a time: no device temporary larger than 64 MiB in fp32
@@ -62,8 +63,7 @@ class Snapshot:
                 self.tensors[name] = _device_copy(t, dtypes[name])
             else:
                 host = torch.empty(t.shape, dtype=dtypes[name], device="cpu", pin_memory=pin)
-                host.copy_(t)
-                self.tensors[name] = host
+                self.tensors[name] = host.copy_(t)
 
     @torch.no_grad()
     def restore(self, model: torch.nn.Module) -> None:
@@ -78,17 +78,12 @@ class DerivedCopy:
 
     @torch.no_grad()
     def __init__(self, model: torch.nn.Module, derived: Iterable[tuple[str, torch.Tensor]]):
-        params = dict(model.named_parameters())
-        seen, self.kept = set(), {}
+        params, rebuilt = dict(model.named_parameters()), set()
         for name, t in derived:
-            seen.add(name)
-            mine = params.get(name)
-            if mine is not None and (
-                mine.shape != t.shape or not torch.equal(mine, t.to(mine.device, mine.dtype))
-            ):
-                self.kept[name] = mine.detach().cpu().clone()
-        for name in params.keys() - seen:
-            self.kept[name] = params[name].detach().cpu().clone()
+            own = params.get(name)
+            if own is not None and own.shape == t.shape and torch.equal(own, t.to(own.device, own.dtype)):
+                rebuilt.add(name)
+        self.kept = {name: p.detach().cpu().clone() for name, p in params.items() if name not in rebuilt}
 
     @torch.no_grad()
     def restore(self, model: torch.nn.Module, derived: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -139,7 +134,5 @@ class InitialRun:
 
 def narrow_for(cfg) -> torch.dtype | None:
     """The dtype a main weight may be kept in: the rollout's when it is narrower than the train dtype."""
-    from rlsmoke.engine.model import TORCH_DTYPES
-
     rollout, train = TORCH_DTYPES[cfg.rollout_dtype], TORCH_DTYPES[cfg.train_dtype]
     return rollout if rollout.itemsize < train.itemsize else None

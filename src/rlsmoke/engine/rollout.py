@@ -42,9 +42,7 @@ class _Noise(LogitsProcessor):
     def __call__(self, input_ids, scores):
         noise = torch.empty(scores.shape, device=scores.device, dtype=torch.float32)
         for rows, g in zip(self.rows, self.generators, strict=True):
-            noise[rows] = torch.randn(
-                noise[rows].shape, generator=g, device=scores.device, dtype=torch.float32
-            )
+            noise[rows] = torch.randn(noise[rows].shape, generator=g, device=noise.device, dtype=noise.dtype)
         return scores + (self.sigma * noise).to(scores.dtype)
 
 
@@ -59,8 +57,7 @@ class GroupSampler(LogitsProcessor):
         chosen = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
         for rows, g in zip(self.rows, self.generators, strict=True):
             chosen[rows] = torch.multinomial(probs[rows], num_samples=1, generator=g)[:, 0]
-        only = torch.full_like(scores, float("-inf"))
-        return only.scatter_(1, chosen[:, None], 0.0)
+        return torch.full_like(scores, float("-inf")).scatter_(1, chosen[:, None], 0.0)
 
 
 class LogprobRecorder(LogitsProcessor):
@@ -91,12 +88,9 @@ NO_LEFT_PADDING = ("glm5.3-flash",)
 
 def batch_for(choice: str, device: str, family: str, kda: str = "") -> str:
     """One call per rank on a GPU (cost is launches, not rows); per group on CPU, as calibrated."""
-    padding_breaks = family in NO_LEFT_PADDING and kda != "fla"
-    if choice != "auto":
-        return "length" if choice == "rank" and padding_breaks else choice
-    if not device.startswith("cuda"):
-        return "group"
-    return "length" if padding_breaks else "rank"
+    if choice == "auto":
+        choice = "rank" if device.startswith("cuda") else "group"
+    return "length" if choice == "rank" and family in NO_LEFT_PADDING and kda != "fla" else choice
 
 
 class RolloutEngine:
@@ -108,10 +102,9 @@ class RolloutEngine:
         self.batch = batch
         if batch != "group":
             keep_grouped_experts(model)
-        self.static: decode_mod.StaticDecoder | None = None
         self.fallback = decode_mod.unsupported(model) if decode == "static" else None
-        if decode == "static" and self.fallback is None:
-            self.static = decode_mod.StaticDecoder(model)
+        static = decode == "static" and self.fallback is None
+        self.static = decode_mod.StaticDecoder(model) if static else None
 
     def set_variant(self, inject: Inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the next run's fault and sampling temperature."""
@@ -150,10 +143,9 @@ class RolloutEngine:
             if self.inject.kind == "rollout-noise":
                 chain.append(_Noise(self.inject.value, rows, generators(7)))
             # temperature-mismatch: the engine reports the raw logits' log-probs
-            mismatch = self.inject.kind == "temperature-mismatch"
-            recorder = LogprobRecorder(1.0 if mismatch else self.temperature)
-            chain.append(recorder)
-            chain.append(GroupSampler(self.temperature, rows, generators(0)))
+            divide_by = 1.0 if self.inject.kind == "temperature-mismatch" else self.temperature
+            recorder = LogprobRecorder(divide_by)
+            chain.extend([recorder, GroupSampler(self.temperature, rows, generators(0))])
             return chain, recorder
 
         response = None
@@ -166,7 +158,7 @@ class RolloutEngine:
                 raise
             except Exception as exc:  # a model the compiler cannot capture: generate from here on, and why
                 first = (str(exc).strip().splitlines() or [""])[0][:200]
-                self.static, self.fallback, response = None, f"{type(exc).__name__}: {first}", None
+                self.static, self.fallback = None, f"{type(exc).__name__}: {first}"
         if response is None:
             chain, recorder = processors()
             out = self.model.generate(
@@ -176,13 +168,11 @@ class RolloutEngine:
             )  # fmt: skip
             response = out[:, width:]  # (N, R'), R' <= max_new_tokens when every sample hit EOS early
         logprobs = recorder.finish(response[:, -1])  # (N, R')
-        # the static decode looks for the end only now and then: its columns past the last row's EOS go
-        ends = decode_mod.ended_by(response, self.eos_id)
-        response, logprobs = response[:, :ends], logprobs[:, :ends]
         mask = response_mask(response, self.eos_id)
         groups = []
         for (index, ids), r in zip(prompts, rows, strict=True):
-            # a group ends where its own longest sample ends, as a call for it alone would
+            # a group ends where its own longest sample ends, as a call for it alone would (the static decode
+            # looks for the end only now and then: its columns past the last EOS go here too)
             length = int(mask[r].sum(1).max().item())
             groups.append(Group(index, len(ids), torch.cat([tokens[r, width - len(ids) :], response[r, :length]], 1).cpu(),
                                 mask[r, :length].cpu(), logprobs[r, :length].cpu(),
@@ -200,5 +190,4 @@ def keep_grouped_experts(model) -> None:
 def response_mask(response: torch.Tensor, eos_id: int) -> torch.Tensor:
     """1.0 for each token up to and including the first EOS, 0.0 after it."""
     is_eos = (response == eos_id).int()  # (n, R)
-    after = (is_eos.cumsum(dim=1) - is_eos) > 0  # (n, R) strictly after the first EOS
-    return (~after).float()
+    return (is_eos.cumsum(dim=1) - is_eos == 0).float()  # no EOS strictly before it

@@ -22,7 +22,7 @@ from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
 from rlsmoke.engine.rollout import batch_for
-from rlsmoke.engine.timing import PhaseClock, describe_timing, minus, phase_seconds
+from rlsmoke.engine.timing import PhaseClock, describe_timing, phase_seconds
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.memory import estimate, plan_of_run
 
@@ -48,10 +48,9 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
     lines = []
     score = REWARDS[cfg.reward]
     clock = clock or PhaseClock()
+    prompt_ids = [p.ids for p in prompts]
     for i in range(cfg.num_rollout):
-        groups = clock(
-            "rollout", workers.generate, [p.ids for p in prompts], cfg.n_samples, seed=seed * 100 + i
-        )
+        groups = clock("rollout", workers.generate, prompt_ids, cfg.n_samples, seed=seed * 100 + i)
         if decodes is not None:
             decodes.update((g.decode, g.fallback) for g in groups)
         for g, p in zip(groups, prompts, strict=True):
@@ -100,8 +99,6 @@ def execute_variants(runs: list[tuple[RunConfig, Path]], *, process_s: dict | No
 
 
 def _fanout(logs: list[RunLog]) -> Callable[[str], None]:
-    """One line into every log given."""
-
     def log(text: str) -> None:
         for run_log in logs:
             run_log(text)
@@ -183,7 +180,8 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
                     )
                     timing["per_seed_s"].append(time.perf_counter() - seed_start)
                     moved = workers.move_seconds()  # cumulative: this seed's are the difference
-                    timing["seed_phases_s"].append(phase_seconds(clock.seconds, minus(moved, moved_before)))
+                    own = {phase: s - moved_before.get(phase, 0.0) for phase, s in moved.items()}
+                    timing["seed_phases_s"].append(phase_seconds(clock.seconds, own))
                     moved_before = moved
                     timing["phases_s"] = timing["seed_phases_s"][0]  # the first seed pays first-use costs
                     log(f"timing: {describe_timing(timing)}")
@@ -231,9 +229,8 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
 
 
 def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: list, mem_estimate, where: dict,
-                   parallel: dict, repeat: int, seconds: float, decodes: set | None = None) -> dict:  # fmt: skip
+                   parallel: dict, repeat: int, seconds: float, decodes: set) -> dict:  # fmt: skip
     """metrics.jsonl and summary.json of one run, each written whole or not at all."""
-    spec = cfg.spec
     write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
 
     memory = {"estimate_gib_per_gpu": mem_estimate.gib(), "params": mem_estimate.params,
@@ -243,7 +240,7 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
               "peak_gib_per_rank_by_phase": peaks or None,
               # the moves that bring a phase's own state back count in that phase
               "meter": "arrivals-in-own-phase"}  # fmt: skip
-    kda_path = kda.choose(cfg.device, spec.family)
+    kda_path = kda.choose(cfg.device, cfg.spec.family)
     summary = {
         **cfg.run_key.to_json(),
         "mode": cfg.mode,
@@ -253,9 +250,9 @@ def _write_records(cfg: RunConfig, out: Path, lines: list, timing: dict, peaks: 
             "n_samples": cfg.n_samples,
             "max_response_len": cfg.max_response_len,
             "num_rollout": cfg.num_rollout,
-            "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, spec.family, kda_path),
+            "rollout_batch": batch_for(cfg.rollout_batch, cfg.device, cfg.spec.family, kda_path),
         },  # fmt: skip
-        "rollout_decode": decode.record(cfg.rollout_decode, decodes or ()),
+        "rollout_decode": decode.record(cfg.rollout_decode, decodes),
         "kda": kda_path or None,  # GLM-5.3-Flash's linear attention: "fla" or "reference"
         "fla_configs": dict(kda.CONFIGS) or None,
         "dtype": {"rollout": cfg.rollout_dtype, "train": cfg.train_dtype, "compute": cfg.train_compute_dtype},
@@ -285,6 +282,3 @@ def _rounded(x):
     if isinstance(x, dict):
         return {k: _rounded(v) for k, v in x.items()}
     return [_rounded(v) for v in x] if isinstance(x, list) else x
-
-
-__all__ = ["execute", "execute_variants", "one_run", "RunError"]

@@ -10,8 +10,7 @@ import torch
 
 def rollout_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """The trainer's parameters as the rollout engine should hold them."""
-    for name, p in model.named_parameters():
-        yield name, p.detach().to(dtype)
+    return ((name, p.detach().to(dtype)) for name, p in model.named_parameters())
 
 
 @torch.no_grad()
@@ -28,12 +27,9 @@ def load_weights(model, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
 def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
     """Mismatched parameters (count, max abs diff) between `model` and `expected` weights."""
     params = dict(model.named_parameters())
-    checked = mismatched = 0
-    max_diff = 0.0
-    seen = set()
+    mismatched, max_diff, seen = 0, 0.0, set()
     for name, tensor in expected:
         seen.add(name)
-        checked += 1
         mine = params.get(name)
         if mine is None or mine.shape != tensor.shape:
             mismatched += 1
@@ -44,7 +40,7 @@ def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, fl
             mismatched += 1
             max_diff = max(max_diff, (mine.float() - tensor.float()).abs().max().item())
     mismatched += len(set(params) - seen)  # the engine holds a parameter the trainer does not
-    return {"sync/checked_params": float(checked), "sync/mismatched_params": float(mismatched),
+    return {"sync/checked_params": float(len(seen)), "sync/mismatched_params": float(mismatched),
             "sync/max_abs_diff": max_diff}  # fmt: skip
 
 

@@ -27,10 +27,6 @@ def phase_seconds(called: dict[str, float], moved: dict[str, float]) -> dict[str
     return out
 
 
-def minus(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in now.items()}
-
-
 def describe_timing(timing: dict) -> str:
     """One line: load, each seed, and the first seed's phases."""
     seeds = ", ".join(f"{s:.1f}" for s in timing["per_seed_s"])

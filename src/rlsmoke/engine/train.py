@@ -14,16 +14,14 @@ from rlsmoke.errors import RunError
 
 def token_logprobs(model, group: Group, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-prob and entropy at the rollout temperature, as Miles' logit processor divides."""
-    device = next(model.parameters()).device
-    tokens = group.tokens.to(device)  # (n, P+R)
+    tokens = group.tokens.to(next(model.parameters()).device)  # (n, P+R)
     logits = model(input_ids=tokens, use_cache=False).logits  # (n, P+R, V)
     logits = logits[:, group.prompt_len - 1 : -1].float()  # (n, R, V) the positions predicting the response
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, tokens[:, group.prompt_len :, None])[..., 0]  # (n, R)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (n, R)
-    return logp, entropy
+    return logp, -(logp_all.exp() * logp_all).sum(-1)  # and the entropy (n, R)
 
 
 # The per-token sums a step reports, each divided by the step's token count (Miles' train/ keys).
@@ -34,10 +32,9 @@ def group_loss(logp, entropy, mask, old_lp, adv, *, eps_clip: float, eps_clip_hi
                entropy_coef: float) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
     """One group's token-summed loss (PPO clip less the entropy bonus) and its sums for the metrics."""
     loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp, adv, mask, eps_clip, eps_clip_high)
-    loss = loss_tok.sum() - entropy_coef * (entropy * mask).sum()
     sums = {"pg_loss": loss_tok.sum().item(), "pg_clipfrac": clipped.sum().item(), "ppo_kl": ppo_kl.sum().item(),
             "entropy_loss": (entropy.detach() * mask).sum().item()}  # fmt: skip
-    return loss, sums
+    return loss_tok.sum() - entropy_coef * (entropy * mask).sum(), sums
 
 
 def require_finite(loss: torch.Tensor, group: Group) -> None:
@@ -135,14 +132,10 @@ class Trainer:
         params = [p for p in self.master.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip).item()  # the norm before clipping
         if not math.isfinite(grad_norm):
-            bad = next(
-                n
-                for n, p in self.master.named_parameters()
-                if p.grad is not None and not p.grad.isfinite().all()
-            )
-            raise RunError(
-                f"grad_norm is {grad_norm}; first non-finite grad in {bad}", rule="train.finite_grads"
-            )
+            grads = ((name, p.grad) for name, p in self.master.named_parameters() if p.grad is not None)
+            bad = next(name for name, grad in grads if not grad.isfinite().all())
+            message = f"grad_norm is {grad_norm}; first non-finite grad in {bad}"
+            raise RunError(message, rule="train.finite_grads")
         before = checksums(self.master)
         self.optimizer.step()
         precision.refresh(self._pairs)
@@ -173,9 +166,7 @@ def checksums(model) -> dict[str, float]:
         sums.append(total)
     stacked = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)
     if sharded:
-        import torch.distributed as dist
-
-        dist.all_reduce(stacked)
+        torch.distributed.all_reduce(stacked)
     return dict(zip(names, stacked.tolist(), strict=True))
 
 

@@ -16,14 +16,10 @@ _reward = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_reward)
 
 
-def response_ids(sample) -> list[int]:
-    """The sampled tokens: the last `response_length` of `sample.tokens` (prompt, then response)."""
-    n = int(sample.response_length or 0)
-    return list(sample.tokens[-n:]) if n > 0 else []
-
-
 def score(sample) -> float:
-    return _reward.target_reward(sample.response or "", response_ids(sample), sample.label or "")
+    n = int(sample.response_length or 0)
+    ids = list(sample.tokens[-n:]) if n > 0 else []  # the sampled tokens: `tokens` is prompt, then response
+    return _reward.target_reward(sample.response or "", ids, sample.label or "")
 
 
 async def target(args, sample, **kwargs):
