@@ -3,6 +3,8 @@ seed says, whatever else is in the batch; one call per group draws exactly what 
 drew for that group after `torch.manual_seed` (the CPU thresholds' calibration).
 """
 
+import builtins
+
 import pytest
 import torch
 
@@ -68,6 +70,26 @@ def test_one_generator_for_the_batch_makes_a_group_depend_on_its_neighbours(setu
     alone = _engine(model, eos, "group").generate(prompts, N, SEED, indices=[2])[0]
     batched = _engine(model, eos, "rank").generate(prompts, N, SEED, indices=[0, 1, 2])
     assert not torch.equal(batched[2].tokens[:, batched[2].prompt_len :], alone.tokens[:, alone.prompt_len :])
+
+
+def test_a_batch_by_length_returns_the_groups_in_prompt_order(setup):
+    """`one_run` pairs each group with its prompt (and its reward label) by position."""
+    model, prompts, eos = setup
+    shuffled = [prompts[1], prompts[2], prompts[0]]  # lengths not in order: calls go shortest first
+    assert sorted(map(len, shuffled)) != list(map(len, shuffled))
+    groups = _engine(model, eos, "length").generate(shuffled, N, SEED)
+    assert [g.prompt_index for g in groups] == [0, 1, 2]
+    assert [g.prompt_len for g in groups] == [len(p) for p in shuffled]
+
+
+def test_the_order_check_sees_groups_in_call_order(setup, monkeypatch):
+    """Its twin: without the sort, the length batch hands the groups back shortest first."""
+    model, prompts, eos = setup
+    unsorted_groups = lambda items, key=None: list(items) if key else builtins.sorted(items)  # noqa: E731
+    monkeypatch.setattr(rollout, "sorted", unsorted_groups, raising=False)
+    shuffled = [prompts[1], prompts[2], prompts[0]]
+    groups = _engine(model, eos, "length").generate(shuffled, N, SEED)
+    assert [g.prompt_len for g in groups] != [len(p) for p in shuffled]
 
 
 @pytest.mark.parametrize(("choice", "device", "family", "kda", "expected"), [

@@ -122,7 +122,8 @@ class RolloutEngine:
             calls = [[i for i in chosen if len(prompt_ids[i]) == n_tok] for n_tok in lengths]
         else:
             calls = [chosen]
-        return [g for call in calls for g in self._call([(i, prompt_ids[i]) for i in call], n, seed)]
+        groups = [g for call in calls for g in self._call([(i, prompt_ids[i]) for i in call], n, seed)]
+        return sorted(groups, key=lambda g: g.prompt_index)  # the caller pairs them with its prompts
 
     def _call(self, prompts: list[tuple[int, tuple[int, ...]]], n: int, seed: int) -> list[Group]:
         """One generate call over the n samples of each prompt, left-padded to the longest prompt."""
