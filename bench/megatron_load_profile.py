@@ -70,6 +70,7 @@ def main() -> None:
     from rlsmoke.engine.megatron import dist
     from rlsmoke.engine.megatron.trainer import build_rank
     from rlsmoke.engine.model import LoadLaps, load_policy, process_settings
+    from rlsmoke.engine.procs import free_port
     from rlsmoke.engine.read import read_checkpoint
 
     spec = reduced_spec(args.layers, args.experts, args.vocab)
@@ -82,17 +83,13 @@ def main() -> None:
     if prof:
         prof.enable()
     clock = LoadLaps(phases)
-    dist.init(0, Parallel(), dist.free_port(), backend=dist.backend_for(args.device))
+    dist.init(0, Parallel(), free_port(), backend=dist.backend_for(args.device))
     clock("process group")
     hf = read_checkpoint(args.dir, args.device)
     clock("read")
     trainer = build_rank(spec, hf, Parallel(), 0, cfg=cfg, device=args.device, phases=phases)
     clock = LoadLaps(phases)
-    import inspect
-
-    # as the colocated run builds it: from the trainer's read, where this checkout's load_policy takes it
-    built_from_read = "state" in inspect.signature(load_policy).parameters
-    load_policy(args.dir, spec, "bfloat16", args.device, **({"state": hf} if built_from_read else {}))
+    load_policy(args.dir, spec, "bfloat16", args.device, state=hf)  # from the trainer's read, as the run does
     clock("rollout copy")
     if prof:
         prof.disable()
