@@ -87,16 +87,15 @@ def prune(
 
     src, out = Path(src), Path(out)
     check_target(out, force)
-    plans, _ = _plans(src, dense, moe, keep_mtp)
+    plans, cfg = pruned_plans(src, dense, moe, keep_mtp)
     preflight(out, sum(p.nbytes for p in plans))
     with atomic_dir(out, force=force) as tmp:
-        prune_into(
-            tmp, src, dense, moe, keep_mtp=keep_mtp, max_shard_bytes=max_shard_bytes, progress=progress
-        )
+        write_derived(tmp, src, plans, cfg, "prune", max_shard_bytes=max_shard_bytes, progress=progress)
     return out.absolute()
 
 
-def _plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[TensorPlan], dict]:
+def pruned_plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[TensorPlan], dict]:
+    """The kept tensors, renamed, as copies from `src`; and the pruned config.json."""
     from rlsmoke.checkpoints.verification import verify
 
     verify(src, checksums=False, config=False)  # structure only: a corrupt source fails here, by name
@@ -112,18 +111,3 @@ def _plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[Tensor
         if (new := rename(name, mapping)) is not None
     ]
     return plans, pruned_config(cfg, mapping, dense, moe, keep_mtp)
-
-
-def prune_into(
-    folder: Path,
-    src: Path,
-    dense: int,
-    moe: int,
-    *,
-    keep_mtp: bool = False,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    progress: bool = False,
-) -> None:
-    """prune() without the safety wrapper: writes into an existing empty folder."""
-    plans, cfg = _plans(Path(src), dense, moe, keep_mtp)
-    write_derived(folder, Path(src), plans, cfg, "prune", max_shard_bytes=max_shard_bytes, progress=progress)
