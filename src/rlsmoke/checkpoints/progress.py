@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 
-class ProgressBar:
-    """A tqdm byte counter when asked for, else nothing; used as the writer's progress callback."""
 
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self.tqdm = None
-        if enabled:
-            from tqdm import tqdm
+@contextlib.contextmanager
+def progress_bar(total: int, desc: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A tqdm byte counter's `update` when asked for, else None: the writer's progress callback."""
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
 
-            class Bar(tqdm):
-                monitor_interval = 0  # no monitor thread: it would outlive the bar and turn rank forks off
+    class Bar(tqdm):
+        monitor_interval = 0  # no monitor thread: it would outlive the bar and turn rank forks off
 
-            self.tqdm = Bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
-
-    def __enter__(self):
-        return self if self.tqdm else None
-
-    def __call__(self, n: int) -> None:
-        self.tqdm.update(n)
-
-    def __exit__(self, *exc):
-        if self.tqdm:
-            self.tqdm.close()
+    with Bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024) as bar:
+        yield bar.update

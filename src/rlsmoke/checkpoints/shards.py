@@ -62,14 +62,6 @@ class TensorPlan:
     def n_chunks(self) -> int:
         return -(-self.nbytes // CHUNK_BYTES)
 
-    @property
-    def chunk_elems(self) -> int:
-        return CHUNK_BYTES // DTYPE_SIZES[self.dtype]
-
-
-def shard_name(i: int, n: int) -> str:
-    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-
 
 def split_into_shards(plans: list[TensorPlan], max_shard_bytes: int) -> list[list[TensorPlan]]:
     """Greedy, in order: a new shard starts when the next tensor would overflow this one."""
@@ -84,8 +76,8 @@ def split_into_shards(plans: list[TensorPlan], max_shard_bytes: int) -> list[lis
     return shards
 
 
-def encode_header(plans: list[TensorPlan], metadata: dict[str, str] | None = None) -> bytes:
-    header: dict = {"__metadata__": metadata or {"format": "pt"}}
+def encode_header(plans: list[TensorPlan]) -> bytes:
+    header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for p in plans:
         header[p.name] = {
@@ -115,7 +107,7 @@ def write_shards(
     weight_map: dict[str, str] = {}
     digests: dict[str, str] = {}
     for n, group in enumerate(groups):
-        fname = shard_name(n, len(groups))
+        fname = f"model-{n + 1:05d}-of-{len(groups):05d}.safetensors"
         digests[fname] = _write_one(out / fname, group, chunks, progress)
         weight_map.update({p.name: fname for p in group})
     index = {
@@ -219,18 +211,13 @@ def read_chunk(path: Path, entry: Entry, i: int) -> bytes:
     return buf
 
 
-def read_tensor(path: Path, entry: Entry, rows: slice | None = None) -> torch.Tensor:
-    """One tensor (or a band of its rows) as a CPU tensor; reads only those bytes."""
-    shape = list(entry.shape)
-    row_bytes = entry.nbytes // shape[0] if shape and shape[0] else entry.nbytes
-    start, stop = (0, shape[0] if shape else 1) if rows is None else (rows.start, min(rows.stop, shape[0]))
+def read_tensor(path: Path, entry: Entry) -> torch.Tensor:
+    """One tensor as a CPU tensor; reads only its bytes."""
     with open(path, "rb") as f:
-        f.seek(entry.begin + start * row_bytes)
-        buf = bytearray(f.read((stop - start) * row_bytes))
+        f.seek(entry.begin)
+        buf = bytearray(f.read(entry.nbytes))
     t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
-    if shape:
-        shape[0] = stop - start
-    return t.view(DTYPES[entry.dtype]).reshape(shape)
+    return t.view(DTYPES[entry.dtype]).reshape(entry.shape)
 
 
 def load_index(ckpt: Path) -> dict[str, str]:
@@ -257,15 +244,12 @@ def copier(path: Path, entry: Entry) -> Callable[[int], bytes]:
 def write_derived(folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, desc: str, *,
                   max_shard_bytes: int, progress: bool, workers: int | None = None) -> None:  # fmt: skip
     """A checkpoint from `src` into an empty `folder`: its other files copied, `cfg`, `plans` as shards."""
-    from rlsmoke.checkpoints.progress import ProgressBar
+    from rlsmoke.checkpoints.progress import progress_bar
 
-    for f in Path(src).iterdir():
-        if (
-            f.is_file()
-            and f.name not in ("config.json", INDEX_NAME, MANIFEST_NAME)
-            and f.suffix != ".safetensors"
-        ):
+    rewritten = ("config.json", INDEX_NAME, MANIFEST_NAME)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in rewritten and f.suffix != ".safetensors":
             shutil.copyfile(f, folder / f.name)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    with ProgressBar(sum(p.nbytes for p in plans), desc, progress) as bar:
+    with progress_bar(sum(p.nbytes for p in plans), desc, progress) as bar:
         write_shards(folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, workers=workers)

@@ -13,7 +13,6 @@ import copy
 import hashlib
 import json
 import math
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlsmoke.artifacts import write_atomic
 from rlsmoke.checkpoints.cache_paths import cache_home
-from rlsmoke.checkpoints.progress import ProgressBar
+from rlsmoke.checkpoints.progress import progress_bar
 from rlsmoke.checkpoints.shards import (
+    CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
     DTYPE_NAMES,
     DTYPE_SIZES,
@@ -40,12 +41,7 @@ LOGIT_STD = 8.0  # logits ~ N(0, 8^2): measured next-token entropy ~1.1 nats on 
 INIT_STD = 0.02  # std of every other matrix, as transformers' initializer_range
 FIXTURE_TOKENIZER = FIXTURES / "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-TORCH_DTYPES = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -59,9 +55,7 @@ class Layout:
         return sum(math.prod(s) * DTYPE_SIZES[d] for d, s in self.tensors.values())
 
 
-def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
+def torch_dtype(dtype: str) -> torch.dtype:
     if dtype not in TORCH_DTYPES:
         raise CheckpointError(
             f"dtype={dtype!r} is not supported", rule="checkpoint.dtype", fix="use bf16 or fp32"
@@ -87,9 +81,7 @@ def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
     layout = _built_layout(cfg, dtype, transformers)
     with contextlib.suppress(OSError):  # a read-only cache: the next verify computes it again
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(layout.tensors))
-        os.replace(tmp, memo)  # whole or not at all: a concurrent reader never sees half
+        write_atomic(memo, json.dumps(layout.tensors))  # a concurrent reader never sees half
     return layout
 
 
@@ -161,6 +153,7 @@ def tensor_plan(
     """How to make one tensor, chunk by chunk, from (seed, name)."""
     tdtype = DTYPES[dtype]
     text = _text_config(cfg)
+    per = CHUNK_BYTES // DTYPE_SIZES[dtype]  # elements in a chunk
     std = INIT_STD
     zero_from = None  # flat index from which the tensor is zero
     if name == "lm_head.weight":
@@ -170,7 +163,6 @@ def tensor_plan(
     def chunk(i: int) -> memoryview:
         g = torch.Generator().manual_seed(_chunk_seed(seed, name, i))
         n = math.prod(shape)
-        per = plan.chunk_elems
         lo, hi = i * per, min(n, (i + 1) * per)
         special = _special_init(name, shape, g, text) if i == 0 else None
         if special is not None:
@@ -181,8 +173,7 @@ def tensor_plan(
             t[max(0, zero_from - lo) :] = 0
         return tensor_bytes(t)
 
-    plan = TensorPlan(name, dtype, shape, chunk)  # `chunk` reads its chunk_elems
-    return plan
+    return TensorPlan(name, dtype, shape, chunk)
 
 
 def synth_config(spec: ModelSpec, dtype: torch.dtype):
@@ -225,7 +216,7 @@ def synthesize(
     out: Path | str,
     *,
     tiny: bool = False,
-    dtype: str | torch.dtype = "bf16",
+    dtype: str = "bf16",
     seed: int = 0,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     force: bool = False,
@@ -246,7 +237,7 @@ def synthesize(
     return out.absolute()
 
 
-def synth_bytes(spec: ModelSpec, dtype: str | torch.dtype = "bf16") -> int:
+def synth_bytes(spec: ModelSpec, dtype: str = "bf16") -> int:
     tdtype = torch_dtype(dtype)
     return expected_layout(synth_config(spec, tdtype), tdtype).nbytes
 
@@ -255,7 +246,7 @@ def synthesize_into(
     folder: Path,
     spec: ModelSpec,
     *,
-    dtype: str | torch.dtype = "bf16",
+    dtype: str = "bf16",
     seed: int = 0,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     manifest: bool = True,
@@ -269,7 +260,7 @@ def synthesize_into(
     vocab = tokenizer_ids()["size"]
     plans = [tensor_plan(k, d, s, cfg, seed, vocab) for k, (d, s) in layout.tensors.items()]
     write_metadata(folder, cfg)
-    with ProgressBar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
+    with progress_bar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
         write_shards(
             folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, manifest=manifest, workers=workers
         )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.checkpoints.identity import sha256_file
-from rlsmoke.checkpoints.progress import ProgressBar
+from rlsmoke.checkpoints.progress import progress_bar
 from rlsmoke.checkpoints.shards import (
     DTYPE_SIZES,
     INDEX_NAME,
@@ -268,7 +268,7 @@ def _check_manifest(folder: Path, rep: Report, *, progress: bool = False) -> Non
     total = sum(
         (folder / n).stat().st_size for _, _, n in entries if _plain_name(n) and (folder / n).is_file()
     )
-    with ProgressBar(total, f"verify {folder.name}", progress) as bar:
+    with progress_bar(total, f"verify {folder.name}", progress) as bar:
         for digest, _, name in entries:
             if not _plain_name(name):
                 rep.add(MANIFEST_NAME, "", f"names {name!r}, not a plain file name in the folder")
