@@ -94,7 +94,8 @@ def atomic_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
     check_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
-        if _TMP.search(stale.name) and not _owner_alive(stale):  # only a build's own leftovers
+        built = _TMP.search(stale.name)  # only a build's own leftovers, of a process that is gone
+        if built and not _alive(int(built.group(1))):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = sibling(out, "new")
     tmp.mkdir()
@@ -122,14 +123,13 @@ def sibling(out: Path, role: str) -> Path:
     return out.parent / f".{out.name}.tmp-{os.getpid()}-{role}-{uuid.uuid4().hex[:8]}"
 
 
-def _owner_alive(tmp: Path) -> bool:
+def _alive(pid: int) -> bool:
     try:
-        pid = int(tmp.name.split(".tmp-")[1].split("-")[0])
         os.kill(pid, 0)
-    except (ValueError, IndexError, ProcessLookupError):
+    except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's
+        pass
     return True
 
 
