@@ -54,7 +54,7 @@ def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
             return _not_run(parser, plans, f"harness error: worker exited {proc.returncode}: {tail}")
         result = json.loads(out_file.read_text())
-    return [Verdict.from_json(v) for v in result["verdicts"]]
+    return [Verdict(**v) for v in result["verdicts"]]
 
 
 def check_plans(plans: list[dict], parsers: tuple[str, ...] = tuple(PARSERS)) -> list[list[Verdict]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rlsmoke.conformance import device_facts
 from rlsmoke.conformance._capture import plan_env, run_validator
 from rlsmoke.conformance.hf_fixtures import checkpoint_for
-from rlsmoke.conformance.verdict import Verdict, applies, model_of, topology_of
+from rlsmoke.conformance.verdict import Verdict, applies
 from rlsmoke.engine.megatron.flags import flag_value
 
 PARSER = "sglang"
@@ -29,7 +29,7 @@ def engine_argv(plan: dict) -> list[str]:
     argv = list(plan["argv"])
     gpus_per_engine = flag_value(argv, "--rollout-num-gpus-per-engine") or "1"
     out = [
-        "--model-path", checkpoint_for(model_of(plan), flag_value(argv, "--hf-checkpoint")),
+        "--model-path", checkpoint_for(plan["case"], flag_value(argv, "--hf-checkpoint")),
         "--trust-remote-code",
         "--tp-size", gpus_per_engine,
     ]  # fmt: skip
@@ -47,8 +47,7 @@ def engine_argv(plan: dict) -> list[str]:
 def check(plan: dict) -> Verdict:
     from sglang.srt.server_args import prepare_server_args
 
-    facts = device_facts.facts_for(topology_of(plan)["platform"])
-    device_facts.fake_device(facts)
+    facts = device_facts.fake_device(plan["topology"]["platform"])
     _memory_mib["value"] = facts.memory_mib
     argv = [*engine_argv(plan), "--device", facts.device]
 

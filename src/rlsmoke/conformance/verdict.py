@@ -25,35 +25,18 @@ class Verdict:
     # False when the target renders another dialect: its rejection is drift, not a topology verdict.
     applies: bool = True
 
-    @property
-    def status(self) -> str:
-        if self.accepted is None:
-            return "not run"
-        return "accepted" if self.accepted else "rejected"
-
-    def __str__(self) -> str:
-        return self.one_line()
-
     def one_line(self) -> str:
+        status = {None: "not run", True: "accepted", False: "rejected"}[self.accepted]
         scope = "" if self.applies else " (other target: drift check)"
-        return f"{self.parser:7s} {self.status:9s}{scope} {self.message}".rstrip()
+        return f"{self.parser:7s} {status:9s}{scope} {self.message}".rstrip()
 
     def to_json(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict) -> Verdict:
-        return cls(**data)
-
-
-def topology_of(plan: dict) -> dict:
-    """The topology part of a rendered plan (`rlsmoke plan --format json`, `Plan.to_json`)."""
-    return plan["topology"]
-
 
 def target_of(plan: dict) -> dict:
     """{"miles": ..., "sglang": "bundled" | "0.5.23"}: the versions the plan's target renders flags for."""
-    return topology_of(plan)["target_versions"]
+    return plan["topology"]["target_versions"]
 
 
 def applies(parser: str, plan: dict) -> bool:
@@ -84,8 +67,3 @@ def describe_exception(exc: BaseException) -> str:
             where += f": `{source}`"
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
-
-
-def model_of(plan: dict) -> str:
-    """The model name of the plan's case (the key of its HF config fixture)."""
-    return plan["case"]
