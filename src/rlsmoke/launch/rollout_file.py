@@ -79,21 +79,14 @@ def check_template(template: str) -> None:
                            rule="miles.rollout_file", fix="use an --out path without { or }") from None  # fmt: skip
 
 
-def write(
-    path: Path, samples: list[RolloutSample], *, rollout_id: int = 0, metadata: dict | None = None
-) -> Path:
+def write(path: Path, samples: list[RolloutSample], *, rollout_id: int = 0) -> Path:
     """The file, written whole (a temp file, then renamed): a reader never sees half of one."""
     import torch
 
     indices = [s.index for s in samples]
     if len(set(indices)) != len(indices):
         raise ValueError("two samples share an index: Miles would give them one reward")
-    payload = {
-        "rollout_id": rollout_id,
-        "metadata": dict(metadata or {}),
-        "samples": [sample_dict(s) for s in samples],
-    }
-    path = Path(path)
+    payload = {"rollout_id": rollout_id, "metadata": {}, "samples": [sample_dict(s) for s in samples]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     torch.save(payload, tmp)
