@@ -3,6 +3,7 @@ never decoded (bf16 and FP8 alike); per-layer config lists keep the kept layers'
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 from rlsmoke.checkpoints.shards import (
     DEFAULT_MAX_SHARD_BYTES,
     TensorPlan,
-    copier,
     load_index,
+    read_chunk,
     tensors_in_order,
     write_derived,
 )
@@ -106,7 +107,7 @@ def pruned_plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[
     mtp = {int(m.group(2)) for k in weight_map if (m := _LAYER.match(k)) and int(m.group(2)) >= n}
     mapping = layer_map(text, dense, moe, keep_mtp, mtp)
     plans = [
-        TensorPlan(new, entry.dtype, entry.shape, copier(shard, entry))
+        TensorPlan(new, entry.dtype, entry.shape, functools.partial(read_chunk, shard, entry))
         for shard, name, entry in tensors_in_order(src)
         if (new := rename(name, mapping)) is not None
     ]

@@ -15,7 +15,7 @@ from rlsmoke.checkpoints.shards import (
     DEFAULT_MAX_SHARD_BYTES,
     Entry,
     TensorPlan,
-    copier,
+    read_chunk,
     read_tensor,
     tensor_bytes,
     tensors_in_order,
@@ -111,7 +111,7 @@ def fp8_plans(src: Path, device: str | None = None) -> tuple[list[TensorPlan], d
     plans, skipped = [], []
     for name, (path, e) in entries.items():
         if not quantizes(name, e):
-            plans.append(TensorPlan(name, e.dtype, e.shape, copier(path, e)))
+            plans.append(TensorPlan(name, e.dtype, e.shape, functools.partial(read_chunk, path, e)))
             if name.endswith(".weight") and len(e.shape) == 2:
                 skipped.append(name[: -len(".weight")])
             continue

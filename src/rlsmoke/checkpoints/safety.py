@@ -74,8 +74,6 @@ def not_built_here(folder: Path) -> list[str]:
     from rlsmoke.checkpoints.shards import MANIFEST_NAME
 
     entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    if not entries:
-        return []
     names = {e.name for e in entries}
     if OWNED_NAME in names:
         allowed = set((folder / OWNED_NAME).read_text(errors="replace").splitlines()) | {OWNED_NAME}

@@ -99,8 +99,8 @@ def write_shards(
     progress: Callable[[int], None] | None = None,
     manifest: bool = True,
     workers: int | None = None,
-) -> dict[str, str]:
-    """Write `plans` as HF shards plus the index into `out`; returns {tensor: shard file}."""
+) -> None:
+    """Write `plans` as HF shards plus the index into `out`."""
     groups = split_into_shards(plans, max_shard_bytes)
     tasks = [(p, i) for group in groups for p in group for i in range(p.n_chunks)]
     chunks = _prefetch(tasks, workers or max(1, min(4, os.cpu_count() or 1)))
@@ -117,7 +117,6 @@ def write_shards(
     (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
     if manifest:
         write_manifest(out, digests)
-    return weight_map
 
 
 def _prefetch(tasks: list[tuple[TensorPlan, int]], workers: int) -> Iterator[bytes | memoryview]:
@@ -125,12 +124,10 @@ def _prefetch(tasks: list[tuple[TensorPlan, int]], workers: int) -> Iterator[byt
     if workers <= 1:
         yield from (p.chunk(i) for p, i in tasks)
         return
-    ahead = 2 * workers  # bounds memory to a few chunks
+    it = iter(tasks)
     with ThreadPoolExecutor(workers) as pool:
-        pending: deque = deque()
-        it = iter(tasks)
-        for p, i in itertools.islice(it, ahead):
-            pending.append(pool.submit(p.chunk, i))
+        # 2 * workers ahead: bounds memory to a few chunks
+        pending = deque(pool.submit(p.chunk, i) for p, i in itertools.islice(it, 2 * workers))
         while pending:
             chunk = pending.popleft().result()
             for p, i in itertools.islice(it, 1):
@@ -169,8 +166,7 @@ def write_manifest(out: Path, digests: dict[str, str]) -> None:
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """Raw little-endian bytes of a contiguous CPU tensor, without a copy."""
-    t = t.contiguous()
-    return memoryview(t.view(torch.uint8).reshape(-1).numpy())
+    return memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy())
 
 
 @dataclass(frozen=True)
@@ -212,7 +208,6 @@ def read_chunk(path: Path, entry: Entry, i: int) -> bytes:
 
 
 def read_tensor(path: Path, entry: Entry) -> torch.Tensor:
-    """One tensor as a CPU tensor; reads only its bytes."""
     with open(path, "rb") as f:
         f.seek(entry.begin)
         buf = bytearray(f.read(entry.nbytes))
@@ -234,11 +229,6 @@ def tensors_in_order(folder: Path) -> Iterator[tuple[Path, str, Entry]]:
     for shard in sorted(set(load_index(folder).values())):
         for name, entry in sorted(read_header(folder / shard).items(), key=lambda kv: kv[1].begin):
             yield folder / shard, name, entry
-
-
-def copier(path: Path, entry: Entry) -> Callable[[int], bytes]:
-    """A TensorPlan's chunks that copy the tensor's bytes from its shard, never decoded."""
-    return lambda i: read_chunk(path, entry, i)
 
 
 def write_derived(folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, desc: str, *,

@@ -202,7 +202,6 @@ def tokenizer_ids() -> dict:
 
 
 def write_metadata(out: Path, cfg) -> None:
-    """config.json, generation_config.json and the fixture tokenizer."""
     cfg.to_json_file(out / "config.json", use_diff=False)
     tok = tokenizer_ids()
     gen = {"eos_token_id": tok["eos"], "pad_token_id": tok["pad"], "do_sample": True, "temperature": 1.0}
