@@ -71,14 +71,6 @@ def stub_triton() -> None:
     install()
 
 
-@dataclass(frozen=True)
-class _DeviceProperties:
-    name: str
-    major: int
-    minor: int
-    total_memory: int  # bytes
-
-
 def fake_device(platform: str) -> DeviceFacts:
     """What torch.cuda reports about device 0, the platform's GPU: capability and properties, nothing else."""
     import torch
@@ -88,7 +80,10 @@ def fake_device(platform: str) -> DeviceFacts:
             f"platform={platform!r} has no GPU device facts. Adjust --platform to nvidia or rocm."
         )
     facts = DEVICE_FACTS[platform]
-    props = _DeviceProperties(facts.name, *facts.capability, facts.memory_mib * 1024 * 1024)
+    major, minor = facts.capability
+    props = types.SimpleNamespace(
+        name=facts.name, major=major, minor=minor, total_memory=facts.memory_mib * 2**20
+    )
     torch.cuda.get_device_capability = lambda device=None: facts.capability
     torch.cuda.get_device_properties = lambda device=None: props
     return facts
