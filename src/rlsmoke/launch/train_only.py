@@ -23,7 +23,6 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import ExitCode
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values
@@ -99,16 +98,12 @@ def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
 
 
 def steps(tp: TrainOnlyPlan) -> list[flow.Step]:
-    hf = tp.plan.launch.hf_checkpoint
-    prepare = ("rlsmoke", "prepare", tp.plan.case.name, "--out", hf, *(["--tiny"] if tp.tiny else []))
-    if tp.plan.spec.hf_model_type in DIALECTS:
-        prepare += ("--dialect", tp.plan.topology.target.checkpoint_dialect)
     train_env = {
         RAY_ADDRESS_VAR: f"{tp.launch.master_addr}:{RAY_GCS_PORT}",
         flow.RECORD_DIR_VAR: tp.record_dir,
     }
     return [
-        flow.Step("prepare", "the HF checkpoint", prepare, skip_when=f"[ -e {shlex.quote(hf)} ]"),
+        flow.prepare_step(tp.plan, "the HF checkpoint", tiny=tp.tiny),
         flow.convert_step(tp.plan, tp.paths),
         rollout_step(tp),
         flow.Step("ray-head", "Ray's head with one GPU, no dashboard", tuple(ray_head_train_only(tp.launch))),

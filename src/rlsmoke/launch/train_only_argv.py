@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from rlsmoke.errors import RlsmokeError
 from rlsmoke.launch.miles import Launch, flag_values
 
 # What a train-only launch drops from the rendered one, and why: no SGLang engine is started, so none of
@@ -27,8 +28,6 @@ def train_only(
     on the one GPU of the plan, the rollout's prompts as --prompt-data (Miles' data source still reads it),
     the checkout on PYTHONPATH (Ray's workers import `miles` from it)."""
     if launch.ray_num_gpus != 1 or launch.num_nodes != 1:
-        from rlsmoke.errors import RlsmokeError
-
         raise RlsmokeError(f"a train-only launch on {launch.ray_num_gpus} GPUs: it trains on one", rule="miles.train_only",
                            fix="pass --num-gpus 1")  # fmt: skip
     groups: dict[str, list[str]] = {}
