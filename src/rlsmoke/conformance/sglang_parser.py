@@ -4,9 +4,8 @@ Each `--sglang-X` flag is SGLang's `--X`, as Miles derives it: an unknown one sh
 from __future__ import annotations
 
 from rlsmoke.conformance import device_facts
-from rlsmoke.conformance._capture import plan_env, run_validator
 from rlsmoke.conformance.hf_fixtures import checkpoint_for
-from rlsmoke.conformance.verdict import Verdict, applies
+from rlsmoke.conformance.verdict import Verdict, applies, plan_env, run_validator
 from rlsmoke.engine.megatron.flags import flag_value
 
 PARSER = "sglang"
