@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -78,14 +79,10 @@ def split_into_shards(plans: list[TensorPlan], max_shard_bytes: int) -> list[lis
 
 def encode_header(plans: list[TensorPlan]) -> bytes:
     header: dict = {"__metadata__": {"format": "pt"}}
-    offset = 0
+    pos = 0
     for p in plans:
-        header[p.name] = {
-            "dtype": p.dtype,
-            "shape": list(p.shape),
-            "data_offsets": [offset, offset + p.nbytes],
-        }
-        offset += p.nbytes
+        header[p.name] = {"dtype": p.dtype, "shape": list(p.shape), "data_offsets": [pos, pos + p.nbytes]}
+        pos += p.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as the library writes it
     return struct.pack("<Q", len(raw)) + raw
@@ -110,10 +107,8 @@ def write_shards(
         fname = f"model-{n + 1:05d}-of-{len(groups):05d}.safetensors"
         digests[fname] = _write_one(out / fname, group, chunks, progress)
         weight_map.update({p.name: fname for p in group})
-    index = {
-        "metadata": {"total_size": sum(p.nbytes for p in plans)},
-        "weight_map": dict(sorted(weight_map.items())),
-    }
+    total = sum(p.nbytes for p in plans)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
     if manifest:
         write_manifest(out, digests)
@@ -159,9 +154,23 @@ def _write_one(
     return sha.hexdigest()
 
 
+@contextlib.contextmanager
+def progress_bar(total: int, desc: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A tqdm byte counter's `update` when asked for, else None: a progress callback of the writers."""
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        monitor_interval = 0  # no monitor thread: it would outlive the bar and turn rank forks off
+
+    with Bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024) as bar:
+        yield bar.update
+
+
 def write_manifest(out: Path, digests: dict[str, str]) -> None:
-    lines = "".join(f"{d}  {name}\n" for name, d in sorted(digests.items()))
-    (out / MANIFEST_NAME).write_text(lines)
+    (out / MANIFEST_NAME).write_text("".join(f"{d}  {name}\n" for name, d in sorted(digests.items())))
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -220,8 +229,7 @@ def load_index(ckpt: Path) -> dict[str, str]:
     idx = ckpt / INDEX_NAME
     if idx.exists():
         return json.loads(idx.read_text())["weight_map"]
-    single = ckpt / SINGLE_NAME
-    return {k: SINGLE_NAME for k in read_header(single)}
+    return {k: SINGLE_NAME for k in read_header(ckpt / SINGLE_NAME)}
 
 
 def tensors_in_order(folder: Path) -> Iterator[tuple[Path, str, Entry]]:
@@ -234,8 +242,6 @@ def tensors_in_order(folder: Path) -> Iterator[tuple[Path, str, Entry]]:
 def write_derived(folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, desc: str, *,
                   max_shard_bytes: int, progress: bool, workers: int | None = None) -> None:  # fmt: skip
     """A checkpoint from `src` into an empty `folder`: its other files copied, `cfg`, `plans` as shards."""
-    from rlsmoke.checkpoints.progress import progress_bar
-
     rewritten = ("config.json", INDEX_NAME, MANIFEST_NAME)
     for f in src.iterdir():
         if f.is_file() and f.name not in rewritten and f.suffix != ".safetensors":

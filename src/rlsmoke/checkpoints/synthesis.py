@@ -22,7 +22,6 @@ import torch
 
 from rlsmoke.artifacts import write_atomic
 from rlsmoke.checkpoints.cache_paths import cache_home
-from rlsmoke.checkpoints.progress import progress_bar
 from rlsmoke.checkpoints.shards import (
     CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
@@ -30,6 +29,7 @@ from rlsmoke.checkpoints.shards import (
     DTYPE_SIZES,
     DTYPES,
     TensorPlan,
+    progress_bar,
     tensor_bytes,
     write_shards,
 )

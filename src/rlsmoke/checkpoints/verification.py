@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.checkpoints.identity import sha256_file
-from rlsmoke.checkpoints.progress import progress_bar
 from rlsmoke.checkpoints.shards import (
     DTYPE_SIZES,
     INDEX_NAME,
     MANIFEST_NAME,
     MAX_HEADER_BYTES,
     SINGLE_NAME,
+    progress_bar,
     read_header,
 )
 from rlsmoke.errors import CheckpointError
