@@ -4,6 +4,7 @@ train.py and each rollout engine's start do. Runs in the Miles venv (.ci/conform
 from __future__ import annotations
 
 import sys
+from unittest import mock
 
 from rlsmoke.conformance import device_facts
 from rlsmoke.conformance.hf_fixtures import checkpoint_for
@@ -44,12 +45,8 @@ def check(plan: dict) -> Verdict:
     parsed = {}
 
     def stage1() -> str:
-        saved = sys.argv
-        sys.argv = [script, *flags]
-        try:
+        with mock.patch.object(sys, "argv", [script, *flags]):
             parsed["args"] = parse_args()
-        finally:
-            sys.argv = saved
         return f"{script} parse_args accepted"
 
     with plan_env(plan.get("env") or {}):

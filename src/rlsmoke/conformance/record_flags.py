@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import sys
 from pathlib import Path
+from unittest import mock
 
 from rlsmoke.artifacts import write_atomic
 from rlsmoke.conformance.device_facts import EmptyModuleFinder, stub_triton
@@ -79,11 +80,8 @@ def record(target: str, command: str) -> dict:
     # torchvision as a stand-in that SGLang's image imports find; triton as SGLang's stub if missing
     sys.meta_path.insert(0, _StandInFinder("torchvision"))
     stub_triton()
-    saved_argv = sys.argv  # Miles' full parser, as `parse_args()` builds it (the pre-flight's own capture)
-    try:
+    with mock.patch.object(sys, "argv", sys.argv):  # Miles' full parser, as `parse_args()` builds it
         parser = miles_parser(list(MINIMAL_ARGV))
-    finally:
-        sys.argv = saved_argv
     t = TARGETS[target]
     return {
         "format": FORMAT,
