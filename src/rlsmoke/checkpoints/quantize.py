@@ -63,7 +63,6 @@ def fp8(
     out: Path | str,
     *,
     force: bool = False,
-    device: str | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: bool = False,
 ) -> Path:
@@ -72,19 +71,19 @@ def fp8(
 
     src, out = Path(src), Path(out)
     check_target(out, force)
-    plans, cfg = fp8_plans(src, device)
+    plans, cfg = fp8_plans(src)
     preflight(out, sum(p.nbytes for p in plans))
     with atomic_dir(out, force=force) as tmp:
         fp8_into(tmp, src, plans, cfg, max_shard_bytes=max_shard_bytes, progress=progress)
     return out.absolute()
 
 
-def fp8_plans(src: Path, device: str | None = None) -> tuple[list[TensorPlan], dict]:
+def fp8_plans(src: Path) -> tuple[list[TensorPlan], dict]:
     """The quantized weights with their scales, the rest copied; and config.json's quantization_config."""
     from rlsmoke.checkpoints.verification import verify
 
     verify(src, checksums=False, config=False)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     entries = {name: (shard, e) for shard, name, e in tensors_in_order(src)}
     fp8_already = [f"{shard.name}: {n}" for n, (shard, e) in entries.items() if e.dtype.startswith("F8")]
     if fp8_already:
