@@ -45,8 +45,6 @@ class RolloutSample:
 def sample_dict(s: RolloutSample) -> dict:
     """The sample as `Sample.to_dict()` gives it at Miles 31f1ca961: every field, the unused at its default."""
     n = len(s.response_tokens)
-    if len(s.rollout_log_probs) != n:
-        raise ValueError(f"sample {s.index}: {len(s.rollout_log_probs)} log-probs for {n} response tokens")
     return {
         "group_index": s.group_index, "index": s.index, "rollout_id": None, "prompt": s.prompt,
         "tokens": [int(t) for t in (*s.prompt_tokens, *s.response_tokens)],
@@ -83,9 +81,6 @@ def write(path: Path, samples: list[RolloutSample], *, rollout_id: int = 0) -> P
     """The file, written whole (a temp file, then renamed): a reader never sees half of one."""
     import torch
 
-    indices = [s.index for s in samples]
-    if len(set(indices)) != len(indices):
-        raise ValueError("two samples share an index: Miles would give them one reward")
     payload = {"rollout_id": rollout_id, "metadata": {}, "samples": [sample_dict(s) for s in samples]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
