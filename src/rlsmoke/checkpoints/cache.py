@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.checkpoints.dialects import check_dialect_name
 from rlsmoke.errors import CheckpointError
+from rlsmoke.models import model_spec
+from rlsmoke.paths import from_os_error
 
 FORMAT_VERSION = 2  # bump when synthesis changes a byte, so stale caches are not reused
 
@@ -63,8 +66,6 @@ def prepare(
         lock = FileLock(str(root / f"{key}.lock"))
         lock.acquire()
     except OSError as exc:
-        from rlsmoke.paths import from_os_error
-
         why = from_os_error(exc, "RLSMOKE_CACHE", cache_home())
         raise CheckpointError(f"{why} and holds no intact {key} to read (the cache's checkpoints: {root})", rule=why.rule,
                               fix="point RLSMOKE_CACHE at a folder you can write, or prepare the checkpoint into it "
@@ -79,12 +80,8 @@ def prepare(
 
 
 def _check_dialect(case: str, tiny: bool, dialect: str | None) -> None:
-    if dialect is None:
-        return
-    from rlsmoke.checkpoints.dialects import check_dialect_name
-    from rlsmoke.models import model_spec
-
-    check_dialect_name(dialect, model_spec(case, tiny=tiny).hf_model_type)
+    if dialect is not None:
+        check_dialect_name(dialect, model_spec(case, tiny=tiny).hf_model_type)
 
 
 def prepare_to(
@@ -111,7 +108,6 @@ def prepare_to(
     from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight, sibling
     from rlsmoke.checkpoints.shards import DEFAULT_MAX_SHARD_BYTES, write_derived
     from rlsmoke.checkpoints.verification import verify
-    from rlsmoke.models import model_spec
 
     out = Path(out).absolute()
     check_target(out, force)
@@ -167,7 +163,6 @@ def describe_write(
         line += " (as a bf16 stage, then FP8)"
     if spec.width == "full" and not source:
         from rlsmoke.checkpoints.synthesis import synth_bytes
-        from rlsmoke.models import model_spec
 
         line += f"; --tiny writes {human_bytes(synth_bytes(model_spec(spec.name, tiny=True), dtype))}"
     return line

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
 from rlsmoke.checkpoints.shards import (
     DEFAULT_MAX_SHARD_BYTES,
     TensorPlan,
@@ -16,6 +17,7 @@ from rlsmoke.checkpoints.shards import (
     tensors_in_order,
     write_derived,
 )
+from rlsmoke.checkpoints.verification import verify
 from rlsmoke.errors import CheckpointError
 
 _LAYER = re.compile(r"^(.*?(?:^|\.)layers\.)(\d+)(\..*)$")
@@ -84,8 +86,6 @@ def prune(
     progress: bool = False,
 ) -> Path:
     """Write the pruned copy of checkpoint `src` into `out`, atomically; returns `out`."""
-    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
-
     src, out = Path(src), Path(out)
     check_target(out, force)
     plans, cfg = pruned_plans(src, dense, moe, keep_mtp)
@@ -97,8 +97,6 @@ def prune(
 
 def pruned_plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[TensorPlan], dict]:
     """The kept tensors, renamed, as copies from `src`; and the pruned config.json."""
-    from rlsmoke.checkpoints.verification import verify
-
     verify(src, checksums=False, config=False)  # structure only: a corrupt source fails here, by name
     cfg = json.loads((src / "config.json").read_text())
     text = cfg.get("text_config") or cfg

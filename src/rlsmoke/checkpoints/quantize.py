@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
 from rlsmoke.checkpoints.shards import (
     CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
@@ -21,6 +22,7 @@ from rlsmoke.checkpoints.shards import (
     tensors_in_order,
     write_derived,
 )
+from rlsmoke.checkpoints.verification import verify
 from rlsmoke.errors import CheckpointError
 
 BLOCK = 128
@@ -67,8 +69,6 @@ def fp8(
     progress: bool = False,
 ) -> Path:
     """Write an FP8 copy of bf16 checkpoint `src` into `out`, atomically; GPU when there is one."""
-    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
-
     src, out = Path(src), Path(out)
     check_target(out, force)
     plans, cfg = fp8_plans(src)
@@ -80,8 +80,6 @@ def fp8(
 
 def fp8_plans(src: Path) -> tuple[list[TensorPlan], dict]:
     """The quantized weights with their scales, the rest copied; and config.json's quantization_config."""
-    from rlsmoke.checkpoints.verification import verify
-
     verify(src, checksums=False, config=False)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     entries = {name: (shard, e) for shard, name, e in tensors_in_order(src)}

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlsmoke.errors import CheckpointError
+from rlsmoke.paths import check_dir
 
 # Config, index, tokenizer and file-system slack on top of the tensor bytes.
 HEADROOM_BYTES = 64 * 2**20
@@ -48,8 +49,6 @@ _TMP = re.compile(r"\.tmp-(\d+)-(new|old|bf16)-[0-9a-f]{8}$")
 
 def check_target(out: Path, force: bool) -> None:
     """`out` is absent, or `force` and it is empty or ours; a user's files are never deleted."""
-    from rlsmoke.paths import check_dir
-
     check_dir(out, "--out", must_exist=False, fix="pass --out a folder, or a path that does not exist yet")
     if not out.exists():
         return

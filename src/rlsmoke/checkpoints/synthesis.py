@@ -22,6 +22,8 @@ import torch
 
 from rlsmoke.artifacts import write_atomic
 from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.checkpoints.make_tokenizer import EOS_TOKENS
+from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
 from rlsmoke.checkpoints.shards import (
     CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
@@ -193,8 +195,6 @@ def synth_config(spec: ModelSpec, dtype: torch.dtype):
 
 
 def tokenizer_ids() -> dict:
-    from rlsmoke.checkpoints.make_tokenizer import EOS_TOKENS
-
     vocab = json.loads((FIXTURE_TOKENIZER / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in vocab["added_tokens"]}
     size = 1 + max([*vocab["model"]["vocab"].values(), *ids.values()])
@@ -224,8 +224,6 @@ def synthesize(
     progress: bool = False,
 ) -> Path:
     """Write a complete HF checkpoint of `case` (a name or a ModelSpec) into `out`, atomically."""
-    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
-
     spec = case if isinstance(case, ModelSpec) else model_spec(case, tiny=tiny)
     out = Path(out)
     check_target(out, force)

@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.checkpoints.dialects import NATIVE_ARCH, dialect_problems
 from rlsmoke.checkpoints.identity import sha256_file
 from rlsmoke.checkpoints.shards import (
     DTYPE_SIZES,
@@ -97,8 +98,6 @@ def verify(
     if config and cfg is not None and not rep.faults:
         _check_config(cfg, headers, weight_map, rep, dtypes=dtypes)
     if dialect is not None and cfg is not None:
-        from rlsmoke.checkpoints.dialects import dialect_problems
-
         for problem in dialect_problems(cfg, dialect):
             rep.add("config.json", "", problem)
     if checksums and (folder / MANIFEST_NAME).exists():
@@ -249,8 +248,6 @@ def config_from_dict(cfg: dict):
 
     d = {k: v for k, v in cfg.items() if k not in ("transformers_version", "auto_map", "quantization_config")}
     if d.get("model_type") == "deepseek_v32":
-        from rlsmoke.checkpoints.dialects import NATIVE_ARCH
-
         d["model_type"], d["architectures"] = "glm_moe_dsa", [NATIVE_ARCH]
         d.pop("rope_theta", None)
     model_type = d.pop("model_type", None)
