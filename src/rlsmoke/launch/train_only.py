@@ -162,9 +162,7 @@ def shell_script(tp: TrainOnlyPlan) -> str:
     lines += [f"export {k}={shlex.quote(v)}" for k, v in tp.launch.env.items()]
     for step in steps(tp):
         lines.append(f"# {step.name}: {step.what}" + (", unless done" if step.skip_when else ""))
-        if step.name == "ray-head":  # it returns once the head is up; `ray stop` ends it afterwards
-            lines.append(step.shell())
-        elif step.name == "train":
+        if step.name == "train":
             lines += [f"export {k}={shlex.quote(v)}" for k, v in step.env.items()]
             lines += tp.launch.script_lines()
         else:
