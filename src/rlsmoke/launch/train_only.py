@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from rlsmoke.cases import Plan, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values
@@ -30,9 +30,6 @@ from rlsmoke.launch.rollout_file import check_template
 from rlsmoke.metrics import CI_HISTORY
 from rlsmoke.recipe import Recipe
 from rlsmoke.shipped import FIXTURES
-
-if TYPE_CHECKING:
-    from rlsmoke.cases import Plan
 
 TARGET = "miles-2026-08-21"  # Miles main at 31f1ca961: the commit whose train-only mode this drives
 ROLLOUT_TEMPLATE = "rollout_data/{rollout_id}.pt"  # under the run's folder; Miles fills in the rollout's id
@@ -172,8 +169,6 @@ def shell_script(tp: TrainOnlyPlan) -> str:
 
 def plan_handler(args) -> int:
     """`rlsmoke plan CASE --launcher miles --train-only`: every step, as a script (or --format json)."""
-    from rlsmoke.cases import case_from_args
-
     args.target = args.target or TARGET
     out = "<OUTPUT_DIR>/" + args.case
     paths = Paths(output_dir=out)
