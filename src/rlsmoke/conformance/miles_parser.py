@@ -49,7 +49,7 @@ def check(plan: dict) -> Verdict:
             parsed["args"] = parse_args()
         return f"{script} parse_args accepted"
 
-    with plan_env(plan.get("env") or {}):
+    with plan_env(plan):
         verdict = run_validator(PARSER, stage1, applies=in_scope)
         if not verdict.accepted:
             return verdict

@@ -55,5 +55,5 @@ def check(plan: dict) -> Verdict:
         server_args.resolve_once()
         return f"ServerArgs.resolve_once accepted (tp={server_args.tp_size} dp={server_args.dp_size})"
 
-    with plan_env(plan.get("env") or {}):
+    with plan_env(plan):
         return run_validator(PARSER, resolve, applies=applies(PARSER, plan))

@@ -8,9 +8,10 @@ import io
 import linecache
 import os
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from unittest import mock
 
 # Parser keys, in the order verdicts are reported, with the versions they pin.
 PARSERS = {
@@ -74,19 +75,9 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
 
 
-@contextlib.contextmanager
-def plan_env(env: dict[str, str]) -> Iterator[None]:
+def plan_env(plan: dict):
     """The job's runtime env, as Ray would set it, for the duration of one check."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update({k: str(v) for k, v in env.items()})
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return mock.patch.dict(os.environ, {k: str(v) for k, v in (plan.get("env") or {}).items()})
 
 
 def run_validator(parser: str, fn: Callable[[], str], *, applies: bool = True) -> Verdict:
