@@ -132,7 +132,6 @@ def fp8_plans(src: Path) -> tuple[list[TensorPlan], dict]:
 def fp8_into(
     folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, *, max_shard_bytes: int, progress: bool
 ) -> None:
-    """`fp8_plans` written into an existing empty folder."""
     # One worker: quantizing a tensor twice in parallel would only waste the cores it needs.
     write_derived(
         folder, src, plans, cfg, "fp8", max_shard_bytes=max_shard_bytes, progress=progress, workers=1

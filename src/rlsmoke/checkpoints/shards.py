@@ -206,7 +206,6 @@ def read_header(path: Path) -> dict[str, Entry]:
 
 
 def read_chunk(path: Path, entry: Entry, i: int) -> bytes:
-    """The i-th CHUNK_BYTES of one tensor, read straight from its shard."""
     with open(path, "rb") as f:
         f.seek(entry.begin + i * CHUNK_BYTES)
         want = min(CHUNK_BYTES, entry.nbytes - i * CHUNK_BYTES)

@@ -217,16 +217,13 @@ def _check_config(
     have = {t: headers[s][t] for t, s in weight_map.items() if s in headers and t in headers[s]}
     n_layers = (cfg.get("text_config") or cfg)["num_hidden_layers"]
     for name, (want_dtype, shape) in layout.tensors.items():
-        if name not in have:
+        got = have.get(name)
+        if got is None:
             rep.add("config.json", name, "expected by config.json but missing from every shard")
-        elif have[name][1] != shape:
-            rep.add(
-                weight_map[name], name, f"shape {list(have[name][1])} but config.json implies {list(shape)}"
-            )
-        elif dtypes and have[name][0] != want_dtype and f"{name}_scale_inv" not in have:  # FP8 has a scale
-            rep.add(
-                weight_map[name], name, f"{have[name][0]} but this transformers builds it in {want_dtype}"
-            )
+        elif got[1] != shape:
+            rep.add(weight_map[name], name, f"shape {list(got[1])} but config.json implies {list(shape)}")
+        elif dtypes and got[0] != want_dtype and f"{name}_scale_inv" not in have:  # FP8 has a scale
+            rep.add(weight_map[name], name, f"{got[0]} but this transformers builds it in {want_dtype}")
     for name, (_, shape, _, _) in have.items():
         if name in layout.tensors:
             continue
