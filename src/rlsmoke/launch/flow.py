@@ -67,10 +67,10 @@ def prepare_step(plan, what: str, *, tiny: bool = False) -> Step:
     return Step("prepare", what, argv, skip_when=f"[ -e {shlex.quote(hf)} ]")
 
 
-def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
-    """Every command of the flow, in order; `record_dir` default: `<output_dir>/<case>/ci_history`."""
+def steps(plan, paths: Paths) -> list[Step]:
+    """Every command of the flow, in order; Miles records to `<output_dir>/<case>/ci_history`."""
     launch = plan.launch
-    record_dir = record_dir or f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
+    record_dir = f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
     runtime_env = json.dumps({"env_vars": {**launch.env, RECORD_DIR_VAR: record_dir}})
     submit = tuple(launch.job_submit(runtime_env))
     return [
