@@ -201,15 +201,6 @@ def tokenizer_ids() -> dict:
     return {"eos": [ids[t] for t in EOS_TOKENS], "pad": ids["<|pad|>"], "size": size}
 
 
-def write_metadata(out: Path, cfg) -> None:
-    cfg.to_json_file(out / "config.json", use_diff=False)
-    tok = tokenizer_ids()
-    gen = {"eos_token_id": tok["eos"], "pad_token_id": tok["pad"], "do_sample": True, "temperature": 1.0}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    for f in TOKENIZER_FILES:
-        shutil.copyfile(FIXTURE_TOKENIZER / f, out / f)
-
-
 def synthesize(
     case: str | ModelSpec,
     out: Path | str,
@@ -254,9 +245,13 @@ def synthesize_into(
     tdtype = torch_dtype(dtype)
     cfg = synth_config(spec, tdtype)
     layout = expected_layout(cfg, tdtype)
-    vocab = tokenizer_ids()["size"]
-    plans = [tensor_plan(k, d, s, cfg, seed, vocab) for k, (d, s) in layout.tensors.items()]
-    write_metadata(folder, cfg)
+    tok = tokenizer_ids()
+    plans = [tensor_plan(k, d, s, cfg, seed, tok["size"]) for k, (d, s) in layout.tensors.items()]
+    cfg.to_json_file(folder / "config.json", use_diff=False)
+    gen = {"eos_token_id": tok["eos"], "pad_token_id": tok["pad"], "do_sample": True, "temperature": 1.0}
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    for f in TOKENIZER_FILES:  # the fixture tokenizer
+        shutil.copyfile(FIXTURE_TOKENIZER / f, folder / f)
     with progress_bar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
         write_shards(
             folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, manifest=manifest, workers=workers
