@@ -40,14 +40,9 @@ class Verdict:
         return asdict(self)
 
 
-def target_of(plan: dict) -> dict:
-    """{"miles": ..., "sglang": "bundled" | "0.5.23"}: the versions the plan's target renders flags for."""
-    return plan["topology"]["target_versions"]
-
-
 def applies(parser: str, plan: dict) -> bool:
     """Whether `parser` is the version the plan's target renders flags for."""
-    target = target_of(plan)
+    target = plan["topology"]["target_versions"]  # {"miles": ..., "sglang": "bundled" | "0.5.23"}
     if parser == "miles":
         return target["miles"] == "0.0.2" and target["sglang"] == "bundled"
     if parser == "sglang":
