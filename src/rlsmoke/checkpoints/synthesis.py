@@ -43,7 +43,7 @@ LOGIT_STD = 8.0  # logits ~ N(0, 8^2): measured next-token entropy ~1.1 nats on 
 INIT_STD = 0.02  # std of every other matrix, as transformers' initializer_range
 FIXTURE_TOKENIZER = FIXTURES / "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the choices of `prepare --dtype`
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,6 @@ class Layout:
     @property
     def nbytes(self) -> int:
         return sum(math.prod(s) * DTYPE_SIZES[d] for d, s in self.tensors.values())
-
-
-def torch_dtype(dtype: str) -> torch.dtype:
-    if dtype not in TORCH_DTYPES:
-        raise CheckpointError(
-            f"dtype={dtype!r} is not supported", rule="checkpoint.dtype", fix="use bf16 or fp32"
-        )
-    return TORCH_DTYPES[dtype]
 
 
 # Bump when expected_layout answers differently for the same config, dtype and transformers version.
@@ -226,7 +218,7 @@ def synthesize(
 
 
 def synth_bytes(spec: ModelSpec, dtype: str = "bf16") -> int:
-    tdtype = torch_dtype(dtype)
+    tdtype = TORCH_DTYPES[dtype]
     return expected_layout(synth_config(spec, tdtype), tdtype).nbytes
 
 
@@ -242,7 +234,7 @@ def synthesize_into(
     progress: bool = False,
 ) -> None:
     """synthesize() without the safety wrapper: writes into an existing empty folder."""
-    tdtype = torch_dtype(dtype)
+    tdtype = TORCH_DTYPES[dtype]
     cfg = synth_config(spec, tdtype)
     layout = expected_layout(cfg, tdtype)
     tok = tokenizer_ids()
