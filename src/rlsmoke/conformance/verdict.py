@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import linecache
 import os
 import traceback
 from collections.abc import Callable
@@ -58,7 +57,7 @@ def describe_exception(exc: BaseException) -> str:
     where = ""
     if frames:
         last = frames[-1]
-        source = (last.line or linecache.getline(last.filename, last.lineno)).strip()
+        source = last.line  # extract_tb read it, stripped, from linecache
         parts = Path(last.filename).parts
         short = (
             "/".join(parts[parts.index("site-packages") + 1 :]) if "site-packages" in parts else last.filename

@@ -110,8 +110,7 @@ def _type(value) -> str:
 def schema_of(payload: dict) -> dict:
     """The layout of a loaded file: its keys and their types, and each sample field's type (one sample
     with a response, as every file holds)."""
-    samples = payload["samples"]
     return {
         "file": {k: _type(payload[k]) if k != "samples" else "list" for k in payload},
-        "sample": {k: _type(v) for k, v in samples[0].items()},
+        "sample": {k: _type(v) for k, v in payload["samples"][0].items()},
     }
