@@ -94,7 +94,7 @@ def test_moe_layer_freq_is_one_token():
     plan, _, _ = _rendered("nvidia")
     argv = plan.launch.argv
     assert argv[argv.index("--moe-layer-freq") + 1] == "[0]*3+[1]*1"
-    assert "'[0]*3+[1]*1'" in plan.launch.shell()  # quoted: a shell would glob it
+    assert "'[0]*3+[1]*1'" in "\n".join(plan.launch.script_lines())  # quoted: a shell would glob it
 
 
 def test_no_gpu_count_is_a_literal():

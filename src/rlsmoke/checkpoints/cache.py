@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.checkpoints.dialects import check_dialect_name
 from rlsmoke.errors import CheckpointError
+from rlsmoke.models import model_spec
+from rlsmoke.paths import from_os_error
 
 FORMAT_VERSION = 2  # bump when synthesis changes a byte, so stale caches are not reused
 
@@ -63,8 +66,6 @@ def prepare(
         lock = FileLock(str(root / f"{key}.lock"))
         lock.acquire()
     except OSError as exc:
-        from rlsmoke.paths import from_os_error
-
         why = from_os_error(exc, "RLSMOKE_CACHE", cache_home())
         raise CheckpointError(f"{why} and holds no intact {key} to read (the cache's checkpoints: {root})", rule=why.rule,
                               fix="point RLSMOKE_CACHE at a folder you can write, or prepare the checkpoint into it "
@@ -79,12 +80,8 @@ def prepare(
 
 
 def _check_dialect(case: str, tiny: bool, dialect: str | None) -> None:
-    if dialect is None:
-        return
-    from rlsmoke.checkpoints.dialects import check_dialect_name
-    from rlsmoke.models import model_spec
-
-    check_dialect_name(dialect, model_spec(case, tiny=tiny).hf_model_type)
+    if dialect is not None:
+        check_dialect_name(dialect, model_spec(case, tiny=tiny).hf_model_type)
 
 
 def prepare_to(
@@ -109,24 +106,19 @@ def prepare_to(
     from rlsmoke.checkpoints import dialects, pruning, quantize, synthesis
     from rlsmoke.checkpoints.identity import file_versions, stamp_hashed
     from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight, sibling
-    from rlsmoke.checkpoints.shards import DEFAULT_MAX_SHARD_BYTES
+    from rlsmoke.checkpoints.shards import DEFAULT_MAX_SHARD_BYTES, write_derived
     from rlsmoke.checkpoints.verification import verify
-    from rlsmoke.models import model_spec
 
     out = Path(out).absolute()
     check_target(out, force)
     _check_dialect(case_name, tiny, dialect)
-    if prune_from and from_hub:
-        raise CheckpointError(
-            "--prune-from and --from-hub exclude each other", rule="prepare.source", fix="pick one"
-        )
     spec = model_spec(case_name, tiny=tiny)
     shard = max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
     if from_hub:
         prune_from = download(from_hub, out.parent)
     if prune_from:
         src = Path(prune_from)
-        plans, _ = pruning._plans(src, spec.first_k_dense, spec.num_moe_layers, keep_mtp)
+        plans, cfg = pruning.pruned_plans(src, spec.first_k_dense, spec.num_moe_layers, keep_mtp)
         size = sum(p.nbytes for p in plans)
     else:
         size = synthesis.synth_bytes(spec, dtype)
@@ -138,13 +130,14 @@ def prepare_to(
         stage.mkdir(exist_ok=True)
         try:
             if prune_from:
-                pruning.prune_into(stage, src, spec.first_k_dense, spec.num_moe_layers, keep_mtp=keep_mtp,
-                                   max_shard_bytes=shard, progress=progress)  # fmt: skip
+                write_derived(stage, src, plans, cfg, "prune", max_shard_bytes=shard, progress=progress)
             else:
                 synthesis.synthesize_into(stage, spec, dtype=dtype, seed=seed, max_shard_bytes=shard,
                                           progress=progress)  # fmt: skip
             if fp8:
-                quantize.fp8_into(tmp, stage, max_shard_bytes=shard, progress=progress)
+                quantize.fp8_into(
+                    tmp, stage, *quantize.fp8_plans(stage), max_shard_bytes=shard, progress=progress
+                )
         finally:
             if stage != tmp:
                 shutil.rmtree(stage, ignore_errors=True)
@@ -170,7 +163,6 @@ def describe_write(
         line += " (as a bf16 stage, then FP8)"
     if spec.width == "full" and not source:
         from rlsmoke.checkpoints.synthesis import synth_bytes
-        from rlsmoke.models import model_spec
 
         line += f"; --tiny writes {human_bytes(synth_bytes(model_spec(spec.name, tiny=True), dtype))}"
     return line

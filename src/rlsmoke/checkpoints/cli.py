@@ -27,7 +27,6 @@ def parse_size(text: str) -> int:
 
 
 def register(subparsers) -> None:
-    """Add `prepare` and `verify` to an argparse subparsers object."""
     from rlsmoke.cases import add_case_arg, add_tiny_arg
     from rlsmoke.checkpoints.dialects import DIALECTS
 

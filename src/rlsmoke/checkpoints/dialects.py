@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from rlsmoke.artifacts import write_atomic
 from rlsmoke.errors import CheckpointError
 
 NATIVE = "glm_moe_dsa"
@@ -55,8 +55,7 @@ def dialect_problems(cfg: dict, dialect: str) -> list[str]:
 
 
 def patched(cfg: dict, dialect: str) -> dict:
-    """config.json rewritten for `dialect`; applying it twice changes nothing."""
-    check_dialect_name(dialect, cfg.get("model_type"))
+    """config.json rewritten for a checked `dialect`; applying it twice changes nothing."""
     out = dict(cfg)
     if dialect == NATIVE:
         out.update(model_type=NATIVE, architectures=[NATIVE_ARCH])
@@ -88,7 +87,5 @@ def patch(folder: Path | str, dialect: str, *, check: bool = False) -> list[str]
     problems = dialect_problems(cfg, dialect)
     if check or not problems:
         return problems
-    tmp = path.with_name(f".config.json.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(patched(cfg, dialect), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)  # atomic on one file system
+    write_atomic(path, json.dumps(patched(cfg, dialect), indent=2, sort_keys=True) + "\n")
     return problems

@@ -17,6 +17,7 @@ from pathlib import Path
 from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.checkpoints.shards import MANIFEST_NAME
 from rlsmoke.errors import CheckpointError
+from rlsmoke.models import model_spec
 
 # The config.json fields that tell one model (and width) from another.
 IDENTITY_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",
@@ -53,8 +54,6 @@ def differences(doc: dict, spec) -> list[str]:
 
 def check_identity(folder: Path | str, spec) -> None:
     """Refuse a checkpoint whose config.json is not the case's model at the case's width."""
-    from rlsmoke.models import model_spec
-
     folder = Path(folder)
     doc = _config(folder)
     found = differences(doc, spec)

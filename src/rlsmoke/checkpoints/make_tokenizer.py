@@ -95,10 +95,6 @@ def build(out: Path) -> None:
     print(f"{out}: {tok.get_vocab_size()} tokens")
 
 
-def main() -> None:
+if __name__ == "__main__":
     default = Path(__file__).resolve().parents[3] / "fixtures" / "tokenizer"
     build(Path(sys.argv[1]) if len(sys.argv) > 1 else default)
-
-
-if __name__ == "__main__":
-    main()

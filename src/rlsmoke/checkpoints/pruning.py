@@ -3,18 +3,21 @@ never decoded (bf16 and FP8 alike); per-layer config lists keep the kept layers'
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
 
+from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
 from rlsmoke.checkpoints.shards import (
     DEFAULT_MAX_SHARD_BYTES,
     TensorPlan,
-    copier,
     load_index,
+    read_chunk,
     tensors_in_order,
     write_derived,
 )
+from rlsmoke.checkpoints.verification import verify
 from rlsmoke.errors import CheckpointError
 
 _LAYER = re.compile(r"^(.*?(?:^|\.)layers\.)(\d+)(\..*)$")
@@ -83,22 +86,17 @@ def prune(
     progress: bool = False,
 ) -> Path:
     """Write the pruned copy of checkpoint `src` into `out`, atomically; returns `out`."""
-    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
-
     src, out = Path(src), Path(out)
     check_target(out, force)
-    plans, _ = _plans(src, dense, moe, keep_mtp)
+    plans, cfg = pruned_plans(src, dense, moe, keep_mtp)
     preflight(out, sum(p.nbytes for p in plans))
     with atomic_dir(out, force=force) as tmp:
-        prune_into(
-            tmp, src, dense, moe, keep_mtp=keep_mtp, max_shard_bytes=max_shard_bytes, progress=progress
-        )
+        write_derived(tmp, src, plans, cfg, "prune", max_shard_bytes=max_shard_bytes, progress=progress)
     return out.absolute()
 
 
-def _plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[TensorPlan], dict]:
-    from rlsmoke.checkpoints.verification import verify
-
+def pruned_plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[TensorPlan], dict]:
+    """The kept tensors, renamed, as copies from `src`; and the pruned config.json."""
     verify(src, checksums=False, config=False)  # structure only: a corrupt source fails here, by name
     cfg = json.loads((src / "config.json").read_text())
     text = cfg.get("text_config") or cfg
@@ -107,23 +105,8 @@ def _plans(src: Path, dense: int, moe: int, keep_mtp: bool) -> tuple[list[Tensor
     mtp = {int(m.group(2)) for k in weight_map if (m := _LAYER.match(k)) and int(m.group(2)) >= n}
     mapping = layer_map(text, dense, moe, keep_mtp, mtp)
     plans = [
-        TensorPlan(new, entry.dtype, entry.shape, copier(shard, entry))
+        TensorPlan(new, entry.dtype, entry.shape, functools.partial(read_chunk, shard, entry))
         for shard, name, entry in tensors_in_order(src)
         if (new := rename(name, mapping)) is not None
     ]
     return plans, pruned_config(cfg, mapping, dense, moe, keep_mtp)
-
-
-def prune_into(
-    folder: Path,
-    src: Path,
-    dense: int,
-    moe: int,
-    *,
-    keep_mtp: bool = False,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    progress: bool = False,
-) -> None:
-    """prune() without the safety wrapper: writes into an existing empty folder."""
-    plans, cfg = _plans(Path(src), dense, moe, keep_mtp)
-    write_derived(folder, Path(src), plans, cfg, "prune", max_shard_bytes=max_shard_bytes, progress=progress)

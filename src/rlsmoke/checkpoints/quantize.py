@@ -10,18 +10,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
 from rlsmoke.checkpoints.shards import (
     CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
     Entry,
     TensorPlan,
-    copier,
-    load_index,
+    read_chunk,
     read_tensor,
     tensor_bytes,
     tensors_in_order,
     write_derived,
 )
+from rlsmoke.checkpoints.verification import verify
 from rlsmoke.errors import CheckpointError
 
 BLOCK = 128
@@ -64,32 +65,28 @@ def fp8(
     out: Path | str,
     *,
     force: bool = False,
-    device: str | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: bool = False,
 ) -> Path:
     """Write an FP8 copy of bf16 checkpoint `src` into `out`, atomically; GPU when there is one."""
-    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
-
     src, out = Path(src), Path(out)
     check_target(out, force)
-    preflight(out, sum(p.nbytes for p in _plans(src, device)[0]))
+    plans, cfg = fp8_plans(src)
+    preflight(out, sum(p.nbytes for p in plans))
     with atomic_dir(out, force=force) as tmp:
-        fp8_into(tmp, src, device=device, max_shard_bytes=max_shard_bytes, progress=progress)
+        fp8_into(tmp, src, plans, cfg, max_shard_bytes=max_shard_bytes, progress=progress)
     return out.absolute()
 
 
-def _plans(src: Path, device: str | None) -> tuple[list[TensorPlan], dict]:
-    from rlsmoke.checkpoints.verification import verify
-
+def fp8_plans(src: Path) -> tuple[list[TensorPlan], dict]:
+    """The quantized weights with their scales, the rest copied; and config.json's quantization_config."""
     verify(src, checksums=False, config=False)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    weight_map = load_index(src)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     entries = {name: (shard, e) for shard, name, e in tensors_in_order(src)}
-    fp8_already = [n for n, (_, e) in entries.items() if e.dtype.startswith("F8")]
+    fp8_already = [f"{shard.name}: {n}" for n, (shard, e) in entries.items() if e.dtype.startswith("F8")]
     if fp8_already:
         raise CheckpointError(
-            f"{weight_map[fp8_already[0]]}: {fp8_already[0]} is already FP8",
+            f"{fp8_already[0]} is already FP8",
             rule="checkpoint.fp8",
             fix="convert the bf16 checkpoint, not an FP8 one",
         )
@@ -101,17 +98,25 @@ def _plans(src: Path, device: str | None) -> tuple[list[TensorPlan], dict]:
         q, s = quantize_blocks(read_tensor(path, e).to(device), ue8m0=ue8m0)
         return q.cpu(), s.cpu()
 
+    def fp8_chunk(name: str, i: int) -> memoryview:
+        flat = quantized(name)[0].view(torch.uint8).reshape(-1)
+        return tensor_bytes(flat[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES])
+
+    def scale_chunk(name: str, i: int) -> memoryview:  # a scale is one chunk
+        return tensor_bytes(quantized(name)[1])
+
     plans, skipped = [], []
     for name, (path, e) in entries.items():
         if not quantizes(name, e):
-            plans.append(TensorPlan(name, e.dtype, e.shape, copier(path, e)))
+            plans.append(TensorPlan(name, e.dtype, e.shape, functools.partial(read_chunk, path, e)))
             if name.endswith(".weight") and len(e.shape) == 2:
                 skipped.append(name[: -len(".weight")])
             continue
-        r, c = e.shape
-        plans.append(TensorPlan(name, "F8_E4M3", e.shape, _fp8_chunk(quantized, name)))
-        scale_shape = (-(-r // BLOCK), -(-c // BLOCK))
-        plans.append(TensorPlan(name + "_scale_inv", "F32", scale_shape, _scale_chunk(quantized, name)))
+        plans.append(TensorPlan(name, "F8_E4M3", e.shape, functools.partial(fp8_chunk, name)))
+        scale_shape = tuple(-(-d // BLOCK) for d in e.shape)
+        plans.append(
+            TensorPlan(name + "_scale_inv", "F32", scale_shape, functools.partial(scale_chunk, name))
+        )
     cfg = json.loads((src / "config.json").read_text())
     cfg["quantization_config"] = {
         "quant_method": "fp8",
@@ -124,29 +129,10 @@ def _plans(src: Path, device: str | None) -> tuple[list[TensorPlan], dict]:
     return plans, cfg
 
 
-def _fp8_chunk(quantized, name: str):
-    def chunk(i: int) -> memoryview:
-        flat = quantized(name)[0].view(torch.uint8).reshape(-1)
-        return tensor_bytes(flat[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES])
-
-    return chunk
-
-
-def _scale_chunk(quantized, name: str):
-    return lambda i: tensor_bytes(quantized(name)[1])
-
-
 def fp8_into(
-    folder: Path,
-    src: Path,
-    *,
-    device: str | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    progress: bool = False,
+    folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, *, max_shard_bytes: int, progress: bool
 ) -> None:
-    """fp8() without the safety wrapper: writes into an existing empty folder."""
-    plans, cfg = _plans(Path(src), device)
     # One worker: quantizing a tensor twice in parallel would only waste the cores it needs.
     write_derived(
-        folder, Path(src), plans, cfg, "fp8", max_shard_bytes=max_shard_bytes, progress=progress, workers=1
+        folder, src, plans, cfg, "fp8", max_shard_bytes=max_shard_bytes, progress=progress, workers=1
     )

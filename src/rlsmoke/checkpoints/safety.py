@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlsmoke.errors import CheckpointError
+from rlsmoke.paths import check_dir
 
 # Config, index, tokenizer and file-system slack on top of the tensor bytes.
 HEADROOM_BYTES = 64 * 2**20
@@ -48,8 +49,6 @@ _TMP = re.compile(r"\.tmp-(\d+)-(new|old|bf16)-[0-9a-f]{8}$")
 
 def check_target(out: Path, force: bool) -> None:
     """`out` is absent, or `force` and it is empty or ours; a user's files are never deleted."""
-    from rlsmoke.paths import check_dir
-
     check_dir(out, "--out", must_exist=False, fix="pass --out a folder, or a path that does not exist yet")
     if not out.exists():
         return
@@ -74,8 +73,6 @@ def not_built_here(folder: Path) -> list[str]:
     from rlsmoke.checkpoints.shards import MANIFEST_NAME
 
     entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    if not entries:
-        return []
     names = {e.name for e in entries}
     if OWNED_NAME in names:
         allowed = set((folder / OWNED_NAME).read_text(errors="replace").splitlines()) | {OWNED_NAME}
@@ -94,7 +91,8 @@ def atomic_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
     check_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
-        if _TMP.search(stale.name) and not _owner_alive(stale):  # only a build's own leftovers
+        built = _TMP.search(stale.name)  # only a build's own leftovers, of a process that is gone
+        if built and not _alive(int(built.group(1))):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = sibling(out, "new")
     tmp.mkdir()
@@ -122,14 +120,13 @@ def sibling(out: Path, role: str) -> Path:
     return out.parent / f".{out.name}.tmp-{os.getpid()}-{role}-{uuid.uuid4().hex[:8]}"
 
 
-def _owner_alive(tmp: Path) -> bool:
+def _alive(pid: int) -> bool:
     try:
-        pid = int(tmp.name.split(".tmp-")[1].split("-")[0])
         os.kill(pid, 0)
-    except (ValueError, IndexError, ProcessLookupError):
+    except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's
+        pass
     return True
 
 

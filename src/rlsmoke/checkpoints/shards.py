@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -62,14 +63,6 @@ class TensorPlan:
     def n_chunks(self) -> int:
         return -(-self.nbytes // CHUNK_BYTES)
 
-    @property
-    def chunk_elems(self) -> int:
-        return CHUNK_BYTES // DTYPE_SIZES[self.dtype]
-
-
-def shard_name(i: int, n: int) -> str:
-    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-
 
 def split_into_shards(plans: list[TensorPlan], max_shard_bytes: int) -> list[list[TensorPlan]]:
     """Greedy, in order: a new shard starts when the next tensor would overflow this one."""
@@ -84,16 +77,12 @@ def split_into_shards(plans: list[TensorPlan], max_shard_bytes: int) -> list[lis
     return shards
 
 
-def encode_header(plans: list[TensorPlan], metadata: dict[str, str] | None = None) -> bytes:
-    header: dict = {"__metadata__": metadata or {"format": "pt"}}
-    offset = 0
+def encode_header(plans: list[TensorPlan]) -> bytes:
+    header: dict = {"__metadata__": {"format": "pt"}}
+    pos = 0
     for p in plans:
-        header[p.name] = {
-            "dtype": p.dtype,
-            "shape": list(p.shape),
-            "data_offsets": [offset, offset + p.nbytes],
-        }
-        offset += p.nbytes
+        header[p.name] = {"dtype": p.dtype, "shape": list(p.shape), "data_offsets": [pos, pos + p.nbytes]}
+        pos += p.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as the library writes it
     return struct.pack("<Q", len(raw)) + raw
@@ -107,25 +96,22 @@ def write_shards(
     progress: Callable[[int], None] | None = None,
     manifest: bool = True,
     workers: int | None = None,
-) -> dict[str, str]:
-    """Write `plans` as HF shards plus the index into `out`; returns {tensor: shard file}."""
+) -> None:
+    """Write `plans` as HF shards plus the index into `out`."""
     groups = split_into_shards(plans, max_shard_bytes)
     tasks = [(p, i) for group in groups for p in group for i in range(p.n_chunks)]
     chunks = _prefetch(tasks, workers or max(1, min(4, os.cpu_count() or 1)))
     weight_map: dict[str, str] = {}
     digests: dict[str, str] = {}
     for n, group in enumerate(groups):
-        fname = shard_name(n, len(groups))
+        fname = f"model-{n + 1:05d}-of-{len(groups):05d}.safetensors"
         digests[fname] = _write_one(out / fname, group, chunks, progress)
         weight_map.update({p.name: fname for p in group})
-    index = {
-        "metadata": {"total_size": sum(p.nbytes for p in plans)},
-        "weight_map": dict(sorted(weight_map.items())),
-    }
+    total = sum(p.nbytes for p in plans)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
     if manifest:
         write_manifest(out, digests)
-    return weight_map
 
 
 def _prefetch(tasks: list[tuple[TensorPlan, int]], workers: int) -> Iterator[bytes | memoryview]:
@@ -133,12 +119,10 @@ def _prefetch(tasks: list[tuple[TensorPlan, int]], workers: int) -> Iterator[byt
     if workers <= 1:
         yield from (p.chunk(i) for p, i in tasks)
         return
-    ahead = 2 * workers  # bounds memory to a few chunks
+    it = iter(tasks)
     with ThreadPoolExecutor(workers) as pool:
-        pending: deque = deque()
-        it = iter(tasks)
-        for p, i in itertools.islice(it, ahead):
-            pending.append(pool.submit(p.chunk, i))
+        # 2 * workers ahead: bounds memory to a few chunks
+        pending = deque(pool.submit(p.chunk, i) for p, i in itertools.islice(it, 2 * workers))
         while pending:
             chunk = pending.popleft().result()
             for p, i in itertools.islice(it, 1):
@@ -170,15 +154,28 @@ def _write_one(
     return sha.hexdigest()
 
 
+@contextlib.contextmanager
+def progress_bar(total: int, desc: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A tqdm byte counter's `update` when asked for, else None: a progress callback of the writers."""
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        monitor_interval = 0  # no monitor thread: it would outlive the bar and turn rank forks off
+
+    with Bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024) as bar:
+        yield bar.update
+
+
 def write_manifest(out: Path, digests: dict[str, str]) -> None:
-    lines = "".join(f"{d}  {name}\n" for name, d in sorted(digests.items()))
-    (out / MANIFEST_NAME).write_text(lines)
+    (out / MANIFEST_NAME).write_text("".join(f"{d}  {name}\n" for name, d in sorted(digests.items())))
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """Raw little-endian bytes of a contiguous CPU tensor, without a copy."""
-    t = t.contiguous()
-    return memoryview(t.view(torch.uint8).reshape(-1).numpy())
+    return memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy())
 
 
 @dataclass(frozen=True)
@@ -209,7 +206,6 @@ def read_header(path: Path) -> dict[str, Entry]:
 
 
 def read_chunk(path: Path, entry: Entry, i: int) -> bytes:
-    """The i-th CHUNK_BYTES of one tensor, read straight from its shard."""
     with open(path, "rb") as f:
         f.seek(entry.begin + i * CHUNK_BYTES)
         want = min(CHUNK_BYTES, entry.nbytes - i * CHUNK_BYTES)
@@ -219,18 +215,12 @@ def read_chunk(path: Path, entry: Entry, i: int) -> bytes:
     return buf
 
 
-def read_tensor(path: Path, entry: Entry, rows: slice | None = None) -> torch.Tensor:
-    """One tensor (or a band of its rows) as a CPU tensor; reads only those bytes."""
-    shape = list(entry.shape)
-    row_bytes = entry.nbytes // shape[0] if shape and shape[0] else entry.nbytes
-    start, stop = (0, shape[0] if shape else 1) if rows is None else (rows.start, min(rows.stop, shape[0]))
+def read_tensor(path: Path, entry: Entry) -> torch.Tensor:
     with open(path, "rb") as f:
-        f.seek(entry.begin + start * row_bytes)
-        buf = bytearray(f.read((stop - start) * row_bytes))
+        f.seek(entry.begin)
+        buf = bytearray(f.read(entry.nbytes))
     t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
-    if shape:
-        shape[0] = stop - start
-    return t.view(DTYPES[entry.dtype]).reshape(shape)
+    return t.view(DTYPES[entry.dtype]).reshape(entry.shape)
 
 
 def load_index(ckpt: Path) -> dict[str, str]:
@@ -238,8 +228,7 @@ def load_index(ckpt: Path) -> dict[str, str]:
     idx = ckpt / INDEX_NAME
     if idx.exists():
         return json.loads(idx.read_text())["weight_map"]
-    single = ckpt / SINGLE_NAME
-    return {k: SINGLE_NAME for k in read_header(single)}
+    return {k: SINGLE_NAME for k in read_header(ckpt / SINGLE_NAME)}
 
 
 def tensors_in_order(folder: Path) -> Iterator[tuple[Path, str, Entry]]:
@@ -249,23 +238,13 @@ def tensors_in_order(folder: Path) -> Iterator[tuple[Path, str, Entry]]:
             yield folder / shard, name, entry
 
 
-def copier(path: Path, entry: Entry) -> Callable[[int], bytes]:
-    """A TensorPlan's chunks that copy the tensor's bytes from its shard, never decoded."""
-    return lambda i: read_chunk(path, entry, i)
-
-
 def write_derived(folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, desc: str, *,
                   max_shard_bytes: int, progress: bool, workers: int | None = None) -> None:  # fmt: skip
     """A checkpoint from `src` into an empty `folder`: its other files copied, `cfg`, `plans` as shards."""
-    from rlsmoke.checkpoints.progress import ProgressBar
-
-    for f in Path(src).iterdir():
-        if (
-            f.is_file()
-            and f.name not in ("config.json", INDEX_NAME, MANIFEST_NAME)
-            and f.suffix != ".safetensors"
-        ):
+    rewritten = ("config.json", INDEX_NAME, MANIFEST_NAME)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in rewritten and f.suffix != ".safetensors":
             shutil.copyfile(f, folder / f.name)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    with ProgressBar(sum(p.nbytes for p in plans), desc, progress) as bar:
+    with progress_bar(sum(p.nbytes for p in plans), desc, progress) as bar:
         write_shards(folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, workers=workers)

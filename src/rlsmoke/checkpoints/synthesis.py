@@ -13,7 +13,6 @@ import copy
 import hashlib
 import json
 import math
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +20,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlsmoke.artifacts import write_atomic
 from rlsmoke.checkpoints.cache_paths import cache_home
-from rlsmoke.checkpoints.progress import ProgressBar
+from rlsmoke.checkpoints.make_tokenizer import EOS_TOKENS
+from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
 from rlsmoke.checkpoints.shards import (
+    CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
     DTYPE_NAMES,
     DTYPE_SIZES,
     DTYPES,
     TensorPlan,
+    progress_bar,
     tensor_bytes,
     write_shards,
 )
@@ -40,12 +43,7 @@ LOGIT_STD = 8.0  # logits ~ N(0, 8^2): measured next-token entropy ~1.1 nats on 
 INIT_STD = 0.02  # std of every other matrix, as transformers' initializer_range
 FIXTURE_TOKENIZER = FIXTURES / "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-TORCH_DTYPES = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the choices of `prepare --dtype`
 
 
 @dataclass(frozen=True)
@@ -57,16 +55,6 @@ class Layout:
     @property
     def nbytes(self) -> int:
         return sum(math.prod(s) * DTYPE_SIZES[d] for d, s in self.tensors.values())
-
-
-def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in TORCH_DTYPES:
-        raise CheckpointError(
-            f"dtype={dtype!r} is not supported", rule="checkpoint.dtype", fix="use bf16 or fp32"
-        )
-    return TORCH_DTYPES[dtype]
 
 
 # Bump when expected_layout answers differently for the same config, dtype and transformers version.
@@ -87,9 +75,7 @@ def expected_layout(cfg, dtype: torch.dtype = torch.bfloat16) -> Layout:
     layout = _built_layout(cfg, dtype, transformers)
     with contextlib.suppress(OSError):  # a read-only cache: the next verify computes it again
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(layout.tensors))
-        os.replace(tmp, memo)  # whole or not at all: a concurrent reader never sees half
+        write_atomic(memo, json.dumps(layout.tensors))  # a concurrent reader never sees half
     return layout
 
 
@@ -161,6 +147,7 @@ def tensor_plan(
     """How to make one tensor, chunk by chunk, from (seed, name)."""
     tdtype = DTYPES[dtype]
     text = _text_config(cfg)
+    per = CHUNK_BYTES // DTYPE_SIZES[dtype]  # elements in a chunk
     std = INIT_STD
     zero_from = None  # flat index from which the tensor is zero
     if name == "lm_head.weight":
@@ -170,7 +157,6 @@ def tensor_plan(
     def chunk(i: int) -> memoryview:
         g = torch.Generator().manual_seed(_chunk_seed(seed, name, i))
         n = math.prod(shape)
-        per = plan.chunk_elems
         lo, hi = i * per, min(n, (i + 1) * per)
         special = _special_init(name, shape, g, text) if i == 0 else None
         if special is not None:
@@ -181,8 +167,7 @@ def tensor_plan(
             t[max(0, zero_from - lo) :] = 0
         return tensor_bytes(t)
 
-    plan = TensorPlan(name, dtype, shape, chunk)  # `chunk` reads its chunk_elems
-    return plan
+    return TensorPlan(name, dtype, shape, chunk)
 
 
 def synth_config(spec: ModelSpec, dtype: torch.dtype):
@@ -202,22 +187,10 @@ def synth_config(spec: ModelSpec, dtype: torch.dtype):
 
 
 def tokenizer_ids() -> dict:
-    from rlsmoke.checkpoints.make_tokenizer import EOS_TOKENS
-
     vocab = json.loads((FIXTURE_TOKENIZER / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in vocab["added_tokens"]}
     size = 1 + max([*vocab["model"]["vocab"].values(), *ids.values()])
     return {"eos": [ids[t] for t in EOS_TOKENS], "pad": ids["<|pad|>"], "size": size}
-
-
-def write_metadata(out: Path, cfg) -> None:
-    """config.json, generation_config.json and the fixture tokenizer."""
-    cfg.to_json_file(out / "config.json", use_diff=False)
-    tok = tokenizer_ids()
-    gen = {"eos_token_id": tok["eos"], "pad_token_id": tok["pad"], "do_sample": True, "temperature": 1.0}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    for f in TOKENIZER_FILES:
-        shutil.copyfile(FIXTURE_TOKENIZER / f, out / f)
 
 
 def synthesize(
@@ -225,7 +198,7 @@ def synthesize(
     out: Path | str,
     *,
     tiny: bool = False,
-    dtype: str | torch.dtype = "bf16",
+    dtype: str = "bf16",
     seed: int = 0,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     force: bool = False,
@@ -234,8 +207,6 @@ def synthesize(
     progress: bool = False,
 ) -> Path:
     """Write a complete HF checkpoint of `case` (a name or a ModelSpec) into `out`, atomically."""
-    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
-
     spec = case if isinstance(case, ModelSpec) else model_spec(case, tiny=tiny)
     out = Path(out)
     check_target(out, force)
@@ -246,8 +217,8 @@ def synthesize(
     return out.absolute()
 
 
-def synth_bytes(spec: ModelSpec, dtype: str | torch.dtype = "bf16") -> int:
-    tdtype = torch_dtype(dtype)
+def synth_bytes(spec: ModelSpec, dtype: str = "bf16") -> int:
+    tdtype = TORCH_DTYPES[dtype]
     return expected_layout(synth_config(spec, tdtype), tdtype).nbytes
 
 
@@ -255,7 +226,7 @@ def synthesize_into(
     folder: Path,
     spec: ModelSpec,
     *,
-    dtype: str | torch.dtype = "bf16",
+    dtype: str = "bf16",
     seed: int = 0,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     manifest: bool = True,
@@ -263,13 +234,17 @@ def synthesize_into(
     progress: bool = False,
 ) -> None:
     """synthesize() without the safety wrapper: writes into an existing empty folder."""
-    tdtype = torch_dtype(dtype)
+    tdtype = TORCH_DTYPES[dtype]
     cfg = synth_config(spec, tdtype)
     layout = expected_layout(cfg, tdtype)
-    vocab = tokenizer_ids()["size"]
-    plans = [tensor_plan(k, d, s, cfg, seed, vocab) for k, (d, s) in layout.tensors.items()]
-    write_metadata(folder, cfg)
-    with ProgressBar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
+    tok = tokenizer_ids()
+    plans = [tensor_plan(k, d, s, cfg, seed, tok["size"]) for k, (d, s) in layout.tensors.items()]
+    cfg.to_json_file(folder / "config.json", use_diff=False)
+    gen = {"eos_token_id": tok["eos"], "pad_token_id": tok["pad"], "do_sample": True, "temperature": 1.0}
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    for f in TOKENIZER_FILES:  # the fixture tokenizer
+        shutil.copyfile(FIXTURE_TOKENIZER / f, folder / f)
+    with progress_bar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
         write_shards(
             folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, manifest=manifest, workers=workers
         )

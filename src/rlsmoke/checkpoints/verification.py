@@ -10,14 +10,15 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlsmoke.checkpoints.dialects import NATIVE_ARCH, dialect_problems
 from rlsmoke.checkpoints.identity import sha256_file
-from rlsmoke.checkpoints.progress import ProgressBar
 from rlsmoke.checkpoints.shards import (
     DTYPE_SIZES,
     INDEX_NAME,
     MANIFEST_NAME,
     MAX_HEADER_BYTES,
     SINGLE_NAME,
+    progress_bar,
     read_header,
 )
 from rlsmoke.errors import CheckpointError
@@ -97,8 +98,6 @@ def verify(
     if config and cfg is not None and not rep.faults:
         _check_config(cfg, headers, weight_map, rep, dtypes=dtypes)
     if dialect is not None and cfg is not None:
-        from rlsmoke.checkpoints.dialects import dialect_problems
-
         for problem in dialect_problems(cfg, dialect):
             rep.add("config.json", "", problem)
     if checksums and (folder / MANIFEST_NAME).exists():
@@ -218,16 +217,13 @@ def _check_config(
     have = {t: headers[s][t] for t, s in weight_map.items() if s in headers and t in headers[s]}
     n_layers = (cfg.get("text_config") or cfg)["num_hidden_layers"]
     for name, (want_dtype, shape) in layout.tensors.items():
-        if name not in have:
+        got = have.get(name)
+        if got is None:
             rep.add("config.json", name, "expected by config.json but missing from every shard")
-        elif have[name][1] != shape:
-            rep.add(
-                weight_map[name], name, f"shape {list(have[name][1])} but config.json implies {list(shape)}"
-            )
-        elif dtypes and have[name][0] != want_dtype and f"{name}_scale_inv" not in have:  # FP8 has a scale
-            rep.add(
-                weight_map[name], name, f"{have[name][0]} but this transformers builds it in {want_dtype}"
-            )
+        elif got[1] != shape:
+            rep.add(weight_map[name], name, f"shape {list(got[1])} but config.json implies {list(shape)}")
+        elif dtypes and got[0] != want_dtype and f"{name}_scale_inv" not in have:  # FP8 has a scale
+            rep.add(weight_map[name], name, f"{got[0]} but this transformers builds it in {want_dtype}")
     for name, (_, shape, _, _) in have.items():
         if name in layout.tensors:
             continue
@@ -249,8 +245,6 @@ def config_from_dict(cfg: dict):
 
     d = {k: v for k, v in cfg.items() if k not in ("transformers_version", "auto_map", "quantization_config")}
     if d.get("model_type") == "deepseek_v32":
-        from rlsmoke.checkpoints.dialects import NATIVE_ARCH
-
         d["model_type"], d["architectures"] = "glm_moe_dsa", [NATIVE_ARCH]
         d.pop("rope_theta", None)
     model_type = d.pop("model_type", None)
@@ -268,7 +262,7 @@ def _check_manifest(folder: Path, rep: Report, *, progress: bool = False) -> Non
     total = sum(
         (folder / n).stat().st_size for _, _, n in entries if _plain_name(n) and (folder / n).is_file()
     )
-    with ProgressBar(total, f"verify {folder.name}", progress) as bar:
+    with progress_bar(total, f"verify {folder.name}", progress) as bar:
         for digest, _, name in entries:
             if not _plain_name(name):
                 rep.add(MANIFEST_NAME, "", f"names {name!r}, not a plain file name in the folder")

@@ -6,6 +6,7 @@ torchvision (a CUDA wheel) and, in the Miles venv, triton are import-only stand-
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -29,14 +30,6 @@ DEVICE_FACTS = {
 }
 
 
-def facts_for(platform: str) -> DeviceFacts:
-    if platform not in DEVICE_FACTS:
-        raise ValueError(
-            f"platform={platform!r} has no GPU device facts. Adjust --platform to nvidia or rocm."
-        )
-    return DEVICE_FACTS[platform]
-
-
 class EmptyModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves an empty module for `root` and everything under it."""
 
@@ -57,44 +50,40 @@ class EmptyModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
 
-_installed: set[str] = set()
-
-
+@functools.cache  # once per process
 def stub_torchvision() -> None:
     """Hide the CUDA-only torchvision: transformers must see it as absent before the stand-in exists."""
-    if "torchvision" in _installed:
-        return
     from transformers.utils import import_utils
 
     assert not import_utils.is_torchvision_available(), "transformers must cache torchvision as unavailable"
     sys.meta_path.insert(0, EmptyModuleFinder("torchvision"))
-    _installed.add("torchvision")
 
 
+@functools.cache
 def stub_triton() -> None:
     """SGLang's own import-only triton stub, when real triton is not installed (the Miles venv)."""
-    if "triton" in _installed or importlib.util.find_spec("triton") is not None:
+    if importlib.util.find_spec("triton") is not None:
         return
     # Megatron compiles at import time; torch's inductor must be imported before triton is a stub.
     import torch._inductor.compile_fx  # noqa: F401
     from sglang._triton_stub import install
 
     install()
-    _installed.add("triton")
 
 
-@dataclass(frozen=True)
-class _DeviceProperties:
-    name: str
-    major: int
-    minor: int
-    total_memory: int  # bytes
-
-
-def fake_device(facts: DeviceFacts) -> None:
-    """What torch.cuda reports about device 0: capability and properties. Nothing else is faked."""
+def fake_device(platform: str) -> DeviceFacts:
+    """What torch.cuda reports about device 0, the platform's GPU: capability and properties, nothing else."""
     import torch
 
-    props = _DeviceProperties(facts.name, *facts.capability, facts.memory_mib * 1024 * 1024)
+    if platform not in DEVICE_FACTS:
+        raise ValueError(
+            f"platform={platform!r} has no GPU device facts. Adjust --platform to nvidia or rocm."
+        )
+    facts = DEVICE_FACTS[platform]
+    major, minor = facts.capability
+    props = types.SimpleNamespace(
+        name=facts.name, major=major, minor=minor, total_memory=facts.memory_mib * 2**20
+    )
     torch.cuda.get_device_capability = lambda device=None: facts.capability
     torch.cuda.get_device_properties = lambda device=None: props
+    return facts

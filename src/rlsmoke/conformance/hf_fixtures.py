@@ -68,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "stale HF config fixtures (run `python -m rlsmoke.conformance.hf_fixtures`):", *stale, sep="\n  "
         )
-        return 1
-    return 0
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@ megatron-core venv."""
 
 from __future__ import annotations
 
-from rlsmoke.conformance._capture import run_validator
-from rlsmoke.conformance.verdict import Verdict
+from rlsmoke.conformance.verdict import Verdict, run_validator
 from rlsmoke.engine.megatron.flags import config_kwargs
 
 PARSER = "mcore"

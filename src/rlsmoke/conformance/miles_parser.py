@@ -4,11 +4,11 @@ train.py and each rollout engine's start do. Runs in the Miles venv (.ci/conform
 from __future__ import annotations
 
 import sys
+from unittest import mock
 
 from rlsmoke.conformance import device_facts
-from rlsmoke.conformance._capture import plan_env, run_validator
 from rlsmoke.conformance.hf_fixtures import checkpoint_for
-from rlsmoke.conformance.verdict import Verdict, applies, model_of, topology_of
+from rlsmoke.conformance.verdict import Verdict, applies, plan_env, run_validator
 from rlsmoke.engine.megatron.flags import flag_value
 
 PARSER = "miles"
@@ -26,7 +26,7 @@ def load() -> None:
 def with_checkpoint(argv: list[str], plan: dict) -> list[str]:
     """argv with `--hf-checkpoint` pointing at a folder that has the model's config.json."""
     rendered = flag_value(argv, "--hf-checkpoint")
-    folder = checkpoint_for(model_of(plan), rendered)
+    folder = checkpoint_for(plan["case"], rendered)
     if rendered is None:
         return [*argv, "--hf-checkpoint", folder]
     return [folder if i > 0 and argv[i - 1] == "--hf-checkpoint" else tok for i, tok in enumerate(argv)]
@@ -37,9 +37,7 @@ def check(plan: dict) -> Verdict:
     from miles.utils.arguments import parse_args
     from sglang.srt import server_args as sglang_server_args
 
-    topo = topology_of(plan)
-    facts = device_facts.facts_for(topo["platform"])
-    device_facts.fake_device(facts)
+    facts = device_facts.fake_device(plan["topology"]["platform"])
     sglang_server_args.get_device_memory_capacity = lambda device=None: facts.memory_mib
     argv = with_checkpoint(list(plan["argv"]), plan)
     script, flags = argv[1], argv[2:]
@@ -47,15 +45,11 @@ def check(plan: dict) -> Verdict:
     parsed = {}
 
     def stage1() -> str:
-        saved = sys.argv
-        sys.argv = [script, *flags]
-        try:
+        with mock.patch.object(sys, "argv", [script, *flags]):
             parsed["args"] = parse_args()
-        finally:
-            sys.argv = saved
         return f"{script} parse_args accepted"
 
-    with plan_env(plan.get("env") or {}):
+    with plan_env(plan):
         verdict = run_validator(PARSER, stage1, applies=in_scope)
         if not verdict.accepted:
             return verdict

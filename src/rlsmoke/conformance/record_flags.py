@@ -13,29 +13,18 @@ import datetime
 import enum
 import importlib.metadata
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
+from unittest import mock
 
+from rlsmoke.artifacts import write_atomic
 from rlsmoke.conformance.device_facts import EmptyModuleFinder, stub_triton
 from rlsmoke.processes.miles_parser_driver import miles_parser
 from rlsmoke.targets import TARGETS
 
 FORMAT = 1
-
-
 # What Miles' first, Miles-only parser (`parse_args_train_backend`) requires before Megatron's is built.
 MINIMAL_ARGV = ("--rollout-batch-size", "1")
-
-
-def capture_parser() -> argparse.ArgumentParser:
-    """Miles' full parser, as `parse_args()` builds it (the pre-flight's own capture), sys.argv kept."""
-    saved_argv = sys.argv
-    try:
-        return miles_parser(list(MINIMAL_ARGV))
-    finally:
-        sys.argv = saved_argv
 
 
 def flag_table(parser: argparse.ArgumentParser) -> dict[str, dict]:
@@ -87,15 +76,12 @@ class _StandInFinder(EmptyModuleFinder):
         return module
 
 
-def install_stand_ins() -> None:
-    """torchvision as a stand-in that SGLang's image imports find; triton as SGLang's stub if missing."""
-    sys.meta_path.insert(0, _StandInFinder("torchvision"))
-    stub_triton()  # only where triton is not installed
-
-
 def record(target: str, command: str) -> dict:
-    install_stand_ins()
-    parser = capture_parser()
+    # torchvision as a stand-in that SGLang's image imports find; triton as SGLang's stub if missing
+    sys.meta_path.insert(0, _StandInFinder("torchvision"))
+    stub_triton()
+    with mock.patch.object(sys, "argv", sys.argv):  # Miles' full parser, as `parse_args()` builds it
+        parser = miles_parser(list(MINIMAL_ARGV))
     t = TARGETS[target]
     return {
         "format": FORMAT,
@@ -145,10 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--out", str(args.out)])  # fmt: skip
     table = record(args.target, command)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=args.out.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(dumps(table))
-    os.chmod(tmp.name, 0o644)
-    os.replace(tmp.name, args.out)
+    write_atomic(args.out, dumps(table))
     print(f"{args.out}: {len(table['flags'])} flags of {args.target}", file=sys.stderr)
     return 0
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -44,21 +45,17 @@ def record_schema(miles_root: Path, python: str = sys.executable, commit: str | 
         commit = head.stdout.strip() or "unknown (not a git checkout)"
     return {"provenance": {"miles": commit,
                            "command": "python -m rlsmoke.conformance.rollout_schema --record-schema MILES_ROOT"
-                                      + (f" --commit {commit}" if commit else ""),
+                                      f" --commit {commit}",
                            "how": "Miles' Sample(...).validate() saved by Miles' save_debug_rollout_data, then "
                                   "described by rlsmoke.launch.rollout_file.schema_of"},
             **schema}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m rlsmoke.conformance.rollout_schema",
                                 description="record Miles' debug-rollout file schema into " + str(SCHEMA))  # fmt: skip
     p.add_argument("--record-schema", metavar="MILES_ROOT", type=Path, required=True)
-    p.add_argument(
-        "--commit", default=None, help="the checkout's Miles commit, when it is not a git checkout"
-    )
+    p.add_argument("--commit", help="the checkout's Miles commit, when it is not a git checkout")
     p.add_argument("--out", type=Path, default=SCHEMA)
     args = p.parse_args(argv)
     schema = record_schema(args.record_schema, commit=args.commit)

@@ -4,9 +4,8 @@ Each `--sglang-X` flag is SGLang's `--X`, as Miles derives it: an unknown one sh
 from __future__ import annotations
 
 from rlsmoke.conformance import device_facts
-from rlsmoke.conformance._capture import plan_env, run_validator
 from rlsmoke.conformance.hf_fixtures import checkpoint_for
-from rlsmoke.conformance.verdict import Verdict, applies, model_of, topology_of
+from rlsmoke.conformance.verdict import Verdict, applies, plan_env, run_validator
 from rlsmoke.engine.megatron.flags import flag_value
 
 PARSER = "sglang"
@@ -29,7 +28,7 @@ def engine_argv(plan: dict) -> list[str]:
     argv = list(plan["argv"])
     gpus_per_engine = flag_value(argv, "--rollout-num-gpus-per-engine") or "1"
     out = [
-        "--model-path", checkpoint_for(model_of(plan), flag_value(argv, "--hf-checkpoint")),
+        "--model-path", checkpoint_for(plan["case"], flag_value(argv, "--hf-checkpoint")),
         "--trust-remote-code",
         "--tp-size", gpus_per_engine,
     ]  # fmt: skip
@@ -47,8 +46,7 @@ def engine_argv(plan: dict) -> list[str]:
 def check(plan: dict) -> Verdict:
     from sglang.srt.server_args import prepare_server_args
 
-    facts = device_facts.facts_for(topology_of(plan)["platform"])
-    device_facts.fake_device(facts)
+    facts = device_facts.fake_device(plan["topology"]["platform"])
     _memory_mib["value"] = facts.memory_mib
     argv = [*engine_argv(plan), "--device", facts.device]
 
@@ -57,5 +55,5 @@ def check(plan: dict) -> Verdict:
         server_args.resolve_once()
         return f"ServerArgs.resolve_once accepted (tp={server_args.tp_size} dp={server_args.dp_size})"
 
-    with plan_env(plan.get("env") or {}):
+    with plan_env(plan):
         return run_validator(PARSER, resolve, applies=applies(PARSER, plan))

@@ -1,11 +1,16 @@
-"""A real parser's verdict on one plan, and the plan fields the harness reads. Pure Python."""
+"""A real parser's verdict on one plan: the plan fields the harness reads, and one real validator call
+turned into a verdict (run in a conformance venv). Pure Python."""
 
 from __future__ import annotations
 
-import linecache
+import contextlib
+import io
+import os
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from unittest import mock
 
 # Parser keys, in the order verdicts are reported, with the versions they pin.
 PARSERS = {
@@ -25,40 +30,18 @@ class Verdict:
     # False when the target renders another dialect: its rejection is drift, not a topology verdict.
     applies: bool = True
 
-    @property
-    def status(self) -> str:
-        if self.accepted is None:
-            return "not run"
-        return "accepted" if self.accepted else "rejected"
-
-    def __str__(self) -> str:
-        return self.one_line()
-
     def one_line(self) -> str:
+        status = {None: "not run", True: "accepted", False: "rejected"}[self.accepted]
         scope = "" if self.applies else " (other target: drift check)"
-        return f"{self.parser:7s} {self.status:9s}{scope} {self.message}".rstrip()
+        return f"{self.parser:7s} {status:9s}{scope} {self.message}".rstrip()
 
     def to_json(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict) -> Verdict:
-        return cls(**data)
-
-
-def topology_of(plan: dict) -> dict:
-    """The topology part of a rendered plan (`rlsmoke plan --format json`, `Plan.to_json`)."""
-    return plan["topology"]
-
-
-def target_of(plan: dict) -> dict:
-    """{"miles": ..., "sglang": "bundled" | "0.5.23"}: the versions the plan's target renders flags for."""
-    return topology_of(plan)["target_versions"]
-
 
 def applies(parser: str, plan: dict) -> bool:
     """Whether `parser` is the version the plan's target renders flags for."""
-    target = target_of(plan)
+    target = plan["topology"]["target_versions"]  # {"miles": ..., "sglang": "bundled" | "0.5.23"}
     if parser == "miles":
         return target["miles"] == "0.0.2" and target["sglang"] == "bundled"
     if parser == "sglang":
@@ -74,7 +57,7 @@ def describe_exception(exc: BaseException) -> str:
     where = ""
     if frames:
         last = frames[-1]
-        source = (last.line or linecache.getline(last.filename, last.lineno)).strip()
+        source = last.line  # extract_tb read it, stripped, from linecache
         parts = Path(last.filename).parts
         short = (
             "/".join(parts[parts.index("site-packages") + 1 :]) if "site-packages" in parts else last.filename
@@ -86,6 +69,20 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
 
 
-def model_of(plan: dict) -> str:
-    """The model name of the plan's case (the key of its HF config fixture)."""
-    return plan["case"]
+def plan_env(plan: dict):
+    """The job's runtime env, as Ray would set it, for the duration of one check."""
+    return mock.patch.dict(os.environ, {k: str(v) for k, v in (plan.get("env") or {}).items()})
+
+
+def run_validator(parser: str, fn: Callable[[], str], *, applies: bool = True) -> Verdict:
+    """`fn` calls the real code and returns a note; anything it raises (argparse's exit) is a rejection."""
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            note = fn()
+    except SystemExit as exc:
+        lines = [ln.strip() for ln in err.getvalue().splitlines() if "error:" in ln]
+        return Verdict(parser, False, (lines[-1] if lines else describe_exception(exc)), applies)
+    except Exception as exc:  # the real validators raise AssertionError, ValueError, TypeError, ...
+        return Verdict(parser, False, describe_exception(exc), applies)
+    return Verdict(parser, True, note, applies)

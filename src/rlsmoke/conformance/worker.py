@@ -10,6 +10,7 @@ import importlib
 import json
 import sys
 import traceback
+from pathlib import Path
 
 from rlsmoke.conformance.verdict import PARSERS, Verdict, applies
 
@@ -27,13 +28,12 @@ def load(parser: str):
     return module
 
 
-def check_all(parser: str, plans: list[dict]) -> dict:
+def check_all(parser: str, plans: list[dict]) -> list[Verdict]:
     try:
         module = load(parser)
     except ImportError as exc:
         error = f"not installed: {PARSERS[parser]} cannot be imported here ({exc})"
-        return {"parser": parser, "loaded": False, "error": error,
-                "verdicts": [Verdict(parser, None, error, applies(parser, p)).to_json() for p in plans]}  # fmt: skip
+        return [Verdict(parser, None, error, applies(parser, p)) for p in plans]
     verdicts = []
     for plan in plans:
         try:
@@ -42,7 +42,7 @@ def check_all(parser: str, plans: list[dict]) -> dict:
             message = f"harness error: {type(exc).__name__}: {exc}"
             traceback.print_exc()
             verdicts.append(Verdict(parser, None, message, applies(parser, plan)))
-    return {"parser": parser, "loaded": True, "error": "", "verdicts": [v.to_json() for v in verdicts]}
+    return verdicts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,11 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--plans", required=True, help="JSON file: a list of rendered plans")
     cli.add_argument("--out", required=True, help="JSON file to write the verdicts to")
     args = cli.parse_args(argv)
-    with open(args.plans) as f:
-        plans = json.load(f)
-    result = check_all(args.parser, plans)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    verdicts = check_all(args.parser, json.loads(Path(args.plans).read_text()))
+    Path(args.out).write_text(json.dumps({"verdicts": [v.to_json() for v in verdicts]}, indent=1))
     return 0
 
 

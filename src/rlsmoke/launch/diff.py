@@ -8,45 +8,39 @@ import dataclasses
 from rlsmoke.launch.miles import GROUP_ORDER, flag_values
 
 
-def _by_flag(plan) -> dict[str, tuple[str, str]]:
+def _entries(plan) -> dict[str, tuple[str, str]]:
+    """{flag or env var: (its group, its value)} of the plan's launch."""
     out = {}
     for group in GROUP_ORDER:
         for flag, values in flag_values(plan.launch.groups.get(group, [])):
             out[flag] = (group, " ".join(values) if values else "(set)")
-    return out
+    return out | {var: ("env", value) for var, value in plan.launch.env.items()}
 
 
-def diff_rows(
-    case, other_platform: str | None = None, *, other_target: str | None = None
-) -> list[tuple[str, str, str, str]]:
-    """(group, flag or env var, here, there) for everything that differs on the other platform or target."""
-    here = case.plan()
-    if other_target is not None:
-        there = dataclasses.replace(case, target=other_target).plan()
-    else:
-        there = dataclasses.replace(case, platform=other_platform, mode=None).plan()
-    a, b = _by_flag(here), _by_flag(there)
+def diff_rows(here, there) -> list[tuple[str, str, str, str]]:
+    """(group, flag or env var, here, there) for everything that differs between two plans."""
+    a, b = _entries(here), _entries(there)
+    missing = ("", "—")
     rows = []
-    for flag in list(a) + [f for f in b if f not in a]:
-        va, vb = a.get(flag, ("", "—"))[1], b.get(flag, ("", "—"))[1]
+    for key in [*a, *(k for k in b if k not in a)]:
+        (group_a, va), (group_b, vb) = a.get(key, missing), b.get(key, missing)
         if va != vb:
-            rows.append((a.get(flag, b.get(flag))[0], flag, va, vb))
-    ea, eb = here.launch.env, there.launch.env
-    for var in list(ea) + [v for v in eb if v not in ea]:
-        if ea.get(var) != eb.get(var):
-            rows.append(("env", var, ea.get(var, "—"), eb.get(var, "—")))
+            rows.append((group_a or group_b, key, va, vb))
+    rows.sort(key=lambda row: row[0] == "env")  # the flags, then the env
     if here.launch.script != there.launch.script:
         rows.insert(0, ("mode", "script", here.launch.script, there.launch.script))
     return rows
 
 
 def diff_platforms(case, other_platform: str) -> str:
-    return _table(diff_rows(case, other_platform), (case.platform, other_platform))
+    there = dataclasses.replace(case, platform=other_platform, mode=None)
+    return _table(diff_rows(case.plan(), there.plan()), (case.platform, other_platform))
 
 
 def diff_targets(case, other_target: str) -> str:
     """What changes in the launch when it is rendered for `other_target` instead of the case's target."""
-    return _table(diff_rows(case, other_target=other_target), (case.target, other_target))
+    there = dataclasses.replace(case, target=other_target)
+    return _table(diff_rows(case.plan(), there.plan()), (case.target, other_target))
 
 
 def _table(rows: list[tuple[str, str, str, str]], names: tuple[str, str]) -> str:

@@ -6,6 +6,7 @@ them. No torch here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -37,8 +38,7 @@ class Step:
         return prefix + shlex.join(self.command)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "what": self.what, "command": list(self.command), "env": self.env,
-                "skip_when": self.skip_when}  # fmt: skip
+        return dataclasses.asdict(self)
 
 
 def convert_step(plan, paths: Paths) -> Step:
@@ -58,18 +58,23 @@ def convert_step(plan, paths: Paths) -> Step:
                 skip_when=f'[ "$(cat {shlex.quote(f"{dst}/{TRACKER}")} 2>/dev/null)" = {RELEASE} ]')  # fmt: skip
 
 
-def steps(plan, paths: Paths, record_dir: str | None = None) -> list[Step]:
-    """Every command of the flow, in order; `record_dir` default: `<output_dir>/<case>/ci_history`."""
-    launch = plan.launch
-    hf = launch.hf_checkpoint
-    record_dir = record_dir or f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
-    prepare: tuple[str, ...] = ("rlsmoke", "prepare", plan.case.name, "--out", hf)
+def prepare_step(plan, what: str, *, tiny: bool = False) -> Step:
+    """`rlsmoke prepare` into the launch's HF folder, unless it is there."""
+    hf = plan.launch.hf_checkpoint
+    argv = ("rlsmoke", "prepare", plan.case.name, "--out", hf, *(["--tiny"] if tiny else []))
     if plan.spec.hf_model_type in DIALECTS:  # GLM-5: the config dialect the target's Miles reads
-        prepare += ("--dialect", plan.topology.target.checkpoint_dialect)
+        argv += ("--dialect", plan.topology.target.checkpoint_dialect)
+    return Step("prepare", what, argv, skip_when=f"[ -e {shlex.quote(hf)} ]")
+
+
+def steps(plan, paths: Paths) -> list[Step]:
+    """Every command of the flow, in order; Miles records to `<output_dir>/<case>/ci_history`."""
+    launch = plan.launch
+    record_dir = f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
     runtime_env = json.dumps({"env_vars": {**launch.env, RECORD_DIR_VAR: record_dir}})
     submit = tuple(launch.job_submit(runtime_env))
     return [
-        Step("prepare", "the HF checkpoint, full width", prepare, skip_when=f"[ -e {shlex.quote(hf)} ]"),
+        prepare_step(plan, "the HF checkpoint, full width"),
         convert_step(plan, paths),
         Step("ray-head", "Ray's head with the plan's GPUs", tuple(launch.ray_start())),
         Step("submit", "the job: one GRPO step under Miles", submit, {RECORD_DIR_VAR: record_dir}),

@@ -100,14 +100,8 @@ class Launch:
         body = [shlex.join(toks) for toks in self.groups.values() if toks]
         return [shlex.join(self.argv[:2]) + " \\", *(f"  {line} \\" for line in body[:-1]), f"  {body[-1]}"]
 
-    def shell(self) -> str:
-        """The launch as one shell-safe command line (env prefix, then argv)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return f"{env} {shlex.join(self.argv)}"
-
 
 def flag_values(tokens: list[str]) -> list[tuple[str, list[str]]]:
-    """Split a token list into (flag, values) items."""
     items: list[tuple[str, list[str]]] = []
     for tok in tokens:
         if tok.startswith("--"):
@@ -143,8 +137,6 @@ def _substituted(platform: str, group: str, topo: Topology, uses_dsa: bool) -> l
         if row.group != group:
             continue
         flags = row.flags(platform)
-        if any("{dsa}" in f for f in flags) and not uses_dsa:
-            continue
         toks += [f.format(dsa=target.dsa_flag, cuda_graph_bs=target.cuda_graph_bs_flag,
                           chunked_prefill=2048 * topo.rollout.gpus_per_engine) for f in flags]  # fmt: skip
     return toks
@@ -252,7 +244,7 @@ def render(
     )
 
 
-def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool = True) -> dict[str, str]:
+def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool) -> dict[str, str]:
     plat = topo.platform if topo.platform != "cpu" else "nvidia"
     head = head_addr(topo, recipe)
     env = {
@@ -261,9 +253,7 @@ def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool = Tr
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off: required where GPUs are shared
         "no_proxy": ",".join(dict.fromkeys((LOOPBACK, head))),  # the head once, on one node
         "MASTER_ADDR": head,
-        "PYTHONPATH": f"{paths.megatron_root}:{paths.reward_dir}"
-        if recipe.reward == "target"
-        else paths.megatron_root,
+        "PYTHONPATH": paths.megatron_root + (f":{paths.reward_dir}" if recipe.reward == "target" else ""),
     }
     for row in _rows(topo, uses_dsa):
         env.update(row.env(plat))

@@ -45,8 +45,6 @@ class RolloutSample:
 def sample_dict(s: RolloutSample) -> dict:
     """The sample as `Sample.to_dict()` gives it at Miles 31f1ca961: every field, the unused at its default."""
     n = len(s.response_tokens)
-    if len(s.rollout_log_probs) != n:
-        raise ValueError(f"sample {s.index}: {len(s.rollout_log_probs)} log-probs for {n} response tokens")
     return {
         "group_index": s.group_index, "index": s.index, "rollout_id": None, "prompt": s.prompt,
         "tokens": [int(t) for t in (*s.prompt_tokens, *s.response_tokens)],
@@ -79,21 +77,11 @@ def check_template(template: str) -> None:
                            rule="miles.rollout_file", fix="use an --out path without { or }") from None  # fmt: skip
 
 
-def write(
-    path: Path, samples: list[RolloutSample], *, rollout_id: int = 0, metadata: dict | None = None
-) -> Path:
+def write(path: Path, samples: list[RolloutSample], *, rollout_id: int = 0) -> Path:
     """The file, written whole (a temp file, then renamed): a reader never sees half of one."""
     import torch
 
-    indices = [s.index for s in samples]
-    if len(set(indices)) != len(indices):
-        raise ValueError("two samples share an index: Miles would give them one reward")
-    payload = {
-        "rollout_id": rollout_id,
-        "metadata": dict(metadata or {}),
-        "samples": [sample_dict(s) for s in samples],
-    }
-    path = Path(path)
+    payload = {"rollout_id": rollout_id, "metadata": {}, "samples": [sample_dict(s) for s in samples]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     torch.save(payload, tmp)
@@ -122,8 +110,7 @@ def _type(value) -> str:
 def schema_of(payload: dict) -> dict:
     """The layout of a loaded file: its keys and their types, and each sample field's type (one sample
     with a response, as every file holds)."""
-    samples = payload["samples"]
     return {
         "file": {k: _type(payload[k]) if k != "samples" else "list" for k in payload},
-        "sample": {k: _type(v) for k, v in samples[0].items()},
+        "sample": {k: _type(v) for k, v in payload["samples"][0].items()},
     }

@@ -88,7 +88,7 @@ SUBSTITUTIONS: tuple[Substitution, ...] = (
         "NSA kernels", "sglang",
         nvidia=("--sglang-{dsa}-decode-backend", "flashmla_sparse", "--sglang-{dsa}-prefill-backend", "flashmla_sparse"),
         rocm=("--sglang-{dsa}-decode-backend", "tilelang", "--sglang-{dsa}-prefill-backend", "tilelang"),
-        why="no FlashMLA on AMD",
+        dsa_only=True, why="no FlashMLA on AMD",
     ),
     Substitution(
         "KV-cache dtype", "sglang",

@@ -20,26 +20,35 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
-from rlsmoke.checkpoints.dialects import DIALECTS
-from rlsmoke.errors import ExitCode
+from rlsmoke.cases import Plan, case_from_args
+from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values
-from rlsmoke.launch.train_only_argv import ray_head_train_only, train_only
+from rlsmoke.launch.rollout_file import check_template
 from rlsmoke.metrics import CI_HISTORY
 from rlsmoke.recipe import Recipe
 from rlsmoke.shipped import FIXTURES
-
-if TYPE_CHECKING:
-    from rlsmoke.cases import Plan
 
 TARGET = "miles-2026-08-21"  # Miles main at 31f1ca961: the commit whose train-only mode this drives
 ROLLOUT_TEMPLATE = "rollout_data/{rollout_id}.pt"  # under the run's folder; Miles fills in the rollout's id
 PROMPT_DATA = FIXTURES / "data" / "math.jsonl"
 RAY_ADDRESS_VAR = "RAY_ADDRESS"  # Ray's placement_group() auto-initialises against it
 STEP_TIMEOUT_S = 3600.0
+# What a train-only launch drops from the rendered one, and why: no SGLang engine is started, so none of
+# its flags; one GPU that trains only, so nothing to colocate with (and --colocate forces
+# torch_memory_saver's LD_PRELOAD); no checkpoint written after the step (a one-step smoke resumes
+# nothing, and its optimizer state would not fit the disk); without --load Miles loads --ref-load as a
+# fresh run does (no_load_optim, finetune); no --dump-details, which would save the rollout file it was
+# given once more, with a parquet sidecar through polars, which Miles' site on the H200 has only as a stand-in.
+TRAIN_ONLY_DROPPED = ("--colocate", "--rematerialize-param-from-master-weight", "--moe-enable-deepep",
+                      "--load", "--save", "--save-interval", "--dump-details")  # fmt: skip
+# What it sets instead: TE's cuDNN fused attention (flash-attn has no binary wheel), the all-to-all MoE
+# dispatcher (DeepEP's flex dispatcher needs deep_ep).
+TRAIN_ONLY_SET = {"--attention-backend": ("fused",), "--moe-token-dispatcher-type": ("alltoall",)}
+# GLM-5's DSA top-k takes 2048 tokens of a packed micro-batch
+DSA_PAD = ("--data-pad-size-multiplier", "4096")
 
 
 @dataclass(frozen=True)
@@ -62,25 +71,54 @@ class TrainOnlyPlan:
         return f"{self.out}/{CI_HISTORY}"
 
 
+def train_only(launch: Launch, *, rollout_template: str, miles_root: str, uses_dsa: bool) -> Launch:
+    """`launch` as Miles' trainer alone: `train.py --debug-train-only --load-debug-rollout-data TEMPLATE`
+    on the one GPU of the plan, the rollout's prompts as --prompt-data (Miles' data source still reads it),
+    the checkout on PYTHONPATH (Ray's workers import `miles` from it)."""
+    if launch.ray_num_gpus != 1 or launch.num_nodes != 1:
+        raise RlsmokeError(f"a train-only launch on {launch.ray_num_gpus} GPUs: it trains on one", rule="miles.train_only",
+                           fix="pass --num-gpus 1")  # fmt: skip
+    groups: dict[str, list[str]] = {}
+    for group, toks in launch.groups.items():
+        out: list[str] = []
+        for flag, values in flag_values(toks) if group != "sglang" else []:
+            if flag in TRAIN_ONLY_DROPPED:
+                continue
+            values = list(TRAIN_ONLY_SET.get(flag, values))
+            out += [flag, *([str(PROMPT_DATA)] if flag == "--prompt-data" else values)]
+        groups[group] = out
+    present = {flag for toks in groups.values() for flag, _ in flag_values(toks)}
+    groups["misc"] += [
+        tok for flag, values in TRAIN_ONLY_SET.items() if flag not in present for tok in (flag, *values)
+    ]
+    if uses_dsa and DSA_PAD[0] not in present:
+        groups["perf"] += list(DSA_PAD)
+    groups["rollout"] += ["--debug-train-only", "--load-debug-rollout-data", rollout_template]
+    env = dict(launch.env)
+    env["PYTHONPATH"] = ":".join([miles_root, env["PYTHONPATH"]])
+    return Launch("train.py", groups, env, 1, launch.master_addr, 1, launch.target)
+
+
+def ray_head_train_only(launch: Launch) -> list[str]:
+    """Ray's head for a train-only run: no dashboard and no job submission, which only Miles' launcher uses."""
+    return [*launch.ray_start(), "--include-dashboard=false"]
+
+
 def value(launch: Launch, flag: str) -> str:
     return next(v[0] for toks in launch.groups.values() for f, v in flag_values(toks) if f == flag)
 
 
 def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tiny: bool = False, seed: int = 0,
               inject: str | None = None, repeat: int = 1) -> TrainOnlyPlan:  # fmt: skip
-    """The case's plan at `repeat` rollouts, its launch made train-only (`train_only_argv.train_only`).
+    """The case's plan at `repeat` rollouts, its launch made train-only (`train_only`).
     --repeat K: one launch of K steps, step i on seed + i's rollout, K seeds for one start-up; step i's
     weights are i Adam steps of 1e-6 on, under a hundredth of a bf16 step at 0.02 (most have not moved)."""
-    from dataclasses import replace
-
-    from rlsmoke.launch.rollout_file import check_template
-
     recipe = replace(recipe or Recipe(), num_rollout=repeat)
     plan = case.plan(paths=paths, recipe=recipe)
     template = f"{out}/{ROLLOUT_TEMPLATE}"
     check_template(template)
-    launch = train_only(plan.launch, rollout_template=template, prompt_data=str(PROMPT_DATA),
-                        miles_root=paths.miles_root, uses_dsa="index_topk" in plan.spec.hf_extra)  # fmt: skip
+    launch = train_only(plan.launch, rollout_template=template, miles_root=paths.miles_root,
+                        uses_dsa="index_topk" in plan.spec.hf_extra)  # fmt: skip
     return TrainOnlyPlan(plan, launch, paths, out, tiny, seed, inject, repeat)
 
 
@@ -99,16 +137,12 @@ def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
 
 
 def steps(tp: TrainOnlyPlan) -> list[flow.Step]:
-    hf = tp.plan.launch.hf_checkpoint
-    prepare = ("rlsmoke", "prepare", tp.plan.case.name, "--out", hf, *(["--tiny"] if tp.tiny else []))
-    if tp.plan.spec.hf_model_type in DIALECTS:
-        prepare += ("--dialect", tp.plan.topology.target.checkpoint_dialect)
     train_env = {
         RAY_ADDRESS_VAR: f"{tp.launch.master_addr}:{RAY_GCS_PORT}",
         flow.RECORD_DIR_VAR: tp.record_dir,
     }
     return [
-        flow.Step("prepare", "the HF checkpoint", prepare, skip_when=f"[ -e {shlex.quote(hf)} ]"),
+        flow.prepare_step(tp.plan, "the HF checkpoint", tiny=tp.tiny),
         flow.convert_step(tp.plan, tp.paths),
         rollout_step(tp),
         flow.Step("ray-head", "Ray's head with one GPU, no dashboard", tuple(ray_head_train_only(tp.launch))),
@@ -125,9 +159,7 @@ def shell_script(tp: TrainOnlyPlan) -> str:
     lines += [f"export {k}={shlex.quote(v)}" for k, v in tp.launch.env.items()]
     for step in steps(tp):
         lines.append(f"# {step.name}: {step.what}" + (", unless done" if step.skip_when else ""))
-        if step.name == "ray-head":  # it returns once the head is up; `ray stop` ends it afterwards
-            lines.append(step.shell())
-        elif step.name == "train":
+        if step.name == "train":
             lines += [f"export {k}={shlex.quote(v)}" for k, v in step.env.items()]
             lines += tp.launch.script_lines()
         else:
@@ -137,8 +169,6 @@ def shell_script(tp: TrainOnlyPlan) -> str:
 
 def plan_handler(args) -> int:
     """`rlsmoke plan CASE --launcher miles --train-only`: every step, as a script (or --format json)."""
-    from rlsmoke.cases import case_from_args
-
     args.target = args.target or TARGET
     out = "<OUTPUT_DIR>/" + args.case
     paths = Paths(output_dir=out)
