@@ -89,10 +89,13 @@ class ForkedCli:
     the process tests use, for `python -m rlsmoke.cli ...` forked from multiprocessing's fork server
     (`processes.here.start_forked`): the run as a spawned one, without an interpreter's imports."""
 
-    def __init__(self, argv, folder: Path, env=None, setup=None, stdout: str | None = None):
+    def __init__(self, argv, folder: Path | None = None, env=None, setup=None, stdout: str | None = None):
         """`setup` (picklable, called in the child before `rlsmoke.cli.main`) is what a test asks more of
         the process, as `preexec_fn` would: a file-size limit, a patched function, a search path.
-        `stdout` replaces the folder's stdout file (os.devnull: a file-size limit binds only the run's files)."""
+        `stdout` replaces the folder's stdout file (os.devnull: a file-size limit binds only the run's files).
+        Without `folder`, the output goes to a temporary one that `communicate` removes."""
+        self._own = None if folder else tempfile.TemporaryDirectory(prefix="rlsmoke-io-")
+        folder = Path(self._own.name) if self._own else folder
         folder.mkdir(parents=True, exist_ok=True)
         self._out, self._err = folder / "stdout", folder / "stderr"
         for path in (self._out, self._err):
@@ -121,7 +124,10 @@ class ForkedCli:
 
     def communicate(self, timeout=None):
         self._run.wait(timeout)
-        return self._out.read_text(errors="replace"), self._err.read_text(errors="replace")
+        output = self._out.read_text(errors="replace"), self._err.read_text(errors="replace")
+        if self._own:
+            self._own.cleanup()
+        return output
 
 
 def _start_forked_with(setup, argv, env, log: Path, errors: Path) -> here.ForkedRun:

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,8 +52,7 @@ def _without_ray(out: Path, shadow: Path, *flags: str) -> tuple[object, bool]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))
     }
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out), *flags]
-    io = Path(tempfile.mkdtemp(prefix="rlsmoke-io-"))  # not in `shadow`: a folder there is a module's name
-    proc = ForkedCli(argv, io, env=env, setup=functools.partial(first_on_path, str(shadow)))
+    proc = ForkedCli(argv, env=env, setup=functools.partial(first_on_path, str(shadow)))
     stdout, stderr = proc.communicate(timeout=300)
     done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     return done, (shadow / "ray" / "imported").exists()

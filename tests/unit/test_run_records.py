@@ -10,9 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from procs import ForkedCli, limit_file_size
@@ -27,8 +25,7 @@ def rlsmoke_run(out, *argv: str, setup=None, stdout=None):
     """`rlsmoke run` into `out`, forked with the engine imported; `setup` is called in the child first
     (a file-size limit, a patched function)."""
     argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--out", str(out), *argv]
-    io = Path(tempfile.mkdtemp(prefix="rlsmoke-io-"))  # not beside --out: a full disk
-    return ForkedCli(argv, io, setup=setup, stdout=stdout)
+    return ForkedCli(argv, setup=setup, stdout=stdout)  # its output not beside --out: a full disk
 
 
 def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
