@@ -14,7 +14,7 @@ from rlsmoke.engine import kda, reuse, sync
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, derive_policy, load_policy, process_settings
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
+from rlsmoke.engine.train import Trainer, set_dropout
 
 
 def worker_location() -> dict:
@@ -88,7 +88,7 @@ class TrainWorker:
         self.initial.restore(self.trainer)
 
     def drop_optimizer_state(self) -> None:
-        drop_moments(self.trainer)
+        self.trainer.optimizer.state.clear()
 
     def where(self) -> dict:
         return worker_location()

@@ -10,7 +10,6 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from rlsmoke.engine import reuse, sync
-from rlsmoke.engine.train import drop_moments
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,7 +87,8 @@ class SharedDevice:
         return self.trainer.step(groups, old, advantages)
 
     def drop_optimizer_state(self) -> None:
-        drop_moments(self.trainer)
+        """AdamW's moments after the last step: nothing reads them (GLM-4.5 4-layer: 48 GiB less to park)."""
+        self.trainer.optimizer.state.clear()
 
     def move_seconds(self) -> dict[str, float]:
         return dict(self.phases.move_seconds)
