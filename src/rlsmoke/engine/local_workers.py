@@ -112,11 +112,8 @@ class RolloutWorker:
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
         return self.engine.generate(prompt_ids, n, seed)
 
-    def load(self, weights) -> int:
-        return sync.load_weights(self.model, weights)
-
-    def compare(self, weights) -> dict[str, float]:
-        return sync.compare(self.model, weights)
+    def sync(self, weights, *, skip: bool) -> dict[str, float]:
+        return sync.load_and_compare(self.model, weights, load=not skip)
 
     def keep_initial(self, weights) -> None:
         self.kept = reuse.DerivedCopy(self.model, weights)

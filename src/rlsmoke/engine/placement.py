@@ -136,9 +136,7 @@ class RayAsync:
 
     def sync(self, *, skip: bool) -> dict[str, float]:
         weights = self.train.weights.remote()  # an object ref: the driver never copies the weights
-        if not skip:
-            self._get(self.rollout.load.remote(weights))
-        return self._get(self.rollout.compare.remote(weights))
+        return self._get(self.rollout.sync.remote(weights, skip=skip))
 
     def drop_optimizer_state(self) -> None:
         self._get(self.train.drop_optimizer_state.remote())
