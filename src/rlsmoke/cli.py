@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
+from rlsmoke.cases import add_case_args, case_from_args
 from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError
 from rlsmoke.facts import DEFAULT_REWARD, REWARDS, VERSION
 from rlsmoke.platforms import PLATFORMS
@@ -38,9 +38,9 @@ class _Parser(argparse.ArgumentParser):
 
 def cmd_cases(args) -> int:
     """One line a case: the model, its layers and experts, its width (and the tiny one), its size."""
-    from rlsmoke.models import model_spec
+    from rlsmoke.models import MODEL_NAMES, model_spec
 
-    for name in CASE_NAMES:
+    for name in MODEL_NAMES:
         spec, tiny = model_spec(name), model_spec(name, tiny=True)
         dense = f"{spec.first_k_dense} dense + {spec.num_layers - spec.first_k_dense} MoE"
         print(f"{name:<27} {spec.family} ({spec.hf_model_type}), {spec.num_layers} layers ({dense}), "

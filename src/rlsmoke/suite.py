@@ -20,14 +20,14 @@ from rlsmoke.artifacts import Artifacts
 from rlsmoke.engine.config import parse_variants
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.facts import RUN_TIMEOUT_S
-from rlsmoke.gating import CaseGates, GateFailure, HistoryBandWarning, gates_for
+from rlsmoke.gating import GateFailure, HistoryBandWarning, gates_for
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import Paths
 from rlsmoke.processes import here, miles_flow, runner
 from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
-__all__ = ["Artifacts", "CaseGates", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
+__all__ = ["Artifacts", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
            "CPU_SHARED_VARIANTS", "CPU_TWINS", "GPU_SHARED_VARIANTS", "GPU_TWINS", "VariantRuns", "builtin_argv",
            "check_fault", "gates_for", "plan_launch", "run_case", "run_variants"]  # fmt: skip
 
