@@ -35,6 +35,14 @@ class UnknownNameError(RlsmokeError):
     """An unknown case, platform, model, key or option value."""
 
 
+def require_known(key: str, value, names, *, rule: str = "") -> None:
+    """`key=value is unknown` (rule `key.known` unless given) where `value` is not one of `names`."""
+    if value not in names:
+        raise UnknownNameError(
+            f"{key}={value!r} is unknown", rule=rule or f"{key}.known", fix=f"use one of: {', '.join(names)}"
+        )
+
+
 class TopologyError(RlsmokeError):
     """One or more topology rules failed; `violations` lists each (rule, message, fix)."""
 

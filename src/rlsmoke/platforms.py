@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from rlsmoke.errors import UnknownNameError
+from rlsmoke.errors import require_known
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,7 @@ DEVICE_MEMORY_GIB = {
 
 
 def get_platform(name: str) -> Platform:
-    if name not in PLATFORMS:
-        raise UnknownNameError(
-            f"platform={name!r} is unknown", rule="platform.known", fix=f"use one of: {', '.join(PLATFORMS)}"
-        )
+    require_known("platform", name, PLATFORMS)
     return PLATFORMS[name]
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.engine import megatron
-from rlsmoke.errors import RlsmokeError
+from rlsmoke.errors import RlsmokeError, require_known
 from rlsmoke.facts import (
     CPU_MAX_RESPONSE_LEN,
     CPU_N_PROMPTS,
@@ -139,10 +139,7 @@ def parse_variants(text: str, temperature: float) -> list[Variant]:
 
 def dtype_name(text: str, flag: str) -> str:
     name = DTYPE_ALIASES.get(text, text)
-    if name not in DTYPES:
-        raise RlsmokeError(
-            f"{flag}={text!r} is unknown", rule="dtype.known", fix=f"use one of: {', '.join(DTYPES)}"
-        )
+    require_known(flag, name, DTYPES, rule="dtype.known")
     return name
 
 
