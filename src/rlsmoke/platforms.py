@@ -78,10 +78,15 @@ def detect() -> Host:
     return Host("cpu", "CPU", 0)
 
 
+def visible_ids(platform: str) -> tuple[str, ...] | None:
+    """The ids the platform's visible-devices variable names; None where it is unset or empty."""
+    value = os.environ.get(PLATFORMS[platform].visible_devices_var or "")
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if value else None
+
+
 def _visible_count(platform: str, physical: int) -> int:
-    var = PLATFORMS[platform].visible_devices_var
-    value = os.environ.get(var or "")
-    return min(physical, len([v for v in value.split(",") if v.strip()])) if value else physical
+    ids = visible_ids(platform)
+    return physical if ids is None else min(physical, len(ids))
 
 
 # --- CPU cores: each pytest worker, and each engine process under it, gets its share -----------------
