@@ -240,7 +240,7 @@ def _answers(port: int, *, http: bool) -> bool:
 
 
 def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
-              timeout: float, echo: TextIO | None = None) -> Result:  # fmt: skip
+              timeout: float) -> Result:  # fmt: skip
     """Upstream's launch under `miles_root`: a Ray head, the job, then stop Ray; `env` to every process."""
     started = time.monotonic()
     # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
@@ -258,7 +258,7 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
         runtime_env = json.dumps({"env_vars": {**launch.env, **env}})
         left = max(1.0, timeout - (time.monotonic() - started))
         submit = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
-        result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left, echo=echo)
+        result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left)
     finally:
         stop_ray_head(head, temp_dir, artifacts, result)
     return result
