@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from rlsmoke.cases import add_case_args, case_from_args
-from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError
+from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError, crash_line
 from rlsmoke.facts import DEFAULT_REWARD, REWARDS, VERSION
 from rlsmoke.platforms import PLATFORMS
 from rlsmoke.targets import TARGETS
@@ -255,7 +255,6 @@ def crashed(command: str | None, exc: BaseException) -> int:
     import traceback
 
     text = "".join(traceback.format_exception(exc))
-    cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
     try:
         fd, log = tempfile.mkstemp(prefix=f"rlsmoke-{command or 'cli'}-crash-", suffix=".log")
         with os.fdopen(fd, "w") as f:
@@ -264,7 +263,7 @@ def crashed(command: str | None, exc: BaseException) -> int:
     except OSError:  # nowhere to write it: the terminal is the only place left
         sys.stderr.write(text)
         where = "Traceback above"
-    print(f"error: [{command or 'cli'}.crashed] {cause}. {where}", file=sys.stderr)
+    print(crash_line(command or "cli", exc, where), file=sys.stderr)
     return ExitCode.RUN_FAILED
 
 

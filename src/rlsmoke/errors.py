@@ -43,6 +43,14 @@ def require_known(key: str, value, names, *, rule: str = "") -> None:
         )
 
 
+def crash_line(command: str, exc: BaseException, where: str) -> str:
+    """An unexpected exception's one line on the terminal: its cause as Python ends a traceback with."""
+    import traceback  # only on a crash: `rlsmoke plan` starts without it
+
+    cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
+    return f"error: [{command}.crashed] {cause}. {where}"
+
+
 class TopologyError(RlsmokeError):
     """One or more topology rules failed; `violations` lists each (rule, message, fix)."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from rlsmoke.artifacts import RunFolder, disk_full, earlier_records, final_folder, no_room
 from rlsmoke.engine import megatron, signals
 from rlsmoke.engine.config import RunConfig, Variant
-from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
+from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError, crash_line
 from rlsmoke.facts import TOKENIZER_MODULE, modeling_module
 from rlsmoke.repeats import gate_run
 from rlsmoke.resolve import resolve_variants
@@ -141,8 +141,7 @@ def _handle(args, started: float) -> int:
                 with contextlib.suppress(OSError):
                     log("error: [run.crashed] the run raised an unexpected exception",
                         block=traceback.format_exc().rstrip())  # fmt: skip
-            cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
-            print(f"error: [run.crashed] {cause}. Traceback in {logs[0].path}", file=sys.stderr)
+            print(crash_line("run", exc, f"Traceback in {logs[0].path}"), file=sys.stderr)
             return ExitCode.RUN_FAILED
 
 
