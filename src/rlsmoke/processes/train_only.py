@@ -13,7 +13,6 @@ from pathlib import Path
 from rlsmoke.artifacts import earlier_records, write_atomic
 from rlsmoke.cases import case_from_args
 from rlsmoke.checkpoints.cache_paths import cache_home
-from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import Paths
@@ -82,9 +81,8 @@ def prepare_hf(tp: TrainOnlyPlan) -> Path:
     name = tp.plan.case.name
     if hf.exists():
         return checkpoint_dir(name, tiny=tp.tiny, given=hf)
-    dialect = tp.plan.topology.target.checkpoint_dialect if tp.plan.spec.hf_model_type in DIALECTS else None
     hf.parent.mkdir(parents=True, exist_ok=True)
-    hf.symlink_to(prepare(name, tiny=tp.tiny, seed=0, dialect=dialect))
+    hf.symlink_to(prepare(name, tiny=tp.tiny, seed=0, dialect=flow.checkpoint_dialect(tp.plan)))
     return hf
 
 
