@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,16 @@ def try_lock(path: Path, flags: int = os.O_RDWR | os.O_CREAT) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
+    """A new folder per run, so that no run replaces an earlier one: rlsmoke-runs/CASE/YYYYmmdd-HHMMSS."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = runs / case / stamp, 1
+    while out.exists():
+        n += 1
+        out = runs / case / f"{stamp}-{n}"
+    return out
 
 
 def earlier_records(out: Path, *, overwrite: bool) -> list[str]:

@@ -12,7 +12,7 @@ import time
 import traceback
 from pathlib import Path
 
-from rlsmoke.artifacts import RunFolder, disk_full, earlier_records, final_folder, no_room
+from rlsmoke.artifacts import RunFolder, default_out, disk_full, earlier_records, final_folder, no_room
 from rlsmoke.engine import megatron, signals
 from rlsmoke.engine.config import RunConfig, Variant
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError, crash_line
@@ -27,16 +27,6 @@ def register(subparsers) -> None:
     add_run_args(p)
     add_train_only_args(p)  # --launcher miles --train-only: Miles' trainer on the engine's rollout
     p.set_defaults(func=handler)
-
-
-def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
-    """A new folder per run, so that no run replaces an earlier one: rlsmoke-runs/CASE/YYYYmmdd-HHMMSS."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out, n = runs / case / stamp, 1
-    while out.exists():
-        n += 1
-        out = runs / case / f"{stamp}-{n}"
-    return out
 
 
 class CommandLog:

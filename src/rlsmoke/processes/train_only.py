@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
-from rlsmoke.artifacts import earlier_records, write_atomic
+from rlsmoke.artifacts import default_out, earlier_records, write_atomic
 from rlsmoke.cases import case_from_args
 from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.errors import ExitCode, RlsmokeError
@@ -131,7 +130,7 @@ def handler(args) -> int:
     args.target = args.target or TARGET
     tiny = args.tiny if args.tiny is not None else args.platform == "cpu"
     case = case_from_args(args)
-    out = Path(args.out or Path("rlsmoke-runs") / case.name / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    out = (args.out or default_out(case.name)).resolve()
     earlier_records(out, overwrite=args.overwrite)
     model_dir = args.model_dir or cache_home() / "miles-models" / ("tiny" if tiny else "full")
     paths = Paths(model_dir=str(Path(model_dir).resolve()), output_dir=str(out), miles_root=str(Path(root).resolve()),
