@@ -15,14 +15,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 TOKEN_VAR = "RLSMOKE_RUN_TOKEN"
 PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
@@ -95,19 +93,11 @@ def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -
         proc.wait(timeout=grace)
 
 
-def _tee(stream, log: TextIO, echo: TextIO) -> None:
-    for line in iter(stream.readline, ""):
-        log.write(line)
-        log.flush()
-        echo.write(line)
-    stream.close()
-
-
 class Process:
     """One launched command in its own session, logged to `log`; `start` replaces the spawn when given."""
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
-                 echo: TextIO | None = None, grace: float = TERM_GRACE_S, start=None):  # fmt: skip
+                 grace: float = TERM_GRACE_S, start=None):  # fmt: skip
         self.grace = grace
         self.argv = tuple(str(a) for a in argv)
         self.token = uuid.uuid4().hex
@@ -118,21 +108,14 @@ class Process:
         self._logf.flush()
         self.started = time.monotonic()
         env = {**env, TOKEN_VAR: self.token}
-        self._reader = None
         if start is not None:
             self.proc = start(self.argv, env, self.log)
             return
         # the log is opened for appending: the command's lines and ours interleave whole
         self.proc = subprocess.Popen(
             self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if echo else self._logf.fileno(), stderr=subprocess.STDOUT, text=True,
-            errors="replace", bufsize=1, start_new_session=True,
+            stdout=self._logf.fileno(), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        if echo is not None:
-            self._reader = threading.Thread(
-                target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True
-            )
-            self._reader.start()
 
     def wait(self, timeout: float | None) -> Result:
         timed_out = False
@@ -154,17 +137,15 @@ class Process:
         grace = self.grace if grace is None else grace
         if self.proc.poll() is None or tree_pids(self.token, self.proc.pid):
             stop_tree(self.proc, self.token, grace)
-        if self._reader is not None:
-            self._reader.join(timeout=grace)
         if not self._logf.closed:
             self._logf.flush()
             self._logf.close()
 
 
 def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None, cwd=None,
-        echo: TextIO | None = None, start=None) -> Result:  # fmt: skip
-    """Run `argv` to completion (or `timeout` s), tee'd to `log`; leaves no process behind."""
-    return Process(argv, env=env, log=log, cwd=cwd, echo=echo, start=start).wait(timeout)
+        start=None) -> Result:  # fmt: skip
+    """Run `argv` to completion (or `timeout` s), its output appended to `log`; leaves no process behind."""
+    return Process(argv, env=env, log=log, cwd=cwd, start=start).wait(timeout)
 
 
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------
