@@ -18,7 +18,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,16 +163,29 @@ def ray_head_ports(ports, temp_dir: str) -> list[str]:
             "--min-worker-port", str(lo), "--max-worker-port", str(hi), "--temp-dir", temp_dir, "--block"]  # fmt: skip
 
 
-def stop_ray_head(head: Process, temp_dir: str, artifacts: Path, result: Result | None) -> None:
-    """The head and its cluster end; Ray's own logs say what went wrong, kept when something did."""
-    head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
-    head.stop(grace=HEAD_GRACE_S)
-    logs = Path(temp_dir) / "session_latest" / "logs"
-    if (head_died or result is None or not result.ok) and logs.is_dir():
-        shutil.copytree(
-            logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
-        )
-    shutil.rmtree(temp_dir, ignore_errors=True)
+def under_ray_head(head_argv: Sequence[str], ports, job: Callable[[], Result], *, env: Mapping[str, str],
+                   cwd: Path, artifacts: Path, timeout: float,
+                   dashboard: Sequence[str] = ()) -> Result:  # fmt: skip
+    """`job()` under a Ray head of ours; Ray's own logs say what went wrong, kept when something did."""
+    # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
+    temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
+    # Each Process has its own token: the job's stop must not SIGKILL the cluster before the head's stop.
+    head = Process([*head_argv, *ray_head_ports(ports, temp_dir), *dashboard], env=env, cwd=cwd,
+                   log=artifacts / "ray-head.log")  # fmt: skip
+    result = None
+    try:
+        wait_head(head, ports, timeout=min(120.0, timeout), what="dashboard" if dashboard else "GCS")
+        result = job()
+    finally:
+        head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
+        head.stop(grace=HEAD_GRACE_S)
+        logs = Path(temp_dir) / "session_latest" / "logs"
+        if (head_died or result is None or not result.ok) and logs.is_dir():
+            shutil.copytree(
+                logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
+            )
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return result
 
 
 def _client_port(ports) -> list[str]:
@@ -195,8 +208,9 @@ def job_submit_argv(job_submit: Sequence[str], dashboard: int) -> list[str]:
     return argv
 
 
-def wait_head(head: Process, port: int, timeout: float, what: str = "dashboard") -> None:
-    """Until the head's dashboard (or its GCS) answers on `port`; the head exiting first is an error."""
+def wait_head(head: Process, ports, timeout: float, what: str) -> None:
+    """Until the head's dashboard (or its GCS) answers on its port; the head exiting first is an error."""
+    port = ports.dashboard if what == "dashboard" else ports.gcs
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if head.proc.poll() is not None:
@@ -226,20 +240,14 @@ def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifa
     started = time.monotonic()
     # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
     full_env = clean_env({**launch.env, **env, "RAY_AUTH_MODE": "disabled"})
-    # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
-    temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
-    # Each Process has its own token: the job's stop must not SIGKILL the cluster before the head's stop.
     dashboard = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports.dashboard)]
     dashboard += ["--include-dashboard", "true", *_client_port(ports)]
-    head = Process([*launch.ray_start(), *ray_head_ports(ports, temp_dir), *dashboard], env=full_env, cwd=miles_root,
-                   log=artifacts / "ray-head.log")  # fmt: skip
-    result = None
-    try:
-        wait_head(head, ports.dashboard, timeout=min(120.0, timeout))
+
+    def submit() -> Result:
         runtime_env = json.dumps({"env_vars": {**launch.env, **env}})
         left = max(1.0, timeout - (time.monotonic() - started))
-        submit = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
-        result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left)
-    finally:
-        stop_ray_head(head, temp_dir, artifacts, result)
-    return result
+        argv = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
+        return run(argv, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left)
+
+    return under_ray_head(launch.ray_start(), ports, submit, env=full_env, cwd=miles_root,
+                          artifacts=artifacts, timeout=timeout, dashboard=dashboard)  # fmt: skip

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from rlsmoke.artifacts import default_out, earlier_records, write_atomic
@@ -55,20 +54,16 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S)
     # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
     search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
     full_env = runner.clean_env({**tp.launch.env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
-    temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
-    head_argv = [*ray_head_train_only(tp.launch), *runner.ray_head_ports(ports, temp_dir)]
     train_env = {**full_env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}", flow.RECORD_DIR_VAR: tp.record_dir}
-    head = runner.Process(head_argv, env=full_env, cwd=miles_root, log=out / "ray-head.log")
-    result = None
+
+    def train() -> runner.Result:
+        return runner.run(tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout)
+
     try:
-        runner.wait_head(head, ports.gcs, timeout=min(120.0, timeout), what="GCS")
-        result = runner.run(
-            tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout
-        )
+        return runner.under_ray_head(ray_head_train_only(tp.launch), ports, train, env=full_env,
+                                     cwd=miles_root, artifacts=out, timeout=timeout)  # fmt: skip
     finally:
-        runner.stop_ray_head(head, temp_dir, out, result)
         ports.release()
-    return result
 
 
 def prepare_hf(tp: TrainOnlyPlan) -> Path:
