@@ -80,9 +80,7 @@ class TrainWorker:
         return [(n, t.cpu()) for n, t in self.rollout_weights(None, TORCH_DTYPES[self.cfg.rollout_dtype])]
 
     def keep_initial(self) -> None:
-        self.initial = reuse.InitialState(
-            self.trainer, reuse.narrow_for(self.cfg), self.cfg.initial_on_device
-        )
+        self.initial = reuse.InitialState(self.trainer, self.cfg)
 
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)

@@ -106,8 +106,7 @@ class SharedDevice:
 
     def keep_initial(self) -> None:
         """What a further seed of --repeat or --variants starts from (`engine.reuse`)."""
-        self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.rollout_weights,
-                                        reuse.narrow_for(self.cfg), self.cfg.initial_on_device)  # fmt: skip
+        self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.rollout_weights, self.cfg)
 
     @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
     def restore_initial(self) -> None:
