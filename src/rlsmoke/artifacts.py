@@ -118,6 +118,18 @@ def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
     return out
 
 
+class RunLog:
+    """A run's run.log, a line at a time, each stamped with the seconds since `started` (perf_counter)."""
+
+    def __init__(self, path: Path, started: float):
+        self.path, self.started = path, started
+
+    def __call__(self, text: str, *, block: str = "") -> None:
+        stamp = f"[{time.perf_counter() - self.started:7.2f}s]"
+        with self.path.open("a") as f:
+            f.write(f"{stamp} {text}\n" + (block + "\n" if block else ""))
+
+
 def earlier_records(out: Path, *, overwrite: bool) -> list[str]:
     """The records an earlier run left in `out`; `run.out_used` unless `overwrite` lets a run replace them."""
     earlier = [name for name in RECORDS if (Path(out) / name).exists()]
