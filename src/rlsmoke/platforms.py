@@ -107,12 +107,11 @@ def cpu_share(parts: int) -> int:
     return max(1, thread_budget() // max(1, parts))
 
 
-def share_cores(workers: int) -> int:
+def share_cores(workers: int) -> None:
     """Hold this pytest worker to 1/`workers` of the cores (inherited thread variables, torch's pool); a
-    variable the user set is kept. Returns the threads."""
+    variable the user set is kept."""
     n = thread_budget() if os.environ.get("OMP_NUM_THREADS") else cpu_share(workers)
     for var in THREAD_VARS:  # all alike: torch's pool follows MKL's variable where MKL is its BLAS
         os.environ.setdefault(var, str(n))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
-    return n

@@ -231,7 +231,7 @@ class RunConfig:
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
-    def validate(self) -> RunConfig:
+    def validate(self) -> None:
         """Every bad combination, named with its flags, before anything is loaded."""
         problems = []
         if self.num_rollout < 1:
@@ -275,4 +275,3 @@ class RunConfig:
             )
         if problems:
             raise RlsmokeError("; ".join(problems), rule="run.config")
-        return self

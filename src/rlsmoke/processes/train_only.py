@@ -66,7 +66,7 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S)
         ports.release()
 
 
-def prepare_hf(tp: TrainOnlyPlan) -> Path:
+def prepare_hf(tp: TrainOnlyPlan) -> None:
     """The HF checkpoint at `<model dir>/<case>`: verified when there, else prepared (cached) and linked."""
     from rlsmoke.checkpoints import prepare
     from rlsmoke.engine.model import checkpoint_dir
@@ -74,10 +74,10 @@ def prepare_hf(tp: TrainOnlyPlan) -> Path:
     hf = Path(tp.plan.launch.hf_checkpoint)
     name = tp.plan.case.name
     if hf.exists():
-        return checkpoint_dir(name, tiny=tp.tiny, given=hf)
-    hf.parent.mkdir(parents=True, exist_ok=True)
-    hf.symlink_to(prepare(name, tiny=tp.tiny, seed=0, dialect=flow.checkpoint_dialect(tp.plan)))
-    return hf
+        checkpoint_dir(name, tiny=tp.tiny, given=hf)
+    else:
+        hf.parent.mkdir(parents=True, exist_ok=True)
+        hf.symlink_to(prepare(name, tiny=tp.tiny, seed=0, dialect=flow.checkpoint_dialect(tp.plan)))
 
 
 def write_summary(tp: TrainOnlyPlan, device: str) -> None:
