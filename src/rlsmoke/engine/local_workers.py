@@ -15,6 +15,7 @@ from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, derive_policy, load_policy, process_settings
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
 from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.workers import TrainCalls
 
 
 def worker_location() -> dict:
@@ -42,7 +43,7 @@ def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int)
                          decode=cfg.rollout_decode)  # fmt: skip
 
 
-class TrainWorker:
+class TrainWorker(TrainCalls):
     def __init__(self, cfg: RunConfig, ckpt: Path, threads: int | None = None):
         process_settings(threads)
         spec = cfg.spec
@@ -62,15 +63,6 @@ class TrainWorker:
         )
         lap("trainer setup")
 
-    def forward_only(self, groups: list[Group]):
-        return self.trainer.forward_only(groups)
-
-    def step(self, groups, old, advantages) -> dict[str, float]:
-        return self.trainer.step(groups, old, advantages)
-
-    def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
     def rollout_weights(self, model, dtype: torch.dtype):
         """What the rollout engine `model` should hold after a sync: the fp32 main weights, cast."""
         return sync.rollout_weights(self.trainer.master, dtype)
@@ -84,9 +76,6 @@ class TrainWorker:
 
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)
-
-    def drop_optimizer_state(self) -> None:
-        self.trainer.optimizer.state.clear()
 
     def where(self) -> dict:
         return worker_location()
