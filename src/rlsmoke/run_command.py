@@ -65,7 +65,7 @@ class ProcessClock:
 
 
 def handler(args) -> int:
-    if getattr(args, "launcher", "builtin") == "miles":
+    if args.launcher == "miles":
         from rlsmoke.processes import train_only
 
         return train_only.handler(args)

@@ -41,6 +41,12 @@ class Result:
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
 
+    def tail(self, n: int) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return f"(no log at {self.log})"
+
 
 def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
     """os.environ without proxy variables, plus `extra`; the interpreter's bin dir first."""

@@ -139,8 +139,8 @@ def handler(args) -> int:
     result = run(tp, miles_root=Path(paths.miles_root))
     if not result.ok:
         what = "timed out" if result.timed_out else f"exited with {result.returncode}"
-        tail = "\n".join(result.log.read_text(errors="replace").splitlines()[-20:])
-        print(f"{tail}\nerror: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")
+        print(result.tail(20))
+        print(f"error: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")
         return ExitCode.RUN_FAILED
     device = host.device if host.platform == case.platform else "CPU"
     write_summary(tp, device)
