@@ -88,12 +88,12 @@ def cmd_plan(args) -> int:
     recipe = Recipe(reward=args.reward)
     plan = case.plan(validate=not args.no_validate, recipe=recipe)
     if args.diff:
-        from rlsmoke.launch.diff import diff_platforms, diff_targets
+        from rlsmoke.launch.diff import diff
 
         if args.diff not in TARGETS and args.diff not in PLATFORMS:
             raise UnknownNameError(f"--diff {args.diff} is neither a platform nor a target", rule="plan.diff",
                                    fix=f"use a platform ({', '.join(PLATFORMS)}) or a target ({', '.join(TARGETS)})")  # fmt: skip
-        print(diff_targets(case, args.diff) if args.diff in TARGETS else diff_platforms(case, args.diff))
+        print(diff(case, args.diff))
         return ExitCode.OK
     head = _head_addr(args, plan.topology)
     if head:  # the topology stands: only the launch names the head
