@@ -81,11 +81,8 @@ class SharedDevice(TrainCalls):
     rollout_model: Any
     engine: Any  # engine.rollout.RolloutEngine
     phases: Any  # engine.offload.Phases
+    rollout_weights: Callable[[], Any]  # the trainer's weights in the rollout copy's form: what a sync loads
     rank, world = 0, 1
-
-    def rollout_weights(self):
-        """The trainer's weights as the rollout copy holds them: what a sync loads."""
-        raise NotImplementedError
 
     @phased("rollout")
     def generate(self, prompt_ids, n: int, seed: int) -> list:
