@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 
-from rlsmoke.cases import CASE_NAMES, Case
+from rlsmoke.cases import Case
+from rlsmoke.models import MODEL_NAMES
 
 PLATFORM_GPUS = (("nvidia", 8), ("rocm", 8), ("nvidia", 64))
 
@@ -22,10 +23,10 @@ def in_process(repeat: int) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        for name in CASE_NAMES:
+        for name in MODEL_NAMES:
             for platform, n in PLATFORM_GPUS:
                 Case(name, platform=platform, num_gpus=n).plan().to_json()
-        times.append((time.perf_counter() - start) / (len(CASE_NAMES) * len(PLATFORM_GPUS)))
+        times.append((time.perf_counter() - start) / (len(MODEL_NAMES) * len(PLATFORM_GPUS)))
     return statistics.median(times)
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,28 @@ def try_lock(path: Path, flags: int = os.O_RDWR | os.O_CREAT) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
+    """A new folder per run, so that no run replaces an earlier one: rlsmoke-runs/CASE/YYYYmmdd-HHMMSS."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = runs / case / stamp, 1
+    while out.exists():
+        n += 1
+        out = runs / case / f"{stamp}-{n}"
+    return out
+
+
+class RunLog:
+    """A run's run.log, a line at a time, each stamped with the seconds since `started` (perf_counter)."""
+
+    def __init__(self, path: Path, started: float):
+        self.path, self.started = path, started
+
+    def __call__(self, text: str, *, block: str = "") -> None:
+        stamp = f"[{time.perf_counter() - self.started:7.2f}s]"
+        with self.path.open("a") as f:
+            f.write(f"{stamp} {text}\n" + (block + "\n" if block else ""))
 
 
 def earlier_records(out: Path, *, overwrite: bool) -> list[str]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, MODES, PLATFORMS, default_mode_text
-from rlsmoke.models import MODEL_NAMES, ModelSpec, model_spec
+from rlsmoke.models import ModelSpec, model_spec
 from rlsmoke.overrides import parse_num_gpus, parse_overrides
 from rlsmoke.recipe import Recipe
 from rlsmoke.targets import DEFAULT_TARGET, TARGETS
@@ -16,8 +16,6 @@ from rlsmoke.topology import Topology, plan_topology
 
 if TYPE_CHECKING:  # the launch is rendered by plan() only: `rlsmoke run` never imports it
     from rlsmoke.launch.miles import Launch, Paths
-
-CASE_NAMES = MODEL_NAMES
 
 
 @dataclass(frozen=True)

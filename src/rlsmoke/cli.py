@@ -12,8 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
-from rlsmoke.cases import CASE_NAMES, add_case_args, case_from_args
-from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError
+from rlsmoke.cases import add_case_args, case_from_args
+from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError, crash_line
 from rlsmoke.facts import DEFAULT_REWARD, REWARDS, VERSION
 from rlsmoke.platforms import PLATFORMS
 from rlsmoke.targets import TARGETS
@@ -38,9 +38,9 @@ class _Parser(argparse.ArgumentParser):
 
 def cmd_cases(args) -> int:
     """One line a case: the model, its layers and experts, its width (and the tiny one), its size."""
-    from rlsmoke.models import model_spec
+    from rlsmoke.models import MODEL_NAMES, model_spec
 
-    for name in CASE_NAMES:
+    for name in MODEL_NAMES:
         spec, tiny = model_spec(name), model_spec(name, tiny=True)
         dense = f"{spec.first_k_dense} dense + {spec.num_layers - spec.first_k_dense} MoE"
         print(f"{name:<27} {spec.family} ({spec.hf_model_type}), {spec.num_layers} layers ({dense}), "
@@ -88,12 +88,12 @@ def cmd_plan(args) -> int:
     recipe = Recipe(reward=args.reward)
     plan = case.plan(validate=not args.no_validate, recipe=recipe)
     if args.diff:
-        from rlsmoke.launch.diff import diff_platforms, diff_targets
+        from rlsmoke.launch.diff import diff
 
         if args.diff not in TARGETS and args.diff not in PLATFORMS:
             raise UnknownNameError(f"--diff {args.diff} is neither a platform nor a target", rule="plan.diff",
                                    fix=f"use a platform ({', '.join(PLATFORMS)}) or a target ({', '.join(TARGETS)})")  # fmt: skip
-        print(diff_targets(case, args.diff) if args.diff in TARGETS else diff_platforms(case, args.diff))
+        print(diff(case, args.diff))
         return ExitCode.OK
     head = _head_addr(args, plan.topology)
     if head:  # the topology stands: only the launch names the head
@@ -255,7 +255,6 @@ def crashed(command: str | None, exc: BaseException) -> int:
     import traceback
 
     text = "".join(traceback.format_exception(exc))
-    cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
     try:
         fd, log = tempfile.mkstemp(prefix=f"rlsmoke-{command or 'cli'}-crash-", suffix=".log")
         with os.fdopen(fd, "w") as f:
@@ -264,7 +263,7 @@ def crashed(command: str | None, exc: BaseException) -> int:
     except OSError:  # nowhere to write it: the terminal is the only place left
         sys.stderr.write(text)
         where = "Traceback above"
-    print(f"error: [{command or 'cli'}.crashed] {cause}. {where}", file=sys.stderr)
+    print(crash_line(command or "cli", exc, where), file=sys.stderr)
     return ExitCode.RUN_FAILED
 
 

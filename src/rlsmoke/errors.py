@@ -35,6 +35,22 @@ class UnknownNameError(RlsmokeError):
     """An unknown case, platform, model, key or option value."""
 
 
+def require_known(key: str, value, names, *, rule: str = "") -> None:
+    """`key=value is unknown` (rule `key.known` unless given) where `value` is not one of `names`."""
+    if value not in names:
+        raise UnknownNameError(
+            f"{key}={value!r} is unknown", rule=rule or f"{key}.known", fix=f"use one of: {', '.join(names)}"
+        )
+
+
+def crash_line(command: str, exc: BaseException, where: str) -> str:
+    """An unexpected exception's one line on the terminal: its cause as Python ends a traceback with."""
+    import traceback  # only on a crash: `rlsmoke plan` starts without it
+
+    cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
+    return f"error: [{command}.crashed] {cause}. {where}"
+
+
 class TopologyError(RlsmokeError):
     """One or more topology rules failed; `violations` lists each (rule, message, fix)."""
 

@@ -114,15 +114,14 @@ def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) ->
 
 
 def add_run(conn: sqlite3.Connection, key: Mapping[str, str], *, commit: str, trusted: bool, verdict: str,
-            values: Mapping[str, float], gates: list[dict] = (), artifacts: str = "") -> int:  # fmt: skip
-    cur = conn.execute(
+            values: Mapping[str, float], gates: list[dict] = (), artifacts: str = "") -> None:  # fmt: skip
+    conn.execute(
         'INSERT INTO runs (created, "case", platform, device, launcher, "commit", trusted, verdict, metrics, gates, '
         "artifacts) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
         (time.time(), *(str(key[f]) for f in SERIES), commit, int(trusted), verdict,
          json.dumps(dict(values)), json.dumps(list(gates)), artifacts),
     )  # fmt: skip
     conn.commit()
-    return int(cur.lastrowid)
 
 
 def record_and_check(db: str | Path, record, verdict, *, commit: str, trusted: bool) -> list[BandResult]:

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from rlsmoke.errors import UnknownNameError
+from rlsmoke.errors import require_known
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,7 @@ DEVICE_MEMORY_GIB = {
 
 
 def get_platform(name: str) -> Platform:
-    if name not in PLATFORMS:
-        raise UnknownNameError(
-            f"platform={name!r} is unknown", rule="platform.known", fix=f"use one of: {', '.join(PLATFORMS)}"
-        )
+    require_known("platform", name, PLATFORMS)
     return PLATFORMS[name]
 
 
@@ -81,10 +78,15 @@ def detect() -> Host:
     return Host("cpu", "CPU", 0)
 
 
+def visible_ids(platform: str) -> tuple[str, ...] | None:
+    """The ids the platform's visible-devices variable names; None where it is unset or empty."""
+    value = os.environ.get(PLATFORMS[platform].visible_devices_var or "")
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if value else None
+
+
 def _visible_count(platform: str, physical: int) -> int:
-    var = PLATFORMS[platform].visible_devices_var
-    value = os.environ.get(var or "")
-    return min(physical, len([v for v in value.split(",") if v.strip()])) if value else physical
+    ids = visible_ids(platform)
+    return physical if ids is None else min(physical, len(ids))
 
 
 # --- CPU cores: each pytest worker, and each engine process under it, gets its share -----------------
@@ -105,12 +107,11 @@ def cpu_share(parts: int) -> int:
     return max(1, thread_budget() // max(1, parts))
 
 
-def share_cores(workers: int) -> int:
+def share_cores(workers: int) -> None:
     """Hold this pytest worker to 1/`workers` of the cores (inherited thread variables, torch's pool); a
-    variable the user set is kept. Returns the threads."""
+    variable the user set is kept."""
     n = thread_budget() if os.environ.get("OMP_NUM_THREADS") else cpu_share(workers)
     for var in THREAD_VARS:  # all alike: torch's pool follows MKL's variable where MKL is its BLAS
         os.environ.setdefault(var, str(n))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
-    return n

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlsmoke.errors import RlsmokeError
+from rlsmoke.errors import require_known
 from rlsmoke.facts import CPU_MAX_RESPONSE_LEN, CPU_N_PROMPTS, CPU_N_SAMPLES, DEFAULT_REWARD, REWARDS
 
 
@@ -34,9 +34,7 @@ class Recipe:
     reward: str = DEFAULT_REWARD
 
     def __post_init__(self):
-        if self.reward not in REWARDS:
-            raise RlsmokeError(f"reward={self.reward!r} is unknown", rule="recipe.reward",
-                               fix=f"use one of: {', '.join(REWARDS)}")  # fmt: skip
+        require_known("reward", self.reward, REWARDS, rule="recipe.reward")
 
     @property
     def global_batch_size(self) -> int:

@@ -127,12 +127,12 @@ def resolve(case: Case, session: Session = Session()) -> RunConfig:
         check_thresholds(cfg.run_key, BUILTIN_METRICS)
     if cfg.platform != "cpu":  # the offload where not asked for; where --repeat and --variants keep weights
         if cfg.offload is None:
-            cfg = cfg.replace(offload=residency.offload_needed(cfg, cfg.spec))
+            cfg = cfg.replace(offload=residency.offload_needed(cfg))
             if cfg.offload and cfg.offload_train is None:
-                cfg = cfg.replace(offload_train=residency.offload_train_needed(cfg, cfg.spec))
+                cfg = cfg.replace(offload_train=residency.offload_train_needed(cfg))
         if session.repeat > 1 or session.variants:  # each further run starts from weights kept after the load
-            cfg = cfg.replace(initial_on_device=residency.initial_on_device(cfg, cfg.spec))
-        residency.check_run_fits(cfg, cfg.spec, prompt_tokens=longest.tokens)  # refused here, not by an OOM
+            cfg = cfg.replace(initial_on_device=residency.initial_on_device(cfg))
+        residency.check_run_fits(cfg, prompt_tokens=longest.tokens)  # refused here, not by an OOM
     if cfg.offload_train is not None and not cfg.offload_active:  # it would be ignored
         flag = "--offload-train" if cfg.offload_train else "--no-offload-train"
         raise RlsmokeError(f"{flag} with the colocate offload off for this run (mode={cfg.mode}, "

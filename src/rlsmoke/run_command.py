@@ -12,10 +12,10 @@ import time
 import traceback
 from pathlib import Path
 
-from rlsmoke.artifacts import RunFolder, disk_full, earlier_records, final_folder, no_room
+from rlsmoke import artifacts
 from rlsmoke.engine import megatron, signals
 from rlsmoke.engine.config import RunConfig, Variant
-from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError
+from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError, crash_line
 from rlsmoke.facts import TOKENIZER_MODULE, modeling_module
 from rlsmoke.repeats import gate_run
 from rlsmoke.resolve import resolve_variants
@@ -29,26 +29,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=handler)
 
 
-def default_out(case: str, runs: Path = Path("rlsmoke-runs")) -> Path:
-    """A new folder per run, so that no run replaces an earlier one: rlsmoke-runs/CASE/YYYYmmdd-HHMMSS."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out, n = runs / case / stamp, 1
-    while out.exists():
-        n += 1
-        out = runs / case / f"{stamp}-{n}"
-    return out
-
-
-class CommandLog:
-    """The command's own run.log lines after the engine closed it, timed from the process's start."""
-
-    def __init__(self, out: Path, started: float):
-        self.path, self.started = out / "run.log", started
-
-    def __call__(self, text: str, *, block: str = "") -> None:
-        stamp = f"[{time.perf_counter() - self.started:7.2f}s]"
-        with self.path.open("a") as f:
-            f.write(f"{stamp} {text}\n" + (block + "\n" if block else ""))
+class CommandLog(artifacts.RunLog):
+    """The command's own run.log lines after the engine's, timed from the process's start."""
 
     def interrupted(self, exc: KeyboardInterrupt) -> None:
         """Unless the engine said so already: an interrupt before the run began, or after it ended."""
@@ -83,7 +65,7 @@ class ProcessClock:
 
 
 def handler(args) -> int:
-    if getattr(args, "launcher", "builtin") == "miles":
+    if args.launcher == "miles":
         from rlsmoke.processes import train_only
 
         return train_only.handler(args)
@@ -96,19 +78,19 @@ def _handle(args, started: float) -> int:
     before = ProcessClock(started)  # what the process spends before the engine runs: its own phases in timing
     if args.variants is None:
         cfgs = [config_from_args(args)]
-        outs = [args.out or default_out(cfgs[0].case)]
+        outs = [args.out or artifacts.default_out(cfgs[0].case)]
     else:  # each variant validated before anything loads, its own run folder under --out
         cfgs = resolve_variants(*case_and_session(args))
-        root = args.out or default_out(cfgs[0].case)
+        root = args.out or artifacts.default_out(cfgs[0].case)
         outs = [root / Variant(c.inject, c.rollout_temperature).slug for c in cfgs]
         for out in outs:  # refused before any of them is created or locked
-            earlier_records(out, overwrite=args.overwrite)
+            artifacts.earlier_records(out, overwrite=args.overwrite)
     before.lap("config")
     with contextlib.ExitStack() as held:
-        folders = [held.enter_context(RunFolder(out, overwrite=args.overwrite)) for out in outs]
+        folders = [held.enter_context(artifacts.RunFolder(out, overwrite=args.overwrite)) for out in outs]
         # a folder's records: under --overwrite, staged beside it until the commit
         runs = [(cfg, folder.records) for cfg, folder in zip(cfgs, folders, strict=True)]
-        logs = [CommandLog(out, started) for _, out in runs]
+        logs = [CommandLog(out / "run.log", started) for _, out in runs]
         try:
             code = _run_and_gate(runs, args, logs, started, before)
             # a stop whose exception a finalizer swallowed: stopped all the same
@@ -134,15 +116,14 @@ def _handle(args, started: float) -> int:
                         log(f"error: {exc.one_line()}")
             raise
         except Exception as exc:
-            if no_room(exc):  # the disk, not the run: one line, never a traceback or exit 1
-                raise disk_full(runs[0][1], exc) from None
+            if artifacts.no_room(exc):  # the disk, not the run: one line, never a traceback or exit 1
+                raise artifacts.disk_full(runs[0][1], exc) from None
             # a bug: exit 3, never 1 (a gate failed); the traceback goes to run.log
             for log in logs:
                 with contextlib.suppress(OSError):
                     log("error: [run.crashed] the run raised an unexpected exception",
                         block=traceback.format_exc().rstrip())  # fmt: skip
-            cause = "".join(traceback.format_exception_only(exc)).strip().splitlines()[-1]
-            print(f"error: [run.crashed] {cause}. Traceback in {logs[0].path}", file=sys.stderr)
+            print(crash_line("run", exc, f"Traceback in {logs[0].path}"), file=sys.stderr)
             return ExitCode.RUN_FAILED
 
 
@@ -201,6 +182,6 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
         log(f"{header}; gates of {verdict.source}:", block=table)
         if not verdict.passed:
             print(verdict.report(), file=sys.stderr)
-        print(f"artifacts: {final_folder(out)}")
+        print(f"artifacts: {artifacts.final_folder(out)}")
         passed = passed and verdict.passed
     return ExitCode.OK if passed else ExitCode.GATE_FAILED

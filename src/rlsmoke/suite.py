@@ -20,14 +20,14 @@ from rlsmoke.artifacts import Artifacts
 from rlsmoke.engine.config import parse_variants
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.facts import RUN_TIMEOUT_S
-from rlsmoke.gating import CaseGates, GateFailure, HistoryBandWarning, gates_for
+from rlsmoke.gating import GateFailure, HistoryBandWarning, gates_for
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import Paths
 from rlsmoke.processes import here, miles_flow, runner
 from rlsmoke.runkey import RunKey
 from rlsmoke.selection import GPU_PLATFORMS, DoesNotFit, effective_case, memory_shortfall, trainer_refusal
 
-__all__ = ["Artifacts", "CaseGates", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
+__all__ = ["Artifacts", "CaseRecord", "CaseRun", "GateFailure", "HistoryBandWarning", "CaseLaunch",
            "CPU_SHARED_VARIANTS", "CPU_TWINS", "GPU_SHARED_VARIANTS", "GPU_TWINS", "VariantRuns", "builtin_argv",
            "check_fault", "gates_for", "plan_launch", "run_case", "run_variants"]  # fmt: skip
 
@@ -202,7 +202,7 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
 def _finished(launch: CaseLaunch, result: runner.Result) -> None:
     """Raises when the run was refused or broke; a finished run whose gates fail is finished."""
     if launch.launcher == "builtin" and result.returncode == 2:
-        raise RlsmokeError(f"`rlsmoke run` rejected the case: {_tail(result.log, 3)}", rule="run.usage",
+        raise RlsmokeError(f"`rlsmoke run` rejected the case: {result.tail(3)}", rule="run.usage",
                            fix=f"see {result.log}")  # fmt: skip
     if not result.ok:  # the run only records: `check` gates it
         what = (
@@ -211,7 +211,7 @@ def _finished(launch: CaseLaunch, result: runner.Result) -> None:
             else f"exited with {result.returncode}"
         )
         raise RunError(f"{launch.case.name} on {launch.case.platform} ({launch.launcher}) {what}; artifacts: "
-                       f"{launch.art.path}\n{_tail(result.log, 20)}", rule="run.broke")  # fmt: skip
+                       f"{launch.art.path}\n{result.tail(20)}", rule="run.broke")  # fmt: skip
 
 
 def _recorded(art: Artifacts, case) -> CaseRecord:
@@ -330,10 +330,3 @@ def _model_dir_checkpoint(case, art: Artifacts, *, verify: bool) -> Path | None:
 
         verify_checkpoint(folder)
     return folder
-
-
-def _tail(path: Path, n: int) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return f"(no log at {path})"

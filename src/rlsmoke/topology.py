@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from rlsmoke.errors import TopologyError, UnknownNameError
+from rlsmoke.errors import TopologyError, require_known
 from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, DEFAULT_MODE, MODES
 from rlsmoke.models import ModelSpec
 from rlsmoke.overrides import MAX_NUM_GPUS, check_gpus_per_node, parse_num_gpus, parse_overrides
@@ -163,14 +163,8 @@ def plan_topology(
     get_platform(platform)
     num_gpus = parse_num_gpus(num_gpus)
     mode = mode or DEFAULT_MODE[platform]
-    if mode not in MODES:
-        raise UnknownNameError(
-            f"mode={mode!r} is unknown", rule="mode.known", fix=f"use one of: {', '.join(MODES)}"
-        )
-    if target not in TARGETS:
-        raise UnknownNameError(
-            f"target={target!r} is unknown", rule="target.known", fix=f"use one of: {', '.join(TARGETS)}"
-        )
+    require_known("mode", mode, MODES)
+    require_known("target", target, TARGETS)
     sets = parse_overrides(overrides)
     check_gpus_per_node(gpus_per_node)
     gpn = gpus_per_node or min(DEFAULT_GPUS_PER_NODE, num_gpus)

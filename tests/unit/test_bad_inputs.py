@@ -241,15 +241,12 @@ def test_the_builtin_metrics_are_what_a_run_logs(tmp_path):
 def test_the_device_memory_check_budgets_the_prompt_files_longest_prompt():
     from rlsmoke import residency
     from rlsmoke.engine.config import RunConfig
-    from rlsmoke.models import model_spec
 
     two = RunConfig(case=CASE, tiny=False, platform="nvidia", device="cuda", device_class="H200", num_gpus=2,
                     n_prompts=2, rollout_dtype="bfloat16")  # fmt: skip
-    short = residency.check_run_fits(two, model_spec(CASE), prompt_tokens=10)
-    assert (
-        short.phases == residency.check_run_fits(two, model_spec(CASE)).phases
-    )  # the estimate's 64-token budget
-    long = residency.check_run_fits(two, model_spec(CASE), prompt_tokens=1000)
+    short = residency.check_run_fits(two, prompt_tokens=10)
+    assert short.phases == residency.check_run_fits(two).phases  # the estimate's 64-token budget
+    long = residency.check_run_fits(two, prompt_tokens=1000)
     assert long.phases["rollout"] > short.phases["rollout"] and long.phases["train"] >= short.phases["train"]
 
 

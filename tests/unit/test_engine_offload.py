@@ -7,6 +7,7 @@ freed or pinned pages: that is the GPU run's `peak_gib_per_rank_by_phase` in sum
 """
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -160,9 +161,10 @@ def test_the_last_step_s_moments_are_dropped_not_parked_and_no_metric_moves(tmp_
     """After the run's last step nothing reads AdamW's moments: the placement drops them before the sync,
     which then parks none (GLM-4.5 4-layer on one H200: 48 GiB a seed). Two steps (three rollouts): the
     first step's moments reach the second; the lines equal a run that keeps them."""
+    from rlsmoke.artifacts import RunLog
     from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
     from rlsmoke.engine.placement import open_workers
-    from rlsmoke.engine.run import RunLog, one_run
+    from rlsmoke.engine.run import one_run
 
     cfg = RunConfig(case=CASE, tiny=True, n_prompts=2, num_rollout=3, offload=True)
     ckpt = checkpoint_dir(CASE, tiny=True)
@@ -186,9 +188,7 @@ def test_the_last_step_s_moments_are_dropped_not_parked_and_no_metric_moves(tmp_
         workers.step, workers.drop_optimizer_state = step, dropped
         try:
             torch.manual_seed(0)
-            log = RunLog(log_path)
-            lines = one_run(cfg, workers, prompts, tok, 0, log)
-            log.close()
+            lines = one_run(cfg, workers, prompts, tok, 0, RunLog(log_path, time.perf_counter()))
             return lines, seen, len(optimizer.state), workers.offload_state()[0]
         finally:
             workers.close()

@@ -158,8 +158,6 @@ def test_the_gptmodel_is_allocated_where_it_trains_not_on_the_host_and_copied(de
     from rlsmoke.models import model_spec
 
     spec = model_spec(CASE_NAME, tiny=True)
-    config = transformer_config(
-        spec, spec.megatron_args(), Parallel(), params_dtype=torch.bfloat16, device=device
-    )
+    config = transformer_config(spec, Parallel(), params_dtype=torch.bfloat16, device=device)
     assert config.use_cpu_initialization is on_host
     assert config.perform_initialization is False

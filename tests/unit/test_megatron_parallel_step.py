@@ -120,13 +120,13 @@ def _rank(rank, par, reference_path, reference_grad_norm):
         for defect in defects:
             trainer = build_rank(spec, hf, layout, rank, cfg=cfg, device="cpu", defect=defect)
             [(lp, _)] = trainer.forward_only([group])
-            synced = gather_hf_weights(trainer, spec, hf, layout, torch.float32, defect)
+            synced = gather_hf_weights(trainer, spec, hf, torch.float32, defect)
             out[f"{name}/{defect}"] = {**_gaps(lp, group),
                                        "round_trip_exact": all(torch.equal(synced[n], hf[n].float()) for n in hf)}  # fmt: skip
         trainer = build_rank(spec, hf, layout, rank, cfg=cfg, device="cpu")
-        before = gather_hf_weights(trainer, spec, hf, layout, torch.float32)
+        before = gather_hf_weights(trainer, spec, hf, torch.float32)
         old, metrics = _train(trainer, group)
-        after = gather_hf_weights(trainer, spec, hf, layout, torch.float32)
+        after = gather_hf_weights(trainer, spec, hf, torch.float32)
         moved_here = {n: after[n] - before[n] for n in after}
         moved_there = {n: reference[n] - before[n] for n in after}
         flipped = sum(int(((moved_here[n] - moved_there[n]).abs() > cfg.lr / 10).sum()) for n in after)

@@ -217,14 +217,14 @@ def test_rlsmoke_run_refuses_a_case_that_cannot_fit_before_loading():
     gpu = RunConfig(case="glm5-744b-a40b-4layer", tiny=False, platform="nvidia", device="cuda", device_class="H200",
                     rollout_dtype="bfloat16")  # fmt: skip
     with pytest.raises(RlsmokeError) as err:
-        residency.check_run_fits(gpu, model_spec(gpu.case))
+        residency.check_run_fits(gpu)
     assert (
         err.value.rule == "memory.fits" and "GiB per GPU" in str(err.value) and "--num-gpus" in err.value.fix
     )
     two = gpu.replace(num_gpus=2, n_prompts=2)
-    assert residency.check_run_fits(two, model_spec(two.case)).peak < 141 * GIB
+    assert residency.check_run_fits(two).peak < 141 * GIB
     with pytest.raises(RlsmokeError) as err:  # the measured OOM: two H200s without offload
-        residency.check_run_fits(two.replace(offload=False), model_spec(two.case))
+        residency.check_run_fits(two.replace(offload=False))
     assert "--offload" in err.value.fix
 
 
@@ -242,13 +242,13 @@ def test_offload_is_skipped_only_when_the_run_fits_resident_with_room():
         model_spec(glm5.case), dataclasses.replace(memory.plan_of_run(glm5), offload=False)
     )
     assert resident.peak < residency.RESIDENT_FRACTION * 141 * GIB
-    assert not residency.offload_needed(glm5, model_spec(glm5.case))
-    assert residency.offload_needed(glm45, model_spec(glm45.case))
-    assert residency.offload_needed(glm5.replace(device_class="GPU-not-in-the-table"), model_spec(glm5.case))
-    assert not residency.offload_needed(glm5.replace(mode="async", num_gpus=2), model_spec(glm5.case))
+    assert not residency.offload_needed(glm5)
+    assert residency.offload_needed(glm45)
+    assert residency.offload_needed(glm5.replace(device_class="GPU-not-in-the-table"))
+    assert not residency.offload_needed(glm5.replace(mode="async", num_gpus=2))
     two = h200("glm4.5-355b-a32b-4layer", num_gpus=2)  # 72 GiB resident, but FSDP2's peak is unmeasured
-    assert residency.offload_needed(two, model_spec(two.case))
-    assert not residency.offload_needed(glm5.replace(device="cpu"), model_spec(glm5.case))
+    assert residency.offload_needed(two)
+    assert not residency.offload_needed(glm5.replace(device="cpu"))
 
 
 def test_rlsmoke_run_resolves_the_offload_default_before_loading(monkeypatch):

@@ -82,7 +82,7 @@ def test_an_out_with_an_earlier_run_is_refused_unless_overwrite(rlsmoke_run, tmp
 
 
 def test_the_default_out_is_a_new_folder_per_run(tmp_path):
-    from rlsmoke.run_command import default_out
+    from rlsmoke.artifacts import default_out
 
     first = default_out(CASE, tmp_path)
     assert first.parent == tmp_path / CASE and re.fullmatch(r"\d{8}-\d{6}", first.name), first

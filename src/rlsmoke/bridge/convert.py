@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from rlsmoke.bridge.tables import Rule, expert_name, rules
-from rlsmoke.errors import RlsmokeError
+from rlsmoke.errors import RlsmokeError, require_known
 from rlsmoke.models import ModelSpec
 
 # name -> what it gets wrong (both directions, so a round trip cannot see it)
@@ -131,9 +131,8 @@ def _expert_source(e: int | None, spec: ModelSpec, defect: str | None) -> int | 
 
 
 def _check_defect(defect: str | None) -> None:
-    if defect is not None and defect not in DEFECTS:
-        raise RlsmokeError(f"defect={defect!r} is unknown", rule="bridge.defect",
-                           fix=f"use one of: {', '.join(DEFECTS)}")  # fmt: skip
+    if defect is not None:
+        require_known("defect", defect, DEFECTS, rule="bridge.defect")
 
 
 def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, *, vocab_size: int | None = None,

@@ -154,7 +154,7 @@ def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) 
     return hashed
 
 
-def check_checkpoint(folder: Path | str, spec, *, cache_dir: Path | str | None = None) -> None:
+def check_checkpoint(folder: Path | str, spec) -> None:
     """The case's checkpoint, intact: its identity, then its checksums (stamped)."""
     check_identity(folder, spec)
-    check_checksums(folder, cache_dir=cache_dir)
+    check_checksums(folder)

@@ -62,10 +62,10 @@ def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
     return [Verdict(**v) for v in result["verdicts"]]
 
 
-def check_plans(plans: list[dict], parsers: tuple[str, ...] = tuple(PARSERS)) -> list[list[Verdict]]:
-    """For each plan, the verdict of every parser (in `parsers` order). The parsers run in parallel."""
-    with ThreadPoolExecutor(max_workers=len(parsers)) as pool:
-        per_parser = list(pool.map(lambda p: run_parser(p, plans), parsers))
+def check_plans(plans: list[dict]) -> list[list[Verdict]]:
+    """For each plan, the verdict of every parser (in `PARSERS` order). The parsers run in parallel."""
+    with ThreadPoolExecutor(max_workers=len(PARSERS)) as pool:
+        per_parser = list(pool.map(lambda p: run_parser(p, plans), PARSERS))
     return [[verdicts[i] for verdicts in per_parser] for i in range(len(plans))]
 
 

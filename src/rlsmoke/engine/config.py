@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsmoke.engine import megatron
-from rlsmoke.errors import RlsmokeError
+from rlsmoke.errors import RlsmokeError, require_known
 from rlsmoke.facts import (
     CPU_MAX_RESPONSE_LEN,
     CPU_N_PROMPTS,
@@ -139,10 +139,7 @@ def parse_variants(text: str, temperature: float) -> list[Variant]:
 
 def dtype_name(text: str, flag: str) -> str:
     name = DTYPE_ALIASES.get(text, text)
-    if name not in DTYPES:
-        raise RlsmokeError(
-            f"{flag}={text!r} is unknown", rule="dtype.known", fix=f"use one of: {', '.join(DTYPES)}"
-        )
+    require_known(flag, name, DTYPES, rule="dtype.known")
     return name
 
 
@@ -234,7 +231,7 @@ class RunConfig:
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
-    def validate(self) -> RunConfig:
+    def validate(self) -> None:
         """Every bad combination, named with its flags, before anything is loaded."""
         problems = []
         if self.num_rollout < 1:
@@ -251,17 +248,11 @@ class RunConfig:
             problems.append(
                 f"rollout_temperature={self.rollout_temperature} must be > 0. Adjust --rollout-temperature"
             )
-        if self.compute_path not in COMPUTE_PATHS:
-            problems.append(f"compute_path={self.compute_path!r} is unknown ({', '.join(COMPUTE_PATHS)}). "
-                            "Adjust --compute-path")  # fmt: skip
-        if self.rollout_batch not in ROLLOUT_BATCHES:
-            problems.append(f"rollout_batch={self.rollout_batch!r} is unknown ({', '.join(ROLLOUT_BATCHES)}). "
-                            "Adjust --rollout-batch")  # fmt: skip
-        if self.rollout_decode not in ROLLOUT_DECODES:
-            problems.append(f"rollout_decode={self.rollout_decode!r} is unknown ({', '.join(ROLLOUT_DECODES)}). "
-                            "Adjust --rollout-decode")  # fmt: skip
-        if self.reward not in REWARDS:
-            problems.append(f"reward={self.reward!r} is unknown ({', '.join(REWARDS)}). Adjust --reward")
+        for name, known in (("compute_path", COMPUTE_PATHS), ("rollout_batch", ROLLOUT_BATCHES),
+                            ("rollout_decode", ROLLOUT_DECODES), ("reward", REWARDS)):  # fmt: skip
+            if (value := getattr(self, name)) not in known:
+                flag = "--" + name.replace("_", "-")
+                problems.append(f"{name}={value!r} is unknown ({', '.join(known)}). Adjust {flag}")
         if self.inject.kind == "temperature-mismatch" and self.rollout_temperature == 1.0:
             problems.append(
                 "inject=temperature-mismatch changes nothing at rollout_temperature=1. "
@@ -284,4 +275,3 @@ class RunConfig:
             )
         if problems:
             raise RlsmokeError("; ".join(problems), rule="run.config")
-        return self

@@ -14,7 +14,8 @@ from rlsmoke.engine import kda, reuse, sync
 from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, derive_policy, load_policy, process_settings
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
-from rlsmoke.engine.train import Trainer, drop_moments, set_dropout
+from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.workers import TrainCalls
 
 
 def worker_location() -> dict:
@@ -42,7 +43,7 @@ def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int)
                          decode=cfg.rollout_decode)  # fmt: skip
 
 
-class TrainWorker:
+class TrainWorker(TrainCalls):
     def __init__(self, cfg: RunConfig, ckpt: Path, threads: int | None = None):
         process_settings(threads)
         spec = cfg.spec
@@ -62,15 +63,6 @@ class TrainWorker:
         )
         lap("trainer setup")
 
-    def forward_only(self, groups: list[Group]):
-        return self.trainer.forward_only(groups)
-
-    def step(self, groups, old, advantages) -> dict[str, float]:
-        return self.trainer.step(groups, old, advantages)
-
-    def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
     def rollout_weights(self, model, dtype: torch.dtype):
         """What the rollout engine `model` should hold after a sync: the fp32 main weights, cast."""
         return sync.rollout_weights(self.trainer.master, dtype)
@@ -80,15 +72,10 @@ class TrainWorker:
         return [(n, t.cpu()) for n, t in self.rollout_weights(None, TORCH_DTYPES[self.cfg.rollout_dtype])]
 
     def keep_initial(self) -> None:
-        self.initial = reuse.InitialState(
-            self.trainer, reuse.narrow_for(self.cfg), self.cfg.initial_on_device
-        )
+        self.initial = reuse.InitialState(self.trainer, self.cfg)
 
     def restore_initial(self) -> None:
         self.initial.restore(self.trainer)
-
-    def drop_optimizer_state(self) -> None:
-        drop_moments(self.trainer)
 
     def where(self) -> dict:
         return worker_location()
@@ -112,11 +99,8 @@ class RolloutWorker:
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
         return self.engine.generate(prompt_ids, n, seed)
 
-    def load(self, weights) -> int:
-        return sync.load_weights(self.model, weights)
-
-    def compare(self, weights) -> dict[str, float]:
-        return sync.compare(self.model, weights)
+    def sync(self, weights, *, skip: bool) -> dict[str, float]:
+        return sync.load_and_compare(self.model, weights, load=not skip)
 
     def keep_initial(self, weights) -> None:
         self.kept = reuse.DerivedCopy(self.model, weights)

@@ -207,16 +207,15 @@ RESIDENCY = {
 
 
 class Phases:
-    def __init__(self, *, device: str, offload: bool, trainer, rollout_model, ranks_on_host: int = 1,
-                 offload_train: bool = True):  # fmt: skip
-        self.offload_train = offload and offload_train
+    def __init__(self, cfg, device: str, trainer, rollout_model, ranks_on_host: int = 1):
+        self.offload, self.offload_train = cfg.offload_active, cfg.offload_train_active
         # parked at most: the rollout copy, and the master and two moments; not the compute copy, which is
         # freed and cast again on return (`_park_compute`)
-        park = _bytes(rollout_model) if offload else 0
+        park = _bytes(rollout_model) if self.offload else 0
         if self.offload_train:
             park += 3 * _bytes(trainer.master)
         self.copies = HostCopies(device, park_bytes=park, ranks_on_host=ranks_on_host)
-        self.offload, self.trainer, self.rollout_model = offload, trainer, rollout_model
+        self.trainer, self.rollout_model = trainer, rollout_model
         self.meter = MemoryMeter(device)
         self.where = {"train_params": "device", "optimizer_state": "device", "rollout_copy": "device"}
         # seconds spent moving, by the phase that asked

@@ -43,8 +43,7 @@ class Colocated(SharedDevice):
             except Exception as exc:  # noqa: BLE001 - the run goes on; the compile is then paid in the first seed
                 print(f"warning: KDA warm-up failed ({type(exc).__name__}: {exc}); the first seed compiles",
                       file=sys.stderr)  # fmt: skip
-        self.phases = Phases(device=cfg.device, offload=cfg.offload_active, trainer=self.trainer,
-                             rollout_model=self.rollout_model, offload_train=cfg.offload_train_active)  # fmt: skip
+        self.phases = Phases(cfg, cfg.device, self.trainer, self.rollout_model)
         self.where = {"train": worker_location(), "rollout": worker_location()}
 
     def parallel(self) -> dict:
@@ -136,9 +135,7 @@ class RayAsync:
 
     def sync(self, *, skip: bool) -> dict[str, float]:
         weights = self.train.weights.remote()  # an object ref: the driver never copies the weights
-        if not skip:
-            self._get(self.rollout.load.remote(weights))
-        return self._get(self.rollout.compare.remote(weights))
+        return self._get(self.rollout.sync.remote(weights, skip=skip))
 
     def drop_optimizer_state(self) -> None:
         self._get(self.train.drop_optimizer_state.remote())

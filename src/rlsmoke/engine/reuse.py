@@ -98,8 +98,11 @@ class DerivedCopy:
 class InitialState:
     """A trainer's starting point: its main weights, and what of its compute copy they do not rebuild."""
 
-    def __init__(self, trainer, narrow: torch.dtype | None, on_device: bool = False):
-        self.master = Snapshot(trainer.master, narrow=narrow, on_device=on_device)
+    def __init__(self, trainer, cfg):
+        # the main weights may be kept in the rollout dtype where it is narrower than the train dtype
+        rollout, train = TORCH_DTYPES[cfg.rollout_dtype], TORCH_DTYPES[cfg.train_dtype]
+        narrow = rollout if rollout.itemsize < train.itemsize else None
+        self.master = Snapshot(trainer.master, narrow=narrow, on_device=cfg.initial_on_device)
         self.compute = DerivedCopy(trainer.model, _compute_from_master(trainer)) if trainer._pairs else None
 
     def restore(self, trainer) -> None:
@@ -121,18 +124,11 @@ def _compute_from_master(trainer):
 class InitialRun:
     """A colocated worker's starting point: its trainer's, and its rollout copy's as the sync rebuilds it."""
 
-    def __init__(self, trainer, rollout_model: torch.nn.Module, rollout_weights, narrow: torch.dtype | None,
-                 on_device: bool = False):  # fmt: skip
+    def __init__(self, trainer, rollout_model: torch.nn.Module, rollout_weights, cfg):
         self.trainer, self.rollout_model, self.rollout_weights = trainer, rollout_model, rollout_weights
-        self.train = InitialState(trainer, narrow, on_device)
+        self.train = InitialState(trainer, cfg)
         self.rollout = DerivedCopy(rollout_model, rollout_weights())
 
     def restore(self) -> None:
         self.train.restore(self.trainer)
         self.rollout.restore(self.rollout_model, self.rollout_weights())
-
-
-def narrow_for(cfg) -> torch.dtype | None:
-    """The dtype a main weight may be kept in: the rollout's when it is narrower than the train dtype."""
-    rollout, train = TORCH_DTYPES[cfg.rollout_dtype], TORCH_DTYPES[cfg.train_dtype]
-    return rollout if rollout.itemsize < train.itemsize else None

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from rlsmoke.artifacts import write_atomic
+from rlsmoke.artifacts import RunLog, write_atomic
 from rlsmoke.engine import decode, grpo, kda, signals
 from rlsmoke.engine.config import Inject, RunConfig, Variant
 from rlsmoke.engine.data import encode, read_prompts
@@ -25,21 +25,6 @@ from rlsmoke.engine.rollout import batch_for
 from rlsmoke.engine.timing import PhaseClock, describe_timing, phase_seconds
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.memory import estimate, plan_of_run
-
-
-class RunLog:
-    """run.log: Miles-style `rollout N: {...}` / `step N: {...}` lines, so `load_record` reads it too."""
-
-    def __init__(self, path: Path):
-        self.file = path.open("w")
-        self.t0 = time.perf_counter()
-
-    def __call__(self, text: str) -> None:
-        self.file.write(f"[{time.perf_counter() - self.t0:7.2f}s] {text}\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
@@ -112,7 +97,10 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
     for run_cfg, out in runs:
         run_cfg.validate()
         out.mkdir(parents=True, exist_ok=True)
-    logs = [RunLog(out / "run.log") for _, out in runs]
+    # Miles-style `rollout N: {...}` / `step N: {...}` lines, in a new run.log: `load_record` reads them too
+    logs = [RunLog(out / "run.log", time.perf_counter()) for _, out in runs]
+    for run_log in logs:
+        run_log.path.write_text("")
     log = _fanout(logs)  # the load's lines; then each run's own, while it runs
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
@@ -215,9 +203,6 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (Interrupted): the workers were closed above
         unfinished(f"interrupted by {signals.interrupted_by(exc)}; workers stopped")
         raise
-    finally:
-        for run_log in logs:
-            run_log.close()
     summaries = []
     for (run_cfg, out), (lines, timing, peaks, decodes) in zip(runs, done, strict=True):
         # a variant's own seconds, the first one's with the load

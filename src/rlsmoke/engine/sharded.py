@@ -95,9 +95,7 @@ class Rank(SharedDevice):
         self.trainer = ShardedTrainer(model, comm_device=self.device, **trainer_options(cfg))
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
         self.engine = rollout_engine(self.rollout_model, cfg, self.device, eos_id, pad_id)
-        self.phases = Phases(device=self.device, offload=cfg.offload_active, trainer=self.trainer,
-                             rollout_model=self.rollout_model, ranks_on_host=world,
-                             offload_train=cfg.offload_train_active)  # fmt: skip
+        self.phases = Phases(cfg, self.device, self.trainer, self.rollout_model, ranks_on_host=world)
 
     def rollout_weights(self):
         """Each parameter gathered in full and cast to the rollout dtype, one at a time (every rank in order)."""

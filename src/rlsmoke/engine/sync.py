@@ -14,16 +14,6 @@ def rollout_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tens
 
 
 @torch.no_grad()
-def load_weights(model, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-    params = dict(model.named_parameters())
-    n = 0
-    for name, tensor in weights:
-        params[name].copy_(tensor.to(params[name].device))
-        n += 1
-    return n
-
-
-@torch.no_grad()
 def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
     """Mismatched parameters (count, max abs diff) between `model` and `expected` weights."""
     params = dict(model.named_parameters())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlsmoke.launch.miles import GROUP_ORDER, flag_values
+from rlsmoke.targets import TARGETS
 
 
 def _entries(plan) -> dict[str, tuple[str, str]]:
@@ -32,21 +33,16 @@ def diff_rows(here, there) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def diff_platforms(case, other_platform: str) -> str:
-    there = dataclasses.replace(case, platform=other_platform, mode=None)
-    return _table(diff_rows(case.plan(), there.plan()), (case.platform, other_platform))
-
-
-def diff_targets(case, other_target: str) -> str:
-    """What changes in the launch when it is rendered for `other_target` instead of the case's target."""
-    there = dataclasses.replace(case, target=other_target)
-    return _table(diff_rows(case.plan(), there.plan()), (case.target, other_target))
-
-
-def _table(rows: list[tuple[str, str, str, str]], names: tuple[str, str]) -> str:
-    head = ("group", "flag / env", *names)
+def diff(case, other: str) -> str:
+    """What changes in the launch when it is rendered for target `other` instead of the case's target, or on
+    platform `other` (in its default mode), as a table."""
+    if other in TARGETS:
+        there, here = dataclasses.replace(case, target=other), case.target
+    else:
+        there, here = dataclasses.replace(case, platform=other, mode=None), case.platform
+    rows = diff_rows(case.plan(), there.plan())
+    head = ("group", "flag / env", here, other)
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
     fmt = " | ".join(f"{{:{w}}}" for w in widths)
     lines = [fmt.format(*head), "-+-".join("-" * w for w in widths)]
-    lines += [fmt.format(*r) for r in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + [fmt.format(*r) for r in rows])

@@ -58,12 +58,17 @@ def convert_step(plan, paths: Paths) -> Step:
                 skip_when=f'[ "$(cat {shlex.quote(f"{dst}/{TRACKER}")} 2>/dev/null)" = {RELEASE} ]')  # fmt: skip
 
 
+def checkpoint_dialect(plan) -> str | None:
+    """GLM-5: the config dialect the target's Miles reads; None for a model of one dialect."""
+    return plan.topology.target.checkpoint_dialect if plan.spec.hf_model_type in DIALECTS else None
+
+
 def prepare_step(plan, what: str, *, tiny: bool = False) -> Step:
     """`rlsmoke prepare` into the launch's HF folder, unless it is there."""
     hf = plan.launch.hf_checkpoint
     argv = ("rlsmoke", "prepare", plan.case.name, "--out", hf, *(["--tiny"] if tiny else []))
-    if plan.spec.hf_model_type in DIALECTS:  # GLM-5: the config dialect the target's Miles reads
-        argv += ("--dialect", plan.topology.target.checkpoint_dialect)
+    if dialect := checkpoint_dialect(plan):
+        argv += ("--dialect", dialect)
     return Step("prepare", what, argv, skip_when=f"[ -e {shlex.quote(hf)} ]")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlsmoke.errors import UnknownNameError
+from rlsmoke.errors import require_known
 from rlsmoke.models.base import ModelSpec, reduce_layers
 from rlsmoke.models.glm5 import glm5_744b_a40b, glm5_tiny
 from rlsmoke.models.glm5_flash import glm5_3_flash, glm5_flash_tiny
@@ -50,9 +50,6 @@ ONE_GPU_VARIANT = {name: f"{name}-1gpu" for name in ("glm5-744b-a40b-4layer", "g
 
 def model_spec(name: str, *, tiny: bool = False) -> ModelSpec:
     """The spec of a case's model: full width, or the `tiny` width of the same layer structure."""
-    if name not in _MODELS:
-        raise UnknownNameError(
-            f"case={name!r} is unknown", rule="case.known", fix=f"use one of: {', '.join(MODEL_NAMES)}"
-        )
+    require_known("case", name, MODEL_NAMES)
     spec = _MODELS[name]().replace(name=name)
     return _TINY[spec.family](spec) if tiny else spec

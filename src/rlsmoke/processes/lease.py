@@ -13,7 +13,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from rlsmoke.engine.procs import bindable
-from rlsmoke.platforms import PLATFORMS
+from rlsmoke.platforms import PLATFORMS, visible_ids
 
 DEFAULT_LEASE_DIR = Path(tempfile.gettempdir()) / f"rlsmoke-leases-{os.getuid()}"
 PORT_BASE = 21000  # above Ray's defaults (6379, 8265, 10001-19999) so a stray default cluster never collides
@@ -29,9 +29,7 @@ def lease_dir() -> Path:
 
 def visible_gpu_ids(platform: str, count: int) -> tuple[str, ...]:
     """The GPU ids this process may hand out: the visible-devices variable if set, else 0..count-1."""
-    value = os.environ.get(PLATFORMS[platform].visible_devices_var or "", "")
-    ids = tuple(v.strip() for v in value.split(",") if v.strip())
-    return ids[:count] if ids else tuple(str(i) for i in range(count))
+    return (visible_ids(platform) or tuple(str(i) for i in range(count)))[:count]
 
 
 @dataclass

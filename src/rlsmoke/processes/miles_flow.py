@@ -7,7 +7,6 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
 
 from rlsmoke.errors import RunError
 from rlsmoke.launch.flow import RECORD_DIR_VAR, RELEASE, TRACKER, convert_step, torch_dist_done
@@ -39,8 +38,8 @@ def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], art
     return None
 
 
-def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path, timeout: float,
-        echo: TextIO | None = None) -> runner.Result:  # fmt: skip
+def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
+        timeout: float) -> runner.Result:  # fmt: skip
     """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
     step that fails ends the flow and its Result is returned. The prepare step is the suite's (verified
     before this)."""
@@ -55,4 +54,4 @@ def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], 
         log.write(f"submit: {RECORD_DIR_VAR}={record_dir}\n")
     left = max(1.0, timeout - (time.monotonic() - started))
     return runner.run_miles(plan.launch, miles_root=miles_root, ports=ports, env={**env, RECORD_DIR_VAR: str(record_dir)},
-                            artifacts=artifacts, timeout=left, echo=echo)  # fmt: skip
+                            artifacts=artifacts, timeout=left)  # fmt: skip

@@ -15,14 +15,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 TOKEN_VAR = "RLSMOKE_RUN_TOKEN"
 PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
@@ -42,6 +40,12 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
+
+    def tail(self, n: int) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return f"(no log at {self.log})"
 
 
 def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
@@ -95,19 +99,11 @@ def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -
         proc.wait(timeout=grace)
 
 
-def _tee(stream, log: TextIO, echo: TextIO) -> None:
-    for line in iter(stream.readline, ""):
-        log.write(line)
-        log.flush()
-        echo.write(line)
-    stream.close()
-
-
 class Process:
     """One launched command in its own session, logged to `log`; `start` replaces the spawn when given."""
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: str | Path | None = None,
-                 echo: TextIO | None = None, grace: float = TERM_GRACE_S, start=None):  # fmt: skip
+                 grace: float = TERM_GRACE_S, start=None):  # fmt: skip
         self.grace = grace
         self.argv = tuple(str(a) for a in argv)
         self.token = uuid.uuid4().hex
@@ -118,21 +114,14 @@ class Process:
         self._logf.flush()
         self.started = time.monotonic()
         env = {**env, TOKEN_VAR: self.token}
-        self._reader = None
         if start is not None:
             self.proc = start(self.argv, env, self.log)
             return
         # the log is opened for appending: the command's lines and ours interleave whole
         self.proc = subprocess.Popen(
             self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if echo else self._logf.fileno(), stderr=subprocess.STDOUT, text=True,
-            errors="replace", bufsize=1, start_new_session=True,
+            stdout=self._logf.fileno(), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        if echo is not None:
-            self._reader = threading.Thread(
-                target=_tee, args=(self.proc.stdout, self._logf, echo), daemon=True
-            )
-            self._reader.start()
 
     def wait(self, timeout: float | None) -> Result:
         timed_out = False
@@ -154,17 +143,15 @@ class Process:
         grace = self.grace if grace is None else grace
         if self.proc.poll() is None or tree_pids(self.token, self.proc.pid):
             stop_tree(self.proc, self.token, grace)
-        if self._reader is not None:
-            self._reader.join(timeout=grace)
         if not self._logf.closed:
             self._logf.flush()
             self._logf.close()
 
 
 def run(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout: float | None, cwd=None,
-        echo: TextIO | None = None, start=None) -> Result:  # fmt: skip
-    """Run `argv` to completion (or `timeout` s), tee'd to `log`; leaves no process behind."""
-    return Process(argv, env=env, log=log, cwd=cwd, echo=echo, start=start).wait(timeout)
+        start=None) -> Result:  # fmt: skip
+    """Run `argv` to completion (or `timeout` s), its output appended to `log`; leaves no process behind."""
+    return Process(argv, env=env, log=log, cwd=cwd, start=start).wait(timeout)
 
 
 # --- the Miles launcher: ray start --head, then ray job submit -----------------------------------
@@ -182,16 +169,29 @@ def ray_head_ports(ports, temp_dir: str) -> list[str]:
             "--min-worker-port", str(lo), "--max-worker-port", str(hi), "--temp-dir", temp_dir, "--block"]  # fmt: skip
 
 
-def stop_ray_head(head: Process, temp_dir: str, artifacts: Path, result: Result | None) -> None:
-    """The head and its cluster end; Ray's own logs say what went wrong, kept when something did."""
-    head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
-    head.stop(grace=HEAD_GRACE_S)
-    logs = Path(temp_dir) / "session_latest" / "logs"
-    if (head_died or result is None or not result.ok) and logs.is_dir():
-        shutil.copytree(
-            logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
-        )
-    shutil.rmtree(temp_dir, ignore_errors=True)
+def under_ray_head(head_argv: Sequence[str], ports, job: Callable[[], Result], *, env: Mapping[str, str],
+                   cwd: Path, artifacts: Path, timeout: float,
+                   dashboard: Sequence[str] = ()) -> Result:  # fmt: skip
+    """`job()` under a Ray head of ours; Ray's own logs say what went wrong, kept when something did."""
+    # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
+    temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
+    # Each Process has its own token: the job's stop must not SIGKILL the cluster before the head's stop.
+    head = Process([*head_argv, *ray_head_ports(ports, temp_dir), *dashboard], env=env, cwd=cwd,
+                   log=artifacts / "ray-head.log")  # fmt: skip
+    result = None
+    try:
+        wait_head(head, ports, timeout=min(120.0, timeout), what="dashboard" if dashboard else "GCS")
+        result = job()
+    finally:
+        head_died = head.proc.poll() is not None  # `ray start --block` ends only when we stop it
+        head.stop(grace=HEAD_GRACE_S)
+        logs = Path(temp_dir) / "session_latest" / "logs"
+        if (head_died or result is None or not result.ok) and logs.is_dir():
+            shutil.copytree(
+                logs, artifacts / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock")
+            )
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return result
 
 
 def _client_port(ports) -> list[str]:
@@ -214,8 +214,9 @@ def job_submit_argv(job_submit: Sequence[str], dashboard: int) -> list[str]:
     return argv
 
 
-def wait_head(head: Process, port: int, timeout: float, what: str = "dashboard") -> None:
-    """Until the head's dashboard (or its GCS) answers on `port`; the head exiting first is an error."""
+def wait_head(head: Process, ports, timeout: float, what: str) -> None:
+    """Until the head's dashboard (or its GCS) answers on its port; the head exiting first is an error."""
+    port = ports.dashboard if what == "dashboard" else ports.gcs
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if head.proc.poll() is not None:
@@ -240,25 +241,19 @@ def _answers(port: int, *, http: bool) -> bool:
 
 
 def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
-              timeout: float, echo: TextIO | None = None) -> Result:  # fmt: skip
+              timeout: float) -> Result:  # fmt: skip
     """Upstream's launch under `miles_root`: a Ray head, the job, then stop Ray; `env` to every process."""
     started = time.monotonic()
     # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
     full_env = clean_env({**launch.env, **env, "RAY_AUTH_MODE": "disabled"})
-    # Ray's unix sockets live under temp_dir and must stay under ~107 bytes, so not in the artifacts.
-    temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")
-    # Each Process has its own token: the job's stop must not SIGKILL the cluster before the head's stop.
     dashboard = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports.dashboard)]
     dashboard += ["--include-dashboard", "true", *_client_port(ports)]
-    head = Process([*launch.ray_start(), *ray_head_ports(ports, temp_dir), *dashboard], env=full_env, cwd=miles_root,
-                   log=artifacts / "ray-head.log")  # fmt: skip
-    result = None
-    try:
-        wait_head(head, ports.dashboard, timeout=min(120.0, timeout))
+
+    def submit() -> Result:
         runtime_env = json.dumps({"env_vars": {**launch.env, **env}})
         left = max(1.0, timeout - (time.monotonic() - started))
-        submit = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
-        result = run(submit, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left, echo=echo)
-    finally:
-        stop_ray_head(head, temp_dir, artifacts, result)
-    return result
+        argv = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
+        return run(argv, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left)
+
+    return under_ray_head(launch.ray_start(), ports, submit, env=full_env, cwd=miles_root,
+                          artifacts=artifacts, timeout=timeout, dashboard=dashboard)  # fmt: skip

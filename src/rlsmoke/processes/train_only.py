@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-import time
 from pathlib import Path
 
-from rlsmoke.artifacts import earlier_records, write_atomic
+from rlsmoke.artifacts import default_out, earlier_records, write_atomic
 from rlsmoke.cases import case_from_args
 from rlsmoke.checkpoints.cache_paths import cache_home
-from rlsmoke.checkpoints.dialects import DIALECTS
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import Paths
@@ -57,23 +54,19 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S)
     # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
     search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
     full_env = runner.clean_env({**tp.launch.env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
-    temp_dir = tempfile.mkdtemp(prefix="rlsmoke-ray-")  # Ray's unix sockets need a short path
-    head_argv = [*ray_head_train_only(tp.launch), *runner.ray_head_ports(ports, temp_dir)]
     train_env = {**full_env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}", flow.RECORD_DIR_VAR: tp.record_dir}
-    head = runner.Process(head_argv, env=full_env, cwd=miles_root, log=out / "ray-head.log")
-    result = None
+
+    def train() -> runner.Result:
+        return runner.run(tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout)
+
     try:
-        runner.wait_head(head, ports.gcs, timeout=min(120.0, timeout), what="GCS")
-        result = runner.run(
-            tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout
-        )
+        return runner.under_ray_head(ray_head_train_only(tp.launch), ports, train, env=full_env,
+                                     cwd=miles_root, artifacts=out, timeout=timeout)  # fmt: skip
     finally:
-        runner.stop_ray_head(head, temp_dir, out, result)
         ports.release()
-    return result
 
 
-def prepare_hf(tp: TrainOnlyPlan) -> Path:
+def prepare_hf(tp: TrainOnlyPlan) -> None:
     """The HF checkpoint at `<model dir>/<case>`: verified when there, else prepared (cached) and linked."""
     from rlsmoke.checkpoints import prepare
     from rlsmoke.engine.model import checkpoint_dir
@@ -81,11 +74,10 @@ def prepare_hf(tp: TrainOnlyPlan) -> Path:
     hf = Path(tp.plan.launch.hf_checkpoint)
     name = tp.plan.case.name
     if hf.exists():
-        return checkpoint_dir(name, tiny=tp.tiny, given=hf)
-    dialect = tp.plan.topology.target.checkpoint_dialect if tp.plan.spec.hf_model_type in DIALECTS else None
-    hf.parent.mkdir(parents=True, exist_ok=True)
-    hf.symlink_to(prepare(name, tiny=tp.tiny, seed=0, dialect=dialect))
-    return hf
+        checkpoint_dir(name, tiny=tp.tiny, given=hf)
+    else:
+        hf.parent.mkdir(parents=True, exist_ok=True)
+        hf.symlink_to(prepare(name, tiny=tp.tiny, seed=0, dialect=flow.checkpoint_dialect(tp.plan)))
 
 
 def write_summary(tp: TrainOnlyPlan, device: str) -> None:
@@ -133,7 +125,7 @@ def handler(args) -> int:
     args.target = args.target or TARGET
     tiny = args.tiny if args.tiny is not None else args.platform == "cpu"
     case = case_from_args(args)
-    out = Path(args.out or Path("rlsmoke-runs") / case.name / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    out = (args.out or default_out(case.name)).resolve()
     earlier_records(out, overwrite=args.overwrite)
     model_dir = args.model_dir or cache_home() / "miles-models" / ("tiny" if tiny else "full")
     paths = Paths(model_dir=str(Path(model_dir).resolve()), output_dir=str(out), miles_root=str(Path(root).resolve()),
@@ -147,8 +139,8 @@ def handler(args) -> int:
     result = run(tp, miles_root=Path(paths.miles_root))
     if not result.ok:
         what = "timed out" if result.timed_out else f"exited with {result.returncode}"
-        tail = "\n".join(result.log.read_text(errors="replace").splitlines()[-20:])
-        print(f"{tail}\nerror: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")
+        print(result.tail(20))
+        print(f"error: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")
         return ExitCode.RUN_FAILED
     device = host.device if host.platform == case.platform else "CPU"
     write_summary(tp, device)

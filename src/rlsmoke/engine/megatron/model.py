@@ -20,10 +20,10 @@ from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
 
 
-def transformer_config(spec: ModelSpec, argv: list[str], par: Parallel, *, params_dtype: torch.dtype,
-                       device: str):  # fmt: skip
+def transformer_config(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype, device: str):
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+    argv = spec.megatron_args()  # the Megatron model flags the plan renders for Miles
     mla = "--multi-latent-attention" in argv
     kw = config_kwargs(argv, mla=mla)
     kw.update(
@@ -120,8 +120,8 @@ def build_gpt(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dtype = tor
     from megatron.core.models.gpt import GPTModel
 
     _without_transformer_engine()
-    argv = spec.megatron_args()  # the Megatron model flags the plan renders for Miles
-    config = transformer_config(spec, argv, par, params_dtype=params_dtype, device=device)
+    argv = spec.megatron_args()
+    config = transformer_config(spec, par, params_dtype=params_dtype, device=device)
     divisible_by = int(flag_value(argv, "--make-vocab-size-divisible-by") or 128)
     with device_shim(device):
         model = GPTModel(

@@ -204,9 +204,10 @@ def _owned(t: torch.Tensor, dtype: torch.dtype, borrowed: set[int]) -> torch.Ten
     return out.clone() if out.untyped_storage().data_ptr() in borrowed else out
 
 
-def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel,
+def gather_hf_weights(trainer: MegatronTrainer, spec: ModelSpec, hf: dict[str, torch.Tensor],
                       dtype: torch.dtype, defect: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """Every rank's compute parameters gathered in `dtype` into HF tensors; each rank holds a rollout copy."""
+    par = trainer.par
     mine = {k: v.detach().to(dtype) for k, v in rank_state(trainer.gpt).items()}
     if par.world_size == 1:
         states = [mine]
@@ -254,7 +255,7 @@ class MegatronTrainWorker:
 
     def hf_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """The trainer's weights under HF checkpoint names: Megatron -> HF through the bridge."""
-        return gather_hf_weights(self.trainer, self.spec, self.hf, self.par, dtype, self.defect)
+        return gather_hf_weights(self.trainer, self.spec, self.hf, dtype, self.defect)
 
     def rollout_weights(self, model, dtype: torch.dtype):
         """What the rollout engine should hold, under its in-memory names (fused experts stacked)."""
