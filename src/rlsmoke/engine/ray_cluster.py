@@ -7,12 +7,10 @@ connects as a driver, and stopping kills every process of that session by pid.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +19,7 @@ from pathlib import Path
 
 from rlsmoke.engine import signals
 from rlsmoke.errors import RunError
+from rlsmoke.processes import runner
 
 # The cluster's own process: dies with the run (parent-death signal), reports the GCS address, sleeps.
 _HEAD = """
@@ -74,31 +73,11 @@ class LocalCluster:
             log.close()
 
     def stop(self) -> None:
-        """SIGKILL every process of the cluster's session (Ray's drain is slow); remove its temp folder."""
+        """Kill every process of the cluster's session at once (Ray's drain is slow); remove its temp folder."""
         if self.proc is not None:
-            while signal_session(self.proc.pid, signal.SIGKILL):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=0.05)  # reaps the head; the others are init's to reap
-                    time.sleep(0.02)
+            # by session only: the run token this process inherited marks the whole run, not the cluster
+            runner.stop_tree(self.proc, None, grace=0)
             self.proc.wait()
             self.proc.stdout.close()
             self.proc = None
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def signal_session(sid: int, sig: int) -> bool:
-    """Sends `sig` to every live process of session `sid` (a zombie counts as ended); False if none."""
-    if not Path("/proc/self/stat").exists():  # no /proc (macOS): the session leader's process group
-        try:
-            os.killpg(sid, sig)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    found = False
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError):
-            state, _, _, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
-            if int(session) == sid and state != "Z":
-                found = True
-                os.kill(int(stat.parent.name), sig)
-    return found

@@ -58,8 +58,8 @@ def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
     return env
 
 
-def tree_pids(token: str, sid: int) -> list[int]:
-    """Live pids of a launch: in session `sid`, or with `token` in their env; zombies excluded."""
+def tree_pids(token: str | None, sid: int) -> list[int]:
+    """Live pids of a launch: in session `sid`, or with `token` (if any) in their env; zombies excluded."""
     needle = f"{TOKEN_VAR}={token}".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -69,7 +69,8 @@ def tree_pids(token: str, sid: int) -> list[int]:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             if fields[0] == "Z":
                 continue
-            if int(fields[3]) == sid or needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+            environ = Path(f"/proc/{entry}/environ")
+            if int(fields[3]) == sid or (token and needle in environ.read_bytes().split(b"\0")):
                 found.append(int(entry))
     return found
 
@@ -79,7 +80,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def stop_tree(proc: subprocess.Popen, token: str, grace: float = TERM_GRACE_S) -> None:
+def stop_tree(proc: subprocess.Popen, token: str | None, grace: float = TERM_GRACE_S) -> None:
     """SIGTERM the session's group, wait up to `grace`, then SIGKILL every pid of the tree until none is left."""
     sid = proc.pid  # start_new_session: the leader's pid is the session and the group id
     _signal_group(sid, signal.SIGTERM)
