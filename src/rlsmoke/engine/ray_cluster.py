@@ -23,13 +23,9 @@ from rlsmoke.processes import runner
 
 # The cluster's own process: dies with the run (parent-death signal), reports the GCS address, sleeps.
 _HEAD = """
-import json, os, signal, sys, time
-signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-if sys.platform.startswith("linux"):
-    import ctypes
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(sys.argv[1]):
-        sys.exit(1)
+import json, sys, time
+from rlsmoke.engine.signals import in_child
+in_child(int(sys.argv[1]))
 import ray
 ray.init(**json.loads(sys.argv[2]))
 print(json.dumps({"address": ray.get_runtime_context().gcs_address}), flush=True)
