@@ -15,6 +15,7 @@ from pathlib import Path
 from rlsmoke import artifacts
 from rlsmoke.engine import megatron, signals
 from rlsmoke.engine.config import RunConfig, Variant
+from rlsmoke.engine.timing import Laps
 from rlsmoke.errors import ExitCode, Interrupted, RlsmokeError, RunError, crash_line
 from rlsmoke.facts import TOKENIZER_MODULE, modeling_module
 from rlsmoke.repeats import gate_run
@@ -50,20 +51,6 @@ def _process_started() -> float:
         return time.perf_counter()
 
 
-class ProcessClock:
-    """The process's seconds before the engine's clock, by phase (`start`, `config`, `engine import`):
-    a run's `seconds` does not hold them."""
-
-    def __init__(self, started: float):
-        self.last = time.perf_counter()
-        self.seconds = {"start": round(self.last - started, 3)}
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[phase] = round(now - self.last, 3)
-        self.last = now
-
-
 def handler(args) -> int:
     if args.launcher == "miles":
         from rlsmoke.processes import train_only
@@ -75,7 +62,8 @@ def handler(args) -> int:
 
 
 def _handle(args, started: float) -> int:
-    before = ProcessClock(started)  # what the process spends before the engine runs: its own phases in timing
+    # what the process spends before the engine's clock starts (its `seconds` does not hold it), by phase
+    before = Laps({"start": time.perf_counter() - started})
     if args.variants is None:
         cfgs = [config_from_args(args)]
         outs = [args.out or artifacts.default_out(cfgs[0].case)]
@@ -85,7 +73,7 @@ def _handle(args, started: float) -> int:
         outs = [root / Variant(c.inject, c.rollout_temperature).slug for c in cfgs]
         for out in outs:  # refused before any of them is created or locked
             artifacts.earlier_records(out, overwrite=args.overwrite)
-    before.lap("config")
+    before("config")
     with contextlib.ExitStack() as held:
         folders = [held.enter_context(artifacts.RunFolder(out, overwrite=args.overwrite)) for out in outs]
         # a folder's records: under --overwrite, staged beside it until the commit
@@ -149,15 +137,15 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
 
 
 def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLog], started: float,
-                  before: ProcessClock) -> int:  # fmt: skip
+                  before: Laps) -> int:  # fmt: skip
     """The run (or each of --variants on one load), then each run's gates; exit 1 if any gate failed."""
     describe_timing, execute, execute_variants = _load_engine(runs[0][0], logs[0])
-    before.lap("engine import")
+    before("engine import")
     try:
         if args.variants is None:
-            summaries = [execute(runs[0][0], runs[0][1], repeat=args.repeat, process_s=before.seconds)]
+            summaries = [execute(runs[0][0], runs[0][1], repeat=args.repeat, process_s=before.phases)]
         else:
-            summaries = execute_variants(runs, process_s=before.seconds)
+            summaries = execute_variants(runs, process_s=before.phases)
     except RunError as exc:
         print(f"error: [{exc.rule}] {exc}. Artifacts: {runs[0][1] if len(runs) == 1 else runs[0][1].parent}",
               file=sys.stderr)  # fmt: skip

@@ -12,8 +12,9 @@ import torch
 
 from rlsmoke.engine import kda, reuse, sync
 from rlsmoke.engine.config import RunConfig
-from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps, derive_policy, load_policy, process_settings
+from rlsmoke.engine.model import TORCH_DTYPES, derive_policy, load_policy, process_settings
 from rlsmoke.engine.rollout import Group, RolloutEngine, batch_for
+from rlsmoke.engine.timing import Laps
 from rlsmoke.engine.train import Trainer, set_dropout
 from rlsmoke.engine.workers import TrainCalls
 
@@ -49,7 +50,7 @@ class TrainWorker(TrainCalls):
         spec = cfg.spec
         self.cfg = cfg
         self.load_phases: dict[str, float] = {}
-        lap = LoadLaps(self.load_phases)
+        lap = Laps(self.load_phases)
         model = load_policy(ckpt, spec, cfg.train_dtype, cfg.device)
         lap("read")
         # Megatron's bf16 params: a compute copy cast from the master weights (rlsmoke.engine.precision)
@@ -88,7 +89,7 @@ class RolloutWorker:
         process_settings(threads)
         spec = cfg.spec
         self.load_phases: dict[str, float] = {}
-        lap = LoadLaps(self.load_phases)
+        lap = Laps(self.load_phases)
         if source is not None:
             self.model = derive_policy(source, spec, cfg.rollout_dtype)
         else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -18,22 +17,6 @@ from rlsmoke.errors import CheckpointError
 from rlsmoke.models import ModelSpec, model_spec
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class LoadLaps:
-    """Each call adds the seconds since the last one to `phases` under its name (device work finished)."""
-
-    def __init__(self, phases: dict[str, float] | None):
-        self.phases, self.last = phases, time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        if self.phases is None:
-            return
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
-        self.last = now
 
 
 def checkpoint_dir(case: str, *, tiny: bool, given: Path | None = None) -> Path:

@@ -1,8 +1,27 @@
-"""A run's seconds: each engine call's by phase, the offload moves as their own, and the one-line summary."""
+"""A run's seconds: its laps before the first seed, each engine call's by phase, the offload moves as
+their own, and the one-line summary."""
 
 from __future__ import annotations
 
+import sys
 import time
+
+
+class Laps:
+    """Each call adds the seconds since the last one to `phases` under its name (device work finished)."""
+
+    def __init__(self, phases: dict[str, float] | None):
+        self.phases, self.last = phases, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.phases is None:
+            return
+        torch = sys.modules.get("torch")  # not imported yet: no device work to wait for
+        if torch is not None and torch.cuda.is_initialized():  # asks without starting the driver
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 class PhaseClock:

@@ -21,9 +21,10 @@ from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.megatron import MODULES, available
 from rlsmoke.engine.megatron.dist import backend_for, init
 from rlsmoke.engine.megatron.model import build_gpt, device_shim, rank_state
-from rlsmoke.engine.model import TORCH_DTYPES, LoadLaps
+from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.procs import free_port
 from rlsmoke.engine.read import read_checkpoint, unfilled
+from rlsmoke.engine.timing import Laps
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.models import ModelSpec
 
@@ -151,7 +152,7 @@ class MegatronTrainer:
 def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank: int, *, cfg: RunConfig,
                device: str, defect: str | None = None, phases: dict[str, float] | None = None) -> MegatronTrainer:  # fmt: skip
     """This rank's GPTModel under DDP, its fp32 main parameters and the trainer; `phases` gets seconds."""
-    clock = LoadLaps(phases)
+    clock = Laps(phases)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     if par.tp > 1 and not par.sp:
@@ -231,7 +232,7 @@ class MegatronTrainWorker:
         self.spec, self.par = cfg.spec, Parallel()
         self.defect = cfg.inject.kind if cfg.inject.kind.startswith("bridge-") else None
         self.load_phases: dict[str, float] = {}  # summary.json timing.load_phases_s
-        clock = LoadLaps(self.load_phases)
+        clock = Laps(self.load_phases)
         for name in MODULES:  # imported with the engine by `rlsmoke run`; a caller's own here
             importlib.import_module(name)
         clock("megatron import")
