@@ -10,12 +10,10 @@ import time
 class Laps:
     """Each call adds the seconds since the last one to `phases` under its name (device work finished)."""
 
-    def __init__(self, phases: dict[str, float] | None):
+    def __init__(self, phases: dict[str, float]):
         self.phases, self.last = phases, time.perf_counter()
 
     def __call__(self, name: str) -> None:
-        if self.phases is None:
-            return
         torch = sys.modules.get("torch")  # not imported yet: no device work to wait for
         if torch is not None and torch.cuda.is_initialized():  # asks without starting the driver
             torch.cuda.synchronize()

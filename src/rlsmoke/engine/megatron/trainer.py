@@ -152,7 +152,7 @@ class MegatronTrainer:
 def build_rank(spec: ModelSpec, hf: dict[str, torch.Tensor], par: Parallel, rank: int, *, cfg: RunConfig,
                device: str, defect: str | None = None, phases: dict[str, float] | None = None) -> MegatronTrainer:  # fmt: skip
     """This rank's GPTModel under DDP, its fp32 main parameters and the trainer; `phases` gets seconds."""
-    clock = Laps(phases)
+    clock = Laps({} if phases is None else phases)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     if par.tp > 1 and not par.sp:
