@@ -69,9 +69,10 @@ def main() -> None:
     from rlsmoke.engine.config import RunConfig
     from rlsmoke.engine.megatron import dist
     from rlsmoke.engine.megatron.trainer import build_rank
-    from rlsmoke.engine.model import LoadLaps, load_policy, process_settings
+    from rlsmoke.engine.model import load_policy, process_settings
     from rlsmoke.engine.procs import free_port
     from rlsmoke.engine.read import read_checkpoint
+    from rlsmoke.engine.timing import Laps
 
     spec = reduced_spec(args.layers, args.experts, args.vocab)
     write_checkpoint(spec, args.dir)
@@ -82,13 +83,13 @@ def main() -> None:
     prof = cProfile.Profile() if args.profile else None
     if prof:
         prof.enable()
-    clock = LoadLaps(phases)
+    clock = Laps(phases)
     dist.init(0, Parallel(), free_port(), backend=dist.backend_for(args.device))
     clock("process group")
     hf = read_checkpoint(args.dir, args.device)
     clock("read")
     trainer = build_rank(spec, hf, Parallel(), 0, cfg=cfg, device=args.device, phases=phases)
-    clock = LoadLaps(phases)
+    clock = Laps(phases)
     load_policy(args.dir, spec, "bfloat16", args.device, state=hf)  # from the trainer's read, as the run does
     clock("rollout copy")
     if prof:
