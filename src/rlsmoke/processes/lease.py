@@ -10,8 +10,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
+from rlsmoke.artifacts import try_lock
 from rlsmoke.engine.procs import bindable
 from rlsmoke.platforms import PLATFORMS, visible_ids
 
@@ -38,15 +39,15 @@ class GpuLease:
 
     platform: str
     ids: tuple[str, ...]
-    _locks: list[FileLock] = field(default_factory=list, repr=False)
+    _locks: list[int] = field(default_factory=list, repr=False)  # each held GPU's locked fd
 
     def env(self) -> dict[str, str]:
         var = PLATFORMS[self.platform].visible_devices_var
         return {var: ",".join(self.ids)} if var and self.ids else {}
 
     def release(self) -> None:
-        for lock in self._locks:
-            lock.release()
+        for fd in self._locks:
+            os.close(fd)
         self._locks.clear()
 
 
@@ -61,18 +62,16 @@ def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float =
     deadline = time.monotonic() + timeout
     while True:
         with FileLock(str(folder / "allocator.lock")):
-            held: dict[str, FileLock] = {}
+            held: dict[str, int] = {}
             for gpu in pool:
-                lock = FileLock(str(folder / f"gpu-{gpu}.lock"))
-                try:
-                    lock.acquire(timeout=0)
-                except Timeout:
+                fd = try_lock(folder / f"gpu-{gpu}.lock")
+                if fd is None:
                     continue
-                held[gpu] = lock
+                held[gpu] = fd
                 if len(held) == n:
                     return GpuLease(platform, tuple(held), list(held.values()))
-            for lock in held.values():
-                lock.release()
+            for fd in held.values():
+                os.close(fd)
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"waited {timeout:.0f} s for {n} free GPUs of {','.join(pool)} (lock dir {folder})"
@@ -93,7 +92,7 @@ class PortLease:
     """A block of ports that no other lease holder on this host uses."""
 
     base: int
-    _lock: FileLock | None = field(default=None, repr=False)
+    _lock: int | None = field(default=None, repr=False)  # the block's locked fd
 
     def __getattr__(self, name: str) -> int:
         if name in PORT_NAMES:
@@ -106,7 +105,7 @@ class PortLease:
 
     def release(self) -> None:
         if self._lock is not None:
-            self._lock.release()
+            os.close(self._lock)
             self._lock = None
 
 
@@ -116,14 +115,12 @@ def lease_ports(*, start: int = 0, folder: Path | None = None, base: int | None 
     base = base if base is not None else int(os.environ.get("RLSMOKE_PORT_BASE", PORT_BASE))
     for i in range(PORT_BLOCKS):
         block = base + (start + i) % PORT_BLOCKS * PORT_BLOCK
-        lock = FileLock(str(folder / f"ports-{block}.lock"))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
+        fd = try_lock(folder / f"ports-{block}.lock")
+        if fd is None:
             continue
         if all(bindable(block + off) for off in PORT_NAMES.values()):
-            return PortLease(block, lock)
-        lock.release()
+            return PortLease(block, fd)
+        os.close(fd)
     raise RuntimeError(
         f"no free port block of {PORT_BLOCK} from {base} (lock dir {folder}). Set RLSMOKE_PORT_BASE."
     )
