@@ -1,5 +1,9 @@
 """The pre-flight: the user's Miles parses the rendered argv (a real subprocess, its own parser) before Ray starts."""
 
+import contextlib
+import faulthandler
+import io
+
 import pytest
 from fake_miles import write_fake_miles
 
@@ -45,3 +49,17 @@ def test_plan_check_miles_is_one_error_line_and_exit_2(tmp_path, capsys):
         len(err) == 1 and err[0].startswith("error: [miles.flags] ") and "--sglang-kv-cache-dtype" in err[0]
     )
     assert out == ""  # no launch printed that its Miles refuses
+
+
+def test_a_miles_whose_import_enables_faulthandler_passes(tmp_path):
+    """Megatron-LM's inference coordinator calls faulthandler.enable() as Miles imports it: the driver's
+    captured stderr must have a file descriptor (found on the H200, where a StringIO failed the pre-flight)."""
+    miles = write_fake_miles(tmp_path)
+    (miles / "miles" / "__init__.py").write_text("import faulthandler\n\nfaulthandler.enable()\n")
+    check_flags(CASE.plan().launch, miles)
+
+
+def test_faulthandler_refuses_a_stderr_without_a_descriptor():
+    """Its twin: the capture it replaced, a StringIO, fails that import."""
+    with pytest.raises(io.UnsupportedOperation), contextlib.redirect_stderr(io.StringIO()):
+        faulthandler.enable()

@@ -41,7 +41,7 @@ class Step:
         return dataclasses.asdict(self)
 
 
-def convert_step(plan, paths: Paths) -> Step:
+def convert_step(plan, paths: Paths, extra: tuple[str, ...] = ()) -> Step:
     """Miles' `_prepare_megatron_ckpt`: <= 4 layers on min(4, node GPUs) ranks, larger on a node's GPUs."""
     hf, dst = plan.launch.hf_checkpoint, plan.launch.ref_load
     gpus = plan.topology.gpus_per_node
@@ -52,7 +52,7 @@ def convert_step(plan, paths: Paths) -> Step:
     else:
         ranks = gpus
     argv = ("torchrun", "--nproc-per-node", str(ranks), f"{paths.miles_root}/{CONVERT_TOOL}",
-            *plan.spec.megatron_args(), "--hf-checkpoint", hf, "--save", dst, *parallel)  # fmt: skip
+            *plan.spec.megatron_args(), "--hf-checkpoint", hf, "--save", dst, *parallel, *extra)  # fmt: skip
     return Step("convert", "HF -> torch_dist with Miles' converter", argv,
                 {"PYTHONPATH": f"{paths.miles_root}:{paths.megatron_root}"},
                 skip_when=f'[ "$(cat {shlex.quote(f"{dst}/{TRACKER}")} 2>/dev/null)" = {RELEASE} ]')  # fmt: skip

@@ -45,8 +45,14 @@ STEP_TIMEOUT_S = 3600.0
 TRAIN_ONLY_DROPPED = ("--colocate", "--rematerialize-param-from-master-weight", "--moe-enable-deepep",
                       "--load", "--save", "--save-interval", "--dump-details")  # fmt: skip
 # What it sets instead: TE's cuDNN fused attention (flash-attn has no binary wheel), the all-to-all MoE
-# dispatcher (DeepEP's flex dispatcher needs deep_ep).
-TRAIN_ONLY_SET = {"--attention-backend": ("fused",), "--moe-token-dispatcher-type": ("alltoall",)}
+# dispatcher (DeepEP's flex dispatcher needs deep_ep), and no gradient-accumulation fusion, which needs
+# apex's CUDA extension (not on the package index): the converter's model build refuses it too.
+NO_APEX = ("--no-gradient-accumulation-fusion",)
+TRAIN_ONLY_SET = {
+    "--attention-backend": ("fused",),
+    "--moe-token-dispatcher-type": ("alltoall",),
+    NO_APEX[0]: (),
+}
 # GLM-5's DSA top-k takes 2048 tokens of a packed micro-batch
 DSA_PAD = ("--data-pad-size-multiplier", "4096")
 

@@ -16,10 +16,10 @@ from rlsmoke.processes import preflight, runner
 
 
 def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], artifacts: Path,
-            timeout: float) -> runner.Result | None:  # fmt: skip
+            timeout: float, extra: tuple[str, ...] = ()) -> runner.Result | None:  # fmt: skip
     """The convert step unless done (the tracker reads `release`); its Result when it ran and failed, else
     None. Logged in `artifacts/flow.log`, the converter's own output in `artifacts/convert.log`."""
-    step = convert_step(plan, paths)
+    step = convert_step(plan, paths, extra)
     dst = Path(plan.launch.ref_load)
     with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
         if torch_dist_done(dst):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -40,18 +40,25 @@ def miles_parser(args: list[str]) -> argparse.ArgumentParser:
     raise RuntimeError("miles.utils.arguments.parse_args() returned without parsing the command line")
 
 
+def _text(stream) -> str:
+    stream.flush()
+    stream.seek(0)
+    return stream.read()
+
+
 def parse(args: list[str]) -> dict:
-    stderr = io.StringIO()
+    # a file with a descriptor: Megatron-LM's imports call faulthandler.enable(), which needs stderr's fileno
+    stderr = tempfile.TemporaryFile("w+")
     try:
         with contextlib.redirect_stderr(stderr):
             parser = miles_parser(args)
     except SystemExit:  # Miles' first, Miles-only parser refused a value already (argparse printed why)
-        errors = [line for line in stderr.getvalue().splitlines() if ": error: " in line]
+        errors = [line for line in _text(stderr).splitlines() if ": error: " in line]
         if not errors:  # not argparse's refusal: the parser itself ended (a crash, its own exit code)
             raise
         return {"accepted": False, "message": errors[-1].split(": error: ", 1)[1]}
     finally:
-        sys.stderr.write(stderr.getvalue())
+        sys.stderr.write(_text(stderr))
 
     def refuse(message: str):
         raise _Stopped(message)

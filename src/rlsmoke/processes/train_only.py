@@ -15,6 +15,7 @@ from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import Paths
 from rlsmoke.launch.train_only import (
+    NO_APEX,
     RAY_ADDRESS_VAR,
     STEP_TIMEOUT_S,
     TARGET,
@@ -41,7 +42,7 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S)
     preflight.check_flags(tp.launch, miles_root)  # the user's Miles parses the argv before anything runs
     flow.check(tp.plan)
     failed = miles_flow.convert(
-        tp.plan, tp.paths, miles_root=miles_root, env={}, artifacts=out, timeout=timeout
+        tp.plan, tp.paths, miles_root=miles_root, env={}, artifacts=out, timeout=timeout, extra=NO_APEX
     )
     if failed is not None:
         return failed
