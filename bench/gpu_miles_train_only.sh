@@ -44,6 +44,10 @@ build)
     LDFLAGS="-Wl,--no-as-needed -ltorch -ltorch_cuda -lc10_cuda" \
     python3 -m pip wheel -v --no-build-isolation --no-deps -w "$env_dir/wheel" "$env_dir"/build/transformer_engine_torch-*/
   timed te-torch python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$env_dir"/wheel/transformer_engine_torch-*.whl
+  # The wheel leaves TE's torch library in the build tree (seen on the H200, 2026-12-05); TE looks for it
+  # beside its package, so it goes into the site where none is.
+  so=$(ls "$env_dir"/build/transformer_engine_torch-*/build/lib.*/transformer_engine/wheel_lib/transformer_engine_torch*.so 2>/dev/null | head -1)
+  if [ -n "$so" ] && ! ls "$site"/transformer_engine_torch*.so > /dev/null 2>&1; then cp "$so" "$site/"; fi
   timed probe-ray timeout 180 python3 -c 'import ray; ray.init(num_gpus=1, include_dashboard=False); print(ray.cluster_resources()); ray.shutdown()'
   timed prepare timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' prepare glm4.5-355b-a32b-4layer
   touch "$env_dir/build.done" ;;
