@@ -1,8 +1,6 @@
 """The pre-flight: the user's Miles parses the rendered argv (a real subprocess, its own parser) before Ray starts."""
 
-import contextlib
-import faulthandler
-import io
+import os
 
 import pytest
 from fake_miles import write_fake_miles
@@ -59,7 +57,17 @@ def test_a_miles_whose_import_enables_faulthandler_passes(tmp_path):
     check_flags(CASE.plan().launch, miles)
 
 
-def test_faulthandler_refuses_a_stderr_without_a_descriptor():
-    """Its twin: the capture it replaced, a StringIO, fails that import."""
-    with pytest.raises(io.UnsupportedOperation), contextlib.redirect_stderr(io.StringIO()):
-        faulthandler.enable()
+def test_a_stringio_capture_fails_that_miles_import(tmp_path, monkeypatch):
+    """Its twin: the driver's capture made a StringIO again (a sitecustomize in the driver's process), and
+    the same Miles fails the pre-flight on faulthandler's missing fileno."""
+    miles = write_fake_miles(tmp_path / "miles-root")
+    (miles / "miles" / "__init__.py").write_text("import faulthandler\n\nfaulthandler.enable()\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import io, tempfile\n\ntempfile.TemporaryFile = lambda *a, **k: io.StringIO()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    with pytest.raises(RlsmokeError) as broken:
+        check_flags(CASE.plan().launch, miles)
+    assert broken.value.rule == "miles.preflight" and "fileno" in str(broken.value)
