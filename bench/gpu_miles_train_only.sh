@@ -8,11 +8,13 @@
 #                                                    torch, Ray probed, the HF checkpoint prepared
 #   bench/gpu_miles_train_only.sh te OUT             once every piece is there: TE's core; wait for the build;
 #                                                    probe TE, the imports
+#   bench/gpu_miles_train_only.sh cudnn OUT          with .miles-carry/cudnn.tar.xz: cuDNN at Miles' image pin
+#                                                    beside the host's; TE's THD attention probed on both
 #   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT), then
 #                                                    ten seeds in one launch and a key calibrated from them
 # Nothing of the host is upgraded: Miles' packages go --no-deps into $MILES_ENV/site, ahead on PYTHONPATH.
 set -uo pipefail
-stage=${1:?receive, misc, build, te or suite}; out=${2:-/tmp/miles-out}
+stage=${1:?receive, misc, build, te, cudnn or suite}; out=${2:-/tmp/miles-out}
 env_dir=${MILES_ENV:-/root/miles-env}; site=$env_dir/site
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$env_dir/carry" "$out"
@@ -22,6 +24,11 @@ export PYTHONPATH=$here/bench/miles_overlay:$site:$here/src PATH=$site/bin:$PATH
 export NVTE_FRAMEWORK=pytorch RLSMOKE_STANDIN_LOG=$out/standin.log RLSMOKE_CACHE=${RLSMOKE_CACHE:-/root/rlsmoke-cache}
 export RLSMOKE_MILES_ROOT=$env_dir/src/miles RLSMOKE_MEGATRON_ROOT=$env_dir/src/Megatron-LM
 export RLSMOKE_MILES_MODELS=$env_dir/models
+# cuDNN 9.22.0.52, Miles' image pin, once the cudnn stage has put it there: preloaded, so torch and TE (which
+# looks in CUDNN_HOME first) share it, and its sub-libraries load from beside it ($ORIGIN)
+cudnn=$env_dir/nvidia/cudnn
+with_cudnn=(env LD_PRELOAD=$cudnn/lib/libcudnn.so.9 CUDNN_HOME=$cudnn)
+[ -f "$cudnn/lib/libcudnn.so.9" ] && [ "$stage" != cudnn ] && export "${with_cudnn[@]:1}"
 
 case $stage in
 receive)
@@ -52,7 +59,7 @@ build)
   timed prepare timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' prepare glm4.5-355b-a32b-4layer
   touch "$env_dir/build.done" ;;
 te)
-  cd "$env_dir/carry" && sha256sum -c --quiet SHA256SUMS || { echo "error: [bench.carry] a piece is missing or torn"; exit 2; }
+  cd "$env_dir/carry" && grep ' piece-' SHA256SUMS | sha256sum -c --quiet || { echo "error: [bench.carry] a piece is missing or torn"; exit 2; }
   read -r _ misc_bytes < <(grep '^misc ' sizes)
   timed unpack-te bash -c "cat piece-* | tail -c +$((misc_bytes + 1)) | xz -d | tar -x -C $env_dir"
   until [ -f "$env_dir/build.done" ] || [ "$(left)" -lt 60 ]; do sleep 5; done  # the misc stage's build
@@ -60,6 +67,16 @@ te)
   timed probe-te timeout 180 python3 -c 'import torch, transformer_engine.pytorch as te; l = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda(); print(l(torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)).shape, te.__file__)'
   timed probe-miles timeout 300 env PYTHONPATH=$RLSMOKE_MILES_ROOT:$RLSMOKE_MEGATRON_ROOT:$PYTHONPATH python3 -c 'import train, miles.backends.megatron_utils.actor; print("miles imports")'
   cat "$out/timing.txt"; tail -n 5 "$out"/probe-*.txt ;;
+cudnn)
+  cd "$env_dir/carry" && grep ' cudnn.tar.xz' SHA256SUMS | sha256sum -c --quiet || { echo "error: [bench.carry] cudnn.tar.xz is missing or torn"; exit 2; }
+  timed unpack-cudnn tar -xJf cudnn.tar.xz -C "$env_dir"
+  # its RUNPATH finds NVRTC and cuBLAS two folders up, where the host's pip packages keep them
+  nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')
+  for lib in cu13 cuda_nvrtc cublas; do [ -e "$nv/$lib" ] && ln -sfn "$nv/$lib" "$env_dir/nvidia/$lib"; done
+  cd "$here"
+  timed attention-host-cudnn timeout 300 python3 bench/te_attention_probe.py
+  timed attention-miles-cudnn timeout 300 "${with_cudnn[@]}" python3 bench/te_attention_probe.py
+  cat "$out/timing.txt"; tail -n 3 "$out"/attention-*.txt ;;
 suite)
   shift 2
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
@@ -77,5 +94,5 @@ suite)
   for log in "$out"/pt/*/*/run.log; do [ -f "$log" ] && { echo "== $log"; tail -25 "$log"; }; done
   tail -40 "$out/suite.txt"; tail -n 15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/timing.txt"
   [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
-*) echo "error: [bench.stage] $stage is not receive, misc, build, te or suite"; exit 2 ;;
+*) echo "error: [bench.stage] $stage is not receive, misc, build, te, cudnn or suite"; exit 2 ;;
 esac
