@@ -113,15 +113,20 @@ def test_sync_compare_counts_each_mismatched_parameter_after_the_cast(torch, syn
     a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
     b.load_state_dict(a.state_dict())
     expected = list(sync.rollout_weights(a, torch.float32))
-    assert sync.compare(b, expected)["sync/mismatched_params"] == 0
+    assert sync.load_and_compare(b, expected, load=False)["sync/mismatched_params"] == 0
     with torch.no_grad():
         b.weight[0, 0] += 1e-6
-    got = sync.compare(b, expected)
+    got = sync.load_and_compare(b, expected, load=False)
     assert got["sync/mismatched_params"] == 1 and got["sync/max_abs_diff"] == pytest.approx(1e-6, rel=0.1)
     # In bf16 the same 1e-6 change rounds away: equality is judged in what the engine samples with.
     b16 = torch.nn.Linear(4, 4).to(torch.bfloat16)
     sync.load_and_compare(b16, sync.rollout_weights(a, torch.bfloat16))
-    assert sync.compare(b16, sync.rollout_weights(a, torch.bfloat16))["sync/mismatched_params"] == 0
+    assert (
+        sync.load_and_compare(b16, sync.rollout_weights(a, torch.bfloat16), load=False)[
+            "sync/mismatched_params"
+        ]
+        == 0
+    )
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -14,17 +14,22 @@ def rollout_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tens
 
 
 @torch.no_grad()
-def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
-    """Mismatched parameters (count, max abs diff) between `model` and `expected` weights."""
+def load_and_compare(
+    model, weights: Iterable[tuple[str, torch.Tensor]], *, load: bool = True
+) -> dict[str, float]:
+    """Copy each weight in (`load=False`: compare only), then count the parameters that differ (and the
+    max abs diff): a missing name or shape mismatches, and so does a parameter no weight names."""
     params = dict(model.named_parameters())
     mismatched, max_diff, seen = 0, 0.0, set()
-    for name, tensor in expected:
+    for name, tensor in weights:
         seen.add(name)
         mine = params.get(name)
         if mine is None or mine.shape != tensor.shape:
             mismatched += 1
             max_diff = float("inf")
             continue
+        if load:
+            mine.copy_(tensor.to(mine.device))
         tensor = tensor.to(mine.device, mine.dtype)
         if not torch.equal(mine, tensor):
             mismatched += 1
@@ -32,19 +37,3 @@ def compare(model, expected: Iterable[tuple[str, torch.Tensor]]) -> dict[str, fl
     mismatched += len(set(params) - seen)  # the engine holds a parameter the trainer does not
     return {"sync/checked_params": float(len(seen)), "sync/mismatched_params": float(mismatched),
             "sync/max_abs_diff": max_diff}  # fmt: skip
-
-
-@torch.no_grad()
-def load_and_compare(
-    model, weights: Iterable[tuple[str, torch.Tensor]], *, load: bool = True
-) -> dict[str, float]:
-    """Copy each weight in and compare (`load=False`: compare only); a missing name or shape mismatches."""
-
-    def copied(params):
-        for name, tensor in weights:
-            mine = params.get(name)
-            if mine is not None and mine.shape == tensor.shape:
-                mine.copy_(tensor.to(mine.device))
-            yield name, tensor
-
-    return compare(model, copied(dict(model.named_parameters())) if load else weights)
