@@ -105,7 +105,7 @@ def prepare_to(
     """Build one checkpoint into `out` atomically, verify it and stamp its checksums under `cache_dir`."""
     from rlsmoke.checkpoints import dialects, pruning, quantize, synthesis
     from rlsmoke.checkpoints.identity import file_versions, stamp_hashed
-    from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight, sibling
+    from rlsmoke.checkpoints.safety import atomic_dir, check_target, sibling
     from rlsmoke.checkpoints.shards import DEFAULT_MAX_SHARD_BYTES, write_derived
     from rlsmoke.checkpoints.verification import verify
 
@@ -113,7 +113,7 @@ def prepare_to(
     check_target(out, force)
     _check_dialect(case_name, tiny, dialect)
     spec = model_spec(case_name, tiny=tiny)
-    shard = max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
+    written: dict = {"max_shard_bytes": max_shard_bytes or DEFAULT_MAX_SHARD_BYTES, "progress": progress}
     if from_hub:
         prune_from = download(from_hub, out.parent)
     if prune_from:
@@ -124,20 +124,16 @@ def prepare_to(
         size = synthesis.synth_bytes(spec, dtype)
     if say is not None:
         say(describe_write(spec, size, out, dtype=dtype, fp8=fp8, source=src if prune_from else None))
-    preflight(out, size * (2 if fp8 else 1))  # FP8 goes through a bf16 stage next to `out`
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, size * (2 if fp8 else 1), force=force) as tmp:  # FP8: a bf16 stage next to `out`
         stage = sibling(out, "bf16") if fp8 else tmp
         stage.mkdir(exist_ok=True)
         try:
             if prune_from:
-                write_derived(stage, src, plans, cfg, "prune", max_shard_bytes=shard, progress=progress)
+                write_derived(stage, src, plans, cfg, "prune", **written)
             else:
-                synthesis.synthesize_into(stage, spec, dtype=dtype, seed=seed, max_shard_bytes=shard,
-                                          progress=progress)  # fmt: skip
+                synthesis.synthesize_into(stage, spec, dtype=dtype, seed=seed, **written)
             if fp8:
-                quantize.fp8_into(
-                    tmp, stage, *quantize.fp8_plans(stage), max_shard_bytes=shard, progress=progress
-                )
+                quantize.fp8_into(tmp, stage, *quantize.fp8_plans(stage), **written)
         finally:
             if stage != tmp:
                 shutil.rmtree(stage, ignore_errors=True)

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
+from rlsmoke.checkpoints.safety import atomic_dir, check_target
 from rlsmoke.checkpoints.shards import (
     DEFAULT_MAX_SHARD_BYTES,
     TensorPlan,
@@ -89,8 +89,7 @@ def prune(
     src, out = Path(src), Path(out)
     check_target(out, force)
     plans, cfg = pruned_plans(src, dense, moe, keep_mtp)
-    preflight(out, sum(p.nbytes for p in plans))
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, sum(p.nbytes for p in plans), force=force) as tmp:
         write_derived(tmp, src, plans, cfg, "prune", max_shard_bytes=max_shard_bytes, progress=progress)
     return out.absolute()
 

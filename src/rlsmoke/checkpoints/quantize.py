@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
+from rlsmoke.checkpoints.safety import atomic_dir, check_target
 from rlsmoke.checkpoints.shards import (
     CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
@@ -22,10 +22,9 @@ from rlsmoke.checkpoints.shards import (
     tensors_in_order,
     write_derived,
 )
-from rlsmoke.checkpoints.verification import verify
+from rlsmoke.checkpoints.verification import BLOCK, verify
 from rlsmoke.errors import CheckpointError
 
-BLOCK = 128
 FP8_MAX = 448.0  # largest finite e4m3fn
 # Kept in bf16, from models.md; `shared_head.head` is the MTP layer's own lm_head.
 SKIP = tuple(
@@ -72,8 +71,7 @@ def fp8(
     src, out = Path(src), Path(out)
     check_target(out, force)
     plans, cfg = fp8_plans(src)
-    preflight(out, sum(p.nbytes for p in plans))
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, sum(p.nbytes for p in plans), force=force) as tmp:
         fp8_into(tmp, src, plans, cfg, max_shard_bytes=max_shard_bytes, progress=progress)
     return out.absolute()
 

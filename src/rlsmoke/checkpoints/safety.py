@@ -85,8 +85,9 @@ def not_built_here(folder: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def atomic_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder next to `out`; rename it to `out` only if the block succeeds."""
+def atomic_dir(out: Path, needed_bytes: int, *, force: bool = False) -> Iterator[Path]:
+    """A temporary folder next to `out` once its disk has room; renamed to `out` if the block succeeds."""
+    preflight(out, needed_bytes)
     out = Path(out).absolute()
     check_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)

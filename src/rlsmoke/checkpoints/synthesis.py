@@ -23,7 +23,7 @@ import torch
 from rlsmoke.artifacts import write_atomic
 from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.checkpoints.make_tokenizer import EOS_TOKENS
-from rlsmoke.checkpoints.safety import atomic_dir, check_target, preflight
+from rlsmoke.checkpoints.safety import atomic_dir, check_target
 from rlsmoke.checkpoints.shards import (
     CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
@@ -210,8 +210,7 @@ def synthesize(
     spec = case if isinstance(case, ModelSpec) else model_spec(case, tiny=tiny)
     out = Path(out)
     check_target(out, force)
-    preflight(out, synth_bytes(spec, dtype))
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, synth_bytes(spec, dtype), force=force) as tmp:
         synthesize_into(tmp, spec, dtype=dtype, seed=seed, max_shard_bytes=max_shard_bytes, manifest=manifest,
                         workers=workers, progress=progress)  # fmt: skip
     return out.absolute()
