@@ -43,12 +43,12 @@ def unsupported(model, *, compiled: bool | None = None) -> str | None:
 
 
 class StaticDecoder:
-    """`model`'s sampling over a static cache; `compiled` (default: on CUDA) captures the decode step."""
+    """`model`'s sampling over a static cache; on CUDA the decode step is captured (`compiled`)."""
 
-    def __init__(self, model, *, compiled: bool | None = None):
+    def __init__(self, model):
         self.model = model
         self.device = next(model.parameters()).device
-        self.compiled = self.device.type == "cuda" if compiled is None else compiled
+        self.compiled = self.device.type == "cuda"
         params = inspect.signature(model.forward).parameters
         # transformers 5.17 says the latter
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
