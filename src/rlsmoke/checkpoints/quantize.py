@@ -14,7 +14,6 @@ from rlsmoke.checkpoints.safety import atomic_dir, check_target
 from rlsmoke.checkpoints.shards import (
     CHUNK_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
-    Entry,
     TensorPlan,
     read_chunk,
     read_tensor,
@@ -31,15 +30,6 @@ SKIP = tuple(
     "norm embed mlp.gate. lm_head shared_head.head eh_proj indexer.weights_proj visual vision".split()
 )
 FLOAT_SOURCES = ("BF16", "F16", "F32")
-
-
-def quantizes(name: str, entry: Entry) -> bool:
-    return (
-        name.endswith(".weight")
-        and len(entry.shape) == 2
-        and entry.dtype in FLOAT_SOURCES
-        and not any(s in name for s in SKIP)
-    )
 
 
 def quantize_blocks(w: torch.Tensor, *, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,9 +95,10 @@ def fp8_plans(src: Path) -> tuple[list[TensorPlan], dict]:
 
     plans, skipped = [], []
     for name, (path, e) in entries.items():
-        if not quantizes(name, e):
+        matrix = name.endswith(".weight") and len(e.shape) == 2
+        if not matrix or e.dtype not in FLOAT_SOURCES or any(s in name for s in SKIP):
             plans.append(TensorPlan(name, e.dtype, e.shape, functools.partial(read_chunk, path, e)))
-            if name.endswith(".weight") and len(e.shape) == 2:
+            if matrix:
                 skipped.append(name[: -len(".weight")])
             continue
         plans.append(TensorPlan(name, "F8_E4M3", e.shape, functools.partial(fp8_chunk, name)))
