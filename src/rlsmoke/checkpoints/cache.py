@@ -42,7 +42,8 @@ def prepare(
     from rlsmoke.checkpoints.identity import check_checksums
     from rlsmoke.checkpoints.verification import verify
 
-    _check_dialect(case_name, tiny, dialect)
+    if dialect is not None:
+        check_dialect_name(dialect, model_spec(case_name, tiny=tiny).hf_model_type)
     root = cache_root(cache_dir)
     key = cache_key(case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8)
     out = root / key
@@ -79,11 +80,6 @@ def prepare(
     return out
 
 
-def _check_dialect(case: str, tiny: bool, dialect: str | None) -> None:
-    if dialect is not None:
-        check_dialect_name(dialect, model_spec(case, tiny=tiny).hf_model_type)
-
-
 def prepare_to(
     out: Path | str,
     case_name: str,
@@ -111,8 +107,9 @@ def prepare_to(
 
     out = Path(out).absolute()
     check_target(out, force)
-    _check_dialect(case_name, tiny, dialect)
     spec = model_spec(case_name, tiny=tiny)
+    if dialect is not None:
+        check_dialect_name(dialect, spec.hf_model_type)
     written: dict = {"max_shard_bytes": max_shard_bytes or DEFAULT_MAX_SHARD_BYTES, "progress": progress}
     if from_hub:
         prune_from = download(from_hub, out.parent)
