@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,8 +139,8 @@ def _serve(
             if method == "close":
                 break
             conn.send(("ok", getattr(worker, method)(*args)))
-    except Exception as exc:  # the driver re-raises it with the rank's traceback
-        conn.send(("error", (type(exc).__name__, str(exc), traceback.format_exc(), getattr(exc, "rule", ""))))
+    except Exception as exc:  # the driver re-raises it as the rank's
+        conn.send(("error", (type(exc).__name__, str(exc), getattr(exc, "rule", ""))))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -196,7 +195,7 @@ class Sharded:
                     f"rank {rank} died (exit code {self.procs[rank].exitcode})", rule="engine.worker"
                 ) from None
             if status == "error":
-                name, message, tb, rule = payload
+                name, message, rule = payload
                 if name == "OutOfMemoryError":
                     raise torch.OutOfMemoryError(message)
                 raise RunError(f"rank {rank}: {name}: {message}", rule=rule or "engine.worker")
