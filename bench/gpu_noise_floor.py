@@ -43,7 +43,7 @@ from transformers import LogitsProcessorList
 
 from rlsmoke.engine import grpo
 from rlsmoke.engine.data import encode, read_prompts
-from rlsmoke.engine.logprob_slope import logprob_slope
+from rlsmoke.engine.grpo import logprob_slope
 from rlsmoke.engine.model import checkpoint_dir, load_policy, load_tokenizer
 from rlsmoke.engine.rollout import LogprobRecorder, response_mask
 from rlsmoke.models import model_spec

@@ -13,7 +13,7 @@ import torch
 from rlsmoke.checkpoints import prepare
 from rlsmoke.cli import main
 from rlsmoke.engine.data import encode, read_prompts
-from rlsmoke.engine.logprob_slope import logprob_slope
+from rlsmoke.engine.grpo import logprob_slope
 from rlsmoke.errors import ExitCode
 from rlsmoke.models import model_spec
 from rlsmoke.shipped import FIXTURES

@@ -17,7 +17,6 @@ from rlsmoke.artifacts import RunLog, write_atomic
 from rlsmoke.engine import decode, grpo, kda, signals
 from rlsmoke.engine.config import Inject, RunConfig, Variant
 from rlsmoke.engine.data import encode, read_prompts
-from rlsmoke.engine.logprob_slope import SLOPE, batch_slope
 from rlsmoke.engine.model import checkpoint_dir, load_tokenizer
 from rlsmoke.engine.placement import open_workers
 from rlsmoke.engine.reward import REWARDS
@@ -54,7 +53,7 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
         }
         stats = [grpo.train_rollout_stats(lp, g.rollout_logprobs, g.mask) for g, (lp, _) in pairs]
         step = {k: (max if k.endswith("_max") else _mean)([s[k] for s in stats]) for k in stats[0]}
-        step[SLOPE] = batch_slope(groups, old_lp)
+        step[grpo.SLOPE] = grpo.batch_slope(groups, old_lp)
         if i < cfg.num_rollout - 1:
             advantages = list(grpo.group_advantages(torch.stack([g.rewards for g in groups])))  # G of (n,)
             step.update(clock("train_step", workers.step, groups, old_lp, advantages))
