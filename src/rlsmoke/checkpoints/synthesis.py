@@ -111,9 +111,7 @@ def uniform_levels(rng: np.random.Generator, n: int, std: float, dtype: torch.dt
     bits |= 0x3F80  # bf16 with sign 0 and exponent 127: 1 + k/128, k = 0..127 from 7 random bits
     t = torch.from_numpy(bits).view(torch.bfloat16)
     t.sub_(1.5).add_(1 / 256)  # exactly (2k + 1 - 128) / 256: symmetric, mean 0, all exact in bf16
-    if dtype != torch.bfloat16:
-        t = t.to(dtype)
-    return t.mul_(std / UNIFORM_LEVELS_STD)
+    return t.to(dtype).mul_(std / UNIFORM_LEVELS_STD)
 
 
 def _special_init(name: str, shape: tuple[int, ...], g: torch.Generator, cfg) -> torch.Tensor | None:
