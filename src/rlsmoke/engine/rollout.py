@@ -12,7 +12,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rlsmoke.engine import decode as decode_mod
-from rlsmoke.engine.config import Inject
+from rlsmoke.engine import kda
+from rlsmoke.engine.config import Inject, RunConfig
 
 
 @dataclass
@@ -180,6 +181,13 @@ class RolloutEngine:
                                 decode="static" if self.static is not None else "generate",
                                 fallback=self.fallback))  # fmt: skip
         return groups
+
+
+def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int) -> RolloutEngine:
+    batch = batch_for(cfg.rollout_batch, device, cfg.spec.family, kda.choose(device, cfg.spec.family))
+    return RolloutEngine(model, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_response_len,
+                         eos_id=eos_id, pad_id=pad_id, inject=cfg.inject, batch=batch,
+                         decode=cfg.rollout_decode)  # fmt: skip
 
 
 def keep_grouped_experts(model) -> None:

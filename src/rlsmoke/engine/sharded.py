@@ -18,12 +18,11 @@ import torch.distributed as dist
 
 from rlsmoke.engine import signals
 from rlsmoke.engine.config import RunConfig, executed_layout
-from rlsmoke.engine.local_workers import rollout_engine, trainer_options
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
 from rlsmoke.engine.offload import Phases, local_shard
 from rlsmoke.engine.procs import free_port, frozen_for_forks, rank_context
-from rlsmoke.engine.rollout import Group
-from rlsmoke.engine.train import Trainer, set_dropout
+from rlsmoke.engine.rollout import Group, rollout_engine
+from rlsmoke.engine.train import Trainer, set_dropout, trainer_options
 from rlsmoke.engine.workers import SharedDevice
 from rlsmoke.errors import RlsmokeError, RunError
 from rlsmoke.platforms import cpu_share

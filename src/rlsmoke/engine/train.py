@@ -7,6 +7,8 @@ import math
 import torch
 
 from rlsmoke.engine import grpo, precision
+from rlsmoke.engine.config import RunConfig
+from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.offload import local_shard
 from rlsmoke.engine.rollout import Group
 from rlsmoke.errors import RunError
@@ -22,6 +24,14 @@ def token_logprobs(model, group: Group, temperature: float = 1.0) -> tuple[torch
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, tokens[:, group.prompt_len :, None])[..., 0]  # (n, R)
     return logp, -(logp_all.exp() * logp_all).sum(-1)  # and the entropy (n, R)
+
+
+def trainer_options(cfg: RunConfig) -> dict:
+    """The `Trainer` settings every train side takes from the run's config as they are."""
+    return dict(lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, entropy_coef=cfg.entropy_coef,
+                gradient_checkpointing=cfg.gradient_checkpointing, temperature=cfg.rollout_temperature,
+                compute_dtype=TORCH_DTYPES[cfg.train_compute_dtype])  # fmt: skip
 
 
 # The per-token sums a step reports, each divided by the step's token count (Miles' train/ keys).

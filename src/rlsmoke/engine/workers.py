@@ -55,7 +55,7 @@ def phased(phase: str, *, step: bool = False) -> Callable[[F], F]:
 
 
 class TrainCalls:
-    """The train side's calls, alike in a Ray actor (`local_workers.TrainWorker`) and on a shared device."""
+    """The train side's calls, alike in a Ray actor (`placement.TrainWorker`) and on a shared device."""
 
     trainer: Any  # engine.train.Trainer, or the megatron trainer
 
