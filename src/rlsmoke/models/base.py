@@ -71,11 +71,11 @@ class ModelSpec:
     num_experts: int
     moe_topk: int
     vocab_size: int
+    megatron_args_fn: Callable[[ModelSpec], list[str]] = field(compare=False, repr=False)
     # Everything else transformers needs, as constructor kwargs (MLA ranks, DSA, KDA, ...).
     hf_extra: Mapping = field(default_factory=frozen)
     # Kwargs of the composite top-level config (vision tower of a multimodal model).
     hf_outer: Mapping = field(default_factory=frozen)
-    megatron_args_fn: Callable[[ModelSpec], list[str]] | None = field(default=None, compare=False, repr=False)
     grid: ParallelGrid = field(default_factory=lambda: ParallelGrid(tp=1, ep=1), repr=False)
     width: str = "full"  # "full" | "tiny"
     reduction: str = ""  # "" | "4layer" | "4layer-1gpu"
@@ -106,7 +106,6 @@ class ModelSpec:
         } | dict(self.hf_extra)
 
     def megatron_args(self) -> list[str]:
-        assert self.megatron_args_fn is not None, f"{self.name} has no Megatron args"
         return self.megatron_args_fn(self)
 
     def replace(self, **changes) -> ModelSpec:

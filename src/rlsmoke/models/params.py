@@ -109,15 +109,13 @@ def parameter_count(spec) -> ParamCount:
         width = (2 + hc) * hc
         norm += 2 * (width * hc * h + width + 3)  # attn_hc, ffn_hc: each a fn, base and scale
         root += _glm5_next_vision(dict(spec.hf_outer))
-    elif spec.hf_model_type == "glm4_moe":
+    else:  # glm4_moe
         heads, groups = spec.num_attention_heads, spec.num_query_groups
         d = x.get("head_dim", h // heads)
         bias = x.get("attention_bias", False)
         attn_one = h * d * (heads + 2 * groups) + heads * d * h + (heads + 2 * groups) * d * bias
         attn_one += 2 * d * bool(x.get("use_qk_norm", False))
         attn = [attn_one] * spec.num_layers
-    else:
-        raise ValueError(f"no parameter count for hf_model_type={spec.hf_model_type!r}")
     blocks = tuple(a + norm + (dense_mlp if i < spec.first_k_dense else moe_mlp) for i, a in enumerate(attn))
     return ParamCount(blocks=blocks, root=root, experts=experts * spec.num_moe_layers, largest_tensor=largest,
                       embedding=embedding, buffers=spec.num_experts * spec.num_moe_layers)  # fmt: skip
