@@ -86,12 +86,9 @@ def verify(
         first = next(k for k, v in weight_map.items() if v == shard)
         if not _plain_name(shard):
             rep.add(INDEX_NAME, first, f"shard path {shard!r} is not a plain file name in the folder")
-            continue
-        if not (folder / shard).is_file():
+        elif not (folder / shard).is_file():
             rep.add(shard, first, "shard file is missing")
-            continue
-        header = _check_shard(folder / shard, rep)
-        if header is not None:
+        elif (header := _check_shard(folder / shard, rep)) is not None:
             headers[shard] = header
             rep.shards.append(shard)
     _check_index_vs_shards(weight_map, headers, rep)
