@@ -119,16 +119,3 @@ class InitialState:
 def _compute_from_master(trainer):
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     return ((names[id(p)], main.detach().to(p.dtype)) for p, main in trainer._pairs)
-
-
-class InitialRun:
-    """A colocated worker's starting point: its trainer's, and its rollout copy's as the sync rebuilds it."""
-
-    def __init__(self, trainer, rollout_model: torch.nn.Module, rollout_weights, cfg):
-        self.trainer, self.rollout_model, self.rollout_weights = trainer, rollout_model, rollout_weights
-        self.train = InitialState(trainer, cfg)
-        self.rollout = DerivedCopy(rollout_model, rollout_weights())
-
-    def restore(self) -> None:
-        self.train.restore(self.trainer)
-        self.rollout.restore(self.rollout_model, self.rollout_weights())

@@ -108,12 +108,15 @@ class SharedDevice(TrainCalls):
         return sync.load_and_compare(self.rollout_model, self.rollout_weights(), load=not skip)
 
     def keep_initial(self) -> None:
-        """What a further seed of --repeat or --variants starts from (`engine.reuse`)."""
-        self.initial = reuse.InitialRun(self.trainer, self.rollout_model, self.rollout_weights, self.cfg)
+        """What a further seed of --repeat or --variants starts from (`engine.reuse`): the trainer's, and the
+        rollout copy's as the sync rebuilds it."""
+        self.initial_train = reuse.InitialState(self.trainer, self.cfg)
+        self.initial_rollout = reuse.DerivedCopy(self.rollout_model, self.rollout_weights())
 
     @phased("sync")  # the weight sync's residency: main weights and the rollout copy on the device
     def restore_initial(self) -> None:
-        self.initial.restore()
+        self.initial_train.restore(self.trainer)
+        self.initial_rollout.restore(self.rollout_model, self.rollout_weights())
 
     def set_variant(self, inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides."""
