@@ -220,17 +220,10 @@ def synth_bytes(spec: ModelSpec, dtype: str = "bf16") -> int:
 
 
 def synthesize_into(
-    folder: Path,
-    spec: ModelSpec,
-    *,
-    dtype: str = "bf16",
-    seed: int = 0,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    manifest: bool = True,
-    workers: int | None = None,
-    progress: bool = False,
+    folder: Path, spec: ModelSpec, *, dtype: str = "bf16", seed: int = 0, progress: bool = False, **shards
 ) -> None:
-    """synthesize() without the safety wrapper: writes into an existing empty folder."""
+    """synthesize() without the safety wrapper: writes into an existing empty folder; `shards`: the shard
+    options of `write_shards`."""
     tdtype = TORCH_DTYPES[dtype]
     cfg = synth_config(spec, tdtype)
     layout = expected_layout(cfg, tdtype)
@@ -242,9 +235,7 @@ def synthesize_into(
     for f in TOKENIZER_FILES:  # the fixture tokenizer
         shutil.copyfile(FIXTURE_TOKENIZER / f, folder / f)
     with progress_bar(layout.nbytes, f"synthesize {spec.name}", progress) as bar:
-        write_shards(
-            folder, plans, max_shard_bytes=max_shard_bytes, progress=bar, manifest=manifest, workers=workers
-        )
+        write_shards(folder, plans, progress=bar, **shards)
 
 
 def next_token_entropy(model, vocab: int, *, n_seq: int = 8, seq_len: int = 32, seed: int = 0) -> float:
