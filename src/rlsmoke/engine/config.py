@@ -249,7 +249,8 @@ class RunConfig:
                 f"rollout_temperature={self.rollout_temperature} must be > 0. Adjust --rollout-temperature"
             )
         for name, known in (("compute_path", COMPUTE_PATHS), ("rollout_batch", ROLLOUT_BATCHES),
-                            ("rollout_decode", ROLLOUT_DECODES), ("reward", REWARDS)):  # fmt: skip
+                            ("rollout_decode", ROLLOUT_DECODES), ("reward", REWARDS),
+                            ("trainer", TRAINERS)):  # fmt: skip
             if (value := getattr(self, name)) not in known:
                 flag = "--" + name.replace("_", "-")
                 problems.append(f"{name}={value!r} is unknown ({', '.join(known)}). Adjust {flag}")
@@ -262,8 +263,6 @@ class RunConfig:
             problems.append("inject=rollout-noise needs SIGMA > 0. Adjust --inject rollout-noise=0.01")
         if self.inject.kind == "stale-weights" and self.num_rollout < 2:
             problems.append("inject=stale-weights needs a sync, so num_rollout >= 2. Adjust --num-rollout")
-        if self.trainer not in TRAINERS:
-            problems.append(f"trainer={self.trainer!r} is unknown ({', '.join(TRAINERS)}). Adjust --trainer")
         if self.inject.kind.startswith("bridge-") and self.trainer != "megatron":
             problems.append(f"inject={self.inject.kind} is a bridge defect: it needs --trainer megatron")
         why = megatron.refusal(self.spec, self.num_gpus, self.mode) or megatron.unwired(
