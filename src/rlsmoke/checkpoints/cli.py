@@ -9,7 +9,7 @@ import sys
 from rlsmoke.errors import CheckpointError, ExitCode
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMG]i?B?|B)?$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 
 
 def parse_size(text: str) -> int:

@@ -58,8 +58,7 @@ def check_target(out: Path, force: bool) -> None:
             rule="checkpoint.exists",
             fix="pass --force to replace it, or choose another --out",
         )
-    foreign = not_built_here(out)
-    if foreign:
+    if foreign := not_built_here(out):
         shown = ", ".join(foreign[:3]) + (f" (+{len(foreign) - 3} more)" if len(foreign) > 3 else "")
         raise CheckpointError(f"{out}: holds what rlsmoke did not write ({shown}), so --force does not replace it",
                               rule="checkpoint.not_ours",

@@ -45,8 +45,7 @@ def prompt_rows(path: Path, n: int) -> list[dict]:
                                fix=fix) from None  # fmt: skip
         if not isinstance(row, dict):
             raise RlsmokeError(f"{where} is not an object", rule="data.rows", fix=fix)
-        missing = [k for k in ("prompt", "label") if k not in row]
-        if missing:
+        if missing := [k for k in ("prompt", "label") if k not in row]:
             raise RlsmokeError(f"{where} has no {', '.join(missing)}", rule="data.rows", fix=fix)
         if not isinstance(row["prompt"], str):
             raise RlsmokeError(f"{where}'s prompt is not a string", rule="data.rows", fix=fix)

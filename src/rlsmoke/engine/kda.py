@@ -76,8 +76,7 @@ def install(path: str) -> None:
 def _configs() -> dict:
     """Shipped kernel configs for this GPU; RLSMOKE_FLA_RECORD=DIR records the autotuner's choices."""
     name = torch.cuda.get_device_name(0)
-    record = os.environ.get("RLSMOKE_FLA_RECORD")
-    if record:
+    if record := os.environ.get("RLSMOKE_FLA_RECORD"):
         provenance = {"gpu": name, "fla": fla_configs.fla_version(), "torch": torch.__version__,
                       "command": os.environ.get("RLSMOKE_FLA_RECORD_COMMAND", ""), "date": time.strftime("%Y-%m-%d"),
                       "shapes": "each entry's autotune_key: the kernel's tuning arguments and dtypes"}  # fmt: skip
