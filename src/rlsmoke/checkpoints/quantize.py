@@ -118,10 +118,7 @@ def fp8_plans(src: Path) -> tuple[list[TensorPlan], dict]:
     return plans, cfg
 
 
-def fp8_into(
-    folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, *, max_shard_bytes: int, progress: bool
-) -> None:
-    # One worker: quantizing a tensor twice in parallel would only waste the cores it needs.
-    write_derived(
-        folder, src, plans, cfg, "fp8", max_shard_bytes=max_shard_bytes, progress=progress, workers=1
-    )
+def fp8_into(folder: Path, src: Path, plans: list[TensorPlan], cfg: dict, **options) -> None:
+    """`write_derived` with its `options`, on one worker: quantizing a tensor twice in parallel would only
+    waste the cores it needs."""
+    write_derived(folder, src, plans, cfg, "fp8", workers=1, **options)
