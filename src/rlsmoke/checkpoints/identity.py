@@ -73,14 +73,10 @@ def check_identity(folder: Path | str, spec) -> None:
 # --- checksums, stamped ------------------------------------------------------------------------
 
 
-def stamp_dir(cache_dir: Path | str | None = None) -> Path:
-    return cache_home(cache_dir) / "verified"
-
-
-def _stamp(path: Path, digest: str, stamps: Path) -> Path:
+def _stamp(path: Path, digest: str, cache_dir: Path | str | None) -> Path:
     st = path.stat()
     key = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0{digest}"
-    return stamps / hashlib.sha256(key.encode()).hexdigest()
+    return cache_home(cache_dir) / "verified" / hashlib.sha256(key.encode()).hexdigest()
 
 
 def sha256_file(path: Path, chunk: int = 16 * 2**20, on_bytes=None) -> str:
@@ -118,11 +114,11 @@ def stamp_hashed(
     folder: Path | str, hashed: Mapping[str, Version], *, cache_dir: Path | str | None = None
 ) -> None:
     """Stamp `hashed` under another path: a build renames its verified folder into place, inodes kept."""
-    folder, stamps = Path(folder), stamp_dir(cache_dir)
+    folder = Path(folder)
     now = file_versions(folder)
     for digest, name in _manifest_files(folder):
         if name in hashed and now.get(name) == hashed[name]:
-            _write_stamp(_stamp(folder / name, digest, stamps), folder / name)
+            _write_stamp(_stamp(folder / name, digest, cache_dir), folder / name)
 
 
 def _write_stamp(stamp: Path, path: Path) -> None:
@@ -134,7 +130,6 @@ def _write_stamp(stamp: Path, path: Path) -> None:
 def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) -> int:
     """The folder's sha256 manifest holds, from valid stamps or hashing; returns the bytes hashed now."""
     folder = Path(folder)
-    stamps = stamp_dir(cache_dir)
     hashed = 0
     fix = "re-create the checkpoint (rlsmoke prepare ... --force) or restore the named file"
     for digest, name in _manifest_files(folder):  # none listed: the headers and lengths are verify()'s
@@ -142,14 +137,14 @@ def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) 
         if os.sep in name or name in (".", "..") or not path.is_file():
             raise CheckpointError(f"{folder}/{name}: listed in {MANIFEST_NAME} but missing", rule="checkpoint.verify",
                                   fix=fix)  # fmt: skip
-        stamp = _stamp(path, digest, stamps)
+        stamp = _stamp(path, digest, cache_dir)
         if stamp.is_file():
             continue
         hashed += path.stat().st_size
         if sha256_file(path) != digest:
             raise CheckpointError(f"{folder}/{name}: sha256 differs from {MANIFEST_NAME}", rule="checkpoint.verify",
                                   fix=fix)  # fmt: skip
-        if _stamp(path, digest, stamps) == stamp:  # unchanged while it was read
+        if _stamp(path, digest, cache_dir) == stamp:  # unchanged while it was read
             _write_stamp(stamp, path)
     return hashed
 
