@@ -75,8 +75,8 @@ def patched(cfg: dict, dialect: str) -> dict:
     return out
 
 
-def patch(folder: Path | str, dialect: str, *, check: bool = False) -> list[str]:
-    """Rewrite folder/config.json for `dialect` (atomically); with check=True only report the problems."""
+def patch(folder: Path | str, dialect: str) -> list[str]:
+    """Rewrite folder/config.json for `dialect` (atomically) where its Miles would refuse it; returns why."""
     path = Path(folder) / "config.json"
     try:
         cfg = json.loads(path.read_text())
@@ -85,7 +85,6 @@ def patch(folder: Path | str, dialect: str, *, check: bool = False) -> list[str]
             f"{path}: cannot read ({e})", rule="checkpoint.config", fix="restore config.json"
         ) from e
     problems = dialect_problems(cfg, dialect)
-    if check or not problems:
-        return problems
-    write_atomic(path, json.dumps(patched(cfg, dialect), indent=2, sort_keys=True) + "\n")
+    if problems:
+        write_atomic(path, json.dumps(patched(cfg, dialect), indent=2, sort_keys=True) + "\n")
     return problems
