@@ -7,7 +7,6 @@ import gc
 import json
 import platform as pyplatform
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -82,14 +81,6 @@ def execute_variants(runs: list[tuple[RunConfig, Path]], *, process_s: dict | No
                     process_s=process_s)  # fmt: skip
 
 
-def _fanout(logs: list[RunLog]) -> Callable[[str], None]:
-    def log(text: str) -> None:
-        for run_log in logs:
-            run_log(text)
-
-    return log
-
-
 def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int, variants: bool = False,
              process_s: dict | None = None) -> list[dict]:  # fmt: skip
     """`cfg`: what the workers load (each run's own but for the fault a variant sets on them)."""
@@ -100,14 +91,16 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
     logs = [RunLog(out / "run.log", time.perf_counter()) for _, out in runs]
     for run_log in logs:
         run_log.path.write_text("")
-    log = _fanout(logs)  # the load's lines; then each run's own, while it runs
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
     mem_estimate = estimate(cfg.spec, plan_of_run(cfg))
     done: list[tuple[list, dict, list, set]] = []  # each run's metrics lines, timing, memory peaks, decodes
 
-    def unfinished(text: str) -> None:  # what cut the command short, in the log of each run it cut short
-        _fanout(logs[len(done) :] or logs)(text)
+    def unfinished(text: str) -> None:  # each open run's log: the load's lines, or what cut the command short
+        for run_log in logs[len(done) :] or logs:
+            run_log(text)
+
+    log = unfinished  # the load's lines; then each run's own, while it runs
 
     try:
         ckpt = checkpoint_dir(cfg.case, tiny=cfg.tiny, given=cfg.checkpoint)
