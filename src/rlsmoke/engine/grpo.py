@@ -61,7 +61,7 @@ def policy_loss(logp, old_logp, advantages, mask, eps_clip: float, eps_clip_high
 
 
 def logprob_slope(train_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Least-squares slope of (train - rollout) on the rollout log-prob over the masked tokens. (n, R) -> ()"""
+    """Least-squares slope of (train - rollout) on the rollout log-prob over masked tokens. (n, R) -> ()"""
     valid = (mask > 0) & torch.isfinite(train_lp) & torch.isfinite(rollout_lp)
     x = rollout_lp[valid].double()
     y = (train_lp[valid] - rollout_lp[valid]).double()

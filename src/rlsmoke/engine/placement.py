@@ -199,7 +199,7 @@ class LocalCluster:
             log.close()
 
     def stop(self) -> None:
-        """Kill every process of the cluster's session at once (Ray's drain is slow); remove its temp folder."""
+        """Kill every process of the cluster's session at once (Ray's drain is slow); drop its temp folder."""
         if self.proc is not None:
             # by session only: the run token this process inherited marks the whole run, not the cluster
             runner.stop_tree(self.proc, None, grace=0)
