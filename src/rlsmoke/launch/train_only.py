@@ -23,6 +23,7 @@ import shlex
 from dataclasses import dataclass, replace
 
 from rlsmoke.cases import Plan, case_from_args
+from rlsmoke.engine.megatron.flags import flag_value
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values
@@ -110,10 +111,6 @@ def ray_head_train_only(launch: Launch) -> list[str]:
     return [*launch.ray_start(), "--include-dashboard=false"]
 
 
-def value(launch: Launch, flag: str) -> str:
-    return next(v[0] for toks in launch.groups.values() for f, v in flag_values(toks) if f == flag)
-
-
 def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tiny: bool = False, seed: int = 0,
               inject: str | None = None, repeat: int = 1) -> TrainOnlyPlan:  # fmt: skip
     """The case's plan at `repeat` rollouts, its launch made train-only (`train_only`).
@@ -130,12 +127,12 @@ def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tin
 
 def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
     hf = tp.plan.launch.hf_checkpoint
-    launch = tp.launch
+    train = tp.launch.argv
     argv = ("python3", "-m", "rlsmoke.miles_rollout", tp.plan.case.name, "--checkpoint", hf,
-            "--out", tp.rollout_template, "--n-prompts", value(launch, "--rollout-batch-size"),
-            "--n-samples", value(launch, "--n-samples-per-prompt"),
-            "--max-response-len", value(launch, "--rollout-max-response-len"),
-            "--temperature", value(launch, "--rollout-temperature"), "--seed", str(tp.seed),
+            "--out", tp.rollout_template, "--n-prompts", flag_value(train, "--rollout-batch-size"),
+            "--n-samples", flag_value(train, "--n-samples-per-prompt"),
+            "--max-response-len", flag_value(train, "--rollout-max-response-len"),
+            "--temperature", flag_value(train, "--rollout-temperature"), "--seed", str(tp.seed),
             "--prompt-data", str(PROMPT_DATA), *(["--tiny"] if tp.tiny else []),
             *(["--inject", tp.inject] if tp.inject else []),
             *(["--repeat", str(tp.repeat)] if tp.repeat > 1 else []))  # fmt: skip
