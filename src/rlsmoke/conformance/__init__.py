@@ -58,8 +58,7 @@ def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
         if proc.returncode != 0 or not out_file.exists():
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
             return _not_run(parser, plans, f"harness error: worker exited {proc.returncode}: {tail}")
-        result = json.loads(out_file.read_text())
-    return [Verdict(**v) for v in result["verdicts"]]
+        return [Verdict(**v) for v in json.loads(out_file.read_text())["verdicts"]]
 
 
 def check_plans(plans: list[dict]) -> list[list[Verdict]]:
