@@ -53,6 +53,7 @@ TRAIN_ONLY_SET = {
     "--attention-backend": ("fused",),
     "--moe-token-dispatcher-type": ("alltoall",),
     NO_APEX[0]: (),
+    "--prompt-data": (str(PROMPT_DATA),),  # the rollout's prompts: Miles' data source still reads them
 }
 # GLM-5's DSA top-k takes 2048 tokens of a packed micro-batch
 DSA_PAD = ("--data-pad-size-multiplier", "4096")
@@ -89,10 +90,8 @@ def train_only(launch: Launch, *, rollout_template: str, miles_root: str, uses_d
     for group, toks in launch.groups.items():
         out: list[str] = []
         for flag, values in flag_values(toks) if group != "sglang" else []:
-            if flag in TRAIN_ONLY_DROPPED:
-                continue
-            values = list(TRAIN_ONLY_SET.get(flag, values))
-            out += [flag, *([str(PROMPT_DATA)] if flag == "--prompt-data" else values)]
+            if flag not in TRAIN_ONLY_DROPPED:
+                out += [flag, *TRAIN_ONLY_SET.get(flag, values)]
         groups[group] = out
     present = {flag for toks in groups.values() for flag, _ in flag_values(toks)}
     groups["misc"] += [
