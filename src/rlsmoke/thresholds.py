@@ -109,12 +109,10 @@ class Verdict:
     def failures(self) -> list[GateResult]:
         return [r for r in self.results if not r.passed]
 
-    def values(self) -> dict[str, float | None]:
-        return {r.gate.summary_key: _jsonable(r.value) for r in self.results}
-
     def summary_fields(self) -> dict[str, object]:
         """What a gated run's summary.json says about its gates (`update_summary`)."""
-        return {"metrics": self.values(), "gates": [r.to_json() for r in self.results], "thresholds": self.source,
+        return {"metrics": {r.gate.summary_key: _jsonable(r.value) for r in self.results},
+                "gates": [r.to_json() for r in self.results], "thresholds": self.source,
                 "verdict": "PASS" if self.passed else "FAIL"}  # fmt: skip
 
     def table(self) -> str:
