@@ -60,11 +60,6 @@ _RECORD_NAME = re.compile(
 )
 
 
-def final_folder(records: Path) -> Path:
-    """The folder a run's records end up in: --out itself, also while an --overwrite run stages them."""
-    return records.parent if records.name == STAGING_NAME else records
-
-
 def no_room(exc: BaseException) -> bool:
     """Whether `exc` (or what it was raised from) says the disk had no room for a write: a full disk, a quota,
     a file-size limit. Each is the --out's, so bad input (exit 2)."""
