@@ -13,7 +13,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlsmoke.conformance.verdict import PARSERS, Verdict, applies
+from rlsmoke.conformance.verdict import PARSERS, Verdict, not_run
 
 __all__ = ["Verdict", "check_plan", "check_plans", "format_verdicts", "real_verdict"]
 
@@ -29,16 +29,12 @@ def interpreter(parser: str) -> Path:
     return Path(venvs) / f"cvenv-{parser}" / "bin" / "python"
 
 
-def _not_run(parser: str, plans: list[dict], message: str) -> list[Verdict]:
-    return [Verdict(parser, None, message, applies(parser, p)) for p in plans]
-
-
 def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
     """The verdicts of one real parser on each plan, from a worker in that parser's venv."""
     python = interpreter(parser)
     if not os.access(python, os.X_OK):
         var = f"RLSMOKE_{parser.upper()}_PYTHON"
-        return _not_run(
+        return not_run(
             parser, plans, f"not installed: no {python} (set {var}, or run .ci/conformance-envs.sh)"
         )
     with tempfile.TemporaryDirectory(prefix=f"rlsmoke-{parser}-") as tmp:
@@ -54,10 +50,10 @@ def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
                 cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S
             )
         except subprocess.TimeoutExpired:
-            return _not_run(parser, plans, f"harness error: worker ran past {WORKER_TIMEOUT_S} s")
+            return not_run(parser, plans, f"harness error: worker ran past {WORKER_TIMEOUT_S} s")
         if proc.returncode != 0 or not out_file.exists():
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-            return _not_run(parser, plans, f"harness error: worker exited {proc.returncode}: {tail}")
+            return not_run(parser, plans, f"harness error: worker exited {proc.returncode}: {tail}")
         return [Verdict(**v) for v in json.loads(out_file.read_text())["verdicts"]]
 
 

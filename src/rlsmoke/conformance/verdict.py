@@ -48,6 +48,10 @@ def applies(parser: str, plan: dict) -> bool:
     return True  # megatron-core reads only the training grid
 
 
+def not_run(parser: str, plans: list[dict], message: str) -> list[Verdict]:
+    return [Verdict(parser, None, message, applies(parser, p)) for p in plans]
+
+
 def describe_exception(exc: BaseException) -> str:
     """One line: the type, the message, and where the real code raised it (a bare assert has no message)."""
     if isinstance(exc, SystemExit):
