@@ -1,19 +1,11 @@
 """Miles' trainer alone on rlsmoke's rollout: `rlsmoke run CASE --launcher miles --miles-root R --train-only`.
 
 Miles main's `--load-debug-rollout-data PATH` trains on a recorded rollout and starts no SGLang engine
-(`miles/utils/arguments.py` sets `debug_train_only`). The flow:
-
-1. prepare: the HF checkpoint (`rlsmoke prepare`), under the model dir as `<case>`;
-2. convert: HF -> torch_dist with R's `tools/convert_hf_to_torch_dist.py` (`flow.convert_step`), unless done;
-3. rollout: the built-in engine samples the recipe's prompts and writes Miles' debug-rollout file
-   (`engine.miles_rollout`): tokens, loss masks, dense target rewards, log-probs at --rollout-temperature;
-4. ray-head: `ray start --head` with one GPU, no dashboard;
-5. train: `python3 train.py <argv> --debug-train-only --load-debug-rollout-data PATH` in R, with
-   `RAY_ADDRESS` at that head (Miles' placement group joins it) and `MILES_CI_GATE_RECORD_DIR` set;
-6. gate: Miles' own `step 0: {...}` / `rollout 0: {...}` lines and its CiHistory JSONL, with the
-   thresholds of the run's key (launcher miles).
-
-`steps` is what `rlsmoke plan --launcher miles --train-only` prints; `processes.train_only` runs them.
+(`miles/utils/arguments.py` sets `debug_train_only`). `steps` are the flow: prepare the HF checkpoint,
+convert it to torch_dist with R's converter (unless done), write the built-in engine's rollout as Miles'
+debug-rollout file (`rlsmoke.miles_rollout`), start Ray's head with one GPU, then run R's `train.py` on
+that file. `rlsmoke plan --launcher miles --train-only` prints them; `processes.train_only` runs them and
+gates Miles' own logged metrics with the thresholds of launcher miles.
 """
 
 from __future__ import annotations
