@@ -102,7 +102,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--run-timeout",
         type=float,
         metavar="S",
-        help=f"seconds before a launched run is killed (default {plugin_session.timeout_defaults()})",
+        help=f"seconds before a launched run is killed (default {plugin_session.TIMEOUT_DEFAULTS})",
     )
 
 
