@@ -36,8 +36,6 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
     import rlsmoke.engine.run  # noqa: F401  torch and transformers: an interrupt now is the caller's own
 
     argv = tuple(str(a) for a in argv)
-    log = Path(log)
-    log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     expired, done = threading.Event(), threading.Event()
     lock = threading.Lock()
