@@ -108,8 +108,7 @@ def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) ->
         if band is None or not past:
             continue
         mean = sum(past) / len(past)
-        lower, upper = band.bounds(mean)
-        results.append(BandResult(key, float(values[key]), mean, lower, upper, len(past)))
+        results.append(BandResult(key, float(values[key]), mean, *band.bounds(mean), len(past)))
     return results
 
 

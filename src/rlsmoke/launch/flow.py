@@ -34,8 +34,7 @@ class Step:
     skip_when: str = ""  # a shell test: the step is skipped where it holds
 
     def shell(self) -> str:
-        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
-        return prefix + shlex.join(self.command)
+        return "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items()) + shlex.join(self.command)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
