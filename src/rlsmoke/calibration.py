@@ -237,7 +237,6 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
     doc["entries"] = kept + new
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # no temporary file left on failure
         write_atomic(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         raise from_os_error(exc, "--write", path) from None
