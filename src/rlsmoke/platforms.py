@@ -25,6 +25,7 @@ PLATFORMS = {
     "rocm": Platform("rocm", ("MI300X", "MI355X"), "HIP_VISIBLE_DEVICES", "cuda"),
     "cpu": Platform("cpu", ("CPU",), None, "cpu"),
 }
+VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
 
 # Memory per device (GiB) for the OOM estimate and the case-fits checks.
 DEVICE_MEMORY_GIB = {
@@ -46,7 +47,7 @@ class Host:
     def describe(self) -> str:
         if self.platform == "cpu":
             return "no GPU (CPU only)"
-        return f"{self.count} {'NVIDIA' if self.platform == 'nvidia' else 'ROCm'} {self.device}"
+        return f"{self.count} {VENDOR[self.platform]} {self.device}"
 
 
 def _device_class(platform: str, product_name: str) -> str:
