@@ -72,9 +72,7 @@ def check_plan(plan_json: dict) -> list[Verdict]:
 def real_verdict(verdicts: list[Verdict]) -> bool | None:
     """True/False from the parsers that apply to the plan's target; None if one of them did not run."""
     relevant = [v for v in verdicts if v.applies]
-    if any(v.accepted is None for v in relevant):
-        return None
-    return all(v.accepted for v in relevant)
+    return None if any(v.accepted is None for v in relevant) else all(v.accepted for v in relevant)
 
 
 def format_verdicts(verdicts: list[Verdict]) -> str:

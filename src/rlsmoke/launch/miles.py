@@ -46,9 +46,7 @@ RAY_GCS_PORT = 6379  # `ray start --head`'s default, which the joining nodes dia
 
 def head_addr(topo: Topology, recipe: Recipe) -> str:
     """MASTER_ADDR and Ray's head: the recipe's, else loopback on one node, else the placeholder."""
-    if recipe.master_addr:
-        return recipe.master_addr
-    return LOOPBACK if topo.num_nodes == 1 else HEAD_PLACEHOLDER
+    return recipe.master_addr or (LOOPBACK if topo.num_nodes == 1 else HEAD_PLACEHOLDER)
 
 
 def is_loopback(addr: str) -> bool:
