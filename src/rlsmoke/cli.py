@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import os
@@ -85,8 +84,7 @@ def cmd_plan(args) -> int:
     from rlsmoke.recipe import Recipe
 
     case = case_from_args(args)
-    recipe = Recipe(reward=args.reward)
-    plan = case.plan(validate=not args.no_validate, recipe=recipe)
+    plan = case.plan(validate=not args.no_validate, recipe=Recipe(reward=args.reward))
     if args.diff:
         from rlsmoke.launch.diff import diff
 
@@ -95,12 +93,8 @@ def cmd_plan(args) -> int:
                                    fix=f"use a platform ({', '.join(PLATFORMS)}) or a target ({', '.join(TARGETS)})")  # fmt: skip
         print(diff(case, args.diff))
         return ExitCode.OK
-    head = _head_addr(args, plan.topology)
-    if head:  # the topology stands: only the launch names the head
-        from rlsmoke.launch.miles import render
-
-        recipe = dataclasses.replace(recipe, master_addr=head)
-        plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
+    if head := _head_addr(args, plan.topology):  # the same topology, its launch naming the head
+        plan = case.plan(validate=not args.no_validate, recipe=Recipe(reward=args.reward, master_addr=head))
     # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
     if args.check_miles:
         from rlsmoke.processes.preflight import check_flags
