@@ -159,8 +159,7 @@ def runs(db: str | Path) -> list[dict]:
         with closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True, timeout=60)) as conn:
             conn.row_factory = sqlite3.Row
             columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
-            missing = [c for c in REPORT_COLUMNS if c not in columns]
-            if missing:
+            if missing := [c for c in REPORT_COLUMNS if c not in columns]:
                 what = "no runs table" if not columns else f"a runs table without {', '.join(missing)}"
                 raise RlsmokeError(f"history={db} has {what}", rule="history.schema",
                                    fix=f"{fix} (this rlsmoke reads the columns {', '.join(REPORT_COLUMNS)})")  # fmt: skip

@@ -72,8 +72,7 @@ def detect() -> Host:
     if names:
         return Host("nvidia", _device_class("nvidia", names[0]), _visible_count("nvidia", len(names)))
     rocm = _query(["rocm-smi", "--showproductname"])
-    names = [line for line in rocm if "Card series" in line or "Card SKU" in line]
-    if names:
+    if names := [line for line in rocm if "Card series" in line or "Card SKU" in line]:
         count = len([n for n in names if "Card series" in n]) or len(names)
         return Host("rocm", _device_class("rocm", names[0].split(":")[-1]), _visible_count("rocm", count))
     return Host("cpu", "CPU", 0)

@@ -22,8 +22,7 @@ def check_options(config: pytest.Config) -> None:
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise pytest.UsageError(f"--run-timeout={timeout} must be a number of seconds > 0. Drop it for the "
                                 f"default ({TIMEOUT_DEFAULTS})")  # fmt: skip
-    history = config.getoption("history", None)
-    if history:
+    if history := config.getoption("history", None):
         path = Path(history)
         if path.is_dir():
             raise pytest.UsageError(f"--history={path} is a folder. Pass a sqlite file (made if missing)")

@@ -260,8 +260,7 @@ class VariantRuns:
         if _fault(variant) and artifacts.launcher != "builtin":
             raise DoesNotFit(f"faults go into the built-in engine, not --launcher {artifacts.launcher}")
         ran = effective_case(case, artifacts.num_gpus)
-        why = trainer_refusal(artifacts.trainer, ran, _fault(variant))
-        if why:
+        if why := trainer_refusal(artifacts.trainer, ran, _fault(variant)):
             raise DoesNotFit(why)
         key = (ran, artifacts.trainer)
         if key not in self._runs:

@@ -271,8 +271,7 @@ def check_thresholds(key: RunKey, logged: frozenset[str]) -> None:
     every gate of an entry that applies to `key` on a metric its launcher logs (`logged`)."""
     for path, entry in all_entries():
         names = [spec.get("name") if isinstance(spec, dict) else None for spec in entry["gates"]]
-        twice = sorted({str(n) for n in names if names.count(n) > 1})
-        if twice:
+        if twice := sorted({str(n) for n in names if names.count(n) > 1}):
             raise RlsmokeError(f"thresholds={path} has an entry with the gate name(s) {', '.join(twice)} twice: "
                                f"{json.dumps(entry['key'], sort_keys=True)}", rule="thresholds.gate_names",
                                fix="give each gate of an entry its own name")  # fmt: skip

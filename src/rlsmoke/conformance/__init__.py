@@ -22,8 +22,7 @@ _SRC = Path(__file__).resolve().parents[2]  # the folder holding this rlsmoke pa
 
 
 def interpreter(parser: str) -> Path:
-    explicit = os.environ.get(f"RLSMOKE_{parser.upper()}_PYTHON")
-    if explicit:
+    if explicit := os.environ.get(f"RLSMOKE_{parser.upper()}_PYTHON"):
         return Path(explicit)
     venvs = os.environ.get("RLSMOKE_CONFORMANCE_VENVS") or Path.home() / ".cache" / "rlsmoke" / "conformance"
     return Path(venvs) / f"cvenv-{parser}" / "bin" / "python"
