@@ -163,8 +163,7 @@ def _host(config: pytest.Config):
                 raise pytest.UsageError(
                     f"--platform={forced} but this host has {host.describe()}. Drop --platform"
                 )
-            host = Host(forced, "CPU" if forced == "cpu" else "unknown",
-                        0 if forced == "cpu" else (config.getoption("num_gpus") or 0))  # fmt: skip
+            host = Host(forced, "unknown", config.getoption("num_gpus") or 0)  # a GPU platform, undetected
         config.stash[_HOST] = host
     return config.stash[_HOST]
 
