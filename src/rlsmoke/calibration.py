@@ -262,8 +262,7 @@ def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = 
                                    f"{entry['provenance']['runs']} to accept these")  # fmt: skip
         entries.append(entry)
         tables.append(markdown(entry, rows))
-    for table in tables:
-        print(table)
+    print(*tables, sep="\n")
     if write:
         write_entries(Path(write), entries, doc)
         print(f"wrote {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} to {write}")

@@ -121,8 +121,7 @@ def plot_history(db: Path, out: Path) -> list[Path]:
                 for band in history.check_bands({metric: value}, past):  # one, or none without a baseline
                     judged[i] = band
             if judged:
-                bands = judged.values()
-                lows, highs = [b.lower for b in bands], [b.upper for b in bands]
+                lows, highs = [b.lower for b in judged.values()], [b.upper for b in judged.values()]
                 ax.fill_between(list(judged), lows, highs, color="tab:blue", alpha=0.12, label="history band")
             op, bound = limits[key].get(metric, ("", math.nan))
             if math.isfinite(bound):
