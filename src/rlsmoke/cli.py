@@ -186,8 +186,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# Commands that write a folder: a stop signal removes what they half-wrote (`run` sets its own handlers).
-_STOPPABLE = ("prepare",)
 # Commands that read no path of the user's and load no library that needs the working folder.
 _NO_PATHS = ("cases", "plan")
 
@@ -199,12 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     try:
-        parser = build_parser(command if command in EXTERNAL or command in _NO_PATHS else None)
-        args = parser.parse_args(argv)
+        args = build_parser(command if command in EXTERNAL or command in _NO_PATHS else None).parse_args(argv)
         if args.command not in _NO_PATHS:
             cwd_exists(args.command)
             check_environment(args.command)
-        if args.command in _STOPPABLE and threading.current_thread() is threading.main_thread():
+        # `prepare` writes a folder: a stop signal removes what it half-wrote (`run` sets its own handlers)
+        if args.command == "prepare" and threading.current_thread() is threading.main_thread():
             from rlsmoke.engine import signals
 
             with signals.stopping_run():  # SIGTERM, SIGHUP, SIGQUIT clean up as Ctrl-C does
