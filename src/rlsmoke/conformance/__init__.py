@@ -76,9 +76,7 @@ def real_verdict(verdicts: list[Verdict]) -> bool | None:
 
 def format_verdicts(verdicts: list[Verdict]) -> str:
     """The `--check` report: one line per parser, then the overall verdict."""
-    lines = [v.one_line() for v in verdicts]
-    overall = real_verdict(verdicts)
     summary = {True: "accepted by every real parser of the target",
                False: "REJECTED by a real parser of the target",
-               None: "incomplete: a parser of the target did not run"}[overall]  # fmt: skip
-    return "\n".join([*lines, f"overall  {summary}"])
+               None: "incomplete: a parser of the target did not run"}[real_verdict(verdicts)]  # fmt: skip
+    return "\n".join([*(v.one_line() for v in verdicts), f"overall  {summary}"])
