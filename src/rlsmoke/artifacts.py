@@ -192,8 +192,7 @@ class RunFolder:
         """The folder's lock, or `run.out_locked` at once; the lock is checked to be the file's still."""
         path = self.out / LOCK_NAME
         while True:
-            fd = try_lock(path)
-            if fd is None:
+            if (fd := try_lock(path)) is None:
                 raise RlsmokeError(f"--out {self.out} is in use by another run", rule="run.out_locked",
                                    fix="wait for it to finish, or pass another --out")  # fmt: skip
             try:
