@@ -22,7 +22,7 @@ def _fmt(x) -> str:
     return "missing" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
-def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool = False) -> None:
+def write_run_summary(folder: Path, verdict, bands=(), *, shadow: bool = False) -> None:
     """`summary.md` beside the run's `summary.json`: the key, every gate and band, and where the logs are."""
     key = verdict.key.text()
     lines = [f"# {verdict.key.case}: {'PASS' if verdict.passed else 'FAIL'}", "", f"`{key}`", "",
