@@ -60,11 +60,6 @@ _RECORD_NAME = re.compile(
 )
 
 
-def final_folder(records: Path) -> Path:
-    """The folder a run's records end up in: --out itself, also while an --overwrite run stages them."""
-    return records.parent if records.name == STAGING_NAME else records
-
-
 def no_room(exc: BaseException) -> bool:
     """Whether `exc` (or what it was raised from) says the disk had no room for a write: a full disk, a quota,
     a file-size limit. Each is the --out's, so bad input (exit 2)."""
@@ -197,8 +192,7 @@ class RunFolder:
         """The folder's lock, or `run.out_locked` at once; the lock is checked to be the file's still."""
         path = self.out / LOCK_NAME
         while True:
-            fd = try_lock(path)
-            if fd is None:
+            if (fd := try_lock(path)) is None:
                 raise RlsmokeError(f"--out {self.out} is in use by another run", rule="run.out_locked",
                                    fix="wait for it to finish, or pass another --out")  # fmt: skip
             try:

@@ -237,7 +237,6 @@ def write_entries(path: Path, new: list[dict], doc: dict | None) -> None:
     doc["entries"] = kept + new
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # no temporary file left on failure
         write_atomic(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         raise from_os_error(exc, "--write", path) from None
@@ -263,8 +262,7 @@ def run(runs: list[Path], write: Path | None = None, markdown_to: Path | None = 
                                    f"{entry['provenance']['runs']} to accept these")  # fmt: skip
         entries.append(entry)
         tables.append(markdown(entry, rows))
-    for table in tables:
-        print(table)
+    print(*tables, sep="\n")
     if write:
         write_entries(Path(write), entries, doc)
         print(f"wrote {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} to {write}")

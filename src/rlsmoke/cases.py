@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, MODES, PLATFORMS, default_mode_text
+from rlsmoke.facts import DEFAULT_GPUS_PER_NODE, DEFAULT_MODE, MODES, PLATFORMS, in_words
 from rlsmoke.models import ModelSpec, model_spec
 from rlsmoke.overrides import parse_num_gpus, parse_overrides
 from rlsmoke.recipe import Recipe
@@ -84,7 +84,7 @@ def add_case_args(p: argparse.ArgumentParser, *, detect_platform: bool = False) 
     detected = " (default: detected: nvidia-smi, then rocm-smi, else cpu)" if detect_platform else ""
     p.add_argument("--platform", required=not detect_platform, help=" | ".join(PLATFORMS) + detected)
     p.add_argument("--num-gpus", help="total GPUs (NUM_GPUS); every parallel size derives from it")
-    p.add_argument("--mode", help=f"{' | '.join(MODES)} (default: {default_mode_text()})")
+    p.add_argument("--mode", help=f"{' | '.join(MODES)} (default: {in_words(DEFAULT_MODE)})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a derived value, e.g. rollout.dp=4 or train.ep=3")  # fmt: skip
     p.add_argument(

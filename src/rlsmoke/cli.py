@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import os
@@ -85,8 +84,7 @@ def cmd_plan(args) -> int:
     from rlsmoke.recipe import Recipe
 
     case = case_from_args(args)
-    recipe = Recipe(reward=args.reward)
-    plan = case.plan(validate=not args.no_validate, recipe=recipe)
+    plan = case.plan(validate=not args.no_validate, recipe=Recipe(reward=args.reward))
     if args.diff:
         from rlsmoke.launch.diff import diff
 
@@ -95,12 +93,8 @@ def cmd_plan(args) -> int:
                                    fix=f"use a platform ({', '.join(PLATFORMS)}) or a target ({', '.join(TARGETS)})")  # fmt: skip
         print(diff(case, args.diff))
         return ExitCode.OK
-    head = _head_addr(args, plan.topology)
-    if head:  # the topology stands: only the launch names the head
-        from rlsmoke.launch.miles import render
-
-        recipe = dataclasses.replace(recipe, master_addr=head)
-        plan = dataclasses.replace(plan, launch=render(plan.spec, plan.topology, Paths(), recipe))
+    if head := _head_addr(args, plan.topology):  # the same topology, its launch naming the head
+        plan = case.plan(validate=not args.no_validate, recipe=Recipe(reward=args.reward, master_addr=head))
     # the user's Miles parses this argv first: `error: [miles.flags] ...`, exit 2, no plan
     if args.check_miles:
         from rlsmoke.processes.preflight import check_flags
@@ -192,8 +186,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# Commands that write a folder: a stop signal removes what they half-wrote (`run` sets its own handlers).
-_STOPPABLE = ("prepare",)
 # Commands that read no path of the user's and load no library that needs the working folder.
 _NO_PATHS = ("cases", "plan")
 
@@ -205,12 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     try:
-        parser = build_parser(command if command in EXTERNAL or command in _NO_PATHS else None)
-        args = parser.parse_args(argv)
+        args = build_parser(command if command in EXTERNAL or command in _NO_PATHS else None).parse_args(argv)
         if args.command not in _NO_PATHS:
             cwd_exists(args.command)
             check_environment(args.command)
-        if args.command in _STOPPABLE and threading.current_thread() is threading.main_thread():
+        # `prepare` writes a folder: a stop signal removes what it half-wrote (`run` sets its own handlers)
+        if args.command == "prepare" and threading.current_thread() is threading.main_thread():
             from rlsmoke.engine import signals
 
             with signals.stopping_run():  # SIGTERM, SIGHUP, SIGQUIT clean up as Ctrl-C does

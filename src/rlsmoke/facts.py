@@ -14,10 +14,12 @@ DEFAULT_MODE = {"nvidia": "colocate", "rocm": "async", "cpu": "colocate"}
 DEFAULT_GPUS_PER_NODE = 8
 
 
-def default_mode_text() -> str:
-    """DEFAULT_MODE in words, for help text: "colocate on nvidia and cpu, async on rocm"."""
-    by_mode = {m: [p for p in PLATFORMS if DEFAULT_MODE[p] == m] for m in MODES}
-    return ", ".join(f"{m} on {' and '.join(ps)}" for m, ps in by_mode.items() if ps)
+def in_words(by_platform: dict, shown=str) -> str:
+    """A value per platform in words, for help text: "colocate on nvidia and cpu, async on rocm"."""
+    platforms: dict[object, list[str]] = {}
+    for platform, value in by_platform.items():
+        platforms.setdefault(value, []).append(platform)
+    return ", ".join(f"{shown(value)} on {' and '.join(names)}" for value, names in platforms.items())
 
 
 # --- the built-in engine -------------------------------------------------------------------------

@@ -51,7 +51,7 @@ class CaseGates:
             for b in bands:
                 shadow = "SHADOW " if art.history_shadow else ""
                 art.record_property(f"band:{b.metric}", "PASS" if b.passed else f"{shadow}FAIL {b.line()}")
-            report.write_run_summary(art.path, record, verdict, bands, shadow=art.history_shadow)
+            report.write_run_summary(art.path, verdict, bands, shadow=art.history_shadow)
             if art.update_golden:
                 path = report.write_threshold_candidate(art.path, record, verdict)
                 art.record_property("threshold_candidate", str(path))

@@ -108,8 +108,7 @@ def check_bands(values: Mapping[str, float], runs: list[Mapping[str, float]]) ->
         if band is None or not past:
             continue
         mean = sum(past) / len(past)
-        lower, upper = band.bounds(mean)
-        results.append(BandResult(key, float(values[key]), mean, lower, upper, len(past)))
+        results.append(BandResult(key, float(values[key]), mean, *band.bounds(mean), len(past)))
     return results
 
 
@@ -160,8 +159,7 @@ def runs(db: str | Path) -> list[dict]:
         with closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True, timeout=60)) as conn:
             conn.row_factory = sqlite3.Row
             columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
-            missing = [c for c in REPORT_COLUMNS if c not in columns]
-            if missing:
+            if missing := [c for c in REPORT_COLUMNS if c not in columns]:
                 what = "no runs table" if not columns else f"a runs table without {', '.join(missing)}"
                 raise RlsmokeError(f"history={db} has {what}", rule="history.schema",
                                    fix=f"{fix} (this rlsmoke reads the columns {', '.join(REPORT_COLUMNS)})")  # fmt: skip

@@ -25,6 +25,7 @@ PLATFORMS = {
     "rocm": Platform("rocm", ("MI300X", "MI355X"), "HIP_VISIBLE_DEVICES", "cuda"),
     "cpu": Platform("cpu", ("CPU",), None, "cpu"),
 }
+VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
 
 # Memory per device (GiB) for the OOM estimate and the case-fits checks.
 DEVICE_MEMORY_GIB = {
@@ -46,7 +47,7 @@ class Host:
     def describe(self) -> str:
         if self.platform == "cpu":
             return "no GPU (CPU only)"
-        return f"{self.count} {'NVIDIA' if self.platform == 'nvidia' else 'ROCm'} {self.device}"
+        return f"{self.count} {VENDOR[self.platform]} {self.device}"
 
 
 def _device_class(platform: str, product_name: str) -> str:
@@ -71,8 +72,7 @@ def detect() -> Host:
     if names:
         return Host("nvidia", _device_class("nvidia", names[0]), _visible_count("nvidia", len(names)))
     rocm = _query(["rocm-smi", "--showproductname"])
-    names = [line for line in rocm if "Card series" in line or "Card SKU" in line]
-    if names:
+    if names := [line for line in rocm if "Card series" in line or "Card SKU" in line]:
         count = len([n for n in names if "Card series" in n]) or len(names)
         return Host("rocm", _device_class("rocm", names[0].split(":")[-1]), _visible_count("rocm", count))
     return Host("cpu", "CPU", 0)

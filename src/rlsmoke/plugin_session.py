@@ -10,17 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rlsmoke.facts import RUN_TIMEOUT_S
+from rlsmoke.facts import RUN_TIMEOUT_S, in_words
 
 SESSION_LOCK = ".pytest-session.lock"  # in the artifacts root: one session's at a time
-
-
-def timeout_defaults() -> str:
-    """RUN_TIMEOUT_S in words, for help text: "900 on cpu, 3600 on nvidia and rocm"."""
-    by_value: dict[float, list[str]] = {}
-    for platform, seconds in RUN_TIMEOUT_S.items():
-        by_value.setdefault(seconds, []).append(platform)
-    return ", ".join(f"{s:.0f} on {' and '.join(ps)}" for s, ps in by_value.items())
+TIMEOUT_DEFAULTS = in_words(RUN_TIMEOUT_S, "{:.0f}".format)  # "900 on cpu, 3600 on nvidia and rocm"
 
 
 def check_options(config: pytest.Config) -> None:
@@ -28,9 +21,8 @@ def check_options(config: pytest.Config) -> None:
     timeout = config.getoption("run_timeout", None)
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise pytest.UsageError(f"--run-timeout={timeout} must be a number of seconds > 0. Drop it for the "
-                                f"default ({timeout_defaults()})")  # fmt: skip
-    history = config.getoption("history", None)
-    if history:
+                                f"default ({TIMEOUT_DEFAULTS})")  # fmt: skip
+    if history := config.getoption("history", None):
         path = Path(history)
         if path.is_dir():
             raise pytest.UsageError(f"--history={path} is a folder. Pass a sqlite file (made if missing)")

@@ -31,7 +31,6 @@ MARKERS = (
 TINY_THREADS = 1
 
 _HOST = pytest.StashKey["object"]()
-_PORTS = pytest.StashKey["object"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,7 +102,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--run-timeout",
         type=float,
         metavar="S",
-        help=f"seconds before a launched run is killed (default {plugin_session.timeout_defaults()})",
+        help=f"seconds before a launched run is killed (default {plugin_session.TIMEOUT_DEFAULTS})",
     )
 
 
@@ -164,8 +163,7 @@ def _host(config: pytest.Config):
                 raise pytest.UsageError(
                     f"--platform={forced} but this host has {host.describe()}. Drop --platform"
                 )
-            host = Host(forced, "CPU" if forced == "cpu" else "unknown",
-                        0 if forced == "cpu" else (config.getoption("num_gpus") or 0))  # fmt: skip
+            host = Host(forced, "unknown", config.getoption("num_gpus") or 0)  # a GPU platform, undetected
         config.stash[_HOST] = host
     return config.stash[_HOST]
 
@@ -206,20 +204,15 @@ def rlsmoke_host(pytestconfig: pytest.Config):
 
 
 @pytest.fixture(scope="session")
-def rlsmoke_ports(pytestconfig: pytest.Config):
-    """This worker's block of ports (Ray GCS, dashboard, MASTER_PORT, ...): no other worker or session has it."""
-    return _ports(pytestconfig)
+def rlsmoke_ports():
+    """This worker's block of ports (Ray GCS, dashboard, MASTER_PORT, ...): no other worker or session has it.
+    Leased on first need, from the xdist worker's index; released as the session ends."""
+    from rlsmoke.processes.lease import lease_ports
 
-
-def _ports(config: pytest.Config):
-    """Leased on first need, from the xdist worker's index; released as the session ends."""
-    if _PORTS not in config.stash:
-        from rlsmoke.processes.lease import lease_ports
-
-        worker = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
-        config.stash[_PORTS] = lease_ports(start=int(worker.group(1)) if worker else 0)
-        config.add_cleanup(config.stash[_PORTS].release)
-    return config.stash[_PORTS]
+    worker = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
+    ports = lease_ports(start=int(worker.group(1)) if worker else 0)
+    yield ports
+    ports.release()
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +243,7 @@ def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
 
 
 @pytest.fixture
-def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
+def artifacts(request: pytest.FixtureRequest, gpu_lease, rlsmoke_ports, record_property):
     """The test's artifacts folder (emptied first) with the session's launcher, leases and history."""
     config = request.config
     from rlsmoke.artifacts import Artifacts
@@ -266,7 +259,7 @@ def artifacts(request: pytest.FixtureRequest, gpu_lease, record_property):
         path=folder, launcher=config.getoption("launcher"), trainer=config.getoption("trainer"), host=_host(config),
         num_gpus=config.getoption("num_gpus"),
         miles_root=Path(miles_root) if miles_root else None, model_dir=Path(model_dir) if model_dir else None,
-        lease=gpu_lease, ports=_ports(config),
+        lease=gpu_lease, ports=rlsmoke_ports,
         timeout=config.getoption("run_timeout"),
         update_golden=config.getoption("update_golden"), history=Path(history) if history else None,
         trusted=config.getoption("history_trusted"), history_shadow=config.getoption("history_shadow"),

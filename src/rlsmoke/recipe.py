@@ -62,6 +62,4 @@ class BatchShape:
 
     def n_prompts(self, mode: str, num_gpus: int) -> int:
         """At least one prompt per data-parallel rank when colocated, rounded up to a multiple of them."""
-        if mode != "colocate":
-            return self.prompts
-        return max(num_gpus, -(-self.prompts // num_gpus) * num_gpus)
+        return max(num_gpus, -(-self.prompts // num_gpus) * num_gpus) if mode == "colocate" else self.prompts

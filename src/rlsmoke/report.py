@@ -22,7 +22,7 @@ def _fmt(x) -> str:
     return "missing" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
-def write_run_summary(folder: Path, record, verdict, bands=(), *, shadow: bool = False) -> None:
+def write_run_summary(folder: Path, verdict, bands=(), *, shadow: bool = False) -> None:
     """`summary.md` beside the run's `summary.json`: the key, every gate and band, and where the logs are."""
     key = verdict.key.text()
     lines = [f"# {verdict.key.case}: {'PASS' if verdict.passed else 'FAIL'}", "", f"`{key}`", "",
@@ -121,8 +121,7 @@ def plot_history(db: Path, out: Path) -> list[Path]:
                 for band in history.check_bands({metric: value}, past):  # one, or none without a baseline
                     judged[i] = band
             if judged:
-                bands = judged.values()
-                lows, highs = [b.lower for b in bands], [b.upper for b in bands]
+                lows, highs = [b.lower for b in judged.values()], [b.upper for b in judged.values()]
                 ax.fill_between(list(judged), lows, highs, color="tab:blue", alpha=0.12, label="history band")
             op, bound = limits[key].get(metric, ("", math.nan))
             if math.isfinite(bound):

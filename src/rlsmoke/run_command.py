@@ -80,7 +80,7 @@ def _handle(args, started: float) -> int:
         runs = [(cfg, folder.records) for cfg, folder in zip(cfgs, folders, strict=True)]
         logs = [CommandLog(out / "run.log", started) for _, out in runs]
         try:
-            code = _run_and_gate(runs, args, logs, started, before)
+            code = _run_and_gate(runs, outs, args, logs, started, before)
             # a stop whose exception a finalizer swallowed: stopped all the same
             if signals.received() is not None:
                 raise Interrupted(signals.received())
@@ -136,9 +136,10 @@ def _load_engine(cfg: RunConfig, log: CommandLog):
     return describe_timing, execute, execute_variants
 
 
-def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLog], started: float,
-                  before: Laps) -> int:  # fmt: skip
-    """The run (or each of --variants on one load), then each run's gates; exit 1 if any gate failed."""
+def _run_and_gate(runs: list[tuple[RunConfig, Path]], outs: list[Path], args, logs: list[CommandLog],
+                  started: float, before: Laps) -> int:  # fmt: skip
+    """The run (or each of --variants on one load), then each run's gates; exit 1 if any gate failed.
+    `outs` are the folders the records end up in (under --overwrite they are staged beside them)."""
     describe_timing, execute, execute_variants = _load_engine(runs[0][0], logs[0])
     before("engine import")
     try:
@@ -151,7 +152,7 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
               file=sys.stderr)  # fmt: skip
         return ExitCode.RUN_FAILED
     passed = True
-    for (cfg, out), log, summary in zip(runs, logs, summaries, strict=True):
+    for (cfg, out), final, log, summary in zip(runs, outs, logs, summaries, strict=True):
         shared = " (the load shared with the other variants, counted in the first)" if len(runs) > 1 else ""
         header = (f"{cfg.case} platform={cfg.platform} device={cfg.device_class} mode={cfg.mode} trainer={cfg.trainer} "
                   f"dtype={cfg.dtype_key} seed={cfg.seed} inject={cfg.inject}"
@@ -170,6 +171,6 @@ def _run_and_gate(runs: list[tuple[RunConfig, Path]], args, logs: list[CommandLo
         log(f"{header}; gates of {verdict.source}:", block=table)
         if not verdict.passed:
             print(verdict.report(), file=sys.stderr)
-        print(f"artifacts: {artifacts.final_folder(out)}")
+        print(f"artifacts: {final}")
         passed = passed and verdict.passed
     return ExitCode.OK if passed else ExitCode.GATE_FAILED

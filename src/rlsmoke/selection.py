@@ -9,11 +9,9 @@ from rlsmoke.engine import megatron
 from rlsmoke.engine.config import BUILTIN_ASYNC_GPUS
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.facts import DEFAULT_TRAINER, GPU_PLATFORMS
-from rlsmoke.platforms import Host
+from rlsmoke.platforms import VENDOR, Host
 from rlsmoke.resolve import effective_case
 from rlsmoke.resolve import shortfall as memory_shortfall  # why a GPU case does not fit: a skip reason
-
-VENDOR = {"nvidia": "NVIDIA", "rocm": "ROCm"}
 
 
 @dataclass(frozen=True)

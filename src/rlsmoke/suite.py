@@ -86,22 +86,14 @@ class CaseRun:
     flags: tuple[str, ...] = ()
     shared: tuple[str, ...] = ()
 
-    def artifacts(self, art: Artifacts) -> Artifacts:
-        return art if self.trainer is None else dataclasses.replace(art, trainer=self.trainer)
-
     def run(self, art: Artifacts, variant_runs: VariantRuns | None = None) -> CaseRecord:
         """The run's record; the clean variant of `variant_runs` (the module's `shared` run) when given."""
-        art = self.artifacts(art)
+        art = art if self.trainer is None else dataclasses.replace(art, trainer=self.trainer)
         clean = self.inject is None and self.rollout_temperature is None
         if self.shared and variant_runs is not None and clean and art.launcher == "builtin":
             return variant_runs.record(self.case, art, "clean")
         return run_case(self.case, art, inject=self.inject, seed=self.seed,
                         rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
-
-    def plan(self, art: Artifacts) -> CaseLaunch:
-        """What `run` would launch now (the checkpoint not verified)."""
-        return plan_launch(self.case, self.artifacts(art), inject=self.inject, seed=self.seed, verify=False,
-                           rollout_temperature=self.rollout_temperature, flags=self.flags)  # fmt: skip
 
 
 def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
@@ -157,7 +149,7 @@ class CaseLaunch:
 
 
 def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None = None, seed: int = 0,
-                rollout_temperature: float | None = None, verify: bool = True, flags: tuple[str, ...] = (),
+                rollout_temperature: float | None = None, flags: tuple[str, ...] = (),
                 variants: tuple[str, ...] = ()) -> CaseLaunch:  # fmt: skip
     """What `run_case` would launch now (after the checks that come before any launch); with `variants`,
     one `rlsmoke run --variants` (`run_variants`)."""
@@ -173,7 +165,7 @@ def plan_launch(case, artifacts: Artifacts | str | Path, *, inject: str | None =
     )
     if short:  # the plugin skips modules whose CASE does not fit at collection; this catches the others
         raise DoesNotFit(short)
-    checkpoint = _model_dir_checkpoint(case, art, verify=verify)
+    checkpoint = _model_dir_checkpoint(case, art)
     timeout = art.timeout or RUN_TIMEOUT_S[case.platform]
     env = {**(art.lease.env() if art.lease else {})}
     if art.ports is not None:
@@ -268,8 +260,7 @@ class VariantRuns:
         if _fault(variant) and artifacts.launcher != "builtin":
             raise DoesNotFit(f"faults go into the built-in engine, not --launcher {artifacts.launcher}")
         ran = effective_case(case, artifacts.num_gpus)
-        why = trainer_refusal(artifacts.trainer, ran, _fault(variant))
-        if why:
+        if why := trainer_refusal(artifacts.trainer, ran, _fault(variant)):
             raise DoesNotFit(why)
         key = (ran, artifacts.trainer)
         if key not in self._runs:
@@ -315,8 +306,8 @@ def builtin_argv(case, out: Path, *, inject=None, seed=0, rollout_temperature=No
     return argv
 
 
-def _model_dir_checkpoint(case, art: Artifacts, *, verify: bool) -> Path | None:
-    """`<model_dir>/<case>` when it exists, verified with `verify`: a corrupt checkpoint fails before any launch."""
+def _model_dir_checkpoint(case, art: Artifacts) -> Path | None:
+    """`<model_dir>/<case>` when it exists, verified: a corrupt checkpoint fails before any launch."""
     if art.model_dir is None:
         return None
     folder = Path(art.model_dir) / case.name
@@ -325,8 +316,8 @@ def _model_dir_checkpoint(case, art: Artifacts, *, verify: bool) -> Path | None:
             raise RlsmokeError(f"model_dir={art.model_dir} has no {case.name}/", rule="checkpoint.missing",
                                fix=f"prepare it with `rlsmoke prepare {case.name}` or fix --model-dir")  # fmt: skip
         return None  # the built-in engine prepares and caches its own
-    if verify:  # torch (checkpoints.shards): imported only when a model dir is given
-        from rlsmoke.checkpoints import verify as verify_checkpoint
+    # torch (checkpoints.shards): imported only when a model dir is given
+    from rlsmoke.checkpoints import verify
 
-        verify_checkpoint(folder)
+    verify(folder)
     return folder

@@ -109,12 +109,10 @@ class Verdict:
     def failures(self) -> list[GateResult]:
         return [r for r in self.results if not r.passed]
 
-    def values(self) -> dict[str, float | None]:
-        return {r.gate.summary_key: _jsonable(r.value) for r in self.results}
-
     def summary_fields(self) -> dict[str, object]:
         """What a gated run's summary.json says about its gates (`update_summary`)."""
-        return {"metrics": self.values(), "gates": [r.to_json() for r in self.results], "thresholds": self.source,
+        return {"metrics": {r.gate.summary_key: _jsonable(r.value) for r in self.results},
+                "gates": [r.to_json() for r in self.results], "thresholds": self.source,
                 "verdict": "PASS" if self.passed else "FAIL"}  # fmt: skip
 
     def table(self) -> str:
@@ -273,8 +271,7 @@ def check_thresholds(key: RunKey, logged: frozenset[str]) -> None:
     every gate of an entry that applies to `key` on a metric its launcher logs (`logged`)."""
     for path, entry in all_entries():
         names = [spec.get("name") if isinstance(spec, dict) else None for spec in entry["gates"]]
-        twice = sorted({str(n) for n in names if names.count(n) > 1})
-        if twice:
+        if twice := sorted({str(n) for n in names if names.count(n) > 1}):
             raise RlsmokeError(f"thresholds={path} has an entry with the gate name(s) {', '.join(twice)} twice: "
                                f"{json.dumps(entry['key'], sort_keys=True)}", rule="thresholds.gate_names",
                                fix="give each gate of an entry its own name")  # fmt: skip

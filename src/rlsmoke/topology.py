@@ -199,8 +199,7 @@ def plan_topology(
     if not found:
         return topo
     rule_id, message, fix = found[0]
-    values = single_fixes(topo, spec, sets, rule_id)
-    if values:
+    if values := single_fixes(topo, spec, sets, rule_id):
         sets_ = [f"--set {kv}" for kv in values]
         which = sets_[0] if len(sets_) == 1 else f"any one of {', '.join(sets_)}"
         found[0] = (rule_id, message, f"{fix.rstrip('.')}: {which} fixes this plan.")

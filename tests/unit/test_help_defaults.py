@@ -53,7 +53,7 @@ def test_help_names_the_defaults_the_code_uses(command):
     text = " ".join(parser.format_help().split())
     assert f"(default {DEFAULT_TARGET})" in text
     assert not [t for t in TARGETS if t != DEFAULT_TARGET and f"default {t}" in text]
-    assert facts.default_mode_text() in text
+    assert facts.in_words(facts.DEFAULT_MODE) in text
 
 
 def test_run_help_names_the_batch_and_the_resident_rule():

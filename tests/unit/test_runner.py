@@ -127,13 +127,16 @@ def test_a_sigterm_ignoring_process_is_killed(tmp_path):
     proc.stop()
 
 
-def test_a_run_here_given_os_environ_itself_runs_under_it_not_under_nothing():
+def test_a_run_here_given_os_environ_itself_runs_under_it_not_under_nothing(tmp_path, monkeypatch):
     """`run_here(argv, env=os.environ)`: the run's environment is set by clearing os.environ first, so a
     mapping that is os.environ must be copied before (an empty one started the fork server without
     PYTHONPATH, whose forked runs then imported another checkout's rlsmoke and exited 1)."""
     from rlsmoke.processes import here
 
+    seen = {}
+    monkeypatch.setattr(here, "_exit_code", lambda args: seen.update(os.environ) or 0)
     before = dict(os.environ)
-    with here._environment(os.environ):
-        assert dict(os.environ) == before
+    argv = [sys.executable, "-m", "rlsmoke.cli", "cases"]
+    result = here.run_here(argv, env=os.environ, log=tmp_path / "log", timeout=None)
+    assert result.returncode == 0 and seen == before
     assert dict(os.environ) == before

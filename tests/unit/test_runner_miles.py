@@ -196,9 +196,9 @@ def test_what_only_the_built_in_engine_runs_is_refused_under_miles_by_name(tmp_p
     art = Artifacts(tmp_path / "art", launcher="miles", host=Host("nvidia", "H200", 2), miles_root=miles,
                     model_dir=_model_dir(tmp_path), timeout=60)  # fmt: skip
     with pytest.raises(RlsmokeError) as err:
-        plan_launch(CASE, art, verify=False, **asked)
+        plan_launch(CASE, art, **asked)
     assert err.value.rule == "launcher.inject" and str(err.value).startswith(
         f"{named} needs the built-in engine"
     )
-    assert plan_launch(CASE, art, verify=False).launcher == "miles"
+    assert plan_launch(CASE, art).launcher == "miles"
     assert commands(miles) == []

@@ -66,17 +66,16 @@ def test_two_gpus_run_all_256_experts():
 def test_a_declared_run_s_flags_go_to_rlsmoke_run_and_a_miles_launch_refuses_them(tmp_path):
     from rlsmoke.errors import RlsmokeError
     from rlsmoke.processes.lease import GpuLease
-    from rlsmoke.suite import Artifacts, CaseRun
+    from rlsmoke.suite import Artifacts, plan_launch
 
     flags = ("--offload", "--num-rollout", "3")
     cpu = Case("glm5-744b-a40b-4layer", platform="cpu", tiny=True)
-    launch = CaseRun(cpu, flags=flags).plan(Artifacts(tmp_path / "cpu"))
+    launch = plan_launch(cpu, Artifacts(tmp_path / "cpu"), flags=flags)
     assert launch.argv[-3:] == flags and launch.argv[3] == "run"
     miles = Artifacts(tmp_path / "miles", launcher="miles", host=Host("nvidia", "H200", 8), miles_root=tmp_path,
                       lease=GpuLease("nvidia", tuple("01234567")))  # fmt: skip
+    eight = Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)
     with pytest.raises(RlsmokeError) as refused:
-        CaseRun(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8), flags=flags).plan(miles)
+        plan_launch(eight, miles, flags=flags)
     assert refused.value.rule == "launcher.flags"
-    assert (
-        CaseRun(Case("glm5-744b-a40b-4layer", platform="nvidia", num_gpus=8)).plan(miles).launcher == "miles"
-    )
+    assert plan_launch(eight, miles).launcher == "miles"

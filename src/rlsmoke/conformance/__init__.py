@@ -13,7 +13,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlsmoke.conformance.verdict import PARSERS, Verdict, applies
+from rlsmoke.conformance.verdict import PARSERS, Verdict, not_run
 
 __all__ = ["Verdict", "check_plan", "check_plans", "format_verdicts", "real_verdict"]
 
@@ -22,15 +22,10 @@ _SRC = Path(__file__).resolve().parents[2]  # the folder holding this rlsmoke pa
 
 
 def interpreter(parser: str) -> Path:
-    explicit = os.environ.get(f"RLSMOKE_{parser.upper()}_PYTHON")
-    if explicit:
+    if explicit := os.environ.get(f"RLSMOKE_{parser.upper()}_PYTHON"):
         return Path(explicit)
     venvs = os.environ.get("RLSMOKE_CONFORMANCE_VENVS") or Path.home() / ".cache" / "rlsmoke" / "conformance"
     return Path(venvs) / f"cvenv-{parser}" / "bin" / "python"
-
-
-def _not_run(parser: str, plans: list[dict], message: str) -> list[Verdict]:
-    return [Verdict(parser, None, message, applies(parser, p)) for p in plans]
 
 
 def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
@@ -38,7 +33,7 @@ def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
     python = interpreter(parser)
     if not os.access(python, os.X_OK):
         var = f"RLSMOKE_{parser.upper()}_PYTHON"
-        return _not_run(
+        return not_run(
             parser, plans, f"not installed: no {python} (set {var}, or run .ci/conformance-envs.sh)"
         )
     with tempfile.TemporaryDirectory(prefix=f"rlsmoke-{parser}-") as tmp:
@@ -54,12 +49,11 @@ def run_parser(parser: str, plans: list[dict]) -> list[Verdict]:
                 cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S
             )
         except subprocess.TimeoutExpired:
-            return _not_run(parser, plans, f"harness error: worker ran past {WORKER_TIMEOUT_S} s")
+            return not_run(parser, plans, f"harness error: worker ran past {WORKER_TIMEOUT_S} s")
         if proc.returncode != 0 or not out_file.exists():
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-            return _not_run(parser, plans, f"harness error: worker exited {proc.returncode}: {tail}")
-        result = json.loads(out_file.read_text())
-    return [Verdict(**v) for v in result["verdicts"]]
+            return not_run(parser, plans, f"harness error: worker exited {proc.returncode}: {tail}")
+        return [Verdict(**v) for v in json.loads(out_file.read_text())["verdicts"]]
 
 
 def check_plans(plans: list[dict]) -> list[list[Verdict]]:
@@ -77,16 +71,12 @@ def check_plan(plan_json: dict) -> list[Verdict]:
 def real_verdict(verdicts: list[Verdict]) -> bool | None:
     """True/False from the parsers that apply to the plan's target; None if one of them did not run."""
     relevant = [v for v in verdicts if v.applies]
-    if any(v.accepted is None for v in relevant):
-        return None
-    return all(v.accepted for v in relevant)
+    return None if any(v.accepted is None for v in relevant) else all(v.accepted for v in relevant)
 
 
 def format_verdicts(verdicts: list[Verdict]) -> str:
     """The `--check` report: one line per parser, then the overall verdict."""
-    lines = [v.one_line() for v in verdicts]
-    overall = real_verdict(verdicts)
     summary = {True: "accepted by every real parser of the target",
                False: "REJECTED by a real parser of the target",
-               None: "incomplete: a parser of the target did not run"}[overall]  # fmt: skip
-    return "\n".join([*lines, f"overall  {summary}"])
+               None: "incomplete: a parser of the target did not run"}[real_verdict(verdicts)]  # fmt: skip
+    return "\n".join([*(v.one_line() for v in verdicts), f"overall  {summary}"])

@@ -7,6 +7,7 @@ from rlsmoke.conformance import device_facts
 from rlsmoke.conformance.hf_fixtures import checkpoint_for
 from rlsmoke.conformance.verdict import Verdict, applies, plan_env, run_validator
 from rlsmoke.engine.megatron.flags import flag_value
+from rlsmoke.launch.miles import flag_values
 
 PARSER = "sglang"
 # `--sglang-*` flags that Miles defines for itself: they never reach the engine.
@@ -27,19 +28,11 @@ def engine_argv(plan: dict) -> list[str]:
     """SGLang's own command line for one rollout engine of the plan."""
     argv = list(plan["argv"])
     gpus_per_engine = flag_value(argv, "--rollout-num-gpus-per-engine") or "1"
-    out = [
-        "--model-path", checkpoint_for(plan["case"], flag_value(argv, "--hf-checkpoint")),
-        "--trust-remote-code",
-        "--tp-size", gpus_per_engine,
-    ]  # fmt: skip
-    keep = False
-    for tok in argv[2:]:
-        if tok.startswith("--"):
-            keep = tok.startswith("--sglang-") and not tok.startswith(MILES_ONLY)
-            if keep:
-                out.append("--" + tok.removeprefix("--sglang-"))
-        elif keep:
-            out.append(tok)
+    out = ["--model-path", checkpoint_for(plan["case"], flag_value(argv, "--hf-checkpoint")),
+           "--trust-remote-code", "--tp-size", gpus_per_engine]  # fmt: skip
+    for flag, values in flag_values(argv[2:]):
+        if flag.startswith("--sglang-") and not flag.startswith(MILES_ONLY):
+            out += ["--" + flag.removeprefix("--sglang-"), *values]
     return out
 
 

@@ -9,7 +9,6 @@ import os
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from unittest import mock
 
 # Parser keys, in the order verdicts are reported, with the versions they pin.
@@ -49,22 +48,21 @@ def applies(parser: str, plan: dict) -> bool:
     return True  # megatron-core reads only the training grid
 
 
+def not_run(parser: str, plans: list[dict], message: str) -> list[Verdict]:
+    return [Verdict(parser, None, message, applies(parser, p)) for p in plans]
+
+
 def describe_exception(exc: BaseException) -> str:
     """One line: the type, the message, and where the real code raised it (a bare assert has no message)."""
     if isinstance(exc, SystemExit):
         return f"exit {exc.code}"
-    frames = traceback.extract_tb(exc.__traceback__)
     where = ""
-    if frames:
+    if frames := traceback.extract_tb(exc.__traceback__):
         last = frames[-1]
-        source = last.line  # extract_tb read it, stripped, from linecache
-        parts = Path(last.filename).parts
-        short = (
-            "/".join(parts[parts.index("site-packages") + 1 :]) if "site-packages" in parts else last.filename
-        )
+        short = last.filename.partition("/site-packages/")[2] or last.filename  # a path within its package
         where = f" at {short}:{last.lineno}"
-        if not str(exc) and source:
-            where += f": `{source}`"
+        if not str(exc) and last.line:  # extract_tb read the line, stripped, from linecache
+            where += f": `{last.line}`"
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
 

@@ -12,7 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from rlsmoke.conformance.verdict import PARSERS, Verdict, applies
+from rlsmoke.conformance.verdict import PARSERS, Verdict, applies, not_run
 
 MODULES = {
     "miles": "rlsmoke.conformance.miles_parser",
@@ -32,8 +32,7 @@ def check_all(parser: str, plans: list[dict]) -> list[Verdict]:
     try:
         module = load(parser)
     except ImportError as exc:
-        error = f"not installed: {PARSERS[parser]} cannot be imported here ({exc})"
-        return [Verdict(parser, None, error, applies(parser, p)) for p in plans]
+        return not_run(parser, plans, f"not installed: {PARSERS[parser]} cannot be imported here ({exc})")
     verdicts = []
     for plan in plans:
         try:

@@ -34,8 +34,7 @@ class Step:
     skip_when: str = ""  # a shell test: the step is skipped where it holds
 
     def shell(self) -> str:
-        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
-        return prefix + shlex.join(self.command)
+        return "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items()) + shlex.join(self.command)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -44,13 +43,11 @@ class Step:
 def convert_step(plan, paths: Paths, extra: tuple[str, ...] = ()) -> Step:
     """Miles' `_prepare_megatron_ckpt`: <= 4 layers on min(4, node GPUs) ranks, larger on a node's GPUs."""
     hf, dst = plan.launch.hf_checkpoint, plan.launch.ref_load
-    gpus = plan.topology.gpus_per_node
+    ranks = plan.topology.gpus_per_node
     parallel = ["--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "1"]
     if plan.spec.num_layers <= SMALL_MODEL_LAYERS:
-        ranks = min(SMALL_MODEL_RANKS, gpus)
+        ranks = min(SMALL_MODEL_RANKS, ranks)
         parallel += ["--pipeline-model-parallel-size", "1", "--expert-model-parallel-size", "1"]
-    else:
-        ranks = gpus
     argv = ("torchrun", "--nproc-per-node", str(ranks), f"{paths.miles_root}/{CONVERT_TOOL}",
             *plan.spec.megatron_args(), "--hf-checkpoint", hf, "--save", dst, *parallel, *extra)  # fmt: skip
     return Step("convert", "HF -> torch_dist with Miles' converter", argv,

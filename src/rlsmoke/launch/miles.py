@@ -15,7 +15,6 @@ from rlsmoke.launch.substitutions import SUBSTITUTIONS
 from rlsmoke.models import ModelSpec
 from rlsmoke.platforms import get_platform
 from rlsmoke.recipe import Recipe
-from rlsmoke.targets import Target
 from rlsmoke.topology import Topology
 
 # `rlsmoke_reward.py`'s folder, Miles' `--custom-rm-path`: needs no rlsmoke where the job runs.
@@ -47,9 +46,7 @@ RAY_GCS_PORT = 6379  # `ray start --head`'s default, which the joining nodes dia
 
 def head_addr(topo: Topology, recipe: Recipe) -> str:
     """MASTER_ADDR and Ray's head: the recipe's, else loopback on one node, else the placeholder."""
-    if recipe.master_addr:
-        return recipe.master_addr
-    return LOOPBACK if topo.num_nodes == 1 else HEAD_PLACEHOLDER
+    return recipe.master_addr or (LOOPBACK if topo.num_nodes == 1 else HEAD_PLACEHOLDER)
 
 
 def is_loopback(addr: str) -> bool:
@@ -131,15 +128,9 @@ def _rows(topo: Topology, uses_dsa: bool):
 
 def _substituted(platform: str, group: str, topo: Topology, uses_dsa: bool) -> list[str]:
     """The substitution rows of `group`, with the target's flag stems and the plan's counts filled in."""
-    target: Target = topo.target
-    toks: list[str] = []
-    for row in _rows(topo, uses_dsa):
-        if row.group != group:
-            continue
-        flags = row.flags(platform)
-        toks += [f.format(dsa=target.dsa_flag, cuda_graph_bs=target.cuda_graph_bs_flag,
-                          chunked_prefill=2048 * topo.rollout.gpus_per_engine) for f in flags]  # fmt: skip
-    return toks
+    target, chunked = topo.target, 2048 * topo.rollout.gpus_per_engine
+    return [f.format(dsa=target.dsa_flag, cuda_graph_bs=target.cuda_graph_bs_flag, chunked_prefill=chunked)
+            for row in _rows(topo, uses_dsa) if row.group == group for f in row.flags(platform)]  # fmt: skip
 
 
 def render(
@@ -234,7 +225,7 @@ def render(
     return Launch(
         script="train.py" if topo.mode == "colocate" else "train_async.py",
         groups=_dedupe(groups),
-        env=render_env(topo, paths, recipe, uses_dsa),
+        env=render_env(topo, plat, paths, recipe, uses_dsa),
         ray_num_gpus=topo.ray_num_gpus,
         master_addr=head_addr(topo, recipe),
         num_nodes=topo.num_nodes,
@@ -244,8 +235,7 @@ def render(
     )
 
 
-def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool) -> dict[str, str]:
-    plat = topo.platform if topo.platform != "cpu" else "nvidia"
+def render_env(topo: Topology, plat: str, paths: Paths, recipe: Recipe, uses_dsa: bool) -> dict[str, str]:
     head = head_addr(topo, recipe)
     env = {
         "PYTHONUNBUFFERED": "1",
@@ -257,7 +247,6 @@ def render_env(topo: Topology, paths: Paths, recipe: Recipe, uses_dsa: bool) -> 
     }
     for row in _rows(topo, uses_dsa):
         env.update(row.env(plat))
-    var = get_platform(plat).visible_devices_var
-    if plat == "rocm" and var:
-        env[var] = ",".join(str(i) for i in topo.visible_devices)
+    if plat == "rocm":
+        env[get_platform(plat).visible_devices_var] = ",".join(str(i) for i in topo.visible_devices)
     return env

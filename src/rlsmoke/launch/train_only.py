@@ -1,19 +1,11 @@
 """Miles' trainer alone on rlsmoke's rollout: `rlsmoke run CASE --launcher miles --miles-root R --train-only`.
 
 Miles main's `--load-debug-rollout-data PATH` trains on a recorded rollout and starts no SGLang engine
-(`miles/utils/arguments.py` sets `debug_train_only`). The flow:
-
-1. prepare: the HF checkpoint (`rlsmoke prepare`), under the model dir as `<case>`;
-2. convert: HF -> torch_dist with R's `tools/convert_hf_to_torch_dist.py` (`flow.convert_step`), unless done;
-3. rollout: the built-in engine samples the recipe's prompts and writes Miles' debug-rollout file
-   (`engine.miles_rollout`): tokens, loss masks, dense target rewards, log-probs at --rollout-temperature;
-4. ray-head: `ray start --head` with one GPU, no dashboard;
-5. train: `python3 train.py <argv> --debug-train-only --load-debug-rollout-data PATH` in R, with
-   `RAY_ADDRESS` at that head (Miles' placement group joins it) and `MILES_CI_GATE_RECORD_DIR` set;
-6. gate: Miles' own `step 0: {...}` / `rollout 0: {...}` lines and its CiHistory JSONL, with the
-   thresholds of the run's key (launcher miles).
-
-`steps` is what `rlsmoke plan --launcher miles --train-only` prints; `processes.train_only` runs them.
+(`miles/utils/arguments.py` sets `debug_train_only`). `steps` are the flow: prepare the HF checkpoint,
+convert it to torch_dist with R's converter (unless done), write the built-in engine's rollout as Miles'
+debug-rollout file (`rlsmoke.miles_rollout`), start Ray's head with one GPU, then run R's `train.py` on
+that file. `rlsmoke plan --launcher miles --train-only` prints them; `processes.train_only` runs them and
+gates Miles' own logged metrics with the thresholds of launcher miles.
 """
 
 from __future__ import annotations
@@ -23,6 +15,7 @@ import shlex
 from dataclasses import dataclass, replace
 
 from rlsmoke.cases import Plan, case_from_args
+from rlsmoke.engine.megatron.flags import flag_value
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import RAY_GCS_PORT, Launch, Paths, flag_values
@@ -52,6 +45,7 @@ TRAIN_ONLY_SET = {
     "--attention-backend": ("fused",),
     "--moe-token-dispatcher-type": ("alltoall",),
     NO_APEX[0]: (),
+    "--prompt-data": (str(PROMPT_DATA),),  # the rollout's prompts: Miles' data source still reads them
 }
 # GLM-5's DSA top-k takes 2048 tokens of a packed micro-batch
 DSA_PAD = ("--data-pad-size-multiplier", "4096")
@@ -88,10 +82,8 @@ def train_only(launch: Launch, *, rollout_template: str, miles_root: str, uses_d
     for group, toks in launch.groups.items():
         out: list[str] = []
         for flag, values in flag_values(toks) if group != "sglang" else []:
-            if flag in TRAIN_ONLY_DROPPED:
-                continue
-            values = list(TRAIN_ONLY_SET.get(flag, values))
-            out += [flag, *([str(PROMPT_DATA)] if flag == "--prompt-data" else values)]
+            if flag not in TRAIN_ONLY_DROPPED:
+                out += [flag, *TRAIN_ONLY_SET.get(flag, values)]
         groups[group] = out
     present = {flag for toks in groups.values() for flag, _ in flag_values(toks)}
     groups["misc"] += [
@@ -110,10 +102,6 @@ def ray_head_train_only(launch: Launch) -> list[str]:
     return [*launch.ray_start(), "--include-dashboard=false"]
 
 
-def value(launch: Launch, flag: str) -> str:
-    return next(v[0] for toks in launch.groups.values() for f, v in flag_values(toks) if f == flag)
-
-
 def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tiny: bool = False, seed: int = 0,
               inject: str | None = None, repeat: int = 1) -> TrainOnlyPlan:  # fmt: skip
     """The case's plan at `repeat` rollouts, its launch made train-only (`train_only`).
@@ -130,12 +118,12 @@ def make_plan(case, *, paths: Paths, out: str, recipe: Recipe | None = None, tin
 
 def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
     hf = tp.plan.launch.hf_checkpoint
-    launch = tp.launch
+    train = tp.launch.argv
     argv = ("python3", "-m", "rlsmoke.miles_rollout", tp.plan.case.name, "--checkpoint", hf,
-            "--out", tp.rollout_template, "--n-prompts", value(launch, "--rollout-batch-size"),
-            "--n-samples", value(launch, "--n-samples-per-prompt"),
-            "--max-response-len", value(launch, "--rollout-max-response-len"),
-            "--temperature", value(launch, "--rollout-temperature"), "--seed", str(tp.seed),
+            "--out", tp.rollout_template, "--n-prompts", flag_value(train, "--rollout-batch-size"),
+            "--n-samples", flag_value(train, "--n-samples-per-prompt"),
+            "--max-response-len", flag_value(train, "--rollout-max-response-len"),
+            "--temperature", flag_value(train, "--rollout-temperature"), "--seed", str(tp.seed),
             "--prompt-data", str(PROMPT_DATA), *(["--tiny"] if tp.tiny else []),
             *(["--inject", tp.inject] if tp.inject else []),
             *(["--repeat", str(tp.repeat)] if tp.repeat > 1 else []))  # fmt: skip

@@ -16,6 +16,7 @@ import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from unittest import mock
 
 from rlsmoke.engine import procs, signals
 from rlsmoke.processes.runner import Result
@@ -36,8 +37,6 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
     import rlsmoke.engine.run  # noqa: F401  torch and transformers: an interrupt now is the caller's own
 
     argv = tuple(str(a) for a in argv)
-    log = Path(log)
-    log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     expired, done = threading.Event(), threading.Event()
     lock = threading.Lock()
@@ -55,7 +54,8 @@ def run_here(argv: Sequence[str], *, env: Mapping[str, str], log: Path, timeout:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
         with contextlib.suppress(KeyboardInterrupt):  # a stop that landed outside `main`: `got` has it
-            with _environment(env), _output_to(out, err), signals.hosted(got):
+            # patch.dict copies `env` before it clears os.environ, which `env` may be
+            with mock.patch.dict(os.environ, env, clear=True), _output_to(out, err), signals.hosted(got):
                 if timer is not None:
                     timer.start()
                 try:
@@ -84,18 +84,6 @@ def _exit_code(args: list[str]) -> int:
     except Exception:  # noqa: BLE001 - as `python -m` would: the traceback, exit 1
         traceback.print_exc()
         return 1
-
-
-@contextlib.contextmanager
-def _environment(env: Mapping[str, str]) -> Iterator[None]:
-    env, before = dict(env), dict(os.environ)  # a copy first: `env` may be os.environ itself
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
 
 
 @contextlib.contextmanager

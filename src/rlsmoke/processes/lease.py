@@ -64,10 +64,8 @@ def lease_gpus(platform: str, pool: tuple[str, ...], n: int, *, timeout: float =
         with FileLock(str(folder / "allocator.lock")):
             held: dict[str, int] = {}
             for gpu in pool:
-                fd = try_lock(folder / f"gpu-{gpu}.lock")
-                if fd is None:
-                    continue
-                held[gpu] = fd
+                if (fd := try_lock(folder / f"gpu-{gpu}.lock")) is not None:
+                    held[gpu] = fd
                 if len(held) == n:
                     return GpuLease(platform, tuple(held), list(held.values()))
             for fd in held.values():
@@ -115,8 +113,7 @@ def lease_ports(*, start: int = 0, folder: Path | None = None, base: int | None 
     base = base if base is not None else int(os.environ.get("RLSMOKE_PORT_BASE", PORT_BASE))
     for i in range(PORT_BLOCKS):
         block = base + (start + i) % PORT_BLOCKS * PORT_BLOCK
-        fd = try_lock(folder / f"ports-{block}.lock")
-        if fd is None:
+        if (fd := try_lock(folder / f"ports-{block}.lock")) is None:
             continue
         if all(bindable(block + off) for off in PORT_NAMES.values()):
             return PortLease(block, fd)

@@ -1,8 +1,9 @@
-"""Miles' whole flow, run: convert (unless done), then Ray's head and the job (`runner.run_miles`).
+"""Miles' whole flow, run: convert (unless done), then Ray's head and the job (`ray job submit`).
 The steps are rendered by `launch.flow`; this runs them."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -40,9 +41,9 @@ def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], art
 
 def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
         timeout: float) -> runner.Result:  # fmt: skip
-    """The pre-flight, convert (unless done), then Ray's head and the job (`runner.run_miles`); the first
-    step that fails ends the flow and its Result is returned. The prepare step is the suite's (verified
-    before this)."""
+    """The pre-flight, convert (unless done), then a Ray head of ours and the job under `miles_root`, `env`
+    to every process; the first step that fails ends the flow and its Result is returned. The prepare
+    step is the suite's (verified before this)."""
     started = time.monotonic()
     # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
     preflight.check_flags(plan.launch, miles_root)
@@ -52,6 +53,28 @@ def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], 
         return failed
     with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
         log.write(f"submit: {RECORD_DIR_VAR}={record_dir}\n")
+    launch, job_env = plan.launch, {**plan.launch.env, **env, RECORD_DIR_VAR: str(record_dir)}
+    # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
+    full_env = runner.clean_env({**job_env, "RAY_AUTH_MODE": "disabled"})
+    dashboard = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports.dashboard)]
+    dashboard += ["--include-dashboard", "true", *_client_port(ports)]
+
+    def submit() -> runner.Result:
+        left = max(1.0, timeout - (time.monotonic() - started))
+        argv = runner.job_submit_argv(launch.job_submit(json.dumps({"env_vars": job_env})), ports.dashboard)
+        return runner.run(argv, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left)
+
     left = max(1.0, timeout - (time.monotonic() - started))
-    return runner.run_miles(plan.launch, miles_root=miles_root, ports=ports, env={**env, RECORD_DIR_VAR: str(record_dir)},
-                            artifacts=artifacts, timeout=left)  # fmt: skip
+    return runner.under_ray_head(launch.ray_start(), ports, submit, env=full_env, cwd=miles_root,
+                                 artifacts=artifacts, timeout=left, dashboard=dashboard)  # fmt: skip
+
+
+def _client_port(ports) -> list[str]:
+    """Ray starts a client server (default port 10001) only where `ray[client]` is installed; give it ours."""
+    try:
+        from ray._private.utils import get_ray_client_dependency_error
+    except ImportError:
+        return []
+    if get_ray_client_dependency_error() is not None:
+        return []
+    return ["--ray-client-server-port", str(ports.client_server)]

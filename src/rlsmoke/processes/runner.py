@@ -7,7 +7,6 @@ process still carrying the token (a setsid daemon, as Ray's) is killed by pid. N
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -195,17 +194,6 @@ def under_ray_head(head_argv: Sequence[str], ports, job: Callable[[], Result], *
     return result
 
 
-def _client_port(ports) -> list[str]:
-    """Ray starts a client server (default port 10001) only where `ray[client]` is installed; give it ours."""
-    try:
-        from ray._private.utils import get_ray_client_dependency_error
-    except ImportError:
-        return []
-    if get_ray_client_dependency_error() is not None:
-        return []
-    return ["--ray-client-server-port", str(ports.client_server)]
-
-
 def job_submit_argv(job_submit: Sequence[str], dashboard: int) -> list[str]:
     """The plan's `ray job submit ...` pointed at our dashboard port (the plan names Ray's default)."""
     argv = list(job_submit)
@@ -239,22 +227,3 @@ def _answers(port: int, *, http: bool) -> bool:
     with contextlib.suppress(OSError), opener.open(f"http://127.0.0.1:{port}/api/version", timeout=2) as resp:
         return resp.status == 200
     return False
-
-
-def run_miles(launch, *, miles_root: Path, ports, env: Mapping[str, str], artifacts: Path,
-              timeout: float) -> Result:  # fmt: skip
-    """Upstream's launch under `miles_root`: a Ray head, the job, then stop Ray; `env` to every process."""
-    started = time.monotonic()
-    # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
-    full_env = clean_env({**launch.env, **env, "RAY_AUTH_MODE": "disabled"})
-    dashboard = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports.dashboard)]
-    dashboard += ["--include-dashboard", "true", *_client_port(ports)]
-
-    def submit() -> Result:
-        runtime_env = json.dumps({"env_vars": {**launch.env, **env}})
-        left = max(1.0, timeout - (time.monotonic() - started))
-        argv = job_submit_argv(launch.job_submit(runtime_env), ports.dashboard)
-        return run(argv, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left)
-
-    return under_ray_head(launch.ray_start(), ports, submit, env=full_env, cwd=miles_root,
-                          artifacts=artifacts, timeout=timeout, dashboard=dashboard)  # fmt: skip

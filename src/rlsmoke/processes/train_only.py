@@ -11,6 +11,7 @@ from pathlib import Path
 from rlsmoke.artifacts import default_out, earlier_records, write_atomic
 from rlsmoke.cases import case_from_args
 from rlsmoke.checkpoints.cache_paths import cache_home
+from rlsmoke.engine.megatron.flags import flag_value
 from rlsmoke.errors import ExitCode, RlsmokeError
 from rlsmoke.launch import flow
 from rlsmoke.launch.miles import Paths
@@ -23,7 +24,6 @@ from rlsmoke.launch.train_only import (
     make_plan,
     ray_head_train_only,
     rollout_step,
-    value,
 )
 from rlsmoke.metrics import KINDS, load_record, update_summary
 from rlsmoke.miles_rollout import check_inject
@@ -89,8 +89,9 @@ def write_summary(tp: TrainOnlyPlan, device: str) -> None:
     info = json.loads(lines[-1].removeprefix("rollout file: ")) if lines else {}
     fields = {"case": tp.plan.case.name, "platform": tp.plan.topology.platform, "device": device,
               "launcher": "miles", "dtype": f"{info.get('dtype', 'bfloat16')}/float32",
-              "width": "tiny" if tp.tiny else "full", "num_gpus": 1, "seed": tp.seed, "repeat": tp.repeat, "mode": "train-only",
-              "inject": tp.inject or "none", "rollout_temperature": float(value(tp.launch, "--rollout-temperature")),
+              "width": "tiny" if tp.tiny else "full", "num_gpus": 1, "seed": tp.seed, "repeat": tp.repeat,
+              "mode": "train-only", "inject": tp.inject or "none",
+              "rollout_temperature": float(flag_value(tp.launch.argv, "--rollout-temperature")),
               "rollout": info, "miles_root": tp.paths.miles_root, "artifacts": tp.out}  # fmt: skip
     update_summary(tp.out, fields)
 
