@@ -109,6 +109,8 @@ def test_plan_prints_the_convert_the_rollout_file_and_the_train_only_launch(caps
     )
     steps = json.loads(capsys.readouterr().out)["steps"]
     assert [s["name"] for s in steps] == names and steps[-1]["command"][:2] == ["python3", "train.py"]
+    # the convert that `run` makes: without apex, as train.py (launch.train_only.NO_APEX)
+    assert "--no-gradient-accumulation-fusion" in steps[1]["command"]
 
 
 @pytest.mark.parametrize(("extra", "rule"), [

@@ -137,7 +137,7 @@ def steps(tp: TrainOnlyPlan) -> list[flow.Step]:
     }
     return [
         flow.prepare_step(tp.plan, "the HF checkpoint", tiny=tp.tiny),
-        flow.convert_step(tp.plan, tp.paths),
+        flow.convert_step(tp.plan, tp.paths, NO_APEX),
         rollout_step(tp),
         flow.Step("ray-head", "Ray's head with one GPU, no dashboard", tuple(ray_head_train_only(tp.launch))),
         flow.Step(
