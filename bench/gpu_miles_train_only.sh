@@ -7,7 +7,7 @@
 #   bench/gpu_miles_train_only.sh build OUT          (from misc) TE's torch extension built against the host's
 #                                                    torch, Ray probed, the HF checkpoint prepared
 #   bench/gpu_miles_train_only.sh te OUT             once every piece is there: TE's core; wait for the build;
-#                                                    probe TE, the imports
+#                                                    probe TE; Miles' converter (bench/miles_convert.py)
 #   bench/gpu_miles_train_only.sh cudnn OUT          with .miles-carry/cudnn.tar.xz: cuDNN at Miles' image pin
 #                                                    beside the host's; TE's THD attention probed on both
 #   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT), then
@@ -65,8 +65,11 @@ te)
   until [ -f "$env_dir/build.done" ] || [ "$(left)" -lt 60 ]; do sleep 5; done  # the misc stage's build
   cat "$env_dir/build-out/timing.txt"; tail -n 5 "$env_dir"/build-out/{te-torch-build,probe-ray,prepare}.txt
   timed probe-te timeout 180 python3 -c 'import torch, transformer_engine.pytorch as te; l = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda(); print(l(torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)).shape, te.__file__)'
-  timed probe-miles timeout 300 env PYTHONPATH=$RLSMOKE_MILES_ROOT:$RLSMOKE_MEGATRON_ROOT:$PYTHONPATH python3 -c 'import train, miles.backends.megatron_utils.actor; print("miles imports")'
-  cat "$out/timing.txt"; tail -n 5 "$out"/probe-*.txt ;;
+  # Miles' converter now, so that the suite's runs find the torch_dist checkpoint made (their model dir)
+  cd "$here" && timed convert timeout "$(left)" python3 bench/miles_convert.py glm4.5-355b-a32b-4layer --launcher miles \
+    --train-only --miles-root "$RLSMOKE_MILES_ROOT" --megatron-root "$RLSMOKE_MEGATRON_ROOT" --platform nvidia \
+    --num-gpus 1 --model-dir "$RLSMOKE_MILES_MODELS" --out "$out/convert"
+  cat "$out/timing.txt"; tail -n 5 "$out"/probe-*.txt "$out/convert.txt" ;;
 cudnn)
   cd "$env_dir/carry" && grep ' cudnn.tar.xz' SHA256SUMS | sha256sum -c --quiet || { echo "error: [bench.carry] cudnn.tar.xz is missing or torn"; exit 2; }
   timed unpack-cudnn tar -xJf cudnn.tar.xz -C "$env_dir"

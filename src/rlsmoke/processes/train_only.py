@@ -108,6 +108,25 @@ def gate(out: Path):
     return gate_run(out)
 
 
+def plan_of_args(args, host_platform: str) -> TrainOnlyPlan:
+    """The run's plan from `rlsmoke run`'s arguments (the --out folder checked for earlier records)."""
+    args.platform = args.platform or host_platform
+    args.target = args.target or TARGET
+    tiny = args.tiny if args.tiny is not None else args.platform == "cpu"
+    case = case_from_args(args)
+    out = (args.out or default_out(case.name)).resolve()
+    earlier_records(out, overwrite=args.overwrite)
+    model_dir = args.model_dir or cache_home() / "miles-models" / ("tiny" if tiny else "full")
+    paths = Paths(model_dir=str(Path(model_dir).resolve()), output_dir=str(out),
+                  miles_root=str(Path(args.miles_root).resolve()),
+                  megatron_root=args.megatron_root or Paths.megatron_root)  # fmt: skip
+    recipe = Recipe(num_rollout=1, rollout_batch_size=args.n_prompts or 8, n_samples_per_prompt=args.n_samples or 8,
+                    rollout_max_response_len=args.max_response_len or 100,
+                    rollout_temperature=args.rollout_temperature)  # fmt: skip
+    return make_plan(case, paths=paths, out=str(out), recipe=recipe, tiny=tiny, seed=args.seed, inject=args.inject,
+                     repeat=args.repeat)  # fmt: skip
+
+
 def handler(args) -> int:
     """`rlsmoke run ... --launcher miles --train-only`: exit 0 every gate passed, 1 a gate failed, 2 bad
     input, 3 a step broke (its log named)."""
@@ -123,27 +142,15 @@ def handler(args) -> int:
         raise RlsmokeError(f"repeat={args.repeat}: a run has at least one seed", rule="run.repeat",
                            fix="pass --repeat K with K >= 1")  # fmt: skip
     host = detect()
-    args.platform = args.platform or host.platform
-    args.target = args.target or TARGET
-    tiny = args.tiny if args.tiny is not None else args.platform == "cpu"
-    case = case_from_args(args)
-    out = (args.out or default_out(case.name)).resolve()
-    earlier_records(out, overwrite=args.overwrite)
-    model_dir = args.model_dir or cache_home() / "miles-models" / ("tiny" if tiny else "full")
-    paths = Paths(model_dir=str(Path(model_dir).resolve()), output_dir=str(out), miles_root=str(Path(root).resolve()),
-                  megatron_root=args.megatron_root or Paths.megatron_root)  # fmt: skip
-    recipe = Recipe(num_rollout=1, rollout_batch_size=args.n_prompts or 8, n_samples_per_prompt=args.n_samples or 8,
-                    rollout_max_response_len=args.max_response_len or 100,
-                    rollout_temperature=args.rollout_temperature)  # fmt: skip
-    tp = make_plan(case, paths=paths, out=str(out), recipe=recipe, tiny=tiny, seed=args.seed, inject=args.inject,
-                   repeat=args.repeat)  # fmt: skip
+    tp = plan_of_args(args, host.platform)
     prepare_hf(tp)
-    result = run(tp, miles_root=Path(paths.miles_root))
+    result = run(tp, miles_root=Path(tp.paths.miles_root))
     if not result.ok:
         what = "timed out" if result.timed_out else f"exited with {result.returncode}"
         print(result.tail(20))
         print(f"error: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")
         return ExitCode.RUN_FAILED
+    case, out = tp.plan.case, Path(tp.out)
     device = host.device if host.platform == case.platform else "CPU"
     write_summary(tp, device)
     verdict, seeds = gate(out)
