@@ -12,6 +12,7 @@
 #                                                    beside the host's; TE's THD attention probed on both
 #   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT), then
 #                                                    ten seeds in one launch and a key calibrated from them
+# LEAN=1 leaves out the probes that only explain a failure (TE's Linear, the attention on the host's cuDNN).
 # Nothing of the host is upgraded: Miles' packages go --no-deps into $MILES_ENV/site, ahead on PYTHONPATH.
 set -uo pipefail
 stage=${1:?receive, misc, build, te, cudnn or suite}; out=${2:-/tmp/miles-out}
@@ -64,7 +65,7 @@ te)
   timed unpack-te bash -c "cat piece-* | tail -c +$((misc_bytes + 1)) | xz -d | tar -x -C $env_dir"
   until [ -f "$env_dir/build.done" ] || [ "$(left)" -lt 60 ]; do sleep 5; done  # the misc stage's build
   cat "$env_dir/build-out/timing.txt"; tail -n 5 "$env_dir"/build-out/{te-torch-build,probe-ray,prepare}.txt
-  timed probe-te timeout 180 python3 -c 'import torch, transformer_engine.pytorch as te; l = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda(); print(l(torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)).shape, te.__file__)'
+  [ -n "${LEAN:-}" ] || timed probe-te timeout 180 python3 -c 'import torch, transformer_engine.pytorch as te; l = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda(); print(l(torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)).shape, te.__file__)'
   # Miles' converter now, so that the suite's runs find the torch_dist checkpoint made (their model dir)
   cd "$here" && timed convert timeout "$(left)" python3 bench/miles_convert.py glm4.5-355b-a32b-4layer --launcher miles \
     --train-only --miles-root "$RLSMOKE_MILES_ROOT" --megatron-root "$RLSMOKE_MEGATRON_ROOT" --platform nvidia \
@@ -77,7 +78,7 @@ cudnn)
   nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')
   for lib in cu13 cuda_nvrtc cublas; do [ -e "$nv/$lib" ] && ln -sfn "$nv/$lib" "$env_dir/nvidia/$lib"; done
   cd "$here"
-  timed attention-host-cudnn timeout 300 python3 bench/te_attention_probe.py
+  [ -n "${LEAN:-}" ] || timed attention-host-cudnn timeout 300 python3 bench/te_attention_probe.py
   timed attention-miles-cudnn timeout 300 "${with_cudnn[@]}" python3 bench/te_attention_probe.py
   cat "$out/timing.txt"; tail -n 3 "$out"/attention-*.txt ;;
 suite)
