@@ -3,7 +3,7 @@ its environment as each test found it.
 
 A process group, or the threads torch leaves after one, turns every later rank of the session into
 a fork-server start (seconds each). A test that needs a group runs it in a rank
-(`engine.megatron.dist.run_ranks(fn, Parallel())` for world size 1); one that leaves it here fails.
+(`megatron_ranks.run_ranks(fn, Parallel())` for world size 1); one that leaves it here fails.
 
 In-process runs set variables for their own process (Ray's driver: PYTHONBREAKPOINT, RAY_CLIENT_MODE;
 the engine: CUBLAS_WORKSPACE_CONFIG, TOKENIZERS_PARALLELISM). Left in place, every later run of the

@@ -133,6 +133,14 @@ def checksum(folder):
     return s.name, "sha256"
 
 
+def not_an_object(name):
+    def fault(folder):
+        (folder / name).write_text("[1]")
+        return name, "is not a JSON object (a list)"
+
+    return fault
+
+
 FAULTS = {
     "truncation": truncate,
     "header-bytes": corrupt_header_bytes,
@@ -147,6 +155,8 @@ FAULTS = {
     "config-layers": config_layers,
     "config-width": config_width,
     "checksum": checksum,
+    "index-not-object": not_an_object(INDEX_NAME),
+    "config-not-object": not_an_object("config.json"),
 }
 
 

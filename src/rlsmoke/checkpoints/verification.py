@@ -106,7 +106,9 @@ def verify(
 
 def _read_json(folder: Path, name: str, rep: Report) -> dict | None:
     try:
-        return json.loads((folder / name).read_text())
+        if isinstance(value := json.loads((folder / name).read_text()), dict):
+            return value
+        rep.add(name, "", f"is not a JSON object (a {type(value).__name__})")
     except FileNotFoundError:
         rep.add(name, "", "is missing")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
