@@ -4,18 +4,13 @@ torch_dist checkpoint made and skips the step, so a GPU host can convert while i
     python3 bench/miles_convert.py CASE --launcher miles --train-only --miles-root R --model-dir D ..."""
 
 import sys
-from pathlib import Path
 
 from rlsmoke.cli import build_parser
-from rlsmoke.launch.train_only import NO_APEX, STEP_TIMEOUT_S
-from rlsmoke.processes import miles_flow
-from rlsmoke.processes.train_only import plan_of_args, prepare_hf
+from rlsmoke.processes.train_only import convert, plan_of_args, prepare_hf
 
 args = build_parser().parse_args(["run", *sys.argv[1:]])
 tp = plan_of_args(args, "nvidia")
 prepare_hf(tp)
-Path(tp.out).mkdir(parents=True, exist_ok=True)
-failed = miles_flow.convert(tp.plan, tp.paths, miles_root=Path(tp.paths.miles_root), env={}, artifacts=Path(tp.out),
-                            timeout=STEP_TIMEOUT_S, extra=NO_APEX)  # fmt: skip
+failed = convert(tp)
 print("convert: done" if failed is None else failed.tail(20))
 sys.exit(0 if failed is None else 1)

@@ -34,6 +34,21 @@ from rlsmoke.recipe import Recipe
 from rlsmoke.repeats import gate_run
 
 
+def convert(tp: TrainOnlyPlan, timeout: float = STEP_TIMEOUT_S) -> runner.Result | None:
+    """Miles' converter for the run (unless done), without apex as train.py; its Result when it failed."""
+    out = Path(tp.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return miles_flow.convert(
+        tp.plan,
+        tp.paths,
+        miles_root=Path(tp.paths.miles_root),
+        env={},
+        artifacts=out,
+        timeout=timeout,
+        extra=NO_APEX,
+    )
+
+
 def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
     """The pre-flight, convert (unless done), the rollout, Ray's head and Miles' train.py; the first step
     that fails ends the flow and its Result is returned. The HF checkpoint must be there (`prepare_hf`)."""
@@ -41,10 +56,7 @@ def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S)
     out.mkdir(parents=True, exist_ok=True)
     preflight.check_flags(tp.launch, miles_root)  # the user's Miles parses the argv before anything runs
     flow.check(tp.plan)
-    failed = miles_flow.convert(
-        tp.plan, tp.paths, miles_root=miles_root, env={}, artifacts=out, timeout=timeout, extra=NO_APEX
-    )
-    if failed is not None:
+    if (failed := convert(tp, timeout)) is not None:
         return failed
     result = runner.run(
         rollout_step(tp).command, env=runner.clean_env(), log=out / "rollout.log", timeout=timeout
