@@ -135,6 +135,48 @@ def test_a_rank_starts_with_the_driver_s_environment_and_output_and_torch_alread
         assert f"rank says {probe}" in capfd.readouterr().out
 
 
+def _cast_on_many_threads(conn):
+    """What transformers' loader does in a rank: first use of torch's pool on several threads at once."""
+    import threading
+
+    start, failed, tensor = threading.Barrier(16), [], torch.randn(1024, 1024)
+
+    def cast():
+        start.wait()
+        try:
+            tensor.to(torch.bfloat16)
+        except RuntimeError as e:
+            failed.append(str(e))
+
+    threads = [threading.Thread(target=cast) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    conn.send(failed[:1])
+    conn.close()
+
+
+@pytest.mark.parametrize("renew", [True, False], ids=["forked-rank", "twin-plain-fork"])
+def test_a_forked_rank_s_threads_find_torch_s_pool(monkeypatch, renew):
+    """A fork inherits a pool torch must replace; the rank renews it before its threads race for it.
+    Twin: a plain fork loses the race on some tries (about two in three, measured on two cores)."""
+    from procs import in_a_child
+
+    from rlsmoke.engine import procs
+
+    torch.set_num_threads(torch.get_num_threads())  # the driver has used its pool, as a run's has
+    ctx = procs.ForkContext()
+    if not renew:
+        monkeypatch.setattr(procs, "renew_thread_pool", lambda: None)
+    failures = [failed for failed in (in_a_child(ctx, _cast_on_many_threads) for _ in range(40)) if failed]
+    if renew:
+        assert failures == []
+    else:
+        assert failures, "no plain fork lost the race in 40 tries"
+        assert "Invalid thread pool" in failures[0][0]
+
+
 def test_a_rendezvous_port_is_free_and_below_the_kernel_s_ephemeral_range(monkeypatch):
     """No outgoing socket (gloo's, another xdist worker's) can take it between the pick and the bind."""
     import socket

@@ -79,7 +79,17 @@ class ForkedRank(mp_context.ForkProcess):
 
     def run(self) -> None:
         signals.in_child(self._driver)
+        renew_thread_pool()
         super().run()
+
+
+def renew_thread_pool() -> None:
+    """After a fork, torch replaces the pool the driver used on the first thread that asks for it; two
+    threads asking at once (transformers loads a checkpoint on several) can see none ("Invalid thread
+    pool!"). Asked once here, on the one thread, the pool is renewed before any other thread starts."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(torch.get_num_threads())
 
 
 class RankProcess(mp_context.ForkServerProcess):
@@ -98,6 +108,7 @@ class RankProcess(mp_context.ForkServerProcess):
         for target, received in self._driver_stdio.items():
             os.dup2(received.fd, target)
             os.close(received.fd)
+        renew_thread_pool()
         super().run()
 
 
