@@ -3,7 +3,7 @@
 # cache: on a machine where bench/gpu_h200_warm.sh ran both are there; on a fresh one the checkpoints are
 # prepared first (not timed) and fla's kernels are unpacked from .gpu-tree/triton.tgz.* (that script's
 # output, carried in) when present.
-#   bench/gpu_h200_suite.sh OUT_DIR [PYTEST_ARGS...]
+#   [CASES='case ...'] bench/gpu_h200_suite.sh OUT_DIR [PYTEST_ARGS...]   (CASES: the checkpoints to prepare)
 set -uo pipefail
 out=${1:?OUT_DIR}; shift
 . bench/gpu_h200_setup.sh
@@ -12,7 +12,7 @@ if [ ! -d "$RLSMOKE_CACHE/triton" ] && ls .gpu-tree/triton.tgz.* > /dev/null 2>&
   mkdir -p "$RLSMOKE_CACHE" && cat .gpu-tree/triton.tgz.* | tar xzf - -C "$RLSMOKE_CACHE"
 fi
 t0=$(date +%s)
-for c in glm5-744b-a40b-4layer-1gpu glm4.5-355b-a32b-4layer glm5.3-flash-4layer-1gpu; do
+for c in ${CASES:-glm5-744b-a40b-4layer-1gpu glm4.5-355b-a32b-4layer glm5.3-flash-4layer-1gpu}; do
   rlsmoke prepare "$c" > /dev/null 2>&1 &
 done
 wait
