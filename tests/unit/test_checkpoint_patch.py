@@ -7,7 +7,7 @@ import pytest
 
 from rlsmoke.checkpoints import patch, synthesize, verify
 from rlsmoke.checkpoints.dialects import NATIVE, OLD_MILES, dialect_problems
-from rlsmoke.errors import CheckpointError
+from rlsmoke.errors import CheckpointError, UnknownNameError
 
 
 @pytest.fixture(scope="module")
@@ -39,5 +39,5 @@ def test_dialects_are_for_glm5_only(tmp_path):
     ckpt = synthesize("glm4.5-355b-a32b-4layer", tmp_path / "g45", tiny=True)
     with pytest.raises(CheckpointError, match="not model_type='glm4_moe'"):
         patch(ckpt, OLD_MILES)
-    with pytest.raises(CheckpointError, match="dialect='v3' is unknown"):
+    with pytest.raises(UnknownNameError, match=r"dialect='v3' is unknown"):
         patch(ckpt, "v3")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from rlsmoke.artifacts import write_atomic
-from rlsmoke.errors import CheckpointError
+from rlsmoke.errors import CheckpointError, require_known
 
 NATIVE = "glm_moe_dsa"
 OLD_MILES = "deepseek_v32"
@@ -21,12 +21,7 @@ OLD_AUTO_MAP = {
 
 
 def check_dialect_name(dialect: str, model_type: str | None = None) -> None:
-    if dialect not in DIALECTS:
-        raise CheckpointError(
-            f"dialect={dialect!r} is unknown",
-            rule="checkpoint.dialect",
-            fix=f"use one of: {', '.join(DIALECTS)}",
-        )
+    require_known("dialect", dialect, DIALECTS, rule="checkpoint.dialect")
     if model_type is not None and model_type not in DIALECTS:
         raise CheckpointError(
             f"dialect={dialect!r} applies to GLM-5 (glm_moe_dsa) checkpoints, not model_type={model_type!r}",

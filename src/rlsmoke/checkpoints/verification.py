@@ -255,14 +255,11 @@ def config_from_dict(cfg: dict):
 
 
 def _check_manifest(folder: Path, rep: Report, *, progress: bool = False) -> None:
-    entries = [
-        line.partition("  ") for line in (folder / MANIFEST_NAME).read_text().splitlines() if line.strip()
-    ]
-    total = sum(
-        (folder / n).stat().st_size for _, _, n in entries if _plain_name(n) and (folder / n).is_file()
-    )
-    with progress_bar(total, f"verify {folder.name}", progress) as bar:
-        for digest, _, name in entries:
+    lines = (folder / MANIFEST_NAME).read_text().splitlines()
+    entries = [line.partition("  ")[::2] for line in lines if line.strip()]  # (digest, name)
+    listed = [folder / name for _, name in entries if _plain_name(name) and (folder / name).is_file()]
+    with progress_bar(sum(f.stat().st_size for f in listed), f"verify {folder.name}", progress) as bar:
+        for digest, name in entries:
             if not _plain_name(name):
                 rep.add(MANIFEST_NAME, "", f"names {name!r}, not a plain file name in the folder")
             elif not (folder / name).is_file():

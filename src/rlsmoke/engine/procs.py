@@ -84,11 +84,9 @@ class ForkedRank(mp_context.ForkProcess):
 
 
 def renew_thread_pool() -> None:
-    """After a fork, torch replaces the pool the driver used on the first thread that asks for it; two
-    threads asking at once (transformers loads a checkpoint on several) can see none ("Invalid thread
-    pool!"). Asked once here, on the one thread, the pool is renewed before any other thread starts."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
+    """torch renews a forked pool on the first thread that asks for it; two threads at once (transformers'
+    loader) can find none ("Invalid thread pool!"), so the fork's one thread asks first."""
+    if (torch := sys.modules.get("torch")) is not None:
         torch.set_num_threads(torch.get_num_threads())
 
 
