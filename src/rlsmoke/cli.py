@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from rlsmoke.cases import add_case_args, case_from_args
-from rlsmoke.errors import ExitCode, RlsmokeError, UnknownNameError, crash_line
+from rlsmoke.errors import ExitCode, RlsmokeError, crash_line, require_known
 from rlsmoke.facts import DEFAULT_REWARD, REWARDS, VERSION
 from rlsmoke.platforms import PLATFORMS
 from rlsmoke.targets import TARGETS
@@ -88,9 +88,7 @@ def cmd_plan(args) -> int:
     if args.diff:
         from rlsmoke.launch.diff import diff
 
-        if args.diff not in TARGETS and args.diff not in PLATFORMS:
-            raise UnknownNameError(f"--diff {args.diff} is neither a platform nor a target", rule="plan.diff",
-                                   fix=f"use a platform ({', '.join(PLATFORMS)}) or a target ({', '.join(TARGETS)})")  # fmt: skip
+        require_known("--diff", args.diff, (*PLATFORMS, *TARGETS), rule="plan.diff")  # a platform or a target
         print(diff(case, args.diff))
         return ExitCode.OK
     if head := _head_addr(args, plan.topology):  # the same topology, its launch naming the head
@@ -183,6 +181,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         except ImportError:
             if only is not None:
                 raise
+    for command_parser in sub.choices.values():
+        command_parser.set_defaults(parser=command_parser)
     return parser
 
 
@@ -197,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     try:
-        args = build_parser(command if command in EXTERNAL or command in _NO_PATHS else None).parse_args(argv)
+        parser = build_parser(command if command in EXTERNAL or command in _NO_PATHS else None)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # named by the command's own parser: its --help lists what it takes
+            args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if args.command not in _NO_PATHS:
             cwd_exists(args.command)
             check_environment(args.command)

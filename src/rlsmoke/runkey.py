@@ -19,11 +19,6 @@ def gpu_count(n) -> str:
     return "*" if n in (None, "", "*") or int(n) <= 1 else str(int(n))
 
 
-def dtype_text(dtype) -> str | None:
-    """A summary's dtype, flat: `{"rollout": r, "train": t, ...}` (the engine's summary) -> "r/t"."""
-    return f"{dtype.get('rollout')}/{dtype.get('train')}" if isinstance(dtype, Mapping) else dtype
-
-
 @dataclass(frozen=True)
 class RunKey:
     case: str
@@ -52,8 +47,11 @@ class RunKey:
             missing = "case" if name is None else "device"
             raise RlsmokeError(f"the run's summary names no {missing} (platform={platform})", rule="runkey.fields",
                                fix=f"write `{missing}` into the run's summary.json, or pass it in")  # fmt: skip
+        dtype = summary.get("dtype")  # the engine's summary: {"rollout": r, "train": t, ...}, keyed "r/t"
+        if isinstance(dtype, Mapping):
+            dtype = f"{dtype.get('rollout')}/{dtype.get('train')}"
         return cls(str(name), platform, device, summary.get("launcher") or "builtin",
-                   dtype_text(summary.get("dtype")) or "", summary.get("width") or "",
+                   dtype or "", summary.get("width") or "",
                    gpu_count(summary.get("num_gpus")))  # fmt: skip
 
     @classmethod

@@ -109,6 +109,15 @@ def test_plan_diff_names_the_targets_it_also_takes(capsys):
     assert all(t in err for t in TARGETS), err
 
 
+@pytest.mark.parametrize("argv", [["cases"], ["plan", CASE, "--platform", "cpu"], ["prepare", CASE], ["verify", "DIR"],
+                                  ["run", CASE], ["report", "--history", "DB"], ["calibrate", "RUN"]],
+                         ids=lambda argv: argv[0])  # fmt: skip
+def test_an_unknown_option_points_at_the_command_s_own_help(capsys, argv):
+    """Its --help lists what the command takes; the top level's lists only the commands."""
+    err = refused(capsys, [*argv, "--no-such-option"], "usage")
+    assert f"unrecognized arguments: --no-such-option. Fix: see `rlsmoke {argv[0]} --help`." in err, err
+
+
 @pytest.mark.parametrize("size", ["0", "0.5"])
 def test_a_max_shard_size_under_a_byte_is_refused_not_the_default(tmp_path, capsys, size):
     refused(capsys, ["prepare", CASE, "--tiny", "--max-shard-size", size, "--out", tmp_path / "x"], "usage")
