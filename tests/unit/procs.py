@@ -50,6 +50,10 @@ class InAChild:
         self._child.start()
         writer.close()  # the child's copy is its own: EOF here means it is gone
 
+    def sent(self, timeout: float) -> bool:
+        """Whether the child has sent its reply within `timeout` seconds."""
+        return self._reader.poll(timeout)
+
     def reply(self, timeout: float = 120):
         try:
             assert self._reader.poll(timeout), (f"the child sent nothing within {timeout} s "

@@ -151,3 +151,53 @@ def test_the_identity_check_names_the_width_when_only_it_differs(tmp_path):
         line.startswith("[checkpoint.identity]")
         and "Fix: this is the case's tiny width: run with --tiny" in line
     )
+
+
+class _NoLock:
+    """The twin's lock: taken at once, whoever holds the real one."""
+
+    def __init__(self, _path):
+        pass
+
+    def acquire(self):
+        pass
+
+    def release(self):
+        pass
+
+
+def _prepare_beside(conn, cache: Path, wait_for_the_lock: bool):
+    import filelock
+
+    if not wait_for_the_lock:
+        filelock.FileLock = _NoLock
+    built = []
+    folder = prepare(GLM5, tiny=True, cache_dir=cache, say=built.append)
+    conn.send((str(folder), bool(built)))
+    conn.close()
+
+
+@pytest.mark.parametrize("waits", [True, False], ids=["waits-for-the-builder", "twin-no-lock"])
+def test_a_prepare_beside_one_building_the_same_checkpoint_waits_and_builds_nothing(tmp_path, waits):
+    """What a job that prepares ahead while pytest starts relies on: a run's prepare finds the checkpoint
+    being written, waits on the cache's lock, then reads what the other wrote. Twin: without the lock it
+    builds its own copy meanwhile."""
+    from filelock import FileLock
+    from procs import InAChild
+
+    from rlsmoke.checkpoints.cache import cache_key, cache_root, prepare_to
+    from rlsmoke.engine.procs import rank_context
+
+    root = cache_root(tmp_path)
+    root.mkdir(parents=True)
+    key = cache_key(GLM5, tiny=True, seed=0, dialect=None, fp8=False)
+    with FileLock(str(root / f"{key}.lock")):  # the builder, as `rlsmoke prepare` holds it
+        beside = InAChild(rank_context(cpu_only=True), _prepare_beside, tmp_path, waits)
+        if waits:
+            assert not beside.sent(2), "the prepare beside returned while the checkpoint was being built"
+            prepare_to(root / key, GLM5, tiny=True, force=True, cache_dir=tmp_path)
+        else:
+            assert beside.sent(120)
+    folder, built = beside.reply(120)
+    assert folder == str(root / key)
+    assert built is not waits
