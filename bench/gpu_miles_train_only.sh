@@ -16,6 +16,7 @@
 # Nothing of the host is upgraded: Miles' packages go --no-deps into $MILES_ENV/site, ahead on PYTHONPATH.
 set -uo pipefail
 stage=${1:?receive, misc, build, te, cudnn or suite}; out=${2:-/tmp/miles-out}
+case $stage in receive|misc|build|te|cudnn|suite) ;; *) echo "error: [bench.stage] $stage is not a stage (usage above)"; exit 2 ;; esac
 env_dir=${MILES_ENV:-/root/miles-env}; site=$env_dir/site
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$env_dir/carry" "$out"
@@ -98,5 +99,4 @@ suite)
   for log in "$out"/pt/*/*/run.log; do [ -f "$log" ] && { echo "== $log"; tail -25 "$log"; }; done
   tail -40 "$out/suite.txt"; tail -n 15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/timing.txt"
   [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
-*) echo "error: [bench.stage] $stage is not receive, misc, build, te, cudnn or suite"; exit 2 ;;
 esac
