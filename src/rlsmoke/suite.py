@@ -126,13 +126,13 @@ def run_case(case, artifacts: Artifacts | str | Path, *, inject: str | None = No
 
 def _run_builtin(launch: CaseLaunch) -> runner.Result:
     """A CPU run in this process where it can (`processes.here`); megatron's forked from the fork server (its
-    process group would stay in this one); GPU runs spawned (a hang in a GPU kernel needs a process to kill,
-    a GPU driver a process of its own)."""
+    process group would stay in this one), as are NVIDIA runs (a hang in a GPU kernel needs a process to
+    kill, a GPU driver a process of its own); ROCm runs spawned."""
     log = launch.art.path / "pytest-run.log"
-    here_ok = launch.case.platform == "cpu" and here.can_run_here(launch.argv)
-    if here_ok and launch.art.trainer != "megatron":
+    here_ok = here.can_run_here(launch.argv)
+    if here_ok and launch.case.platform == "cpu" and launch.art.trainer != "megatron":
         return here.run_here(launch.argv, env=launch.env, log=log, timeout=launch.timeout)
-    start = here.start_forked if here_ok else None
+    start = here.start_forked if here_ok and launch.case.platform != "rocm" else None
     return runner.run(launch.argv, env=launch.env, log=log, timeout=launch.timeout, start=start)
 
 

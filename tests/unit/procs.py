@@ -115,7 +115,7 @@ class ForkedCli:
 
     @property
     def returncode(self):
-        return self._run.returncode
+        return self._run.poll()
 
     def poll(self):
         return self._run.poll()

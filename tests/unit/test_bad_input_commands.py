@@ -109,9 +109,18 @@ def test_plan_diff_names_the_targets_it_also_takes(capsys):
     assert all(t in err for t in TARGETS), err
 
 
-@pytest.mark.parametrize("argv", [["cases"], ["plan", CASE, "--platform", "cpu"], ["prepare", CASE], ["verify", "DIR"],
-                                  ["run", CASE], ["report", "--history", "DB"], ["calibrate", "RUN"]],
-                         ids=lambda argv: argv[0])  # fmt: skip
+COMMANDS_WITH_THEIR_NEEDS = [
+    ["cases"],
+    ["plan", CASE, "--platform", "cpu"],
+    ["prepare", CASE],
+    ["verify", "DIR"],
+    ["run", CASE],
+    ["report", "--history", "DB"],
+    ["calibrate", "RUN"],
+]
+
+
+@pytest.mark.parametrize("argv", COMMANDS_WITH_THEIR_NEEDS, ids=lambda argv: argv[0])
 def test_an_unknown_option_points_at_the_command_s_own_help(capsys, argv):
     """Its --help lists what the command takes; the top level's lists only the commands."""
     err = refused(capsys, [*argv, "--no-such-option"], "usage")

@@ -140,3 +140,33 @@ def test_a_run_here_given_os_environ_itself_runs_under_it_not_under_nothing(tmp_
     result = here.run_here(argv, env=os.environ, log=tmp_path / "log", timeout=None)
     assert result.returncode == 0 and seen == before
     assert dict(os.environ) == before
+
+
+def _forked_as(wrapper: str, bad_fork: bool) -> None:
+    """In the forked run, before the CLI: torch's bad-fork mark as a fork of a server that had started CUDA
+    finds it, and `sys.executable` a wrapper that leaves a file behind, so the test sees an exec."""
+    import torch
+
+    torch.cuda._is_in_bad_fork = lambda: bad_fork
+    sys.executable = wrapper
+
+
+@pytest.mark.parametrize(
+    "bad_fork", [True, False], ids=["driver-inherited-execs-fresh", "twin-clean-fork-in-place"]
+)
+def test_a_forked_run_that_inherits_a_gpu_driver_execs_a_fresh_interpreter(tmp_path, bad_fork):
+    """A GPU run forked from a server that had started a GPU driver could not use the GPU: it runs in a fresh
+    interpreter instead, with the same output and exit code, and says so. Twin: a clean fork runs in place."""
+    import functools
+
+    from procs import ForkedCli
+
+    marker, wrapper = tmp_path / "execd", tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\ntouch {marker}\nexec {PY} "$@"\n')
+    wrapper.chmod(0o755)
+    setup = functools.partial(_forked_as, str(wrapper), bad_fork)
+    run = ForkedCli([PY, "-m", "rlsmoke.cli", "cases"], tmp_path / "io", setup=setup)
+    out, err = run.communicate(120)
+    assert run.returncode == 0 and "glm5-744b-a40b-4layer " in out, err
+    assert marker.exists() is bad_fork
+    assert ("a fresh interpreter runs this" in err) is bad_fork

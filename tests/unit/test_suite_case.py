@@ -79,3 +79,34 @@ def test_a_declared_run_s_flags_go_to_rlsmoke_run_and_a_miles_launch_refuses_the
         plan_launch(eight, miles, flags=flags)
     assert refused.value.rule == "launcher.flags"
     assert plan_launch(eight, miles).launcher == "miles"
+
+
+HOW_RUNS_START = [
+    ("cpu", "fsdp", "here"),
+    ("cpu", "megatron", "forked"),
+    ("nvidia", "fsdp", "forked"),
+    ("nvidia", "megatron", "forked"),
+    ("rocm", "fsdp", "spawned"),
+]
+
+
+@pytest.mark.parametrize(("platform", "trainer", "how"), HOW_RUNS_START)
+def test_how_each_run_starts(tmp_path, monkeypatch, platform, trainer, how):
+    """CPU runs in the pytest process; megatron's and NVIDIA's forked from the fork server (no interpreter
+    start-up, a process of their own to kill); ROCm's spawned, since HIP cannot be asked whether a fork
+    is safe."""
+    import sys
+
+    from rlsmoke import suite
+    from rlsmoke.artifacts import Artifacts
+    from rlsmoke.processes import here, runner
+
+    def started(*args, start=None, **kwargs):
+        return {None: "spawned", here.start_forked: "forked"}[start]
+
+    monkeypatch.setattr(here, "run_here", lambda *args, **kwargs: "here")
+    monkeypatch.setattr(runner, "run", started)
+    argv = (sys.executable, "-m", "rlsmoke.cli", "run", "glm5-744b-a40b-4layer", "--platform", platform)
+    case = Case("glm5-744b-a40b-4layer", platform=platform)
+    launch = suite.CaseLaunch(case, Artifacts(tmp_path, trainer=trainer), "builtin", 60, {}, argv)
+    assert suite._run_builtin(launch) == how

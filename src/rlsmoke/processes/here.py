@@ -1,7 +1,8 @@
 """`python -m rlsmoke.cli ARGS` run in this process: a suite's CPU run in the pytest worker, which has
 imported the engine once (a fresh interpreter spends about 5 s importing for a 2 s tiny run). A stop
 signal stops it as it stops a spawned run, then is raised again for the caller's handler. A hang in
-native code is what only a process boundary can cut, so GPU runs are spawned (`runner.run`).
+native code is what only a process boundary can cut: GPU runs are forked from multiprocessing's fork
+server (`start_forked`: 11-20 s of imports less per run on an H200), ROCm's spawned (HIP cannot be asked).
 """
 
 from __future__ import annotations
@@ -124,10 +125,6 @@ class ForkedRun:
     def __init__(self, process):
         self.process, self.pid = process, process.pid
 
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
-
     def poll(self) -> int | None:
         return self.process.exitcode
 
@@ -165,6 +162,10 @@ def _forked_main(args: list[str], env: dict, log: str, errors: str, ready) -> No
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(fd, target)
         os.close(fd)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda._is_in_bad_fork():  # the server had started a GPU driver
+        print("rlsmoke: the fork server holds a GPU driver: a fresh interpreter runs this", file=sys.stderr)
+        os.execv(sys.executable, [sys.executable, *MODULE_ARGV, *args])
     code = _exit_code(args)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):

@@ -141,7 +141,7 @@ class Process:
             self.stop()
             raise
         self.stop()
-        rc = None if timed_out else self.proc.returncode
+        rc = None if timed_out else self.proc.poll()
         return Result(self.argv, rc, timed_out, time.monotonic() - self.started, self.log)
 
     def stop(self, grace: float | None = None) -> None:
