@@ -165,11 +165,17 @@ def test_a_forked_rank_s_threads_find_torch_s_pool(monkeypatch, renew):
 
     from rlsmoke.engine import procs
 
-    torch.set_num_threads(torch.get_num_threads())  # the driver has used its pool, as a run's has
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)  # the driver's pool at 4 threads: an xdist worker's 1 gives no race to lose
     ctx = procs.ForkContext()
     if not renew:
         monkeypatch.setattr(procs, "renew_thread_pool", lambda: None)
-    failures = [failed for failed in (in_a_child(ctx, _cast_on_many_threads) for _ in range(40)) if failed]
+    try:
+        failures = [
+            failed for failed in (in_a_child(ctx, _cast_on_many_threads) for _ in range(40)) if failed
+        ]
+    finally:
+        torch.set_num_threads(threads)
     if renew:
         assert failures == []
     else:

@@ -36,7 +36,7 @@ def test_repeat_then_calibrate_makes_the_two_rank_key(tmp_path, monkeypatch, cap
     rc = main(["run", "glm5-744b-a40b-4layer", "--platform", "cpu", "--num-gpus", "2", "--rollout-dtype", "bfloat16",
                "--repeat", "2", "--out", str(runs)])  # fmt: skip
     err = capsys.readouterr().err
-    assert rc == ExitCode.USAGE and "[thresholds.missing]" in err and "num_gpus=2" in err
+    assert rc == ExitCode.USAGE and "[thresholds.missing]" in err and "num_gpus=2" in err, err
     assert json.loads((runs / "summary.json").read_text())["error"].startswith("[thresholds.missing]")
 
     assert main(["calibrate", str(runs), "--write", str(target)]) == ExitCode.OK
