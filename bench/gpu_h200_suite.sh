@@ -15,7 +15,7 @@ if [ ! -d "$RLSMOKE_CACHE/triton" ] && ls .gpu-tree/triton.tgz.* > /dev/null 2>&
 fi
 echo "setup (wheels, rlsmoke, Triton cache): $(( $(date +%s) - t0 )) s" | tee "$out/pytest.txt"
 t0=$(date +%s)
-for c in ${CASES:-glm4.5-355b-a32b-4layer glm5.3-flash-4layer-1gpu glm5-744b-a40b-4layer-1gpu}; do
+for c in ${CASES:-$SUITE_CASES}; do
   rlsmoke prepare "$c" > /dev/null 2>&1
   echo "checkpoint $c ready (or failed: the test prepares it), $(( $(date +%s) - t0 )) s after pytest's start"
 done > "$out/prepare.txt" &

@@ -7,10 +7,8 @@ out=${1:?OUT_DIR}; shift
 . bench/gpu_h200_setup.sh
 t0=$(date +%s)
 flash=glm5.3-flash-4layer-1gpu
-rlsmoke prepare glm5-744b-a40b-4layer-1gpu > /dev/null 2>&1 &
-rlsmoke prepare glm4.5-355b-a32b-4layer > /dev/null 2>&1 &
-rlsmoke prepare $flash > /dev/null 2>&1 &&
-  rlsmoke run $flash --platform nvidia --num-gpus 1 --seed 10 --out /root/runs/flash-compile > /dev/null 2>&1
+for c in $SUITE_CASES; do [ "$c" = $flash ] || rlsmoke prepare "$c" > /dev/null 2>&1 & done
+rlsmoke run $flash --platform nvidia --num-gpus 1 --seed 10 --out /root/runs/flash-compile > /dev/null 2>&1
 echo "the Flash seed that compiled fla's kernels: exit $?"
 wait
 echo "caches warm (checkpoints, fla's kernels): $(( $(date +%s) - t0 )) s"

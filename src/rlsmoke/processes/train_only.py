@@ -49,10 +49,10 @@ def convert(tp: TrainOnlyPlan, timeout: float = STEP_TIMEOUT_S) -> runner.Result
     )
 
 
-def run(tp: TrainOnlyPlan, *, miles_root: Path, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
+def run(tp: TrainOnlyPlan, *, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
     """The pre-flight, convert (unless done), the rollout, Ray's head and Miles' train.py; the first step
     that fails ends the flow and its Result is returned. The HF checkpoint must be there (`prepare_hf`)."""
-    out = Path(tp.out)
+    out, miles_root = Path(tp.out), Path(tp.paths.miles_root)
     out.mkdir(parents=True, exist_ok=True)
     preflight.check_flags(tp.launch, miles_root)  # the user's Miles parses the argv before anything runs
     flow.check(tp.plan)
@@ -156,7 +156,7 @@ def handler(args) -> int:
     host = detect()
     tp = plan_of_args(args, host.platform)
     prepare_hf(tp)
-    result = run(tp, miles_root=Path(tp.paths.miles_root))
+    result = run(tp)
     if not result.ok:
         what = "timed out" if result.timed_out else f"exited with {result.returncode}"
         print(result.tail(20))
