@@ -8,8 +8,8 @@
 #                                                    torch, Ray probed, the HF checkpoint prepared
 #   bench/gpu_miles_train_only.sh te OUT             once every piece is there: TE's core; wait for the build;
 #                                                    probe TE; Miles' converter (bench/miles_convert.py)
-#   bench/gpu_miles_train_only.sh cudnn OUT          with .miles-carry/cudnn.tar.xz: cuDNN at Miles' image pin
-#                                                    beside the host's; TE's THD attention probed on both
+#   bench/gpu_miles_train_only.sh cudnn OUT          once .miles-carry/cudnn-* are there: cuDNN at Miles' image
+#                                                    pin beside the host's; TE's THD attention probed on both
 #   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT), then
 #                                                    ten seeds in one launch and a key calibrated from them
 # LEAN=1 leaves out the probes that only explain a failure (TE's Linear, the attention on the host's cuDNN).
@@ -26,11 +26,14 @@ export PYTHONPATH=$here/bench/miles_overlay:$site:$here/src PATH=$site/bin:$PATH
 export NVTE_FRAMEWORK=pytorch RLSMOKE_STANDIN_LOG=$out/standin.log RLSMOKE_CACHE=${RLSMOKE_CACHE:-/root/rlsmoke-cache}
 export RLSMOKE_MILES_ROOT=$env_dir/src/miles RLSMOKE_MEGATRON_ROOT=$env_dir/src/Megatron-LM
 export RLSMOKE_MILES_MODELS=$env_dir/models
-# cuDNN 9.22.0.52, Miles' image pin, once the cudnn stage has put it there: preloaded, so torch and TE (which
-# looks in CUDNN_HOME first) share it, and its sub-libraries load from beside it ($ORIGIN)
+# cuDNN 9.22.0.52, Miles' image pin, once the cudnn stage has put it there. Every one of its libraries is
+# preloaded: TE's core links eight of them by name and has no RUNPATH, so one left out would come from the
+# host's older cuDNN (seen on the H200 with libcudnn.so.9 alone preloaded: torch read cuDNN 9.14, and
+# TE's backward failed as with none). TE looks in CUDNN_HOME first.
 cudnn=$env_dir/nvidia/cudnn
-with_cudnn=(env LD_PRELOAD=$cudnn/lib/libcudnn.so.9 CUDNN_HOME=$cudnn)
-[ -f "$cudnn/lib/libcudnn.so.9" ] && [ "$stage" != cudnn ] && export "${with_cudnn[@]:1}"
+cudnn_libs=$(ls "$cudnn"/lib/libcudnn*.so.9 2>/dev/null | paste -sd:)
+with_cudnn=(env LD_PRELOAD=$cudnn_libs CUDNN_HOME=$cudnn)
+[ -n "$cudnn_libs" ] && [ "$stage" != cudnn ] && export "${with_cudnn[@]:1}"
 
 case $stage in
 receive)
@@ -73,8 +76,12 @@ te)
     --num-gpus 1 --model-dir "$RLSMOKE_MILES_MODELS" --out "$out/convert"
   cat "$out/timing.txt"; tail -n 5 "$out"/probe-*.txt "$out/convert.txt" ;;
 cudnn)
-  cd "$env_dir/carry" && grep ' cudnn.tar.xz' SHA256SUMS | sha256sum -c --quiet || { echo "error: [bench.carry] cudnn.tar.xz is missing or torn"; exit 2; }
-  timed unpack-cudnn tar -xJf cudnn.tar.xz -C "$env_dir"
+  cd "$env_dir/carry" && grep ' cudnn-' SHA256SUMS | sha256sum -c --quiet || { echo "error: [bench.carry] a cudnn-* piece is missing or torn"; exit 2; }
+  cat cudnn-* > cudnn.whl && timed unpack-cudnn python3 -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("nvidia/cudnn/lib/")])' cudnn.whl "$env_dir"
+  rm -f cudnn.whl
+  cudnn_libs=$(ls "$cudnn"/lib/libcudnn*.so.9 | paste -sd:) && with_cudnn=(env LD_PRELOAD=$cudnn_libs CUDNN_HOME=$cudnn)
   # its RUNPATH finds NVRTC and cuBLAS two folders up, where the host's pip packages keep them
   nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')
   for lib in cu13 cuda_nvrtc cublas; do [ -e "$nv/$lib" ] && ln -sfn "$nv/$lib" "$env_dir/nvidia/$lib"; done

@@ -40,14 +40,14 @@ te=(site/transformer_engine site/transformer_engine-2.17.0.dist-info site/transf
 tar --exclude=__pycache__ "${te[@]/#/--exclude=}" -cf - site src sdist | xz -6 -T0 > misc.tar.xz
 tar --exclude=__pycache__ -cf - "${te[@]}" | xz -6 -T0 > te.tar.xz
 # cuDNN at Miles' image pin (docker/Dockerfile installs it over torch's own): TE 2.17's fused-attention
-# backward sets a reshape mode that an older cuDNN refuses (CUDNN_STATUS_BAD_PARAM). Only the libraries a
-# runtime-compiled graph loads travel; it goes as a sixth file, beside the pieces.
+# backward sets a reshape mode that an older cuDNN refuses (CUDNN_STATUS_BAD_PARAM). The whole wheel
+# travels, in pieces of its own: TE's core links eight of its libraries by name, and any one left out is
+# found in the host's older cuDNN instead.
 python3 -m pip download -q --no-deps --only-binary=:all: "${plat[@]}" -d "$work/cudnn" nvidia-cudnn-cu13==9.22.0.52
-(cd "$work/cudnn" && python3 -m zipfile -e nvidia_cudnn_cu13-*.whl . && tar -cf - \
-  nvidia/cudnn/lib/{libcudnn,libcudnn_graph,libcudnn_engines_runtime_compiled,libcudnn_heuristic}.so.9 \
-  | xz -6 -T0 > "$root/.miles-carry/cudnn.tar.xz")
+rm -f "$root"/.miles-carry/cudnn-*
+split -b 60M -d -a 2 "$work"/cudnn/nvidia_cudnn_cu13-*.whl "$root/.miles-carry/cudnn-"
 cat misc.tar.xz te.tar.xz > all.tar.xz.parts && rm -f "$root"/.miles-carry/piece-*
 split -b "${piece}M" -d -a 2 all.tar.xz.parts "$root/.miles-carry/piece-"
 printf '%s\n' "misc $(stat -c %s misc.tar.xz)" "te $(stat -c %s te.tar.xz)" > "$root/.miles-carry/sizes"
-(cd "$root/.miles-carry" && sha256sum piece-* cudnn.tar.xz > SHA256SUMS)
+(cd "$root/.miles-carry" && sha256sum piece-* cudnn-* > SHA256SUMS)
 ls -la "$root/.miles-carry"
