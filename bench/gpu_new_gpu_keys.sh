@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # A GPU that no shipped key names (an H100, say), as a user meets it: ten seeds of the case on this GPU, a
 # key calibrated from them, then the case's e2e module (the clean step and its twins) gated by that key.
-#   bench/gpu_new_gpu_keys.sh OUT_DIR [CASE CHECKPOINT TEST_FILE]   (CHECKPOINT: the case one GPU runs)
+#   bench/gpu_new_gpu_keys.sh OUT_DIR [CASE TEST_FILE]   (CASE: the one the module's case runs on one GPU)
 set -uo pipefail
-out=${1:?OUT_DIR}; case=${2:-glm5-744b-a40b-4layer}; checkpoint=${3:-glm5-744b-a40b-4layer-1gpu}
-tests=${4:-tests/e2e/test_glm5_744b_a40b_4layer_nvidia.py}
+out=${1:?OUT_DIR}; case=${2:-glm5-744b-a40b-4layer-1gpu}; tests=${3:-tests/e2e/test_glm5_744b_a40b_4layer_nvidia.py}
 . bench/gpu_h200_setup.sh
 mkdir -p "$out" /root/new-gpu-keys
 steps_out=$out budget=${BUDGET_S:-3000} start=$(date +%s)
 . bench/steps.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/env.txt"
-timed prepare rlsmoke prepare "$checkpoint"
+timed prepare rlsmoke prepare "$case"
 # no key yet: the run records its seeds, then says which key is missing (exit 2)
 timed repeat rlsmoke run "$case" --platform nvidia --num-gpus 1 --repeat 10 --seed 100 --out /root/new-gpu-seeds
+grep -q '\[memory.fits\]' "$out/repeat.txt" && { cat "$out/repeat.txt"; exit 2; }  # this GPU is too small
 timed calibrate rlsmoke calibrate /root/new-gpu-seeds --write /root/new-gpu-keys/keys.json
 cp /root/new-gpu-keys/keys.json "$out/" 2>/dev/null
 plugin=(); python3 -m pip show rlsmoke > /dev/null 2>&1 || plugin=(-p rlsmoke.pytest_plugin)
