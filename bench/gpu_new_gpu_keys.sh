@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A GPU that no shipped key names (an H100, say), as a user meets it: ten seeds of the case on this GPU, a
+# A GPU that no shipped key names (a B200, say), as a user meets it: ten seeds of the case on this GPU, a
 # key calibrated from them, then the case's e2e module (the clean step and its twins) gated by that key.
 #   bench/gpu_new_gpu_keys.sh OUT_DIR [CASE TEST_FILE]   (CASE: the one the module's case runs on one GPU)
 set -uo pipefail
