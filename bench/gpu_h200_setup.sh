@@ -7,4 +7,4 @@ export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1
 export RLSMOKE_CACHE=${RLSMOKE_CACHE:-/root/rlsmoke-cache}
 rlsmoke() { python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' "$@"; }
 # the checkpoints of `NUM_GPUS=1 pytest -m nvidia tests/e2e`, in the order its tests run
-SUITE_CASES="glm4.5-355b-a32b-4layer glm5.3-flash-4layer-1gpu glm5-744b-a40b-4layer-1gpu"
+SUITE_CASES=$(python3 bench/suite_cases.py)

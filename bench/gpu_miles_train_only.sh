@@ -31,8 +31,11 @@ export RLSMOKE_MILES_MODELS=$env_dir/models
 # host's older cuDNN (seen on the H200 with libcudnn.so.9 alone preloaded: torch read cuDNN 9.14, and
 # TE's backward failed as with none). TE looks in CUDNN_HOME first.
 cudnn=$env_dir/nvidia/cudnn
-cudnn_libs=$(ls "$cudnn"/lib/libcudnn*.so.9 2>/dev/null | paste -sd:)
-with_cudnn=(env LD_PRELOAD=$cudnn_libs CUDNN_HOME=$cudnn)
+find_cudnn() {
+  cudnn_libs=$(ls "$cudnn"/lib/libcudnn*.so.9 2>/dev/null | paste -sd:)
+  with_cudnn=(env LD_PRELOAD=$cudnn_libs CUDNN_HOME=$cudnn)
+}
+find_cudnn
 [ -n "$cudnn_libs" ] && [ "$stage" != cudnn ] && export "${with_cudnn[@]:1}"
 
 case $stage in
@@ -81,7 +84,7 @@ cudnn)
 z = zipfile.ZipFile(sys.argv[1])
 z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("nvidia/cudnn/lib/")])' cudnn.whl "$env_dir"
   rm -f cudnn.whl
-  cudnn_libs=$(ls "$cudnn"/lib/libcudnn*.so.9 | paste -sd:) && with_cudnn=(env LD_PRELOAD=$cudnn_libs CUDNN_HOME=$cudnn)
+  find_cudnn
   # its RUNPATH finds NVRTC and cuBLAS two folders up, where the host's pip packages keep them
   nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')
   for lib in cu13 cuda_nvrtc cublas; do [ -e "$nv/$lib" ] && ln -sfn "$nv/$lib" "$env_dir/nvidia/$lib"; done

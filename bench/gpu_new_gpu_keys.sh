@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A GPU that no shipped key names (a B200, say), as a user meets it: ten seeds of the case on this GPU, a
 # key calibrated from them, then the case's e2e module (the clean step and its twins) gated by that key.
-#   bench/gpu_new_gpu_keys.sh OUT_DIR [CASE TEST_FILE]   (CASE: the one the module's case runs on one GPU)
+#   bench/gpu_new_gpu_keys.sh OUT_DIR [TEST_FILE]
 set -uo pipefail
-out=${1:?OUT_DIR}; case=${2:-glm5-744b-a40b-4layer-1gpu}; tests=${3:-tests/e2e/test_glm5_744b_a40b_4layer_nvidia.py}
+out=${1:?OUT_DIR}; tests=${2:-tests/e2e/test_glm5_744b_a40b_4layer_nvidia.py}
 . bench/gpu_h200_setup.sh
+case=$(python3 bench/suite_cases.py "$tests")  # the module's case at one GPU
 mkdir -p "$out" /root/new-gpu-keys
 steps_out=$out budget=${BUDGET_S:-3000} start=$(date +%s)
 . bench/steps.sh
