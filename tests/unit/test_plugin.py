@@ -1,4 +1,4 @@
-"""The pytest plugin through pytester: markers, skip reasons, options, the artifacts fixture.
+"""The pytest plugin through pytester: markers, skip reasons, GPU leases, the --trainer option.
 
 GPU hosts are stood in for by an `nvidia-smi` / `rocm-smi` script on PATH that prints what the real
 tool prints; those runs use `runpytest_subprocess` because detection is cached per process.
@@ -6,78 +6,16 @@ tool prints; those runs use `runpytest_subprocess` because detection is cached p
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import pytest
-from procs import alive
 
 from rlsmoke.engine import megatron
-from rlsmoke.platforms import Host
-from rlsmoke.selection import Decision, Requirement, decide, requirement
 
 pytest_plugins = ["pytester"]
-
-H200x1 = Host("nvidia", "H200", 1)
-H200x8 = Host("nvidia", "H200", 8)
-MI355x8 = Host("rocm", "MI355X", 8)
-CPU = Host("cpu", "CPU", 0)
-
-# (requirement, host, launcher, miles_root, expected reason; "" = runs)
-DECISIONS = [
-    (Requirement("rocm", 8), H200x1, "miles", "/m", "needs 8 ROCm GPUs; found 1 NVIDIA H200"),
-    (Requirement("nvidia", 8), H200x1, "miles", "/m", "needs 8 NVIDIA GPUs; found 1 NVIDIA H200"),
-    (Requirement("nvidia", 8), CPU, "miles", "/m", "needs 8 NVIDIA GPUs; found no GPU (CPU only)"),
-    (Requirement("rocm", 16), MI355x8, "miles", "/m", "needs 16 ROCm GPUs; found 8 ROCm MI355X"),
-    (Requirement("nvidia", 1), H200x8, "builtin", None, ""),
-    (Requirement("nvidia", 8), H200x8, "builtin", None, ""),  # FSDP2 over the 8 GPUs
-    (Requirement("rocm", 2), MI355x8, "builtin", None, ""),
-    (Requirement("nvidia", 8), H200x8, "miles", "/m", ""),
-    (Requirement("rocm", 8), MI355x8, "miles", "/m", ""),
-    (Requirement("cpu", 0), CPU, "miles", None, ""),
-]
-
-
-@pytest.mark.parametrize(("req", "host", "launcher", "root", "reason"), DECISIONS)
-def test_decide(req, host, launcher, root, reason):
-    assert decide(req, host, launcher=launcher, miles_root=root) == Decision(not reason, reason)
-
-
-def test_decide_miles_without_root_names_the_option():
-    d = decide(Requirement("nvidia", 8), H200x8, launcher="miles", miles_root=None)
-    assert not d.run and "--miles-root" in d.reason and "needs 8 NVIDIA GPUs" in d.reason
-
-
-def test_decide_builtin_async_beyond_two_gpus_names_the_fix():
-    d = decide(Requirement("rocm", 8), MI355x8, launcher="builtin")
-    assert not d.run and "--launcher miles" in d.reason and "async" in d.reason
-
-
-@pytest.mark.parametrize(
-    ("markers", "gpus", "override", "expected"),
-    [
-        (["rocm", "gpus"], 8, None, Requirement("rocm", 8)),
-        (["rocm", "gpus"], 8, 4, Requirement("rocm", 4)),  # --num-gpus / NUM_GPUS replaces the module's
-        (["nvidia"], None, None, Requirement("nvidia", 1)),
-        (["cpu", "slow"], None, 8, Requirement("cpu", 0)),
-        (["slow"], None, None, None),
-    ],
-)
-def test_requirement(markers, gpus, override, expected):
-    assert requirement(markers, gpus, override) == expected
-
-
-def test_requirement_rejects_two_vendors():
-    with pytest.raises(ValueError, match="markers=.*nvidia.*rocm"):
-        requirement(["nvidia", "rocm"], 8, None)
-
-
-# --- through pytest --------------------------------------------------------------------------------
 
 PAIR = """
 import os
@@ -100,17 +38,6 @@ def _fake_smi(pytester, tool: str, lines: list[str]) -> dict:
     script.write_text("#!/bin/sh\ncat <<'EOF'\n" + "\n".join(lines) + "\nEOF\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
-
-
-@pytest.fixture
-def isolated(pytester, monkeypatch, tmp_path):
-    """Leases in a private folder; no NUM_GPUS from the caller's shell."""
-    monkeypatch.setenv("RLSMOKE_LEASE_DIR", str(tmp_path / "leases"))
-    monkeypatch.delenv("NUM_GPUS", raising=False)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("HIP_VISIBLE_DEVICES", raising=False)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -ra\n")
-    return pytester
 
 
 def test_markers_are_registered(isolated):
@@ -286,118 +213,8 @@ def test_xdist_workers_lease_disjoint_gpus_and_ports(isolated, tmp_path):
     assert len(set(ports.values())) == len(ports), f"workers share a port block: {ports}"
 
 
-def test_artifacts_fixture_gives_a_fresh_folder(isolated, tmp_path):
-    isolated.makepyfile(
-        test_a="""
-        import os
-        def test_a(artifacts):
-            assert os.listdir(artifacts.path) == []
-            (artifacts / "x.txt").write_text("x")
-            assert artifacts.launcher == "builtin" and artifacts.ports.master > 0
-            print("PATH", os.fspath(artifacts))
-    """
-    )
-    out = tmp_path / "art"
-    for _ in range(2):  # the second run must not see the first run's file
-        result = isolated.runpytest("-s", "--artifacts-dir", str(out))
-        result.assert_outcomes(passed=1)
-    assert (out / "test_a.py_test_a" / "x.txt").is_file()
-
-
-@pytest.mark.parametrize("args", [("--run-timeout", "-5"), ("--run-timeout", "nan"), ("--run-timeout", "0"),
-                                  ("--run-timeout", "inf"), ("--history", "notdb.db"), ("--history", ".")],
-                         ids=["negative", "nan", "zero", "inf", "not-sqlite", "a-folder"])  # fmt: skip
-def test_a_bad_option_value_is_a_usage_error_before_any_test_runs(isolated, args):
-    (isolated.path / "notdb.db").write_text("garbage\n")
-    isolated.makepyfile(test_a="def test_a():\n    open('ran', 'w').close()\n")
-    result = isolated.runpytest_subprocess(*args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
-    assert args[0] in result.stderr.str() and not (isolated.path / "ran").exists()
-    assert "Traceback" not in result.stderr.str()
-
-
-def test_a_second_session_on_the_same_artifacts_is_refused_at_once(isolated, tmp_path):
-    """Its `artifacts` fixture would empty folders the first one's runs write (they share the default
-    <rootdir>/artifacts). Twin: with its own --artifacts-dir the second session runs."""
-    isolated.makepyfile(
-        test_wait="""
-        import time
-        from pathlib import Path
-
-        def test_wait(artifacts):
-            Path("started").touch()
-            while not Path("go").exists():
-                time.sleep(0.05)
-    """
-    )
-    first = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_wait.py"],
-                             cwd=isolated.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not (isolated.path / "started").exists():
-            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
-            time.sleep(0.05)
-        started = time.monotonic()
-        second = isolated.runpytest_subprocess("-p", "no:cacheprovider", "test_wait.py", timeout=60)
-        assert (
-            second.ret == pytest.ExitCode.USAGE_ERROR
-            and "in use by another pytest session" in second.stderr.str()
-        )
-        assert time.monotonic() - started < 30
-        (isolated.path / "go").touch()
-        own = isolated.runpytest_subprocess("-p", "no:cacheprovider", "test_wait.py", "--artifacts-dir",
-                                            str(tmp_path / "own"), timeout=60)  # fmt: skip
-        own.assert_outcomes(passed=1)
-        assert first.wait(60) == 0
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-
-
-def test_the_artifacts_fixture_leaves_a_folder_a_live_run_holds(isolated):
-    """A run that holds its folder's lock (`RunFolder`) keeps its records: the test fails, nothing removed."""
-    from rlsmoke.artifacts import RunFolder
-
-    root = isolated.path / "art"  # inside the rootdir: the test's folder is named alike in each session
-    isolated.makepyfile(test_a="def test_a(artifacts):\n    pass\n")
-    isolated.runpytest("--artifacts-dir", str(root)).assert_outcomes(passed=1)
-    folder = root / "test_a.py_test_a"
-    (folder / "mine").write_text("x")
-    with RunFolder(folder / "out", overwrite=False):
-        held = isolated.runpytest("--artifacts-dir", str(root))
-    held.assert_outcomes(errors=1)
-    held.stdout.fnmatch_lines(["*held by a live run*"])
-    assert (folder / "mine").exists()
-    isolated.runpytest("--artifacts-dir", str(root)).assert_outcomes(passed=1)  # released: emptied as usual
-    assert not (folder / "mine").exists()
-
-
-def test_a_summary_md_the_session_did_not_write_is_left_as_it_is(isolated, tmp_path):
-    root = tmp_path / "art"
-    root.mkdir()
-    (root / "summary.md").write_text("my notes\n")
-    isolated.makepyfile(
-        test_a="""
-        import json
-
-        def test_a(artifacts):
-            (artifacts.path / "summary.json").write_text(json.dumps({"case": "own"}))
-    """
-    )
-    result = isolated.runpytest("--artifacts-dir", str(root))
-    result.assert_outcomes(passed=1)
-    assert (root / "summary.md").read_text() == "my notes\n"
-    result.stdout.fnmatch_lines(["*summary.md was not written by rlsmoke*"])
-    (root / "summary.md").unlink()  # twin: the session writes its own, and replaces it the next time
-    for _ in range(2):
-        isolated.runpytest("--artifacts-dir", str(root)).assert_outcomes(passed=1)
-        assert "| own |" in (root / "summary.md").read_text()
-
-
 def test_plugin_import_is_light():
     """The plugin loads in every pytest session: it must not pull in torch, ray or matplotlib."""
-    import subprocess
 
     code = ("import sys, rlsmoke.pytest_plugin, rlsmoke.suite, rlsmoke.processes.runner, rlsmoke.history; "
             "print(sorted(m for m in ('torch', 'ray', 'matplotlib', 'transformers') if m in sys.modules))")  # fmt: skip
@@ -468,119 +285,3 @@ def test_trainer_megatron_runs_the_suite_through_megatron_core(isolated):
     result.stdout.fnmatch_lines(["*glm5.3-flash-4layer: megatron-core has no KDA linear attention*"])
     (summary,) = (isolated.path / "artifacts").glob("test_glm5.py_test_one_step/summary.json")
     assert json.loads(summary.read_text())["launcher"] == "builtin-megatron"
-
-
-LONG_RUN = """
-    import sys
-    from pathlib import Path
-
-    from rlsmoke.processes import runner
-
-    def test_a_long_run(tmp_path):
-        run = runner.Process([sys.executable, "-c", "import time; time.sleep(300)"], env=runner.clean_env(),
-                             log=tmp_path / "run.log")
-        Path("run.pid").write_text(str(run.proc.pid))
-        run.wait(300)
-"""
-
-
-A_FORKED_CHILD = """
-    import multiprocessing
-    import os
-    import signal
-    import time
-
-    def report_sigterm_handler(conn):
-        conn.send(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
-
-    def test_a_forked_child_starts_with_sigterm_s_default():
-        parent, child_end = multiprocessing.Pipe()
-        child = multiprocessing.get_context("fork").Process(target=report_sigterm_handler, args=(child_end,))
-        child.start()
-        assert parent.recv() is True
-        child.join(20)
-
-    def test_a_forked_child_ends_on_sigterm():
-        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
-        child.start()
-        time.sleep(0.5)
-        os.kill(child.pid, signal.SIGTERM)
-        child.join(20)
-        assert child.exitcode == -signal.SIGTERM
-"""
-
-
-def test_a_process_forked_from_the_session_keeps_sigterm_s_default(isolated):
-    """A multiprocessing pool's worker, forked from the session, inherits its SIGTERM handler. Raising
-    there instead of ending left a pool's `terminate` waiting on a lock its dead sibling held; and a
-    handler that ends the process is not enough, since a SIGTERM that lands just before the worker's
-    blocking wait is never acted on (the suite hung in test_plugin_lease both ways). The fork starts
-    with the default, so the kernel ends it whatever it is doing."""
-    isolated.makepyfile(test_fork=A_FORKED_CHILD)
-    result = isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
-    result.assert_outcomes(passed=2)
-
-
-A_HUNG_CHILD = """
-    import multiprocessing
-    import time
-    from pathlib import Path
-
-    def test_a_child_that_never_ends():
-        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,), daemon=True)
-        child.start()
-        Path("child.pid").write_text(str(child.pid))
-        child.join()
-"""
-
-
-@pytest.mark.parametrize("limit, outcome", [("3", "failed"), ("0", None)], ids=["ci-limit", "no-limit"])
-def test_ci_s_test_limit_turns_a_hang_into_a_failure_with_its_stack(isolated, monkeypatch, limit, outcome):
-    """.ci/run sets PYTEST_TIMEOUT: a test that hangs joining a child (as test_plugin_lease once did) fails
-    with where it waited, and the session goes on. Twin: without a limit the same test is still waiting."""
-    pytest.importorskip("pytest_timeout")
-    assert "\nexport PYTEST_TIMEOUT=" in (Path(__file__).parents[2] / ".ci/run").read_text()
-    monkeypatch.setenv("PYTEST_TIMEOUT", limit)
-    isolated.makepyfile(test_hang=A_HUNG_CHILD)
-    try:
-        if outcome:
-            result = isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
-            result.assert_outcomes(failed=1)
-            result.stdout.fnmatch_lines([">*child.join()", "*Timeout (>3.0s)*"])
-        else:
-            with pytest.raises(pytest.Pytester.TimeoutExpired):
-                isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=6)
-    finally:
-        pid_file = isolated.path / "child.pid"
-        if pid_file.exists() and alive(int(pid_file.read_text())):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the twin's child, which this test started
-
-
-@pytest.mark.parametrize("plugin, sends, ended", [("rlsmoke", 1, True), ("rlsmoke", 2, True), ("no:rlsmoke", 1, False)],
-                         ids=["plugin", "plugin-twice", "no-plugin"])  # fmt: skip
-def test_sigterm_to_the_session_ends_the_runs_it_launched(isolated, plugin, sends, ended):
-    """A CI job's timeout sends SIGTERM: the run (a session of its own) must not outlive pytest and keep
-    its GPU for the next job. coreutils' `timeout` sends it twice (to pytest, then to its group): the
-    second must not cut the teardown short. Twin: without the plugin the default SIGTERM kills pytest alone."""
-    isolated.makepyfile(test_long=LONG_RUN)
-    args = ["-p", plugin] if plugin.startswith("no:") else []
-    session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "test_long.py"],
-                               cwd=isolated.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    pid_file = isolated.path / "run.pid"
-    deadline = time.monotonic() + 120
-    while not pid_file.exists() and session.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert pid_file.exists(), session.communicate(timeout=30)[0]
-    run_pid = int(pid_file.read_text())
-    time.sleep(1)  # into the wait
-    for _ in range(sends):
-        session.send_signal(signal.SIGTERM)
-        time.sleep(0.3)  # the handler has run: a repeat sent at once would merge into the first
-    output = session.communicate(timeout=60)[0]
-    try:
-        assert alive(run_pid) is not ended, output
-        if ended:
-            assert session.returncode == pytest.ExitCode.INTERRUPTED, output
-    finally:
-        if alive(run_pid):
-            os.kill(run_pid, signal.SIGKILL)  # the twin's run, which this test started
