@@ -147,7 +147,8 @@ for rollout_id in range(int(flag("--num-rollout"))):
 # It joins the Ray head at RAY_ADDRESS (Miles' placement group does), reads the file as Miles' loader does
 # (`status` mandatory, `Sample.validate`'s lengths), takes the train log-probs of the response tokens from a
 # real forward at --rollout-temperature (logits / T, as Miles' logit processor), and logs Miles' metrics:
-# the rollout line, the step line twice, the CI JSONL. GRPO advantages per `group_index`, a real backward.
+# the rollout line, the step line twice, the CI JSONL (from a worker of the head, as Miles' train actor). GRPO
+# advantages per `group_index`, a real backward.
 TRAIN_ONLY = """
 import json, logging, math, os, sys, uuid
 import torch
@@ -158,7 +159,6 @@ argv = sys.argv[1:]
 flag = lambda name: argv[argv.index(name) + 1]
 import ray
 ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)  # the head the flow started, or an error
-ray.shutdown()
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%Y-%m-%d %H:%M:%S",
                     format=f"(MegatronTrainRayActor pid={{os.getpid()}}) [%(asctime)s miles] %(filename)s:%(lineno)d - %(message)s")
 log = logging.getLogger("miles")
@@ -218,11 +218,19 @@ for rollout_id in range(int(flag("--num-rollout"))):  # Miles' train loop: rollo
         if k in ("train/grad_norm", "train/ppo_kl", "train/train_rollout_logprob_abs_diff", "train/train_rollout_kl",
                  "rollout/raw_reward"):
             series.setdefault(k, []).append([rollout_id, v])
-folder = os.environ.get("MILES_CI_GATE_RECORD_DIR")
-if folder:
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"{{os.getpid()}}-{{uuid.uuid4().hex}}.jsonl"), "w") as f:
-        f.writelines(json.dumps({{"metric": k, "series": v}}) + "\\n" for k, v in series.items())
+
+
+@ray.remote(num_cpus=0)
+def ci_history(series):  # Miles' train actor is a worker of the head: CiHistoryBackend reads the head's env
+    folder = os.environ.get("MILES_CI_GATE_RECORD_DIR")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{{os.getpid()}}-{{uuid.uuid4().hex}}.jsonl"), "w") as f:
+            f.writelines(json.dumps({{"metric": k, "series": v}}) + "\\n" for k, v in series.items())
+
+
+ray.get(ci_history.remote(series))
+ray.shutdown()
 """
 
 

@@ -111,6 +111,11 @@ def test_plan_prints_the_convert_the_rollout_file_and_the_train_only_launch(caps
     assert [s["name"] for s in steps] == names and steps[-1]["command"][:2] == ["python3", "train.py"]
     # the convert that `run` makes: without apex, as train.py (launch.train_only.NO_APEX)
     assert "--no-gradient-accumulation-fusion" in steps[1]["command"]
+    # Miles' train actor is a worker of the head and reads the record dir in the head's env (seen on an H200:
+    # the driver alone had it, and the CiHistory JSONL stayed empty)
+    head, train = steps[3], steps[4]
+    assert head["env"]["MILES_CI_GATE_RECORD_DIR"] == train["env"]["MILES_CI_GATE_RECORD_DIR"]
+    assert "MILES_CI_GATE_RECORD_DIR=" in next(line for line in script.splitlines() if "ray start" in line)
 
 
 @pytest.mark.parametrize(("extra", "rule"), [

@@ -131,15 +131,15 @@ def rollout_step(tp: TrainOnlyPlan) -> flow.Step:
 
 
 def steps(tp: TrainOnlyPlan) -> list[flow.Step]:
-    train_env = {
-        RAY_ADDRESS_VAR: f"{tp.launch.master_addr}:{RAY_GCS_PORT}",
-        flow.RECORD_DIR_VAR: tp.record_dir,
-    }
+    # the head's env too: Miles' train actor is its worker, and CiHistoryBackend reads the record dir there
+    record = {flow.RECORD_DIR_VAR: tp.record_dir}
+    train_env = {RAY_ADDRESS_VAR: f"{tp.launch.master_addr}:{RAY_GCS_PORT}", **record}
+    head = tuple(ray_head_train_only(tp.launch))
     return [
         flow.prepare_step(tp.plan, "the HF checkpoint", tiny=tp.tiny),
         flow.convert_step(tp.plan, tp.paths, NO_APEX),
         rollout_step(tp),
-        flow.Step("ray-head", "Ray's head with one GPU, no dashboard", tuple(ray_head_train_only(tp.launch))),
+        flow.Step("ray-head", "Ray's head with one GPU, no dashboard", head, record),
         flow.Step(
             "train", "Miles' train.py on the rollout file, no SGLang", tuple(tp.launch.argv), train_env
         ),

@@ -36,16 +36,10 @@ from rlsmoke.repeats import gate_run
 
 def convert(tp: TrainOnlyPlan, timeout: float = STEP_TIMEOUT_S) -> runner.Result | None:
     """Miles' converter for the run (unless done), without apex as train.py; its Result when it failed."""
-    out = Path(tp.out)
+    out, root = Path(tp.out), Path(tp.paths.miles_root)
     out.mkdir(parents=True, exist_ok=True)
     return miles_flow.convert(
-        tp.plan,
-        tp.paths,
-        miles_root=Path(tp.paths.miles_root),
-        env={},
-        artifacts=out,
-        timeout=timeout,
-        extra=NO_APEX,
+        tp.plan, tp.paths, miles_root=root, env={}, artifacts=out, timeout=timeout, extra=NO_APEX
     )
 
 
@@ -64,10 +58,12 @@ def run(tp: TrainOnlyPlan, *, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
     if not result.ok:
         return result
     ports = lease_ports()
-    # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
+    # As for the converter, the caller's PYTHONPATH stays, after Miles' checkout and Megatron. The record dir
+    # is the head's too: Miles' train actor is its worker, and CiHistoryBackend reads the variable there.
     search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
-    full_env = runner.clean_env({**tp.launch.env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": search})
-    train_env = {**full_env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}", flow.RECORD_DIR_VAR: tp.record_dir}
+    ours = {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": search, flow.RECORD_DIR_VAR: tp.record_dir}
+    full_env = runner.clean_env({**tp.launch.env, **ours})
+    train_env = {**full_env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}"}
 
     def train() -> runner.Result:
         return runner.run(tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout)
