@@ -122,8 +122,9 @@ def load_meta(folder: Path) -> dict:
     return {k: summary[k] for k in (*FIELDS, "seed") if k in summary}
 
 
-def load_record(path: str | Path) -> Record:
-    """A run's record from a run folder, its `metrics.jsonl`, or a Miles log (`step N: {...}` lines)."""
+def load_record(path: str | Path, *, require_ci_history: bool = False) -> Record:
+    """A run's record from a run folder, its `metrics.jsonl`, or a Miles log (`step N: {...}` lines). A Miles
+    log is checked against the CI history beside it: where there is one, or always with `require_ci_history`."""
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl" if (path / "metrics.jsonl").is_file() else path / "run.log"
@@ -149,7 +150,7 @@ def load_record(path: str | Path) -> Record:
     meta = meta or {"launcher": "miles"}
     record = Record.from_lines(lines, source=str(path), artifacts=str(folder), meta=meta)
     history = folder / CI_HISTORY
-    return _with_ci_history(record, history) if history.is_dir() else record
+    return _with_ci_history(record, history) if history.is_dir() or require_ci_history else record
 
 
 def _close(a: float, b: float) -> bool:

@@ -106,6 +106,10 @@ def test_without_the_jsonl_the_log_alone_is_read(tmp_path):
         file.unlink()
     (art / flow.CI_HISTORY).rmdir()
     assert metrics.load_record(art).value("train/grad_norm", "min") > 0.0
+    # twin: a train-only run targets Miles main, whose CiHistoryBackend records them, so none is an error
+    with pytest.raises(RlsmokeError) as err:
+        metrics.load_record(art, require_ci_history=True)
+    assert err.value.rule == "metrics.ci_history_missing"
 
 
 def test_nonfinite_values_use_the_jsonl_markers(tmp_path):

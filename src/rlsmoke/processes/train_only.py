@@ -108,7 +108,7 @@ def gate(out: Path):
     """Miles' logged metrics (run.log, checked against its CiHistory JSONL) against the thresholds of the
     run's key, each step as its seed's record (metrics.jsonl, `repeat` i for step i), as `rlsmoke run
     --repeat` gates its seeds; the verdict goes into summary.json."""
-    record = load_record(out / "run.log")
+    record = load_record(out / "run.log", require_ci_history=True)  # its Miles (main) records them
     steps = sorted({i for kind in KINDS for i in record.entries.get(kind, {})})
     lines = [{"kind": kind, "index": 0, "repeat": i, "metrics": dict(record.entries[kind][i])}
              for i in steps for kind in KINDS if i in record.entries.get(kind, {})]  # fmt: skip
