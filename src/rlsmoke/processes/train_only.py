@@ -22,8 +22,8 @@ from rlsmoke.launch.train_only import (
     TARGET,
     TrainOnlyPlan,
     make_plan,
-    ray_head_train_only,
     rollout_step,
+    steps,
 )
 from rlsmoke.metrics import KINDS, load_record, update_summary
 from rlsmoke.miles_rollout import check_inject
@@ -58,18 +58,20 @@ def run(tp: TrainOnlyPlan, *, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
     if not result.ok:
         return result
     ports = lease_ports()
-    # As for the converter, the caller's PYTHONPATH stays, after Miles' checkout and Megatron. The record dir
-    # is the head's too: Miles' train actor is its worker, and CiHistoryBackend reads the variable there.
+    # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
     search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
-    ours = {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": search, flow.RECORD_DIR_VAR: tp.record_dir}
+    *_, head, train_step = steps(tp)  # commands and envs are the plan's; the ports are this run's lease
+    ours = {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": search, **head.env}
     full_env = runner.clean_env({**tp.launch.env, **ours})
-    train_env = {**full_env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}"}
+    train_env = {**full_env, **train_step.env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}"}
 
     def train() -> runner.Result:
-        return runner.run(tp.launch.argv, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout)
+        return runner.run(
+            train_step.command, env=train_env, cwd=miles_root, log=out / "run.log", timeout=timeout
+        )
 
     try:
-        return runner.under_ray_head(ray_head_train_only(tp.launch), ports, train, env=full_env,
+        return runner.under_ray_head(head.command, ports, train, env=full_env,
                                      cwd=miles_root, artifacts=out, timeout=timeout)  # fmt: skip
     finally:
         ports.release()
@@ -109,9 +111,9 @@ def gate(out: Path):
     run's key, each step as its seed's record (metrics.jsonl, `repeat` i for step i), as `rlsmoke run
     --repeat` gates its seeds; the verdict goes into summary.json."""
     record = load_record(out / "run.log", require_ci_history=True)  # its Miles (main) records them
-    steps = sorted({i for kind in KINDS for i in record.entries.get(kind, {})})
+    step_ids = sorted({i for kind in KINDS for i in record.entries.get(kind, {})})
     lines = [{"kind": kind, "index": 0, "repeat": i, "metrics": dict(record.entries[kind][i])}
-             for i in steps for kind in KINDS if i in record.entries.get(kind, {})]  # fmt: skip
+             for i in step_ids for kind in KINDS if i in record.entries.get(kind, {})]  # fmt: skip
     write_atomic(out / "metrics.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
     return gate_run(out)
 
