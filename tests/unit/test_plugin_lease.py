@@ -3,10 +3,20 @@
 import multiprocessing as mp
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
-from rlsmoke.processes.lease import PORT_BLOCK, PORT_NAMES, GpuLease, lease_gpus, lease_ports, visible_gpu_ids
+from rlsmoke.processes.lease import (
+    PORT_BASE,
+    PORT_BLOCK,
+    PORT_BLOCKS,
+    PORT_NAMES,
+    GpuLease,
+    lease_gpus,
+    lease_ports,
+    visible_gpu_ids,
+)
 
 POOL = tuple(str(i) for i in range(8))
 
@@ -108,3 +118,11 @@ def test_a_bound_port_makes_the_block_skip(tmp_path):
     assert lease.base == base + PORT_BLOCK
     assert lease.master == lease.base + PORT_NAMES["master"]
     lease.release()
+
+
+def test_every_block_lies_below_the_kernel_s_ephemeral_range():
+    """Outgoing sockets (gloo's, Ray's) take their ports there: a block in it could be held by one."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if not ephemeral.is_file():
+        pytest.skip("the ephemeral range is read from Linux's /proc")
+    assert PORT_BASE + PORT_BLOCKS * PORT_BLOCK <= int(ephemeral.read_text().split()[0])

@@ -19,7 +19,7 @@ from rlsmoke.platforms import PLATFORMS, visible_ids
 DEFAULT_LEASE_DIR = Path(tempfile.gettempdir()) / f"rlsmoke-leases-{os.getuid()}"
 PORT_BASE = 21000  # above Ray's defaults (6379, 8265, 10001-19999) so a stray default cluster never collides
 PORT_BLOCK = 100  # ports per block: the named ports below plus a worker-port range for Ray
-PORT_BLOCKS = 200  # 21000..40999: below the Linux ephemeral range (32768+ is shared with outgoing sockets)
+PORT_BLOCKS = 117  # 21000..32699: below Linux's ephemeral range (32768+), which outgoing sockets share
 
 
 def lease_dir() -> Path:
