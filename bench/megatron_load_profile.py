@@ -70,7 +70,6 @@ def main() -> None:
     from rlsmoke.engine.megatron import dist
     from rlsmoke.engine.megatron.trainer import build_rank
     from rlsmoke.engine.model import load_policy, process_settings
-    from rlsmoke.engine.procs import free_port
     from rlsmoke.engine.read import read_checkpoint
     from rlsmoke.engine.timing import Laps
 
@@ -84,7 +83,7 @@ def main() -> None:
     if prof:
         prof.enable()
     clock = Laps(phases)
-    dist.init(0, Parallel(), free_port(), backend=dist.backend_for(args.device))
+    dist.init(0, Parallel(), backend=dist.backend_for(args.device))
     clock("process group")
     hf = read_checkpoint(args.dir, args.device)
     clock("read")

@@ -4,13 +4,14 @@ one process; its multi-rank layouts are exercised here)."""
 from __future__ import annotations
 
 import pickle
+import shutil
+import tempfile
 
 import torch
 
 from rlsmoke.bridge.convert import Parallel
 from rlsmoke.engine.megatron import dist as dist_
 from rlsmoke.engine.megatron.dist import close, init
-from rlsmoke.engine.procs import free_port
 
 RANK_GRACE_S = (
     10.0  # how long the other ranks get to finish once one has failed, or to exit once all are done
@@ -39,7 +40,7 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
 
     from rlsmoke.engine.procs import frozen_for_forks, rank_context
 
-    port = free_port()
+    rendezvous = tempfile.mkdtemp(prefix="rlsmoke-ranks-")  # a file, as the engine's ranks meet
     ctx = rank_context(cpu_only=backend == "gloo", rank_modules=RANK_MODULES)
     pending: dict = {}  # the read end of each rank's pipe -> rank
     procs = []
@@ -50,7 +51,9 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
             for rank in range(par.world_size):
                 reader, writer = ctx.Pipe(duplex=False)
                 proc = ctx.Process(
-                    target=_rank_main, args=(fn, rank, par, port, backend, writer, args), daemon=True
+                    target=_rank_main,
+                    args=(fn, rank, par, f"file://{rendezvous}/store", backend, writer, args),
+                    daemon=True,
                 )
                 proc.start()
                 writer.close()  # the rank's copy is its own: EOF here means the rank is gone
@@ -83,12 +86,13 @@ def run_ranks(fn, par: Parallel, *args, backend: str = "gloo") -> list:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        shutil.rmtree(rendezvous, ignore_errors=True)
     if errors:
         raise RuntimeError("; ".join(errors))
     return [results[r] for r in range(par.world_size)]
 
 
-def _rank_main(fn, rank, par, port, backend, conn, args):
+def _rank_main(fn, rank, par, rendezvous, backend, conn, args):
     import traceback
 
     from rlsmoke.engine import signals
@@ -96,7 +100,7 @@ def _rank_main(fn, rank, par, port, backend, conn, args):
     signals.in_rank()
     torch.set_num_threads(1)
     try:
-        init(rank, par, port, backend=backend)
+        init(rank, par, rendezvous, backend=backend)
         reply = (True, fn(rank, par, *args))
     except BaseException:  # the driver must hear of every rank
         reply = (False, traceback.format_exc(limit=-6))

@@ -7,6 +7,7 @@ freed or pinned pages: that is the GPU run's `peak_gib_per_rank_by_phase` in sum
 """
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -303,3 +304,18 @@ def test_two_ranks_at_eight_threads_each_give_the_same_steps_twice(monkeypatch):
     first, _ = phase_walk(cfg)
     again, _ = phase_walk(cfg)
     assert first == again
+
+
+def test_two_rank_worlds_at_once_meet_in_files_of_their_own_not_at_a_port(monkeypatch):
+    """Another run's world beside this one, and a MASTER_PORT that a third process holds, change nothing:
+    at a shared port one world's ranks could join the other's, or fail to bind it."""
+    from rlsmoke.engine.procs import rank_context
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        monkeypatch.setenv("MASTER_PORT", str(held.getsockname()[1]))
+        cfg = RunConfig(case=CASE, tiny=True, num_gpus=2, n_prompts=2)
+        beside = InAChild(rank_context(cpu_only=True), _walk_in_a_child, cfg)
+        step, _ = phase_walk(cfg)
+        assert beside.reply(300)[0] == step

@@ -163,33 +163,3 @@ def test_a_forked_rank_asks_for_torch_s_pool_on_its_one_thread_before_its_target
     if not renew:
         monkeypatch.setattr(procs, "renew_thread_pool", lambda: None)
     assert in_a_child(procs.ForkContext(), _report_asks, asked) == (["MainThread"] if renew else [])
-
-
-def test_a_rendezvous_port_is_free_and_below_the_kernel_s_ephemeral_range(monkeypatch):
-    """No outgoing socket (gloo's, another xdist worker's) can take it between the pick and the bind."""
-    import socket
-    from pathlib import Path
-
-    from rlsmoke.engine import procs as rank_procs
-
-    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    assert rank_procs.RENDEZVOUS_PORTS.stop <= ephemeral_low
-    held = []
-    for port in rank_procs.RENDEZVOUS_PORTS:  # three free ports in a row; two of them then taken
-        socks = [socket.socket() for _ in range(3)]
-        try:
-            for i, s in enumerate(socks):
-                s.bind(("127.0.0.1", port + i))
-        except OSError:
-            for s in socks:
-                s.close()
-            continue
-        held, first = socks, port
-        break
-    held[2].close()
-    try:
-        monkeypatch.setattr(rank_procs, "RENDEZVOUS_PORTS", range(first, first + 3))
-        assert {rank_procs.free_port() for _ in range(5)} == {first + 2}
-    finally:
-        for s in held[:2]:
-            s.close()

@@ -14,7 +14,6 @@ import gc
 import importlib
 import importlib.util
 import os
-import random
 import socket
 import sys
 import threading
@@ -217,9 +216,6 @@ def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> 
     return ctx
 
 
-RENDEZVOUS_PORTS = range(20000, 21000)
-
-
 def bindable(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -227,13 +223,3 @@ def bindable(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port() -> int:
-    """A port nothing listens on now, picked at random from RENDEZVOUS_PORTS (the kernel's pick if all are taken)."""
-    for port in random.SystemRandom().sample(RENDEZVOUS_PORTS, min(64, len(RENDEZVOUS_PORTS))):
-        if bindable(port):
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

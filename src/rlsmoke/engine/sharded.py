@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from rlsmoke.engine import signals
 from rlsmoke.engine.config import RunConfig, executed_layout
 from rlsmoke.engine.model import TORCH_DTYPES, load_policy, process_settings
 from rlsmoke.engine.offload import Phases, local_shard
-from rlsmoke.engine.procs import free_port, frozen_for_forks, rank_context
+from rlsmoke.engine.procs import frozen_for_forks, rank_context
 from rlsmoke.engine.rollout import Group, rollout_engine
 from rlsmoke.engine.train import Trainer, set_dropout, trainer_options
 from rlsmoke.engine.workers import SharedDevice
@@ -123,14 +125,14 @@ class Rank(SharedDevice):
 
 
 def _serve(
-    conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, port: int
+    conn, cfg: RunConfig, ckpt: Path, eos_id: int, pad_id: int, rank: int, world: int, store: str
 ) -> None:
     signals.in_rank()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     process_settings(cpu_share(world))  # this run's thread budget (a pytest worker's share), split by rank
     backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world)
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
         worker = Rank(cfg, ckpt, eos_id, pad_id, rank, world)
         conn.send(("ok", worker.where()))
         while True:
@@ -167,20 +169,21 @@ class Sharded:
                 "must run the same number of sharded forwards", rule="engine.dp_divides_prompts",
                 fix=f"use --n-prompts {self.world * max(1, cfg.n_prompts // self.world)}",
             )  # fmt: skip
-        port = int(os.environ.get("MASTER_PORT") or free_port())
         ctx = rank_context(cpu_only=cfg.device == "cpu", rank_modules=(__name__,))  # no fresh import of torch
         self.conns, self.procs = [], []
-        with frozen_for_forks():
-            for rank in range(self.world):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(child, cfg, ckpt, eos_id, pad_id, rank, self.world, port),
-                                   daemon=True)  # fmt: skip
-                proc.start()
-                self.conns.append(parent)
-                self.procs.append(proc)
-        try:
+        # the ranks meet in a file of their own, not at a port: two runs at once, or a MASTER_PORT that
+        # another process holds, cannot mix their worlds
+        self.rendezvous = tempfile.mkdtemp(prefix="rlsmoke-ranks-")
+        try:  # an interrupt too: the ranks and the rendezvous are ours to remove
+            with frozen_for_forks():
+                for rank in range(self.world):
+                    parent, child = ctx.Pipe()
+                    args = (child, cfg, ckpt, eos_id, pad_id, rank, self.world, f"{self.rendezvous}/store")
+                    self.procs.append(ctx.Process(target=_serve, args=args, daemon=True))
+                    self.procs[-1].start()
+                    self.conns.append(parent)
             self.where = {"ranks": self._gather()}
-        except BaseException:  # an interrupt too: the ranks are ours to stop
+        except BaseException:
             self.close()
             raise
 
@@ -252,6 +255,7 @@ class Sharded:
             if proc.is_alive():  # only our own children, by handle
                 proc.kill()
                 proc.join()
+        shutil.rmtree(self.rendezvous, ignore_errors=True)
 
 
 def _interleave(shares: list[list]) -> list:

@@ -13,14 +13,13 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
-def init(rank: int, par: Parallel, port: int, *, backend: str = "gloo") -> None:
-    """Join the world of `par` as `rank` and build megatron-core's model-parallel groups."""
+def init(rank: int, par: Parallel, rendezvous: str | None = None, *, backend: str = "gloo") -> None:
+    """Join the world of `par` as `rank` at `rendezvous` (an init_method URL), and build megatron-core's
+    model-parallel groups. A world of one meets in a store of its own process: no port to collide on."""
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    # the address in the call, not os.environ: a later run's ranks would find a stale MASTER_PORT
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=par.world_size
-    )
+    where = {"init_method": rendezvous} if rendezvous else {"store": dist.HashStore()}
+    dist.init_process_group(backend, rank=rank, world_size=par.world_size, **where)
     model_parallel(par)
 
 

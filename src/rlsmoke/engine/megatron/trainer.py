@@ -22,7 +22,6 @@ from rlsmoke.engine.megatron import MODULES, available
 from rlsmoke.engine.megatron.dist import backend_for, init
 from rlsmoke.engine.megatron.model import build_gpt, device_shim, rank_state
 from rlsmoke.engine.model import TORCH_DTYPES
-from rlsmoke.engine.procs import free_port
 from rlsmoke.engine.read import read_checkpoint, unfilled
 from rlsmoke.engine.timing import Laps
 from rlsmoke.errors import RlsmokeError, RunError
@@ -237,7 +236,7 @@ class MegatronTrainWorker:
             importlib.import_module(name)
         clock("megatron import")
         if not dist.is_initialized():
-            init(0, self.par, free_port(), backend=backend_for(cfg.device))
+            init(0, self.par, backend=backend_for(cfg.device))
         clock("process group")
         hf = read_checkpoint(ckpt, cfg.device)  # on a GPU straight onto it, where the bridge converts
         clock("read")
