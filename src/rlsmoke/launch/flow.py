@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,17 +70,20 @@ def prepare_step(plan, what: str, *, tiny: bool = False) -> Step:
     return Step("prepare", what, argv, skip_when=f"[ -e {shlex.quote(hf)} ]")
 
 
-def steps(plan, paths: Paths) -> list[Step]:
-    """Every command of the flow, in order; Miles records to `<output_dir>/<case>/ci_history`."""
+def steps(plan, paths: Paths, *, record_dir: str = "", env: Mapping[str, str] | None = None) -> list[Step]:
+    """Every command of the flow, in order. Miles records to `record_dir` (default
+    `<output_dir>/<case>/ci_history`); `env` (a run's lease) joins the launch's in the job's environment."""
     launch = plan.launch
-    record_dir = f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}"
-    runtime_env = json.dumps({"env_vars": {**launch.env, RECORD_DIR_VAR: record_dir}})
-    submit = tuple(launch.job_submit(runtime_env))
+    submit_env = {
+        **(env or {}),
+        RECORD_DIR_VAR: record_dir or f"{paths.output_dir}/{plan.case.name}/{CI_HISTORY}",
+    }
+    submit = tuple(launch.job_submit(json.dumps({"env_vars": {**launch.env, **submit_env}})))
     return [
         prepare_step(plan, "the HF checkpoint, full width"),
         convert_step(plan, paths),
         Step("ray-head", "Ray's head with the plan's GPUs", tuple(launch.ray_start())),
-        Step("submit", "the job: one GRPO step under Miles", submit, {RECORD_DIR_VAR: record_dir}),
+        Step("submit", "the job: one GRPO step under Miles", submit, submit_env),
     ]
 
 

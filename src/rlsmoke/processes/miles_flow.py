@@ -3,14 +3,13 @@ The steps are rendered by `launch.flow`; this runs them."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from rlsmoke.errors import RunError
-from rlsmoke.launch.flow import RECORD_DIR_VAR, RELEASE, TRACKER, convert_step, torch_dist_done
+from rlsmoke.launch.flow import RECORD_DIR_VAR, RELEASE, TRACKER, convert_step, steps, torch_dist_done
 from rlsmoke.launch.miles import Paths
 from rlsmoke.metrics import CI_HISTORY
 from rlsmoke.processes import preflight, runner
@@ -47,25 +46,24 @@ def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], 
     started = time.monotonic()
     # the user's Miles parses the argv first: a refused flag costs seconds, not a conversion and a cluster
     preflight.check_flags(plan.launch, miles_root)
-    record_dir = artifacts / CI_HISTORY
     failed = convert(plan, paths, miles_root=miles_root, env=env, artifacts=artifacts, timeout=timeout)
     if failed is not None:
         return failed
+    *_, head, job = steps(plan, paths, record_dir=str(artifacts / CI_HISTORY), env=env)  # the plan's commands
     with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
-        log.write(f"submit: {RECORD_DIR_VAR}={record_dir}\n")
-    launch, job_env = plan.launch, {**plan.launch.env, **env, RECORD_DIR_VAR: str(record_dir)}
+        log.write(f"submit: {RECORD_DIR_VAR}={job.env[RECORD_DIR_VAR]}\n")
     # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
-    full_env = runner.clean_env({**job_env, "RAY_AUTH_MODE": "disabled"})
+    full_env = runner.clean_env({**plan.launch.env, **job.env, "RAY_AUTH_MODE": "disabled"})
     dashboard = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports.dashboard)]
     dashboard += ["--include-dashboard", "true", *_client_port(ports)]
 
     def submit() -> runner.Result:
         left = max(1.0, timeout - (time.monotonic() - started))
-        argv = runner.job_submit_argv(launch.job_submit(json.dumps({"env_vars": job_env})), ports.dashboard)
+        argv = runner.job_submit_argv(job.command, ports.dashboard)
         return runner.run(argv, env=full_env, cwd=miles_root, log=artifacts / "run.log", timeout=left)
 
     left = max(1.0, timeout - (time.monotonic() - started))
-    return runner.under_ray_head(launch.ray_start(), ports, submit, env=full_env, cwd=miles_root,
+    return runner.under_ray_head(head.command, ports, submit, env=full_env, cwd=miles_root,
                                  artifacts=artifacts, timeout=left, dashboard=dashboard)  # fmt: skip
 
 
