@@ -10,13 +10,14 @@
 #                                                    probe TE; Miles' converter (bench/miles_convert.py)
 #   bench/gpu_miles_train_only.sh cudnn OUT          once .miles-carry/cudnn-* are there: cuDNN at Miles' image
 #                                                    pin beside the host's; TE's THD attention probed on both
-#   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT), then
-#                                                    ten seeds in one launch and a key calibrated from them
+#   bench/gpu_miles_train_only.sh suite OUT [ARGS]   the Miles e2e module under pytest (junit in OUT)
+#   bench/gpu_miles_train_only.sh seeds OUT          ten seeds in one launch, a key calibrated from them, and
+#                                                    each step's time (the first pays the kernels' compiles)
 # LEAN=1 leaves out the probes that only explain a failure (TE's Linear, the attention on the host's cuDNN).
 # Nothing of the host is upgraded: Miles' packages go --no-deps into $MILES_ENV/site, ahead on PYTHONPATH.
 set -uo pipefail
-stage=${1:?receive, misc, build, te, cudnn or suite}; out=${2:-/tmp/miles-out}
-case $stage in receive|misc|build|te|cudnn|suite) ;; *) echo "error: [bench.stage] $stage is not a stage (usage above)"; exit 2 ;; esac
+stage=${1:?receive, misc, build, te, cudnn, suite or seeds}; out=${2:-/tmp/miles-out}
+case $stage in receive|misc|build|te|cudnn|suite|seeds) ;; *) echo "error: [bench.stage] $stage is not a stage (usage above)"; exit 2 ;; esac
 env_dir=${MILES_ENV:-/root/miles-env}; site=$env_dir/site
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$env_dir/carry" "$out"
@@ -97,16 +98,20 @@ suite)
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
   cd "$here" && timed suite timeout "$(left)" python3 -m pytest -p no:cacheprovider -m nvidia -x -v \
     tests/e2e/test_miles_train_only_nvidia.py --junitxml "$out/junit.xml" --artifacts-dir="$out/artifacts" --basetemp "$out/pt" "$@"
-  # ten seeds in one launch (--repeat: step i on seed i's rollout), then a calibrated key from them
-  [ "$(left)" -gt 600 ] && timed seeds timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
+  tar -czf "$out/runs.tgz" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.distcp' --exclude='*_torch_dist' \
+    -C "$out" pt 2>/dev/null  # the runs' logs and records, without checkpoints or rollout files
+  for log in "$out"/pt/*/*/run.log; do [ -f "$log" ] && { echo "== $log"; tail -25 "$log"; }; done
+  tail -40 "$out/suite.txt"; cat "$out/timing.txt"
+  [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
+seeds)
+  # --repeat: one launch, step i on seed i's rollout; killed at the budget, its log still gives each step's time
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
+  cd "$here" && timed seeds timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
     run glm4.5-355b-a32b-4layer --launcher miles --train-only --miles-root "$RLSMOKE_MILES_ROOT" \
     --megatron-root "$RLSMOKE_MEGATRON_ROOT" --platform nvidia --num-gpus 1 --model-dir "$RLSMOKE_MILES_MODELS" --repeat 10 --out "$out/seeds"
   [ -f "$out/seeds/summary.json" ] && timed calibrate python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
     calibrate "$out/seeds" --write "$out/miles-calibrated.json"
-  # the runs' logs and records, without checkpoints or rollout files (OUT keeps two folders down)
-  tar -czf "$out/runs.tgz" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.distcp' --exclude='*_torch_dist' \
-    -C "$out" pt seeds 2>/dev/null
-  for log in "$out"/pt/*/*/run.log; do [ -f "$log" ] && { echo "== $log"; tail -25 "$log"; }; done
-  tail -40 "$out/suite.txt"; tail -n 15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/timing.txt"
-  [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
+  grep -ho "'perf/\(log_probs_time\|actor_train_time\|step_time\)': [0-9.]*" "$out/seeds/run.log" > "$out/step-times.txt"
+  tar -czf "$out/runs.tgz" --exclude='*.pt' --exclude='*_torch_dist' -C "$out" seeds 2>/dev/null
+  tail -n 15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/step-times.txt" "$out/timing.txt" ;;
 esac
