@@ -38,6 +38,11 @@ find_cudnn() {
 }
 find_cudnn
 [ -n "$cudnn_libs" ] && [ "$stage" != cudnn ] && export "${with_cudnn[@]:1}"
+install_rlsmoke() { python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1; }
+keep_runs() {  # keep_runs FOLDER: the runs' logs and records in OUT/runs.tgz, without checkpoints or rollout files
+  tar -czf "$out/runs.tgz" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.distcp' --exclude='*_torch_dist' \
+    -C "$out" "$1" 2>/dev/null
+}
 
 case $stage in
 receive)
@@ -45,7 +50,7 @@ receive)
 misc)
   cd "$env_dir/carry" && read -r _ misc_bytes < <(grep '^misc ' sizes) || exit 2
   timed unpack-misc bash -c "cat piece-* | head -c $misc_bytes | xz -d | tar -x -C $env_dir"
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
+  install_rlsmoke
   # The build goes on in a session of its own while the next pieces travel; `te` waits for it.
   rm -f "$env_dir/build.done"
   setsid nohup bash "$here/bench/gpu_miles_train_only.sh" build "$env_dir/build-out" > "$env_dir/build.log" 2>&1 < /dev/null &
@@ -95,23 +100,22 @@ z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("nvidia/cudnn
   cat "$out/timing.txt"; tail -n 3 "$out"/attention-*.txt ;;
 suite)
   shift 2
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
+  install_rlsmoke
   cd "$here" && timed suite timeout "$(left)" python3 -m pytest -p no:cacheprovider -m nvidia -x -v \
     tests/e2e/test_miles_train_only_nvidia.py --junitxml "$out/junit.xml" --artifacts-dir="$out/artifacts" --basetemp "$out/pt" "$@"
-  tar -czf "$out/runs.tgz" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.distcp' --exclude='*_torch_dist' \
-    -C "$out" pt 2>/dev/null  # the runs' logs and records, without checkpoints or rollout files
+  keep_runs pt
   for log in "$out"/pt/*/*/run.log; do [ -f "$log" ] && { echo "== $log"; tail -25 "$log"; }; done
   tail -40 "$out/suite.txt"; cat "$out/timing.txt"
   [ -s "$RLSMOKE_STANDIN_LOG" ] && { echo "stand-ins used:"; cat "$RLSMOKE_STANDIN_LOG"; } || echo "stand-ins used: none" ;;
 seeds)
   # --repeat: one launch, step i on seed i's rollout; killed at the budget, its log still gives each step's time
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here" > /dev/null 2>&1
+  install_rlsmoke
   cd "$here" && timed seeds timeout "$(left)" python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
     run glm4.5-355b-a32b-4layer --launcher miles --train-only --miles-root "$RLSMOKE_MILES_ROOT" \
     --megatron-root "$RLSMOKE_MEGATRON_ROOT" --platform nvidia --num-gpus 1 --model-dir "$RLSMOKE_MILES_MODELS" --repeat 10 --out "$out/seeds"
   [ -f "$out/seeds/summary.json" ] && timed calibrate python3 -c 'import sys; from rlsmoke.cli import main; sys.exit(main())' \
     calibrate "$out/seeds" --write "$out/miles-calibrated.json"
   grep -ho "'perf/\(log_probs_time\|actor_train_time\|step_time\)': [0-9.]*" "$out/seeds/run.log" > "$out/step-times.txt"
-  tar -czf "$out/runs.tgz" --exclude='*.pt' --exclude='*_torch_dist' -C "$out" seeds 2>/dev/null
+  keep_runs seeds
   tail -n 15 "$out/seeds.txt" "$out/calibrate.txt" 2>/dev/null; cat "$out/step-times.txt" "$out/timing.txt" ;;
 esac

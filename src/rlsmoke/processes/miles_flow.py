@@ -3,7 +3,6 @@ The steps are rendered by `launch.flow`; this runs them."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,8 +25,7 @@ def convert(plan, paths: Paths, *, miles_root: Path, env: Mapping[str, str], art
             log.write(f"convert: skipped, {dst / TRACKER} reads {RELEASE}\n")
             return None
         log.write(f"convert: {step.shell()}\n")
-    # Miles' own converter call keeps the caller's PYTHONPATH after the checkout and Megatron
-    search = os.pathsep.join(filter(None, [step.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
+    search = runner.path_before_callers(step.env["PYTHONPATH"])
     result = runner.run(step.command, env=runner.clean_env({**plan.launch.env, **env, "PYTHONPATH": search}),
                         cwd=miles_root, log=artifacts / "convert.log", timeout=timeout)  # fmt: skip
     if not result.ok:
@@ -52,8 +50,7 @@ def run(plan, paths: Paths, *, miles_root: Path, ports, env: Mapping[str, str], 
     *_, head, job = steps(plan, paths, record_dir=str(artifacts / CI_HISTORY), env=env)  # the plan's commands
     with (artifacts / "flow.log").open("a", encoding="utf-8") as log:
         log.write(f"submit: {RECORD_DIR_VAR}={job.env[RECORD_DIR_VAR]}\n")
-    # Newer Ray's token auth: this cluster is loopback only, and its own probes carry no token.
-    full_env = runner.clean_env({**plan.launch.env, **job.env, "RAY_AUTH_MODE": "disabled"})
+    full_env = runner.clean_env({**plan.launch.env, **job.env, **runner.LOOPBACK_RAY})
     dashboard = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports.dashboard)]
     dashboard += ["--include-dashboard", "true", *_client_port(ports)]
 

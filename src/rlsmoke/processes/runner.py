@@ -63,6 +63,15 @@ def clean_env(extra: Mapping[str, str] = ()) -> dict[str, str]:
     return env
 
 
+# Newer Ray's token auth: the clusters started here are loopback only, and Ray's own probes carry no token.
+LOOPBACK_RAY = {"RAY_AUTH_MODE": "disabled"}
+
+
+def path_before_callers(first: str) -> str:
+    """A PYTHONPATH of `first` (Miles' checkout, Megatron-LM), the caller's own after it."""
+    return os.pathsep.join(filter(None, [first, os.environ.get("PYTHONPATH")]))
+
+
 def tree_pids(token: str | None, sid: int) -> list[int]:
     """Live pids of a launch: in session `sid`, or with `token` (if any) in their env; zombies excluded."""
     needle = f"{TOKEN_VAR}={token}".encode()

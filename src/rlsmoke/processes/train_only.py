@@ -5,7 +5,6 @@ the rollout file, Ray's head, `train.py`), then gates Miles' logged metrics."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from rlsmoke.artifacts import default_out, earlier_records, write_atomic
@@ -58,10 +57,9 @@ def run(tp: TrainOnlyPlan, *, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
     if not result.ok:
         return result
     ports = lease_ports()
-    # as for the converter: the caller's PYTHONPATH stays, after Miles' checkout and Megatron
-    search = os.pathsep.join(filter(None, [tp.launch.env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))
+    search = runner.path_before_callers(tp.launch.env["PYTHONPATH"])
     *_, head, train_step = steps(tp)  # commands and envs are the plan's; the ports are this run's lease
-    ours = {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": search, **head.env}
+    ours = {**runner.LOOPBACK_RAY, "PYTHONPATH": search, **head.env}
     full_env = runner.clean_env({**tp.launch.env, **ours})
     train_env = {**full_env, **train_step.env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}"}
 
