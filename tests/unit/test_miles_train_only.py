@@ -142,22 +142,31 @@ def _run(tmp_path, root, out, *extra) -> int:
 def test_the_train_only_flow_runs_end_to_end_and_its_twin_fails_its_gate(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RLSMOKE_LEASE_DIR", str(tmp_path / "leases"))
     root = write_root(tmp_path / "miles")
-    assert _run(tmp_path, root, tmp_path / "art") == 0, capsys.readouterr()
+    # --repeat 3: one launch of three steps, step i on seed i's rollout; each step gated as its seed
+    assert _run(tmp_path, root, tmp_path / "art", "--repeat", "3") == 0, capsys.readouterr()
     shown = capsys.readouterr().out
     assert "logprob_abs_diff" in shown and "verdict: PASS" in shown
     summary = json.loads((tmp_path / "art" / "summary.json").read_text())
     assert summary["launcher"] == "miles" and summary["mode"] == "train-only" and summary["verdict"] == "PASS"
     assert summary["rollout"]["samples"] == 8 and summary["rollout"]["temperature"] == 1.0
+    assert summary["seeds"] == [0, 1, 2] and summary["per_repeat_verdict"] == ["PASS"] * 3
+    diffs = [seed["train/train_rollout_logprob_abs_diff"] for seed in summary["per_repeat"]]
+    assert len(set(diffs)) == 3  # three rollouts, not one read three times
     recorded = commands(root)
     assert [c["kind"] for c in recorded] == ["convert", "train"]
     train = recorded[-1]
-    assert train["argv"][0] == "train.py" and "--load-debug-rollout-data" in train["argv"]
+    assert train["argv"][0] == "train.py" and shlex.join(train["argv"]).count("--num-rollout 3") == 1
     assert train["env"]["MILES_CI_GATE_RECORD_DIR"] == str(tmp_path / "art" / "ci_history")
-    assert (tmp_path / "art" / "rollout_data" / "0.pt").is_file() and list(
-        (tmp_path / "art" / "ci_history").glob("*.jsonl")
-    )
+    files = [torch.load(tmp_path / "art" / "rollout_data" / f"{i}.pt", weights_only=False) for i in range(3)]
+    assert [f["rollout_id"] for f in files] == [0, 1, 2]
+    assert list((tmp_path / "art" / "ci_history").glob("*.jsonl"))
+    assert files[0]["samples"][0]["tokens"] != files[1]["samples"][0]["tokens"]
+    assert main(["calibrate", str(tmp_path / "art"), "--write", str(tmp_path / "cal" / "miles.json")]) == 0
+    entry = json.loads((tmp_path / "cal" / "miles.json").read_text())["entries"][0]
+    assert entry["provenance"]["runs"] == 3 and entry["key"]["launcher"] == "miles"
 
-    # The twin: the file's log-probs are the raw logits' (T=1) while Miles divides by 0.7. Converted: skipped.
+    # The twin, one seed: the file's log-probs are the raw logits' (T=1) while Miles divides by 0.7. Converted:
+    # skipped.
     code = _run(
         tmp_path, root, tmp_path / "twin", "--rollout-temperature", "0.7", "--inject", "temperature-mismatch"
     )
@@ -166,21 +175,3 @@ def test_the_train_only_flow_runs_end_to_end_and_its_twin_fails_its_gate(tmp_pat
     assert "convert: skipped" in (tmp_path / "twin" / "flow.log").read_text()
     assert [c["kind"] for c in commands(root)] == ["convert", "train", "train"]
     assert shlex.join(commands(root)[-1]["argv"]).count("--rollout-temperature 0.7") == 1
-
-    # --repeat 3: one launch of three steps, step i on seed i's rollout; each step gated as its seed
-    assert _run(tmp_path, root, tmp_path / "seeds", "--repeat", "3") == 0, capsys.readouterr()
-    summary = json.loads((tmp_path / "seeds" / "summary.json").read_text())
-    assert summary["seeds"] == [0, 1, 2] and summary["per_repeat_verdict"] == ["PASS"] * 3
-    diffs = [seed["train/train_rollout_logprob_abs_diff"] for seed in summary["per_repeat"]]
-    assert len(set(diffs)) == 3  # three rollouts, not one read three times
-    train = shlex.join(commands(root)[-1]["argv"])
-    assert train.count("--num-rollout 3") == 1
-    files = [
-        torch.load(tmp_path / "seeds" / "rollout_data" / f"{i}.pt", weights_only=False) for i in range(3)
-    ]
-    assert [f["rollout_id"] for f in files] == [0, 1, 2]
-    assert files[0]["samples"][0]["tokens"] == torch.load(tmp_path / "art" / "rollout_data" / "0.pt",
-                                                           weights_only=False)["samples"][0]["tokens"]  # fmt: skip
-    assert main(["calibrate", str(tmp_path / "seeds"), "--write", str(tmp_path / "cal" / "miles.json")]) == 0
-    entry = json.loads((tmp_path / "cal" / "miles.json").read_text())["entries"][0]
-    assert entry["provenance"]["runs"] == 3 and entry["key"]["launcher"] == "miles"

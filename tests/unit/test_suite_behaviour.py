@@ -102,12 +102,14 @@ def test_breakpoint_stops_in_the_test_and_continues(tmp_path):
 
 
 def test_durations_count_a_declared_run_in_its_own_test(tmp_path):
-    waits = "import time\n\ndef test_waits():\n    time.sleep(4)\n"  # long enough for a run to go ahead
-    folder = _suite(tmp_path, test_a_declares=DECLARES, test_b_waits=waits)
+    folder = _suite(tmp_path, test_a_declares=DECLARES, test_b_plain="def test_b():\n    pass\n")
     result = _pytest(folder, "--durations=2", "--durations-min=0")
     assert result.returncode == 0, result.stdout
-    line = next(line for line in result.stdout.splitlines() if "test_declares_a_run" in line and "s " in line)
-    assert float(line.split("s ", 1)[0]) > 0.3, line  # the run, started by its fixture (setup)
+    timed = [line for line in result.stdout.splitlines() if "s " in line and "::test_" in line]
+    run = next(line for line in timed if "test_declares_a_run" in line)
+    assert float(run.split("s ", 1)[0]) > 0.3, run  # the run, started by its fixture (setup)
+    others = [line for line in timed if "test_b" in line]
+    assert all(float(line.split("s ", 1)[0]) < 0.3 for line in others), timed  # not in the next test
 
 
 # A run of two ranks on Ray (its cluster in a session of its own), and one that only waits.
