@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GLM-5 4-layer's seeds on one H200, each trainer: seeds 0-9 and ten seeds no key saw (100-109), each batch one
+# process (`--repeat 10`), then the one-sided temperature of 0.95 on five seeds, then three Flash seeds. Each
+# batch's gates decide its exit; the seconds per seed and the load come from the runs' summaries.
+#   [DECODE=generate|static] [BUDGET_S=570] bench/gpu_h200_seeds.sh OUT_DIR
+# Figures: OUT_DIR/timing.txt (each batch), OUT_DIR/seed-costs.md (bench/seed_cost_table.py), the verdicts.
+set -uo pipefail
+out=${1:?OUT_DIR}
+. bench/gpu_h200_setup.sh
+mkdir -p "$out/runs"
+steps_out=$out budget=${BUDGET_S:-570} start=$(date +%s)
+. bench/steps.sh
+glm5=glm5-744b-a40b-4layer-1gpu
+one=(--platform nvidia --num-gpus 1 --rollout-decode "${DECODE:-generate}")
+timed prepare rlsmoke prepare $glm5
+for trainer in fsdp megatron; do
+  for first in 0 100; do
+    timed "$trainer-$first" timeout $(( $(left) - 20 )) rlsmoke run $glm5 "${one[@]}" --trainer $trainer --repeat 10 \
+      --seed $first --out "$out/runs/$trainer-$first"
+  done
+done
+timed twin-t095 timeout $(( $(left) - 20 )) rlsmoke run $glm5 "${one[@]}" --repeat 5 --seed 200 \
+  --inject temperature-mismatch --rollout-temperature 0.95 --out "$out/runs/twin-t095"
+timed flash timeout $(( $(left) - 5 )) rlsmoke run glm5.3-flash-4layer-1gpu "${one[@]}" --repeat 3 --seed 20 \
+  --out "$out/runs/flash"
+python3 bench/seed_cost_table.py "$out"/runs/*/ > "$out/seed-costs.md" 2>&1
+for r in "$out"/runs/*/summary.json; do
+  python3 -c "import json, sys; s = json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-2], s['verdict'],
+      s.get('per_repeat_verdict'), s.get('rollout_decode'))" "$r"
+done > "$out/verdicts.txt" 2>&1
+cat "$out/timing.txt" "$out/verdicts.txt" "$out/seed-costs.md"
