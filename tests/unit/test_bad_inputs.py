@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-from procs import run_cli
 
 from rlsmoke.errors import ExitCode
 
@@ -227,14 +226,14 @@ def test_a_clusters_entry_with_a_shipped_key_still_wins(tmp_path, monkeypatch):
     assert thresholds.lookup_gates(key).source == str(folder / "cluster0.json")
 
 
-def test_the_builtin_metrics_are_what_a_run_logs(tmp_path):
+def test_the_builtin_metrics_are_what_a_run_logs(tmp_path, capsys):
+    from rlsmoke.cli import main
     from rlsmoke.engine.config import BUILTIN_METRICS
     from rlsmoke.metrics import load_record
 
     out = tmp_path / "out"
-    proc = run_cli([sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "2", "--out",
-                    str(out), "--records-only"], env=os.environ, timeout=300)  # fmt: skip
-    assert proc.returncode == ExitCode.OK, proc.stderr[-3000:]
+    code = main(["run", CASE, "--platform", "cpu", "--num-gpus", "2", "--out", str(out), "--records-only"])
+    assert code == ExitCode.OK, capsys.readouterr().err[-3000:]
     assert set(load_record(out).keys()) == BUILTIN_METRICS
 
 
