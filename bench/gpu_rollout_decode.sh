@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The rollout's decode paths on one H200, GLM-5 4-layer 1-GPU: tokens/s of `generate` and of the static
 # decode (--rollout-decode static), the static one's compile cold (empty inductor and Triton caches) and
-# warm (the same caches, a new process), then both through `rlsmoke run --repeat 3` with the gates.
+# warm (the same caches, a new process), the two in float32, then both through `rlsmoke run --repeat 3`
+# with the gates.
 #   bench/gpu_rollout_decode.sh OUT_DIR
 # Figures: OUT_DIR/cold.txt, warm.txt (bench/rollout_decode.py), run-*.txt and summary-*.json; a digest
 # at the end. The compile caches live in OUT_DIR/cache, so a rerun on this host is warm.
@@ -14,10 +15,11 @@ limit=${LIMIT_S:-540}
 t0=$(date +%s); rlsmoke prepare "$case" > "$out/prepare.txt" 2>&1; echo "prepare: $(( $(date +%s) - t0 )) s" | tee "$out/timing.txt"
 rm -rf "$out/cache"
 export TORCHINDUCTOR_CACHE_DIR=$out/cache/inductor TRITON_CACHE_DIR=$out/cache/triton
-for pass in cold warm; do
+for pass in cold warm float32; do
   t0=$(date +%s)
+  dtype=(); [ $pass = float32 ] && dtype=(--dtype float32)  # the two paths' sampling, without bf16's rounding
   TORCH_LOGS=${TORCH_LOGS-graph_breaks,recompiles} timeout "$limit" python3 bench/rollout_decode.py "$case" \
-    --seeds "${SEEDS:-3}" > "$out/$pass.txt" 2> "$out/$pass.log"; rc=$?
+    --seeds "${SEEDS:-3}" "${dtype[@]}" > "$out/$pass.txt" 2> "$out/$pass.log"; rc=$?
   echo "$pass pass: $(( $(date +%s) - t0 )) s, exit $rc" | tee -a "$out/timing.txt"
 done
 for decode in generate static; do
@@ -31,6 +33,6 @@ for decode in generate static; do
 print('$decode', s.get('rollout_decode'), 'per seed', t['per_seed_s'], 'rollout', [p.get('rollout') for p in t['seed_phases_s']])" \
     >> "$out/timing.txt" 2>&1
 done
-for pass in cold warm; do echo "== $pass"; cat "$out/$pass.txt"; done
+for pass in cold warm float32; do echo "== $pass"; cat "$out/$pass.txt"; done
 grep -h "verdict" "$out"/run-*.txt
 cat "$out/timing.txt"

@@ -49,10 +49,23 @@ def calls(engine, prompts, n: int, seeds: int, device: str, label: str) -> list:
 
 
 def agreement(expected: list, got: list) -> str:
-    same = [(a, b) for a, b in zip(expected, got, strict=True) if torch.equal(a.tokens, b.tokens)]
-    gap = max(((a.rollout_logprobs - b.rollout_logprobs).abs()[a.mask > 0].max().item() for a, b in same),
-              default=float("nan"))  # fmt: skip
-    return f"{len(same)}/{len(expected)} groups the same tokens, log-probs within {gap:.2e} on those"
+    """How far the two paths sample alike: per sample, the tokens before the first that differs (once one
+    differs, the two continue from different text), and the largest log-prob gap over those tokens."""
+    same, total, gap, whole = 0, 0, 0.0, 0
+    for a, b in zip(expected, got, strict=True):
+        ra, rb = a.response, b.response
+        width = min(ra.shape[1], rb.shape[1])
+        differs = (ra[:, :width] != rb[:, :width]).int()
+        prefix = torch.where(differs.any(1), differs.argmax(1), torch.full_like(differs[:, 0], width))
+        for row, n in enumerate(prefix.tolist()):
+            live = int(min(a.mask[row, :width].sum().item(), b.mask[row, :width].sum().item()))
+            n = min(n, live)
+            same, total, whole = same + n, total + live, whole + (n == live)
+            if n:
+                gap = max(gap, (a.rollout_logprobs[row, :n] - b.rollout_logprobs[row, :n]).abs().max().item())
+    samples = sum(g.tokens.shape[0] for g in expected)
+    return (f"{whole}/{samples} samples the same tokens throughout; {same}/{total} tokens before the first that "
+            f"differs; log-probs within {gap:.2e} over those")  # fmt: skip
 
 
 def main() -> None:
@@ -66,6 +79,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--decodes", default="generate,static")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on CPU")
     args = ap.parse_args()
     spec = model_spec(args.case, tiny=args.tiny)
     ckpt = checkpoint_dir(args.case, tiny=args.tiny)
@@ -73,7 +87,7 @@ def main() -> None:
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
     prompts = [encode(tok, p).ids for p in read_prompts(FIXTURES / "data" / "math.jsonl", args.prompts, 0)]
-    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     t0 = time.perf_counter()
     model = load_policy(ckpt, spec, dtype, args.device)
     batch = batch_for("auto", args.device, spec.family, kda.choose(args.device, spec.family))
