@@ -2,6 +2,7 @@
 the rollout engine as a run calls it (its batch for the device, each group's own generator).
 
     python bench/rollout_decode.py glm5-744b-a40b-4layer-1gpu [--device cuda] [--seeds 3]
+        [--decodes generate,static-eager,static]   (static-eager: the static decode, its step not captured)
 
 Per path, one line per call: seconds and decoded tokens/s (rows x response columns, as
 bench/rollout_shapes.py counts them). The static path's first call holds the compile (read from
@@ -68,6 +69,21 @@ def agreement(expected: list, got: list) -> str:
             f"differs; log-probs within {gap:.2e} over those")  # fmt: skip
 
 
+@torch.no_grad()
+def forward_gap(model, groups: list, temperature: float) -> str:
+    """The gate's own measure against each path: the sampled tokens' log-probs from one full forward of the
+    same model (as the trainer takes them) against the rollout's, mean and largest over the response."""
+    total, count, worst = 0.0, 0, 0.0
+    device = next(model.parameters()).device
+    for g in groups:
+        tokens = g.tokens.to(device)
+        logits = model(tokens).logits[:, g.prompt_len - 1 : -1].float() / temperature
+        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, g.prompt_len :, None])[..., 0].cpu()
+        diff = (logprobs - g.rollout_logprobs).abs()[g.mask > 0]
+        total, count, worst = total + diff.sum().item(), count + diff.numel(), max(worst, diff.max().item())
+    return f"mean {total / max(count, 1):.4f}, largest {worst:.3f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("case")
@@ -97,15 +113,21 @@ def main() -> None:
     results = {}
     for label in args.decodes.split(","):
         engine = RolloutEngine(model, temperature=args.temperature, max_new_tokens=args.tokens, eos_id=eos,
-                               pad_id=pad, batch=batch, decode=label)  # fmt: skip
+                               pad_id=pad, batch=batch, decode=label.removesuffix("-eager"))  # fmt: skip
+        if label == "static-eager" and engine.static is not None:  # the same decode, its step not captured
+            engine.static.compiled, engine.static.step = False, engine.static._forward
         if engine.fallback:
             print(f"{label}: falls back to generate: {engine.fallback}", flush=True)
         results[label] = calls(engine, prompts, args.samples, args.seeds, args.device, label)
         if engine.fallback:
             print(f"{label}: ran as generate: {engine.fallback}", flush=True)
-    if {"generate", "static"} <= set(results):
-        for seed, (a, b) in enumerate(zip(results["generate"], results["static"], strict=True)):
-            print(f"agreement seed {seed}: {agreement(a, b)}", flush=True)
+    for label, runs in results.items():
+        for seed, groups in enumerate(runs):
+            print(f"log-prob gap to a full forward, {label} seed {seed}: "
+                  f"{forward_gap(model, groups, args.temperature)}", flush=True)  # fmt: skip
+    for label in [k for k in results if k != "generate" and "generate" in results]:
+        for seed, (a, b) in enumerate(zip(results["generate"], results[label], strict=True)):
+            print(f"agreement with generate, {label} seed {seed}: {agreement(a, b)}", flush=True)
     counters = torch._dynamo.utils.counters
     breaks = sum(counters["graph_break"].values())
     skips = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
