@@ -65,8 +65,10 @@ def agreement(expected: list, got: list) -> str:
             if n:
                 gap = max(gap, (a.rollout_logprobs[row, :n] - b.rollout_logprobs[row, :n]).abs().max().item())
     samples = sum(g.tokens.shape[0] for g in expected)
-    return (f"{whole}/{samples} samples the same tokens throughout; {same}/{total} tokens before the first that "
-            f"differs; log-probs within {gap:.2e} over those")  # fmt: skip
+    return (
+        f"{whole}/{samples} samples the same tokens throughout; {same}/{total} tokens before the first that "
+        f"differs; log-probs within {gap:.2e} over those"
+    )
 
 
 @torch.no_grad()
@@ -123,8 +125,8 @@ def main() -> None:
             print(f"{label}: ran as generate: {engine.fallback}", flush=True)
     for label, runs in results.items():
         for seed, groups in enumerate(runs):
-            print(f"log-prob gap to a full forward, {label} seed {seed}: "
-                  f"{forward_gap(model, groups, args.temperature)}", flush=True)  # fmt: skip
+            gap = forward_gap(model, groups, args.temperature)
+            print(f"log-prob gap to a full forward, {label} seed {seed}: {gap}", flush=True)
     for label in [k for k in results if k != "generate" and "generate" in results]:
         for seed, (a, b) in enumerate(zip(results["generate"], results[label], strict=True)):
             print(f"agreement with generate, {label} seed {seed}: {agreement(a, b)}", flush=True)
