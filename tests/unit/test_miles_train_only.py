@@ -14,6 +14,7 @@ import torch
 from flag_table import FlagTable, refusals
 from miles_fake import commands, write_root
 
+from rlsmoke import miles_rollout
 from rlsmoke.cases import Case
 from rlsmoke.cli import main
 from rlsmoke.errors import RlsmokeError
@@ -160,7 +161,13 @@ def test_the_train_only_flow_runs_end_to_end_and_its_twin_fails_its_gate(tmp_pat
     files = [torch.load(tmp_path / "art" / "rollout_data" / f"{i}.pt", weights_only=False) for i in range(3)]
     assert [f["rollout_id"] for f in files] == [0, 1, 2]
     assert list((tmp_path / "art" / "ci_history").glob("*.jsonl"))
-    assert files[0]["samples"][0]["tokens"] != files[1]["samples"][0]["tokens"]
+    # step k of the launch is seed k's rollout, as a one-seed rollout of seed k writes it
+    shape = ["--n-prompts", "2", "--n-samples", "4", "--max-response-len", "16", "--temperature", "1"]
+    one = ["--out", str(tmp_path / "one" / "{rollout_id}.pt"), "--seed", "1", "--tiny"]
+    data = ["--checkpoint", str(tmp_path / "models" / GLM5), "--prompt-data", str(train_only.PROMPT_DATA)]
+    assert miles_rollout.main([GLM5, *shape, *one, *data]) == 0
+    seed_1 = torch.load(tmp_path / "one" / "0.pt", weights_only=False)["samples"][0]["tokens"]
+    assert seed_1 == files[1]["samples"][0]["tokens"] != files[0]["samples"][0]["tokens"]
     assert main(["calibrate", str(tmp_path / "art"), "--write", str(tmp_path / "cal" / "miles.json")]) == 0
     entry = json.loads((tmp_path / "cal" / "miles.json").read_text())["entries"][0]
     assert entry["provenance"]["runs"] == 3 and entry["key"]["launcher"] == "miles"
