@@ -2,7 +2,7 @@
 # GLM-5 4-layer's seeds on one H200, each trainer: seeds 0-9 and ten seeds no key saw (100-109), each batch one
 # process (`--repeat 10`), then the one-sided temperature of 0.95 on five seeds, then three Flash seeds. Each
 # batch's gates decide its exit; the seconds per seed and the load come from the runs' summaries.
-#   [DECODE=generate|static] [BUDGET_S=570] bench/gpu_h200_seeds.sh OUT_DIR
+#   [DECODE=static] [BUDGET_S=570] bench/gpu_h200_seeds.sh OUT_DIR   (DECODE: --rollout-decode; unset, the default)
 # Figures: OUT_DIR/timing.txt (each batch), OUT_DIR/seed-costs.md (bench/seed_cost_table.py), the verdicts.
 set -uo pipefail
 out=${1:?OUT_DIR}
@@ -11,7 +11,7 @@ mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570} start=$(date +%s)
 . bench/steps.sh
 glm5=glm5-744b-a40b-4layer-1gpu
-one=(--platform nvidia --num-gpus 1 --rollout-decode "${DECODE:-generate}")
+one=(--platform nvidia --num-gpus 1 ${DECODE:+--rollout-decode "$DECODE"})
 timed prepare rlsmoke prepare $glm5
 for trainer in fsdp megatron; do
   for first in 0 100; do

@@ -21,8 +21,10 @@ import torch
 
 from rlsmoke.engine import kda
 from rlsmoke.engine.data import encode, read_prompts
+from rlsmoke.engine.grpo import train_rollout_stats
 from rlsmoke.engine.model import checkpoint_dir, load_policy, load_tokenizer
 from rlsmoke.engine.rollout import RolloutEngine, batch_for
+from rlsmoke.engine.train import token_logprobs
 from rlsmoke.models import model_spec
 from rlsmoke.shipped import FIXTURES
 
@@ -73,17 +75,17 @@ def agreement(expected: list, got: list) -> str:
 
 @torch.no_grad()
 def forward_gap(model, groups: list, temperature: float) -> str:
-    """The gate's own measure against each path: the sampled tokens' log-probs from one full forward of the
-    same model (as the trainer takes them) against the rollout's, mean and largest over the response."""
-    total, count, worst = 0.0, 0, 0.0
-    device = next(model.parameters()).device
+    """The gate's own metrics against each path: the trainer's log-probs of the sampled tokens (one full
+    forward of the same model, engine.train.token_logprobs) against the rollout's, as grpo.train_rollout_stats
+    reduces them; the per-sample mean weighted by each group's samples, as one batch would give it."""
+    stats = []
     for g in groups:
-        tokens = g.tokens.to(device)
-        logits = model(tokens).logits[:, g.prompt_len - 1 : -1].float() / temperature
-        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, g.prompt_len :, None])[..., 0].cpu()
-        diff = (logprobs - g.rollout_logprobs).abs()[g.mask > 0]
-        total, count, worst = total + diff.sum().item(), count + diff.numel(), max(worst, diff.max().item())
-    return f"mean {total / max(count, 1):.4f}, largest {worst:.3f}"
+        train_lp = token_logprobs(model, g, temperature)[0].cpu()
+        stats.append((len(g.tokens), train_rollout_stats(train_lp, g.rollout_logprobs, g.mask)))
+    samples = sum(n for n, _ in stats)
+    mean = sum(n * st["train/train_rollout_logprob_abs_diff"] for n, st in stats) / samples
+    worst = max(st["train/train_rollout_logprob_abs_diff_max"] for _, st in stats)
+    return f"abs_diff {mean:.4f}, abs_diff_max {worst:.3f}"
 
 
 def main() -> None:
