@@ -3,10 +3,15 @@
 # process (`--repeat 10`), then the one-sided temperature of 0.95 on five seeds, then three Flash seeds. Each
 # batch's gates decide its exit; the seconds per seed and the load come from the runs' summaries.
 #   [DECODE=static] [BUDGET_S=570] bench/gpu_h200_seeds.sh OUT_DIR   (DECODE: --rollout-decode; unset, the default)
+# A host that returns few files: give an OUT_DIR outside the returned folder and pack it there.
 # Figures: OUT_DIR/timing.txt (each batch), OUT_DIR/seed-costs.md (bench/seed_cost_table.py), the verdicts.
 set -uo pipefail
 out=${1:?OUT_DIR}
 . bench/gpu_h200_setup.sh
+if ! python3 -c 'import megatron.core' 2> /dev/null; then  # half the batches would stop at their first line
+  echo "error: [bench.wheels] megatron-core is not importable; fix: put its cp312 wheel in .whl/ (bench/gpu_h200_setup.sh)"
+  exit 2
+fi
 mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570} start=$(date +%s)
 . bench/steps.sh

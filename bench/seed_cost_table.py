@@ -46,6 +46,9 @@ def main() -> None:
     )
     print("|---" * (len(PHASES) + 5) + "|")
     for run in ap.parse_args().runs:
+        if not (run / "summary.json").is_file():  # the run stopped before its first seed's records
+            print(f"| {run.name}: no summary.json | " + " | " * (len(PHASES) + 3))
+            continue
         r = row(run)
         seeds = ", ".join(f"{s:.1f}" for s in r["seeds"])
         print(f"| {r['case']} | {r['trainer']} | {r['load']:.1f} | {seeds} | "
