@@ -47,7 +47,7 @@ def main() -> None:
     print("|---" * (len(PHASES) + 5) + "|")
     for run in ap.parse_args().runs:
         if not (run / "summary.json").is_file():  # the run stopped before its first seed's records
-            print(f"| {run.name}: no summary.json | " + " | " * (len(PHASES) + 3))
+            print(f"| {run.name}: no summary.json |" + " |" * (len(PHASES) + 4))
             continue
         r = row(run)
         seeds = ", ".join(f"{s:.1f}" for s in r["seeds"])
