@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GLM-5 4-layer's seeds on one H200, each trainer: seeds 0-9 and ten seeds no key saw (100-109), each batch one
-# process (`--repeat 10`), then the one-sided temperature of 0.95 on five seeds, then three Flash seeds. Each
+# process (`--repeat 10`), and the one-sided temperature of 0.95 on five seeds; then three Flash seeds. Each
 # batch's gates decide its exit; the seconds per seed and the load come from the runs' summaries.
 #   [DECODE=static] [BUDGET_S=570] bench/gpu_h200_seeds.sh OUT_DIR   (DECODE: --rollout-decode; unset, the default)
 # A host that returns few files: give an OUT_DIR outside the returned folder and pack it there.
@@ -23,9 +23,9 @@ for trainer in fsdp megatron; do
     timed "$trainer-$first" timeout $(( $(left) - 20 )) rlsmoke run $glm5 "${one[@]}" --trainer $trainer --repeat 10 \
       --seed $first --out "$out/runs/$trainer-$first"
   done
+  timed "$trainer-twin-t095" timeout $(( $(left) - 20 )) rlsmoke run $glm5 "${one[@]}" --trainer $trainer --repeat 5 \
+    --seed 200 --inject temperature-mismatch --rollout-temperature 0.95 --out "$out/runs/$trainer-twin-t095"
 done
-timed twin-t095 timeout $(( $(left) - 20 )) rlsmoke run $glm5 "${one[@]}" --repeat 5 --seed 200 \
-  --inject temperature-mismatch --rollout-temperature 0.95 --out "$out/runs/twin-t095"
 timed flash timeout $(( $(left) - 5 )) rlsmoke run glm5.3-flash-4layer-1gpu "${one[@]}" --repeat 3 --seed 20 \
   --out "$out/runs/flash"
 python3 bench/seed_cost_table.py "$out"/runs/*/ > "$out/seed-costs.md" 2>&1

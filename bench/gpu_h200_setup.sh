@@ -1,6 +1,6 @@
 # Source on a GPU host without a package index: the wheels in .whl/ (flash-linear-attention, fla-core; for the
-# megatron trainer megatron-core's cp312 wheel: `pip download megatron-core==0.16.1 --python-version 3.12
-# --only-binary :all: --no-deps -d .whl`)
+# megatron trainer megatron-core's cp312 wheel, of a version the `megatron` extra in pyproject.toml takes:
+# `pip download megatron-core==VERSION --python-version 3.12 --only-binary :all: --no-deps -d .whl`)
 # into /tmp/site, rlsmoke from this checkout, the caches on local disk.
 #   . bench/gpu_h200_setup.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
