@@ -171,6 +171,9 @@ def calibrate(runs: list[Path], template: list[dict]) -> tuple[dict, list[tuple]
         },
         "gates": gates,
     }
+    # the rollout's log-probs are the decode's: a key calibrated on one judges runs of that one
+    if ran := (summary.get("rollout_decode") or {}).get("ran"):
+        entry["provenance"]["rollout_decode"] = "/".join(ran)
     if not_logged:
         entry["provenance"]["not_gated"] = f"{', '.join(not_logged)}: the runs did not log their metrics"
     return entry, rows

@@ -52,7 +52,7 @@ class Session:
     n_samples: int | None = None
     max_response_len: int | None = None
     rollout_batch: str = "auto"
-    rollout_decode: str = "generate"
+    rollout_decode: str = "auto"
     reward: str = DEFAULT_REWARD
     gradient_checkpointing: bool = False
     offload: bool | None = None  # None: residency.offload_needed (facts.OFFLOAD_DEFAULT)

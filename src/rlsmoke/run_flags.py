@@ -80,9 +80,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
         "model with KDA layers, which left padding would pass through)",
     )
-    g.add_argument("--rollout-decode", default="generate", choices=ROLLOUT_DECODES,
-                   help="generate: transformers' (default); static: a static KV cache, the decode step captured as "
-                   "CUDA graphs on a GPU; a model that cannot falls back to generate, named in the summary")  # fmt: skip
+    g.add_argument("--rollout-decode", default="auto", choices=ROLLOUT_DECODES,
+                   help="static: a static KV cache, the decode step captured as CUDA graphs on a GPU before the "
+                   "first rollout; a model that cannot falls back to generate, named in the summary; generate: "
+                   "transformers' own; auto (default): static on a GPU, generate on CPU")  # fmt: skip
     g.add_argument(
         "--reward",
         default=DEFAULT_REWARD,

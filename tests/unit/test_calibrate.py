@@ -45,6 +45,13 @@ def test_bounds_follow_the_margin_rule(tmp_path):
                       "ppo_kl_step0": 1e-8}  # definitional: kept  # fmt: skip
     assert entry["provenance"]["status"] == "provisional (3 runs)"
     assert entry["key"]["dtype"] == "float32/float32"
+    assert "rollout_decode" not in entry["provenance"]  # an older summary names none
+
+
+def test_the_entry_names_the_decode_its_runs_sampled_with(tmp_path):
+    static = {**CPU_KEY, "rollout_decode": {"asked": "auto", "ran": ["static"], "fallback": None}}
+    entry, _ = calibration.calibrate([_repeat_run(tmp_path / "a", [(0.1, -1.0, -1.0)] * 2, static)], TEMPLATE)
+    assert entry["provenance"]["rollout_decode"] == "static"
 
 
 def test_recalibrating_does_not_stack_seed_statistics(tmp_path):

@@ -1,4 +1,4 @@
-"""The static decode (`--rollout-decode static`, engine.decode) samples what `generate` samples: the same
+"""The static decode (`--rollout-decode static`, auto's choice on a GPU; engine.decode) samples what `generate` samples: the same
 tokens from each group's generator and the same log-probs, to fp32 rounding, on every model it supports.
 
 Why a tolerance and not equality: the static cache attends over its whole bucket (the unwritten keys
@@ -166,11 +166,48 @@ def test_a_model_without_a_kv_cache_keeps_generate_and_says_why():
     assert decode.record("static", {(g.decode, g.fallback) for g in got})["fallback"] == engine.fallback
 
 
-def test_generate_stays_the_default_and_an_unknown_decode_is_refused():
+def test_a_capture_that_raises_before_the_first_rollout_leaves_the_run_on_generate_named(glm5):
+    """The load captures the step (`RolloutEngine.capture`); where that raises, the run rolls out with
+    generate from its first call, and the groups say why."""
+    model, prompts, eos, _ = glm5
+    engine = RolloutEngine(model, temperature=T, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch="rank",
+                           decode="static")  # fmt: skip
+    assert engine.static is not None
+    engine.static.compiled = True  # as on a GPU: the CPU's eager step is not captured
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("capture failed")
+
+    engine.static.capture = refused
+    engine.capture(len(prompts), N)
+    assert engine.static is None and engine.fallback == "RuntimeError: capture failed"
+    got = engine.generate(prompts, N, SEED)
+    assert {(g.decode, g.fallback) for g in got} == {("generate", engine.fallback)}
+
+
+def test_every_call_s_cache_is_as_long_as_the_longest_prompt_needs(glm5):
+    """One cache length for the run, from the prompt file's longest prompt: a seed of short prompts uses the
+    graph the load captured, and samples what its own shorter cache would."""
+    model, prompts, eos, _ = glm5
+    short = [p[-4:] for p in prompts]  # a call 4 tokens wide
+    longest = 2 * decode.LENGTH_BUCKET  # its own bucket would be one LENGTH_BUCKET
+    sized = RolloutEngine(model, temperature=T, max_new_tokens=TOKENS, eos_id=eos, pad_id=eos, batch="rank",
+                          decode="static", longest_prompt=longest)  # fmt: skip
+    got = sized.generate(short, N, SEED)
+    assert sized.static is not None
+    assert list(sized.static.caches) == [(N * len(short), 3 * decode.LENGTH_BUCKET)]
+    _, own = _rollout(model, short, eos, "static", "rank")
+    assert differences(own, got) == []
+
+
+def test_auto_is_the_default_static_on_a_gpu_and_generate_on_cpu_and_an_unknown_decode_is_refused():
     from rlsmoke.engine.config import RunConfig
+    from rlsmoke.engine.rollout import decode_for
     from rlsmoke.errors import RlsmokeError
 
-    assert RunConfig(case=CASES[0], tiny=True).rollout_decode == "generate"
+    assert RunConfig(case=CASES[0], tiny=True).rollout_decode == "auto"
+    assert (decode_for("auto", "cuda:0"), decode_for("auto", "cpu")) == ("static", "generate")
+    assert (decode_for("generate", "cuda:0"), decode_for("static", "cpu")) == ("generate", "static")
     with pytest.raises(RlsmokeError, match=r"rollout_decode='cuda-graphs' is unknown.*--rollout-decode"):
         RunConfig(case=CASES[0], tiny=True, rollout_decode="cuda-graphs").validate()
 

@@ -32,8 +32,9 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 COMPUTE_PATHS = ("params", "autocast")
 # The rollout's generate calls (engine.rollout.batch_for)
 ROLLOUT_BATCHES = ("auto", "group", "rank", "length")
-# The rollout's decode (engine.decode): generate, transformers' own; static, a static KV cache and CUDA graphs
-ROLLOUT_DECODES = ("generate", "static")
+# The rollout's decode (engine.decode): generate, transformers' own; static, a static KV cache and CUDA graphs;
+# auto, static on a GPU and generate on CPU (engine.rollout.decode_for)
+ROLLOUT_DECODES = ("auto", "generate", "static")
 # name -> whether it takes a value (`rollout-noise=0.01`)
 INJECTIONS = {name: value is not None for name, value in FAULTS.items()}
 # Every metric the built-in engine logs, and the one `metrics.Record` derives: a gate on any other is refused.
@@ -188,7 +189,7 @@ class RunConfig:
     trainer: str = DEFAULT_TRAINER
     # auto: a rank's groups in one generate call on a GPU, one call per group on CPU (engine.rollout.batch_for)
     rollout_batch: str = "auto"
-    rollout_decode: str = "generate"
+    rollout_decode: str = "auto"
 
     @functools.cached_property
     def spec(self) -> ModelSpec:

@@ -43,10 +43,12 @@ def unsupported(model, *, compiled: bool | None = None) -> str | None:
 
 
 class StaticDecoder:
-    """`model`'s sampling over a static cache; on CUDA the decode step is captured (`compiled`)."""
+    """`model`'s sampling over a static cache; on CUDA the decode step is captured (`compiled`).
+    `longest_prompt`: every call's cache is as long as that prompt's needs, so one graph serves the run."""
 
-    def __init__(self, model):
+    def __init__(self, model, *, longest_prompt: int = 0):
         self.model = model
+        self.longest_prompt = longest_prompt
         self.device = next(model.parameters()).device
         self.compiled = self.device.type == "cuda"
         params = inspect.signature(model.forward).parameters
@@ -67,6 +69,15 @@ class StaticDecoder:
                          **{self.cache_arg: cache}, **self.keep_one)  # fmt: skip
         return out.logits[:, -1].float()
 
+    def capture(self, rows: int, max_new_tokens: int, pad_id: int) -> None:
+        """Compiles and captures the decode step for calls of `rows` rows ahead of the first rollout, as
+        SGLang captures its graphs when its server starts: a few steps over a one-token prompt."""
+        tokens = torch.full((rows, 1), pad_id, dtype=torch.long, device=self.device)
+        unchanged = lambda _ids, scores: scores  # noqa: E731
+        # cudagraph trees record on the second call of a shape and replay from the third
+        last = dict(max_new_tokens=max_new_tokens, eos_id=pad_id, pad_id=pad_id, stop_after=4)
+        self.sample(tokens, torch.ones_like(tokens), unchanged, **last)
+
     def _cache(self, rows: int, length: int):
         key = (rows, length)
         if key not in self.caches:
@@ -78,10 +89,10 @@ class StaticDecoder:
 
     @torch.no_grad()
     def sample(self, tokens: torch.Tensor, attention: torch.Tensor, processors, *, max_new_tokens: int,
-               eos_id: int, pad_id: int) -> torch.Tensor:  # fmt: skip
+               eos_id: int, pad_id: int, stop_after: int | None = None) -> torch.Tensor:  # fmt: skip
         """What greedy `generate` with `processors` returns for `tokens`, plus up to CHECK_EVERY - 1 pads."""
         rows, width = tokens.shape
-        length = -(-(width + max_new_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
+        length = -(-(max(width, self.longest_prompt) + max_new_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
         cache = self._cache(rows, length)
         mask = torch.zeros(rows, length, dtype=attention.dtype, device=self.device)
         mask[:, :width] = attention
@@ -94,7 +105,7 @@ class StaticDecoder:
         eos = torch.zeros(logits.shape[-1], dtype=torch.bool, device=self.device)
         eos[eos_id] = True
         steps = 0
-        for t in range(max_new_tokens):
+        for t in range(min(max_new_tokens, stop_after or max_new_tokens)):
             if t:
                 mask[:, width + t - 1] = 1
                 if self.compiled:

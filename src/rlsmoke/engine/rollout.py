@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rlsmoke.engine import decode as decode_mod
-from rlsmoke.engine import kda
+from rlsmoke.engine import kda, limits
 from rlsmoke.engine.config import Inject, RunConfig
 
 
@@ -96,7 +97,8 @@ def batch_for(choice: str, device: str, family: str, kda: str = "") -> str:
 
 class RolloutEngine:
     def __init__(self, model, *, temperature: float, max_new_tokens: int, eos_id: int, pad_id: int,
-                 inject: Inject | None = None, batch: str = "group", decode: str = "generate"):  # fmt: skip
+                 inject: Inject | None = None, batch: str = "group", decode: str = "generate",
+                 longest_prompt: int = 0):  # fmt: skip
         self.model = model
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.eos_id, self.pad_id, self.inject = eos_id, pad_id, inject or Inject()
@@ -105,7 +107,24 @@ class RolloutEngine:
             keep_grouped_experts(model)
         self.fallback = decode_mod.unsupported(model) if decode == "static" else None
         static = decode == "static" and self.fallback is None
-        self.static = decode_mod.StaticDecoder(model) if static else None
+        self.static = decode_mod.StaticDecoder(model, longest_prompt=longest_prompt) if static else None
+
+    def capture(self, n_prompts: int, n_samples: int) -> None:
+        """The static decode's compile and capture, for calls over `n_prompts` prompts, before the first
+        rollout; a step that cannot be captured leaves the run on `generate`, with the reason."""
+        if self.static is None or not self.static.compiled or self.batch == "length":  # length: rows vary
+            return
+        rows = n_samples * (n_prompts if self.batch == "rank" else 1)
+        try:
+            self.static.capture(rows, self.max_new_tokens, self.pad_id)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as in a call: generate from here on, and why
+            self._give_up(exc)
+
+    def _give_up(self, exc: Exception) -> None:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        self.static, self.fallback = None, f"{type(exc).__name__}: {first}"
 
     def set_variant(self, inject: Inject, temperature: float) -> None:
         """`rlsmoke run --variants`: the next run's fault and sampling temperature."""
@@ -159,8 +178,7 @@ class RolloutEngine:
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:  # a model the compiler cannot capture: generate from here on, and why
-                first = (str(exc).strip().splitlines() or [""])[0][:200]
-                self.static, self.fallback = None, f"{type(exc).__name__}: {first}"
+                self._give_up(exc)
         if response is None:
             chain, recorder = processors()
             out = self.model.generate(
@@ -183,11 +201,21 @@ class RolloutEngine:
         return groups
 
 
-def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int) -> RolloutEngine:
+def decode_for(choice: str, device: str) -> str:
+    """auto: the static decode on a GPU, where its captured step saves the launches; generate on CPU."""
+    if choice == "auto":
+        return "static" if device.startswith("cuda") else "generate"
+    return choice
+
+
+def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int, ckpt: Path) -> RolloutEngine:
     batch = batch_for(cfg.rollout_batch, device, cfg.spec.family, kda.choose(device, cfg.spec.family))
+    decode = decode_for(cfg.rollout_decode, device)
+    # the prompt file's longest prompt sizes every call's cache: one captured shape for all seeds
+    longest = limits.longest_prompt(cfg.prompt_data, ckpt).tokens if decode == "static" else 0
     return RolloutEngine(model, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_response_len,
-                         eos_id=eos_id, pad_id=pad_id, inject=cfg.inject, batch=batch,
-                         decode=cfg.rollout_decode)  # fmt: skip
+                         eos_id=eos_id, pad_id=pad_id, inject=cfg.inject, batch=batch, decode=decode,
+                         longest_prompt=longest)  # fmt: skip
 
 
 def keep_grouped_experts(model) -> None:
