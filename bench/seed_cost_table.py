@@ -2,8 +2,8 @@
 
     python bench/seed_cost_table.py RUN_DIR...     (folders of `rlsmoke run [--repeat K] --out`)
 
-A row per run: load, each seed, the first seed's phases, and the rollout's generated tokens per second
-per GPU over the first seed (sampled tokens: samples x mean response length, per rollout).
+A row per run (named by its folder): load, each seed, the first seed's phases, and the rollout's
+generated tokens per second per GPU over the first seed (sampled tokens: samples x mean response length, per rollout).
 """
 
 from __future__ import annotations
@@ -42,16 +42,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
     print(
-        "| case | trainer | load s | seeds s | " + " | ".join(f"{p} s" for p in PHASES) + " | tokens/s/GPU |"
+        "| run | case | trainer | load s | seeds s | "
+        + " | ".join(f"{p} s" for p in PHASES)
+        + " | tokens/s/GPU |"
     )
-    print("|---" * (len(PHASES) + 5) + "|")
+    print("|---" * (len(PHASES) + 6) + "|")
     for run in ap.parse_args().runs:
         if not (run / "summary.json").is_file():  # the run stopped before its first seed's records
-            print(f"| {run.name}: no summary.json |" + " |" * (len(PHASES) + 4))
+            print(f"| {run.name} | no summary.json |" + " |" * (len(PHASES) + 4))
             continue
         r = row(run)
         seeds = ", ".join(f"{s:.1f}" for s in r["seeds"])
-        print(f"| {r['case']} | {r['trainer']} | {r['load']:.1f} | {seeds} | "
+        print(f"| {run.name} | {r['case']} | {r['trainer']} | {r['load']:.1f} | {seeds} | "
               + " | ".join(f"{r[p]:.1f}" for p in PHASES) + f" | {r['tokens_per_s_per_gpu']:.0f} |")  # fmt: skip
 
 
