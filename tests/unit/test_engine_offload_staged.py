@@ -83,3 +83,19 @@ def test_a_cuda_park_pins_only_what_is_cheaper_to_pin_than_to_stage(monkeypatch)
     )
     assert not HostCopies("cuda", park_bytes=small, ranks_on_host=9).pin  # 2 x 9 x 4 GiB > half of 128 GiB
     assert not HostCopies("cpu", park_bytes=small).pin and not HostCopies("cpu", park_bytes=small).staged
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_second_park_reuses_the_host_pages_and_holds_the_new_values(monkeypatch, device):
+    """A parameter parks once a phase: its host copy is kept for the next park (fresh pageable memory faults
+    in page by page, seconds for GLM-4.5's 12.9 GB), and the next park overwrites all of it."""
+    monkeypatch.setattr(offload, "STAGING_BYTES", 1024)
+    copies = _staged(device)
+    weight = torch.nn.Parameter(_tensor((5, 7, 129), torch.float32, device))
+    first = copies.to_host(weight.data, weight)
+    weight.data = copies.to_device(first)
+    weight.data.mul_(-2.0)  # a step between the parks
+    second = copies.to_host(weight.data, weight)
+    assert second.data_ptr() == first.data_ptr()
+    assert torch.equal(offload._byte_view(second), offload._byte_view(weight.data.cpu()))
+    assert copies.to_host(weight.data).data_ptr() != first.data_ptr()  # no key: a fresh copy, as before

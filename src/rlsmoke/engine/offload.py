@@ -51,10 +51,13 @@ class HostCopies:
         self.staged = self.device.type == "cuda" and not self.pin
         self._staging: list[torch.Tensor] = []
         self._done: list = [None, None]  # each buffer's last device copy (an event): reuse waits for it
+        # each staged tensor's host copy, kept for its next park: fresh pageable pages fault in one by one
+        self._parked: dict[object, torch.Tensor] = {}
 
-    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+    def to_host(self, t: torch.Tensor, key: object = None) -> torch.Tensor:
+        """`key`: what the tensor is (a parameter, a buffer, a moment); its next park reuses this one's pages."""
         if self._stages(t):
-            return self._staged_to_host(t)
+            return self._staged_to_host(t, key)
         host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
         return host.copy_(t, non_blocking=self.pin)
 
@@ -84,9 +87,13 @@ class HostCopies:
             self._done[k] = torch.cuda.Event()
             self._done[k].record(torch.cuda.current_stream(self.device))
 
-    def _staged_to_host(self, t: torch.Tensor) -> torch.Tensor:
+    def _staged_to_host(self, t: torch.Tensor, key: object = None) -> torch.Tensor:
         """Device -> pinned buffer (async) while the host copies the previous chunk out of the other one."""
-        host = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+        host = self._parked.get(key) if key is not None else None
+        if host is None or host.shape != t.shape or host.dtype != t.dtype:
+            host = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+            if key is not None:
+                self._parked[key] = host
         src, dst, bufs = _byte_view(t), _byte_view(host), self._buffers()
         pending = None
         for k, start, n in self._chunks(src.numel()):
@@ -116,17 +123,19 @@ class HostCopies:
 
     @torch.no_grad()
     def module(self, module: torch.nn.Module, where: str, *, skip: frozenset[int] = frozenset()) -> None:
+        def move(t, key):
+            return self.to_host(t, key) if where == "host" else self.to_device(t)
+
         if any(_is_dtensor(p) for p in module.parameters()):
             module.to("cpu" if where == "host" else self.device)  # FSDP2's _apply re-registers the shards
         else:
-            move = self.to_host if where == "host" else self.to_device
             for p in module.parameters():
                 if id(p) not in skip:
-                    p.data = move(p.data)
+                    p.data = move(p.data, p)
             for sub in module.modules():
                 for name, b in sub._buffers.items():
                     if b is not None:
-                        sub._buffers[name] = move(b)
+                        sub._buffers[name] = move(b, (sub, name))
         self._sync()
 
     @torch.no_grad()
@@ -135,12 +144,12 @@ class HostCopies:
             for key, t in list(state.items()):
                 if not isinstance(t, _HostShard) and (not torch.is_tensor(t) or t.dim() == 0):
                     continue  # the step counter stays where AdamW keeps it
-                state[key] = self._move_state(t, where)
+                state[key] = self._move_state(t, where, (id(state), key))
         self._sync()
 
-    def _move_state(self, t, where: str):
+    def _move_state(self, t, where: str, key: object):
         if where == "host":
-            return _HostShard(self.to_host(t.to_local()), t) if _is_dtensor(t) else self.to_host(t)
+            return _HostShard(self.to_host(t.to_local(), key), t) if _is_dtensor(t) else self.to_host(t, key)
         if isinstance(t, _HostShard):
             from torch.distributed.tensor import DTensor
 
