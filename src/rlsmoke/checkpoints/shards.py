@@ -195,8 +195,7 @@ def read_header(path: Path) -> dict[str, Entry]:
     """Parse a shard header without validating it (verify does that); raises on unreadable bytes."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
-        raw = f.read(min(n, MAX_HEADER_BYTES))
-    header = json.loads(raw)
+        header = json.loads(f.read(min(n, MAX_HEADER_BYTES)))
     base = 8 + n
     return {
         k: Entry(k, v["dtype"], tuple(v["shape"]), base + v["data_offsets"][0], base + v["data_offsets"][1])

@@ -240,8 +240,7 @@ def synthesize_into(
 
 def next_token_entropy(model, vocab: int, *, n_seq: int = 8, seq_len: int = 32, seed: int = 0) -> float:
     """Mean entropy (nats) of the model's next-token distribution over random in-vocab contexts."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (n_seq, seq_len), generator=g)
+    ids = torch.randint(0, vocab, (n_seq, seq_len), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()  # (B, T, V)
     logp = torch.log_softmax(logits, dim=-1)

@@ -101,11 +101,10 @@ def in_child(parent: int) -> None:
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     try:
-        os.kill(parent, 0)
+        with contextlib.suppress(PermissionError):
+            os.kill(parent, 0)
     except ProcessLookupError:  # it ended before the prctl: nobody would send the signal
         os._exit(128 + signal.SIGKILL)
-    except PermissionError:
-        pass
 
 
 def in_rank() -> None:
