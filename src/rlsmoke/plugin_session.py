@@ -39,8 +39,7 @@ def hold_artifacts_root(root: Path) -> int:
     from rlsmoke.artifacts import try_lock
 
     root.mkdir(parents=True, exist_ok=True)
-    fd = try_lock(root / SESSION_LOCK)
-    if fd is None:
+    if (fd := try_lock(root / SESSION_LOCK)) is None:
         holder = (root / SESSION_LOCK).read_text(errors="replace").strip() or "?"
         raise pytest.UsageError(f"the artifacts folder {root} is in use by another pytest session (pid {holder}). "
                                 "Pass --artifacts-dir DIR, or wait for it to end")  # fmt: skip

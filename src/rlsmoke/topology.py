@@ -195,8 +195,7 @@ def plan_topology(
         train=train, rollout=layout, target=TARGETS[target],
         explicit_split="actor_gpus" in sets or "rollout_gpus" in sets,
     )  # fmt: skip
-    found = violations(topo, spec) if validate else []
-    if not found:
+    if not (found := violations(topo, spec) if validate else []):
         return topo
     rule_id, message, fix = found[0]
     if values := single_fixes(topo, spec, sets, rule_id):

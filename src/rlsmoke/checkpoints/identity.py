@@ -56,8 +56,7 @@ def check_identity(folder: Path | str, spec) -> None:
     """Refuse a checkpoint whose config.json is not the case's model at the case's width."""
     folder = Path(folder)
     doc = _config(folder)
-    found = differences(doc, spec)
-    if not found:
+    if not (found := differences(doc, spec)):
         return
     width = "tiny" if spec.width == "tiny" else "full"
     other = model_spec(spec.name, tiny=spec.width != "tiny")

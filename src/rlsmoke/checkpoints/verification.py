@@ -216,8 +216,7 @@ def _check_config(
     have = {t: headers[s][t] for t, s in weight_map.items() if s in headers and t in headers[s]}
     n_layers = (cfg.get("text_config") or cfg)["num_hidden_layers"]
     for name, (want_dtype, shape) in layout.tensors.items():
-        got = have.get(name)
-        if got is None:
+        if (got := have.get(name)) is None:
             rep.add("config.json", name, "expected by config.json but missing from every shard")
         elif got[1] != shape:
             rep.add(weight_map[name], name, f"shape {list(got[1])} but config.json implies {list(shape)}")
@@ -246,8 +245,7 @@ def config_from_dict(cfg: dict):
     if d.get("model_type") == "deepseek_v32":
         d["model_type"], d["architectures"] = "glm_moe_dsa", [NATIVE_ARCH]
         d.pop("rope_theta", None)
-    model_type = d.pop("model_type", None)
-    if model_type is None:
+    if (model_type := d.pop("model_type", None)) is None:
         raise CheckpointError(
             "config.json: has no model_type", rule="checkpoint.config", fix="add model_type"
         )

@@ -163,8 +163,7 @@ def gpu_driver_initialized() -> bool:
     files = {line[line.index("/") :] for line in maps.splitlines() if "/" in line}
     if any(Path(file).name.startswith(HIP_RUNTIME) for file in files):
         return True
-    cuda = sorted(file for file in files if Path(file).name.startswith(CUDA_DRIVER))
-    if not cuda:
+    if not (cuda := sorted(file for file in files if Path(file).name.startswith(CUDA_DRIVER))):
         return False
     try:
         driver = ctypes.CDLL(cuda[-1])  # the copy already in the process: nothing is loaded
