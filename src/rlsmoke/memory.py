@@ -131,8 +131,7 @@ def _rollout_working(spec, plan: Plan) -> int:
     kv += n * _kda_state(spec, r) * kda_layers(spec) if kda_layers(spec) else 0
     expert = 3 * spec.moe_ffn_hidden_size * spec.hidden_size * r  # gate, up and down: 3 x I x h
     experts = n * spec.moe_topk * expert if spec.num_moe_layers else 0
-    logits = n * spec.vocab_size * (r + 4 * 4)
-    return kv + experts + logits
+    return kv + experts + n * spec.vocab_size * (r + 4 * 4)
 
 
 def estimate(spec, plan: Plan) -> Estimate:

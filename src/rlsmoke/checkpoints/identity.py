@@ -41,8 +41,7 @@ def _config(folder: Path) -> dict:
 def differences(doc: dict, spec) -> list[str]:
     """`field=checkpoint's (case: spec's)` for each identity field that differs."""
     found = []
-    model_type = MODEL_TYPE_ALIASES.get(doc.get("model_type"), doc.get("model_type"))
-    if model_type != spec.hf_model_type:
+    if MODEL_TYPE_ALIASES.get(doc.get("model_type"), doc.get("model_type")) != spec.hf_model_type:
         found.append(f"model_type={doc.get('model_type')!r} (case: {spec.hf_model_type!r})")
     text = doc.get("text_config") or doc
     want = spec.hf_text_kwargs()
