@@ -57,14 +57,13 @@ def check_identity(folder: Path | str, spec) -> None:
     doc = _config(folder)
     if not (found := differences(doc, spec)):
         return
-    width = "tiny" if spec.width == "tiny" else "full"
     other = model_spec(spec.name, tiny=spec.width != "tiny")
     if not differences(doc, other):
         fix = f"this is the case's {other.width} width: run with {'--tiny' if other.width == 'tiny' else '--no-tiny'}"
     else:
-        fix = (f"pass a checkpoint of {spec.name} (`rlsmoke prepare {spec.name}{' --tiny' if width == 'tiny' else ''} "
+        fix = (f"pass a checkpoint of {spec.name} (`rlsmoke prepare {spec.name}{' --tiny' if spec.width == 'tiny' else ''} "
                f"--out DIR`), or leave --checkpoint out to use the prepared one")  # fmt: skip
-    raise CheckpointError(f"checkpoint={folder} is not {spec.name}'s at the {width} width: its config.json has "
+    raise CheckpointError(f"checkpoint={folder} is not {spec.name}'s at the {spec.width} width: its config.json has "
                           + ", ".join(found), rule="checkpoint.identity", fix=fix)  # fmt: skip
 
 
