@@ -233,8 +233,7 @@ def _with_ci_history(record: Record, folder: Path) -> Record:
 
 def seed_records(run: str | Path) -> list[Record]:
     """One record per seed: a `--repeat` run's lines carry a `repeat` key; a Miles run is one seed."""
-    jsonl = Path(run) / "metrics.jsonl"
-    if not jsonl.is_file():
+    if not (jsonl := Path(run) / "metrics.jsonl").is_file():
         return [load_record(run)]
     by_seed: dict[int, list[dict]] = {}
     for line in map(json.loads, filter(str.strip, jsonl.read_text().splitlines())):

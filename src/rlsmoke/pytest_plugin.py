@@ -230,8 +230,7 @@ def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
     """The GPU ids this test holds until it ends, disjoint from every other worker's; none for CPU tests."""
     from rlsmoke.processes.lease import GpuLease, lease_gpus, visible_gpu_ids
 
-    req = plugin_session.requirement_of(request.node)
-    if req is None or req.platform == "cpu" or req.gpus == 0:
+    if (req := plugin_session.requirement_of(request.node)) is None or req.platform == "cpu" or req.gpus == 0:
         yield GpuLease("cpu", ())
         return
     timeout = float(os.environ.get("RLSMOKE_LEASE_TIMEOUT", 3600))

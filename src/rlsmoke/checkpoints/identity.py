@@ -89,8 +89,7 @@ def sha256_file(path: Path, chunk: int = 16 * 2**20, on_bytes=None) -> str:
 
 def _manifest_files(folder: Path) -> list[tuple[str, str]]:
     """(digest, name) of each file the folder's manifest lists."""
-    manifest = folder / MANIFEST_NAME
-    if not manifest.is_file():
+    if not (manifest := folder / MANIFEST_NAME).is_file():
         return []
     entries = (line.partition("  ") for line in manifest.read_text().splitlines())
     return [(digest, name) for digest, _, name in entries if name]
@@ -134,8 +133,7 @@ def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) 
         if os.sep in name or name in (".", "..") or not path.is_file():
             raise CheckpointError(f"{folder}/{name}: listed in {MANIFEST_NAME} but missing", rule="checkpoint.verify",
                                   fix=fix)  # fmt: skip
-        stamp = _stamp(path, digest, cache_dir)
-        if stamp.is_file():
+        if (stamp := _stamp(path, digest, cache_dir)).is_file():
             continue
         hashed += path.stat().st_size
         if sha256_file(path) != digest:

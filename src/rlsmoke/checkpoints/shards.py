@@ -224,8 +224,7 @@ def read_tensor(path: Path, entry: Entry) -> torch.Tensor:
 
 def load_index(ckpt: Path) -> dict[str, str]:
     """{tensor: shard file} of a folder, sharded or single-file."""
-    idx = ckpt / INDEX_NAME
-    if idx.exists():
+    if (idx := ckpt / INDEX_NAME).exists():
         return json.loads(idx.read_text())["weight_map"]
     return {k: SINGLE_NAME for k in read_header(ckpt / SINGLE_NAME)}
 

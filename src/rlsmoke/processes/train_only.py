@@ -141,8 +141,7 @@ def handler(args) -> int:
     if not args.train_only:
         raise RlsmokeError("--launcher miles in `rlsmoke run` runs Miles' trainer alone", rule="run.launcher",
                            fix="add --train-only, or run Miles' whole flow with pytest --launcher miles")  # fmt: skip
-    root = args.miles_root
-    if root is None or not (Path(root) / "train.py").is_file():
+    if (root := args.miles_root) is None or not (Path(root) / "train.py").is_file():
         raise RlsmokeError(f"miles_root={root} is not a Miles checkout (no train.py)", rule="launcher.miles_root",
                            fix="pass --miles-root DIR, a checkout of radixark/miles")  # fmt: skip
     check_inject(args.inject)
@@ -152,8 +151,7 @@ def handler(args) -> int:
     host = detect()
     tp = plan_of_args(args, host.platform)
     prepare_hf(tp)
-    result = run(tp)
-    if not result.ok:
+    if not (result := run(tp)).ok:
         what = "timed out" if result.timed_out else f"exited with {result.returncode}"
         print(result.tail(20))
         print(f"error: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")
