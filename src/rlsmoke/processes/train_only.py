@@ -59,8 +59,7 @@ def run(tp: TrainOnlyPlan, *, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
     ports = lease_ports()
     search = runner.path_before_callers(tp.launch.env["PYTHONPATH"])
     *_, head, train_step = steps(tp)  # commands and envs are the plan's; the ports are this run's lease
-    ours = {**runner.LOOPBACK_RAY, "PYTHONPATH": search, **head.env}
-    full_env = runner.clean_env({**tp.launch.env, **ours})
+    full_env = runner.clean_env({**tp.launch.env, **runner.LOOPBACK_RAY, "PYTHONPATH": search, **head.env})
     train_env = {**full_env, **train_step.env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}"}
 
     def train() -> runner.Result:
