@@ -127,8 +127,7 @@ class RunLog:
 
 def earlier_records(out: Path, *, overwrite: bool) -> list[str]:
     """The records an earlier run left in `out`; `run.out_used` unless `overwrite` lets a run replace them."""
-    earlier = [name for name in RECORDS if (Path(out) / name).exists()]
-    if earlier and not overwrite:
+    if (earlier := [name for name in RECORDS if (Path(out) / name).exists()]) and not overwrite:
         raise RlsmokeError(f"--out {out} holds an earlier run's records ({', '.join(earlier)})",
                            rule="run.out_used", fix="pass a new --out, or --overwrite to replace them")  # fmt: skip
     return earlier

@@ -70,8 +70,7 @@ class Estimate:
         return {k: round(v / GIB, 2) for k, v in (self.phases | {"peak": self.peak}).items()}
 
     def describe(self) -> str:
-        worst = self.terms.get(self.peak_phase, {})
-        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in worst.items() if v)
+        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in self.terms.get(self.peak_phase, {}).items() if v)
         return f"{self.peak / GIB:.0f} GiB per GPU at {self.peak_phase} ({parts})"
 
 
@@ -128,13 +127,11 @@ def _rollout_working(spec, plan: Plan) -> int:
     largest term at n = 8), and the next-token logits' copies."""
     r = BYTES[plan.rollout_dtype]
     n, seq = plan.n_samples, plan.prompt_len + plan.response_len
-    attention_layers = spec.num_layers - kda_layers(spec)
-    kv = n * seq * _kv_elements(spec) * r * (attention_layers + 1)
+    kv = n * seq * _kv_elements(spec) * r * (spec.num_layers - kda_layers(spec) + 1)  # attention layers + 1
     kv += n * _kda_state(spec, r) * kda_layers(spec) if kda_layers(spec) else 0
     expert = 3 * spec.moe_ffn_hidden_size * spec.hidden_size * r  # gate, up and down: 3 x I x h
     experts = n * spec.moe_topk * expert if spec.num_moe_layers else 0
-    logits = n * spec.vocab_size * (r + 4 * 4)
-    return kv + experts + logits
+    return kv + experts + n * spec.vocab_size * (r + 4 * 4)
 
 
 def estimate(spec, plan: Plan) -> Estimate:

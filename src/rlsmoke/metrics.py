@@ -50,8 +50,7 @@ def _literal(node: ast.AST):
 
 def parse_log_line(line: str) -> tuple[str, int, dict[str, float]] | None:
     """`... step 3: {'train/ppo_kl': 0.0, ...}` -> ("step", 3, {...}); None for any other line."""
-    m = _LINE.search(line)
-    if not m:
+    if not (m := _LINE.search(line)):
         return None
     try:
         values = _literal(ast.parse(m.group(3), mode="eval").body)
@@ -81,8 +80,7 @@ class Record:
                 if metric in values]  # fmt: skip
 
     def value(self, metric: str, reduce: str = "max") -> float | None:
-        series = [v for _, _, v in self.series(metric)]
-        if not series:
+        if not (series := [v for _, _, v in self.series(metric)]):
             return None
         if reduce in ("max", "min", "absmax") and any(math.isnan(v) for v in series):
             return math.nan  # a NaN anywhere fails the gate; max() would hide it
@@ -142,8 +140,7 @@ def load_record(path: str | Path, *, require_ci_history: bool = False) -> Record
                 f"metrics={path} line {exc.lineno} is not JSON", rule="metrics.jsonl"
             ) from None
         return Record.from_lines(lines, source=str(path), artifacts=str(folder), meta=meta)
-    parsed = [p for p in map(parse_log_line, text.splitlines()) if p]
-    if not parsed:
+    if not (parsed := [p for p in map(parse_log_line, text.splitlines()) if p]):
         raise RlsmokeError(f"log={path} has no `step N: {{...}}` or `rollout N: {{...}}` lines", rule="metrics.log",
                            fix="point at the Miles job log (ray job logs) or a run folder")  # fmt: skip
     lines = [{"kind": kind, "index": i, "metrics": m} for kind, i, m in _fold_repeats(parsed, path)]
@@ -236,8 +233,7 @@ def _with_ci_history(record: Record, folder: Path) -> Record:
 
 def seed_records(run: str | Path) -> list[Record]:
     """One record per seed: a `--repeat` run's lines carry a `repeat` key; a Miles run is one seed."""
-    jsonl = Path(run) / "metrics.jsonl"
-    if not jsonl.is_file():
+    if not (jsonl := Path(run) / "metrics.jsonl").is_file():
         return [load_record(run)]
     by_seed: dict[int, list[dict]] = {}
     for line in map(json.loads, filter(str.strip, jsonl.read_text().splitlines())):

@@ -74,8 +74,7 @@ def check_inject(inject: str | None) -> None:
     """Only a fault that lives in the rollout file reaches Miles' trainer."""
     from rlsmoke.engine.config import parse_inject
 
-    kind = parse_inject(inject).kind
-    if kind and kind not in FILE_FAULTS:
+    if (kind := parse_inject(inject).kind) and kind not in FILE_FAULTS:
         raise RlsmokeError(f"inject={inject} is a fault of rlsmoke's own trainer; Miles trains on the rollout file",
                            rule="miles.inject", fix=f"use one of: {', '.join(FILE_FAULTS)}")  # fmt: skip
 

@@ -73,8 +73,7 @@ def _stat(path: Path, what: str) -> os.stat_result | None:
 
 
 def _check_kind(path: Path, what: str, is_kind, noun: str, fix: str, must_exist: bool = True) -> Path:
-    st = _stat(path, what)
-    if st is None and must_exist:
+    if (st := _stat(path, what)) is None and must_exist:
         raise RlsmokeError(f"{what}={path} does not exist", rule="path.missing",
                            fix=fix or _fix("path.missing", what))  # fmt: skip
     if st is not None and not is_kind(st.st_mode):

@@ -68,8 +68,7 @@ def _query(argv: list[str]) -> list[str]:
 @functools.cache
 def detect() -> Host:
     """The GPUs of this host, honouring the visible-devices variable. Never imports torch."""
-    names = _query(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
-    if names:
+    if names := _query(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]):
         return Host("nvidia", _device_class("nvidia", names[0]), _visible_count("nvidia", len(names)))
     rocm = _query(["rocm-smi", "--showproductname"])
     if names := [line for line in rocm if "Card series" in line or "Card SKU" in line]:

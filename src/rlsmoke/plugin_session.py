@@ -23,8 +23,7 @@ def check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--run-timeout={timeout} must be a number of seconds > 0. Drop it for the "
                                 f"default ({TIMEOUT_DEFAULTS})")  # fmt: skip
     if history := config.getoption("history", None):
-        path = Path(history)
-        if path.is_dir():
+        if (path := Path(history)).is_dir():
             raise pytest.UsageError(f"--history={path} is a folder. Pass a sqlite file (made if missing)")
         if path.is_file() and path.stat().st_size:
             with path.open("rb") as f:
@@ -39,8 +38,7 @@ def hold_artifacts_root(root: Path) -> int:
     from rlsmoke.artifacts import try_lock
 
     root.mkdir(parents=True, exist_ok=True)
-    fd = try_lock(root / SESSION_LOCK)
-    if fd is None:
+    if (fd := try_lock(root / SESSION_LOCK)) is None:
         holder = (root / SESSION_LOCK).read_text(errors="replace").strip() or "?"
         raise pytest.UsageError(f"the artifacts folder {root} is in use by another pytest session (pid {holder}). "
                                 "Pass --artifacts-dir DIR, or wait for it to end")  # fmt: skip
@@ -94,8 +92,7 @@ def declared_run(item: pytest.Item):
     """The run a test takes from `case_record`: its parameter, else its module's CASE."""
     from rlsmoke.suite import CaseRun
 
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and "case_record" in callspec.params:
+    if (callspec := getattr(item, "callspec", None)) is not None and "case_record" in callspec.params:
         spec = callspec.params["case_record"]
         return spec if isinstance(spec, CaseRun) else None
     module = getattr(item, "module", None)

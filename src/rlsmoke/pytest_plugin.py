@@ -230,8 +230,7 @@ def gpu_lease(request: pytest.FixtureRequest, rlsmoke_host):
     """The GPU ids this test holds until it ends, disjoint from every other worker's; none for CPU tests."""
     from rlsmoke.processes.lease import GpuLease, lease_gpus, visible_gpu_ids
 
-    req = plugin_session.requirement_of(request.node)
-    if req is None or req.platform == "cpu" or req.gpus == 0:
+    if (req := plugin_session.requirement_of(request.node)) is None or req.platform == "cpu" or req.gpus == 0:
         yield GpuLease("cpu", ())
         return
     timeout = float(os.environ.get("RLSMOKE_LEASE_TIMEOUT", 3600))
@@ -271,8 +270,7 @@ def artifacts(request: pytest.FixtureRequest, gpu_lease, rlsmoke_ports, record_p
 def case_record(request: pytest.FixtureRequest, artifacts, rlsmoke_variant_runs):
     """The record of the test's declared run (`rlsmoke.suite.CaseRun`): its `case_record` parameter
     (`indirect=True`), else its module's CASE (with its SHARED_RUN, when it declares one)."""
-    spec = plugin_session.declared_run(request.node)
-    if spec is None:
+    if (spec := plugin_session.declared_run(request.node)) is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses case_record without a run: parametrize it with "
                                 "rlsmoke.suite.CaseRun values (indirect=True) or give its module a CASE")  # fmt: skip
     return spec.run(artifacts, variant_runs=rlsmoke_variant_runs)
@@ -297,8 +295,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
     summary = root / SUMMARY_MD
     if summary.is_file() and not summary.read_text(errors="replace").startswith(SESSION_HEADER):
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
+        if (reporter := session.config.pluginmanager.get_plugin("terminalreporter")) is not None:
             reporter.write_line(
                 f"rlsmoke: {summary} was not written by rlsmoke: left as it is, no session summary"
             )

@@ -80,9 +80,7 @@ def gate_run(out: Path) -> tuple[Verdict, SeedVerdicts]:
         gate_rows: list[dict] = fields["gates"]  # type: ignore[assignment]  # summary_fields' own list
         for gate_json, (_, seed, failing) in zip(gate_rows, seeds.per_gate(), strict=True):
             gate_json |= {"seed": seed, "failing_seeds": failing}
-        fields["seeds"] = list(seeds.seeds)
-        fields["failed_seeds"] = seeds.failed_seeds()
-        # each seed's gated values and verdict
+        fields |= {"seeds": list(seeds.seeds), "failed_seeds": seeds.failed_seeds()}
         fields["per_repeat"] = [
             {g.summary_key: rec.value(g.metric, g.reduce) for g in gates} for rec in records
         ]

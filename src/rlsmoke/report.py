@@ -141,8 +141,7 @@ def plot_history(db: Path, out: Path) -> list[Path]:
 def handler(args) -> int:
     from rlsmoke.paths import check_dir, check_name
 
-    db = check_name(args.history, "--history")
-    if not db.is_file():
+    if not (db := check_name(args.history, "--history")).is_file():
         what = "is not a file" if db.exists() else "does not exist"
         raise RlsmokeError(f"history={db} {what}", rule="report.history",
                            fix="pass the sqlite file written by `pytest --history DB`")  # fmt: skip

@@ -42,8 +42,7 @@ def initial_on_device(cfg) -> bool:
 
 def check_run_fits(cfg, *, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
     est = estimate(cfg.spec, replace(plan_of_run(cfg), prompt_len=max(PROMPT_TOKENS, prompt_tokens)))
-    have = DEVICE_MEMORY_GIB.get(cfg.device_class, 0)
-    if have and est.peak > usable_gib(cfg.device_class) * GIB:
+    if (have := DEVICE_MEMORY_GIB.get(cfg.device_class, 0)) and est.peak > usable_gib(cfg.device_class) * GIB:
         hint = "" if cfg.offload_active or cfg.mode != "colocate" else "--offload, "
         raise RlsmokeError(
             f"case={cfg.case} needs {est.describe()} over {cfg.num_gpus} GPU(s); a {cfg.device_class} has "

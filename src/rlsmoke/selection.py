@@ -51,8 +51,7 @@ def decide(req: Requirement | None, host: Host, *, launcher: str = "builtin", mi
     if req is None:
         return Decision(True)
     ran = effective_case(case, num_gpus) if case is not None else None
-    why = trainer_refusal(trainer, ran)
-    if why or req.platform == "cpu":
+    if (why := trainer_refusal(trainer, ran)) or req.platform == "cpu":
         return Decision(not why, why)
     if req.gpus == 0:
         return Decision(

@@ -310,8 +310,7 @@ def _model_dir_checkpoint(case, art: Artifacts) -> Path | None:
     """`<model_dir>/<case>` when it exists, verified: a corrupt checkpoint fails before any launch."""
     if art.model_dir is None:
         return None
-    folder = Path(art.model_dir) / case.name
-    if not folder.exists():
+    if not (folder := Path(art.model_dir) / case.name).exists():
         if art.launcher == "miles" and case.platform in GPU_PLATFORMS:
             raise RlsmokeError(f"model_dir={art.model_dir} has no {case.name}/", rule="checkpoint.missing",
                                fix=f"prepare it with `rlsmoke prepare {case.name}` or fix --model-dir")  # fmt: skip

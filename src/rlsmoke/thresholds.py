@@ -225,8 +225,7 @@ def gate_from_spec(spec: dict, entry_provenance: dict, source: Path) -> Gate:
     if not math.isfinite(spec["bound"]):  # JSON's NaN and Infinity parse: a NaN bound fails every value
         raise RlsmokeError(f"{where}gate {spec['name']!r} has bound={spec['bound']}, not a finite number",
                            rule="thresholds.bound", fix="write a finite bound (`rlsmoke calibrate` derives one)")  # fmt: skip
-    own = spec.get("provenance")
-    if own is None:
+    if (own := spec.get("provenance")) is None:
         p = entry_provenance
         own = (f"{p.get('status', '?')}: {p.get('runs', '?')} runs on {p.get('device', '?')}, {p.get('date', '?')}, "
                f"{p.get('versions', '?')}; max observed {spec.get('max_observed', '?')}; {p.get('margin_rule', '')}")  # fmt: skip
@@ -256,8 +255,7 @@ def all_entries(directories: list[Path] | None = None) -> list[tuple[Path, dict]
         for path, entry in read_entries(directory):
             number = numbers[path] = numbers.get(path, 0) + 1  # the entry's place in its file
             key = tuple(str(entry["key"].get(f, "*")) for f in KEY_FIELDS)
-            first = seen.get((shipped, key))
-            if first is not None:
+            if (first := seen.get((shipped, key))) is not None:
                 raise RlsmokeError(f"thresholds={path} entry {number} has the key of {first}: "
                                    f"{json.dumps(entry['key'], sort_keys=True)}", rule="thresholds.duplicate_key",
                                    fix="keep one entry per key: merge the two or remove one")  # fmt: skip
@@ -306,8 +304,7 @@ def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -
 
 def lookup_gates(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
     """The gates of a run key: the most specific matching entry wins; no match is an error."""
-    best = matching_entry(key.to_json(), thresholds_dir)
-    if best is None:
+    if (best := matching_entry(key.to_json(), thresholds_dir)) is None:
         raise RlsmokeError(
             f"no thresholds for {key.text()}",
             rule="thresholds.missing",

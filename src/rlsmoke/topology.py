@@ -187,16 +187,14 @@ def plan_topology(
     r.setdefault("tp", r["gpus_per_engine"])
     r.setdefault("dp_attention", r["dp"] > 1)
     r["engines"] = rollout // r["gpus_per_engine"] if r["gpus_per_engine"] > 0 else 0
-    layout = RolloutLayout(**r)
 
     topo = Topology(
         case=spec.name, platform=platform, num_gpus=num_gpus, mode=mode, gpus_per_node=gpn,
         num_nodes=max(1, math.ceil(num_gpus / gpn)), actor_gpus=actor, rollout_gpus=rollout,
-        train=train, rollout=layout, target=TARGETS[target],
+        train=train, rollout=RolloutLayout(**r), target=TARGETS[target],
         explicit_split="actor_gpus" in sets or "rollout_gpus" in sets,
     )  # fmt: skip
-    found = violations(topo, spec) if validate else []
-    if not found:
+    if not (found := violations(topo, spec) if validate else []):
         return topo
     rule_id, message, fix = found[0]
     if values := single_fixes(topo, spec, sets, rule_id):

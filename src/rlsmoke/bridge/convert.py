@@ -74,8 +74,7 @@ def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
 
 def _fuse(rule: Rule, parts: list[torch.Tensor], spec: ModelSpec, defect: str | None) -> torch.Tensor:
     if rule.tp == "qkv":
-        groups = spec.num_query_groups
-        q, k, v = (p.reshape(groups, -1, *p.shape[1:]) for p in parts)
+        q, k, v = (p.reshape(spec.num_query_groups, -1, *p.shape[1:]) for p in parts)
         if defect == "bridge-kv-order":
             k, v = v, k
         return torch.cat([q, k, v], dim=1).reshape(-1, *parts[0].shape[1:])

@@ -14,11 +14,9 @@ _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "
 
 def parse_size(text: str) -> int:
     """'5GB' -> 5e9, '512MiB' -> 2**29, '1000' -> 1000 (HF's decimal units)."""
-    m = _SIZE.match(text.strip())
-    if not m:
+    if not (m := _SIZE.match(text.strip())):
         raise argparse.ArgumentTypeError(f"{text!r} is not a size like 5GB, 512MiB or 1000000")
-    unit = (m.group(2) or "").lower().rstrip("b")
-    size = int(float(m.group(1)) * _UNITS[unit])
+    size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower().rstrip("b")])
     if size < 1:  # a 0 would otherwise fall back to the 5GB default without a word
         raise argparse.ArgumentTypeError(
             f"{text!r} is less than one byte: a shard holds at least one tensor byte"

@@ -59,8 +59,7 @@ def patched(cfg: dict, dialect: str) -> dict:
             out.pop("rope_theta")  # transformers v5 keeps it nested only
     else:
         out.update(model_type=OLD_MILES, architectures=[OLD_ARCH], auto_map=dict(OLD_AUTO_MAP))
-        theta = (out.get("rope_parameters") or {}).get("rope_theta", out.get("rope_theta"))
-        if theta is None:
+        if (theta := (out.get("rope_parameters") or {}).get("rope_theta", out.get("rope_theta"))) is None:
             raise CheckpointError(
                 "config.json: has no rope_parameters.rope_theta to flatten",
                 rule="checkpoint.dialect",
@@ -79,7 +78,6 @@ def patch(folder: Path | str, dialect: str) -> list[str]:
         raise CheckpointError(
             f"{path}: cannot read ({e})", rule="checkpoint.config", fix="restore config.json"
         ) from e
-    problems = dialect_problems(cfg, dialect)
-    if problems:
+    if problems := dialect_problems(cfg, dialect):
         write_atomic(path, json.dumps(patched(cfg, dialect), indent=2, sort_keys=True) + "\n")
     return problems

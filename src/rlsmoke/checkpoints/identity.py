@@ -41,8 +41,7 @@ def _config(folder: Path) -> dict:
 def differences(doc: dict, spec) -> list[str]:
     """`field=checkpoint's (case: spec's)` for each identity field that differs."""
     found = []
-    model_type = MODEL_TYPE_ALIASES.get(doc.get("model_type"), doc.get("model_type"))
-    if model_type != spec.hf_model_type:
+    if MODEL_TYPE_ALIASES.get(doc.get("model_type"), doc.get("model_type")) != spec.hf_model_type:
         found.append(f"model_type={doc.get('model_type')!r} (case: {spec.hf_model_type!r})")
     text = doc.get("text_config") or doc
     want = spec.hf_text_kwargs()
@@ -56,17 +55,15 @@ def check_identity(folder: Path | str, spec) -> None:
     """Refuse a checkpoint whose config.json is not the case's model at the case's width."""
     folder = Path(folder)
     doc = _config(folder)
-    found = differences(doc, spec)
-    if not found:
+    if not (found := differences(doc, spec)):
         return
-    width = "tiny" if spec.width == "tiny" else "full"
     other = model_spec(spec.name, tiny=spec.width != "tiny")
     if not differences(doc, other):
         fix = f"this is the case's {other.width} width: run with {'--tiny' if other.width == 'tiny' else '--no-tiny'}"
     else:
-        fix = (f"pass a checkpoint of {spec.name} (`rlsmoke prepare {spec.name}{' --tiny' if width == 'tiny' else ''} "
+        fix = (f"pass a checkpoint of {spec.name} (`rlsmoke prepare {spec.name}{' --tiny' if spec.width == 'tiny' else ''} "
                f"--out DIR`), or leave --checkpoint out to use the prepared one")  # fmt: skip
-    raise CheckpointError(f"checkpoint={folder} is not {spec.name}'s at the {width} width: its config.json has "
+    raise CheckpointError(f"checkpoint={folder} is not {spec.name}'s at the {spec.width} width: its config.json has "
                           + ", ".join(found), rule="checkpoint.identity", fix=fix)  # fmt: skip
 
 
@@ -92,8 +89,7 @@ def sha256_file(path: Path, chunk: int = 16 * 2**20, on_bytes=None) -> str:
 
 def _manifest_files(folder: Path) -> list[tuple[str, str]]:
     """(digest, name) of each file the folder's manifest lists."""
-    manifest = folder / MANIFEST_NAME
-    if not manifest.is_file():
+    if not (manifest := folder / MANIFEST_NAME).is_file():
         return []
     entries = (line.partition("  ") for line in manifest.read_text().splitlines())
     return [(digest, name) for digest, _, name in entries if name]
@@ -137,8 +133,7 @@ def check_checksums(folder: Path | str, *, cache_dir: Path | str | None = None) 
         if os.sep in name or name in (".", "..") or not path.is_file():
             raise CheckpointError(f"{folder}/{name}: listed in {MANIFEST_NAME} but missing", rule="checkpoint.verify",
                                   fix=fix)  # fmt: skip
-        stamp = _stamp(path, digest, cache_dir)
-        if stamp.is_file():
+        if (stamp := _stamp(path, digest, cache_dir)).is_file():
             continue
         hashed += path.stat().st_size
         if sha256_file(path) != digest:

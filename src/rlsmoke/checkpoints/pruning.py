@@ -47,8 +47,7 @@ def layer_map(text_cfg: dict, dense: int, moe: int, keep_mtp: bool, mtp_layers: 
 
 def rename(name: str, mapping: dict[int, int]) -> str | None:
     """The tensor's name after pruning, or None when its layer is dropped."""
-    m = _LAYER.match(name)
-    if not m or "visual" in m.group(1):
+    if not (m := _LAYER.match(name)) or "visual" in m.group(1):
         return name
     new = mapping.get(int(m.group(2)))
     return None if new is None else f"{m.group(1)}{new}{m.group(3)}"

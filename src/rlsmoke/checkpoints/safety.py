@@ -30,8 +30,7 @@ def disk_free(path: Path) -> int:
 def preflight(out: Path, needed_bytes: int) -> None:
     """Refuse before writing anything when the disk cannot hold the result."""
     need = int(needed_bytes * (1 + HEADROOM_FRACTION)) + HEADROOM_BYTES
-    free = disk_free(out)
-    if free < need:
+    if (free := disk_free(out)) < need:
         raise CheckpointError(
             f"{out}: needs {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are free on its disk",
             rule="checkpoint.disk",
@@ -122,11 +121,10 @@ def sibling(out: Path, role: str) -> Path:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # another user's
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's
-        pass
     return True
 
 

@@ -195,8 +195,7 @@ def read_header(path: Path) -> dict[str, Entry]:
     """Parse a shard header without validating it (verify does that); raises on unreadable bytes."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
-        raw = f.read(min(n, MAX_HEADER_BYTES))
-    header = json.loads(raw)
+        header = json.loads(f.read(min(n, MAX_HEADER_BYTES)))
     base = 8 + n
     return {
         k: Entry(k, v["dtype"], tuple(v["shape"]), base + v["data_offsets"][0], base + v["data_offsets"][1])
@@ -225,8 +224,7 @@ def read_tensor(path: Path, entry: Entry) -> torch.Tensor:
 
 def load_index(ckpt: Path) -> dict[str, str]:
     """{tensor: shard file} of a folder, sharded or single-file."""
-    idx = ckpt / INDEX_NAME
-    if idx.exists():
+    if (idx := ckpt / INDEX_NAME).exists():
         return json.loads(idx.read_text())["weight_map"]
     return {k: SINGLE_NAME for k in read_header(ckpt / SINGLE_NAME)}
 

@@ -83,8 +83,7 @@ def _built_layout(cfg, dtype: torch.dtype, transformers) -> Layout:
     from transformers.core_model_loading import revert_weight_conversion
 
     arch = cfg.architectures[0]
-    cls = getattr(transformers, arch, None)
-    if cls is None:
+    if (cls := getattr(transformers, arch, None)) is None:
         raise CheckpointError(
             f"config.json: architectures={arch!r} is not a transformers class",
             rule="checkpoint.config",
@@ -156,8 +155,7 @@ def tensor_plan(
         g = torch.Generator().manual_seed(_chunk_seed(seed, name, i))
         n = math.prod(shape)
         lo, hi = i * per, min(n, (i + 1) * per)
-        special = _special_init(name, shape, g, text) if i == 0 else None
-        if special is not None:
+        if i == 0 and (special := _special_init(name, shape, g, text)) is not None:
             assert n <= per, f"{name}: special init of {n} elements spans chunks"
             return tensor_bytes(special.to(tdtype).reshape(-1))
         t = uniform_levels(np.random.default_rng(_chunk_seed(seed, name, i)), hi - lo, std, tdtype)
@@ -240,8 +238,7 @@ def synthesize_into(
 
 def next_token_entropy(model, vocab: int, *, n_seq: int = 8, seq_len: int = 32, seed: int = 0) -> float:
     """Mean entropy (nats) of the model's next-token distribution over random in-vocab contexts."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (n_seq, seq_len), generator=g)
+    ids = torch.randint(0, vocab, (n_seq, seq_len), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()  # (B, T, V)
     logp = torch.log_softmax(logits, dim=-1)

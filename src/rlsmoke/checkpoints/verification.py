@@ -140,13 +140,11 @@ def _plain_name(name: str) -> bool:
 
 def _check_shard(path: Path, rep: Report) -> dict | None:
     """Validate one shard's header and length; return {tensor: entry} or None if unreadable."""
-    size = path.stat().st_size
-    if size < 8:
+    if (size := path.stat().st_size) < 8:
         rep.add(path.name, "", f"is {size} bytes, too short for a safetensors header")
         return None
     with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        if n > MAX_HEADER_BYTES or 8 + n > size:
+        if (n := struct.unpack("<Q", f.read(8))[0]) > MAX_HEADER_BYTES or 8 + n > size:
             rep.add(path.name, "", f"header length {n} is corrupt or exceeds the file ({size} bytes)")
             return None
         raw = f.read(n)
@@ -216,8 +214,7 @@ def _check_config(
     have = {t: headers[s][t] for t, s in weight_map.items() if s in headers and t in headers[s]}
     n_layers = (cfg.get("text_config") or cfg)["num_hidden_layers"]
     for name, (want_dtype, shape) in layout.tensors.items():
-        got = have.get(name)
-        if got is None:
+        if (got := have.get(name)) is None:
             rep.add("config.json", name, "expected by config.json but missing from every shard")
         elif got[1] != shape:
             rep.add(weight_map[name], name, f"shape {list(got[1])} but config.json implies {list(shape)}")
@@ -232,8 +229,7 @@ def _check_config(
             if want is None or shape != want:
                 rep.add(weight_map[name], name, f"FP8 scale of shape {list(shape)} does not fit weight {w}")
             continue
-        m = _LAYER.search(name)
-        if m and int(m.group(1)) >= n_layers:
+        if (m := _LAYER.search(name)) and int(m.group(1)) >= n_layers:
             continue  # an MTP layer: transformers ignores it, Miles and SGLang may use it
         rep.add(weight_map[name], name, "not expected by config.json (unexpected tensor)")
 
@@ -246,8 +242,7 @@ def config_from_dict(cfg: dict):
     if d.get("model_type") == "deepseek_v32":
         d["model_type"], d["architectures"] = "glm_moe_dsa", [NATIVE_ARCH]
         d.pop("rope_theta", None)
-    model_type = d.pop("model_type", None)
-    if model_type is None:
+    if (model_type := d.pop("model_type", None)) is None:
         raise CheckpointError(
             "config.json: has no model_type", rule="checkpoint.config", fix="add model_type"
         )

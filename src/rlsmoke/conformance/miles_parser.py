@@ -50,8 +50,7 @@ def check(plan: dict) -> Verdict:
         return f"{script} parse_args accepted"
 
     with plan_env(plan):
-        verdict = run_validator(PARSER, stage1, applies=in_scope)
-        if not verdict.accepted:
+        if not (verdict := run_validator(PARSER, stage1, applies=in_scope)).accepted:
             return verdict
         args = parsed["args"]
         per_engine = args.rollout_num_gpus_per_engine

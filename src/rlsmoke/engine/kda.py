@@ -39,8 +39,7 @@ def choose(device: str, family: str) -> str:
     """The KDA path of a run: "" for a model without KDA, else "fla" or "reference"."""
     if family != "glm5.3-flash":
         return ""
-    asked = os.environ.get("RLSMOKE_KDA", "").strip().lower()
-    if asked and asked not in PATHS:
+    if (asked := os.environ.get("RLSMOKE_KDA", "").strip().lower()) and asked not in PATHS:
         raise RlsmokeError(f"RLSMOKE_KDA={asked!r} is not a KDA path", rule="kda.path",
                            fix=f"set RLSMOKE_KDA to one of: {', '.join(PATHS)}, or unset it")  # fmt: skip
     can_fla = device.startswith("cuda") and fla_available()

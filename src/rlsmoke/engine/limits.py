@@ -172,8 +172,7 @@ def host_memory_bytes() -> int:
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
         with contextlib.suppress(OSError):
-            text = limit.read_text().strip()
-            if text.isdigit():
+            if (text := limit.read_text().strip()).isdigit():
                 total = min(total, int(text))
     return total
 

@@ -42,9 +42,8 @@ ASK_THE_DEVICE_WITH_FLA = ("transformers.models.glm5_next.modeling_glm5_next",)
 
 def preloadable(names) -> tuple[str, ...]:
     """`names` less what would initialize a GPU driver as it imports on this host."""
-    if importlib.util.find_spec("fla") is None:
-        return tuple(names)
-    return tuple(name for name in names if name not in ASK_THE_DEVICE_WITH_FLA)
+    skipped = ASK_THE_DEVICE_WITH_FLA if importlib.util.find_spec("fla") is not None else ()
+    return tuple(name for name in names if name not in skipped)
 
 
 class _DriverFd:
@@ -119,12 +118,10 @@ class RankContext(mp_context.ForkServerContext):
 
 def _stop_progress_monitors() -> None:
     """tqdm's monitor threads, which a bar leaves running; the next bar starts its own again."""
-    tqdm_std = sys.modules.get("tqdm.std")
-    if tqdm_std is None:
-        return
-    for thread in threading.enumerate():
-        if isinstance(thread, tqdm_std.TMonitor):
-            thread.exit()
+    if (tqdm_std := sys.modules.get("tqdm.std")) is not None:
+        for thread in threading.enumerate():
+            if isinstance(thread, tqdm_std.TMonitor):
+                thread.exit()
 
 
 # torch's process-group threads outlive the group, and a fork's child crashes on their state (SIGSEGV).
@@ -166,8 +163,7 @@ def gpu_driver_initialized() -> bool:
     files = {line[line.index("/") :] for line in maps.splitlines() if "/" in line}
     if any(Path(file).name.startswith(HIP_RUNTIME) for file in files):
         return True
-    cuda = sorted(file for file in files if Path(file).name.startswith(CUDA_DRIVER))
-    if not cuda:
+    if not (cuda := sorted(file for file in files if Path(file).name.startswith(CUDA_DRIVER))):
         return False
     try:
         driver = ctypes.CDLL(cuda[-1])  # the copy already in the process: nothing is loaded
@@ -210,7 +206,6 @@ def rank_context(cpu_only: bool = False, rank_modules: tuple[str, ...] = ()) -> 
                     importlib.import_module(name)
         return ForkContext()
     ctx = RankContext()
-    # the heavy modules and the ranks' own that the driver has imported
     preload = [name for name in preloadable((*HEAVY_MODULES, *rank_modules)) if name in sys.modules]
     ctx.set_forkserver_preload([SERVER_SETUP, *preload])
     return ctx

@@ -64,8 +64,7 @@ def _chunks(size: int):
 
 def _pread_full(fd: int, view: memoryview, offset: int) -> None:
     while len(view):
-        got = os.preadv(fd, [view], offset)
-        if got <= 0:
+        if (got := os.preadv(fd, [view], offset)) <= 0:
             raise EOFError(f"ends before byte {offset}")
         view, offset = view[got:], offset + got
 

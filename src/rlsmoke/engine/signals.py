@@ -36,8 +36,7 @@ _IMPORT_FRAMES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap
 
 def interrupted_by(exc: BaseException | None = None) -> str:
     """The name of the signal that stopped the run: the first received, else `exc`'s, else SIGINT."""
-    signum = _received[0] if _received else getattr(exc, "signum", signal.SIGINT)
-    return signal.Signals(signum).name
+    return signal.Signals(_received[0] if _received else getattr(exc, "signum", signal.SIGINT)).name
 
 
 def received() -> int | None:
@@ -101,11 +100,10 @@ def in_child(parent: int) -> None:
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     try:
-        os.kill(parent, 0)
+        with contextlib.suppress(PermissionError):
+            os.kill(parent, 0)
     except ProcessLookupError:  # it ended before the prctl: nobody would send the signal
         os._exit(128 + signal.SIGKILL)
-    except PermissionError:
-        pass
 
 
 def in_rank() -> None:
@@ -137,8 +135,7 @@ def _inside_import(frame) -> bool:
 
 
 def _deliver_after_import(signum: int) -> None:
-    main = threading.main_thread().ident
-    while _inside_import(sys._current_frames().get(main)):
+    while _inside_import(sys._current_frames().get(threading.main_thread().ident)):
         time.sleep(0.02)
     _thread.interrupt_main(signum)  # the handler again, in the main thread, now outside the import
 

@@ -23,8 +23,7 @@ def load_and_compare(
     mismatched, max_diff, seen = 0, 0.0, set()
     for name, tensor in weights:
         seen.add(name)
-        mine = params.get(name)
-        if mine is None or mine.shape != tensor.shape:
+        if (mine := params.get(name)) is None or mine.shape != tensor.shape:
             mismatched += 1
             max_diff = float("inf")
             continue

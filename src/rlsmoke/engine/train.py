@@ -149,8 +149,7 @@ class Trainer:
         before = checksums(self.master)
         self.optimizer.step()
         precision.refresh(self._pairs)
-        changed = sum(1 for name, s in checksums(self.master).items() if s != before[name])
-        if changed == 0:
+        if (changed := sum(1 for name, s in checksums(self.master).items() if s != before[name])) == 0:
             raise RunError("the optimizer step changed no parameter", rule="train.update_applied")
         self.model.eval()
         return step_metrics(sums, total_tokens, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],

@@ -89,8 +89,7 @@ def steps(plan, paths: Paths, *, record_dir: str = "", env: Mapping[str, str] | 
 
 def torch_dist_done(dst: Path) -> bool:
     """Converted; nothing yet; or files without a `release` tracker: half-done, refused."""
-    tracker = dst / TRACKER
-    if tracker.is_file() and tracker.read_text().strip() == RELEASE:
+    if (tracker := dst / TRACKER).is_file() and tracker.read_text().strip() == RELEASE:
         return True
     if dst.is_dir() and any(dst.iterdir()):
         got = f"reads {tracker.read_text().strip()[:20]!r}" if tracker.is_file() else "is missing"

@@ -80,8 +80,7 @@ def _parse_in_own_group(cmd: list[str], cwd: Path, env: dict, timeout: float) ->
 def _commit(target: str) -> str:
     from rlsmoke.targets import TARGETS
 
-    t = TARGETS.get(target)
-    if t is None:
+    if (t := TARGETS.get(target)) is None:
         return ""
     megatron = "its bundled Megatron-LM" if t.megatron == "bundled" else f"Megatron-LM {t.megatron}"
     return f" (Miles {t.miles}, {megatron})"

@@ -103,8 +103,7 @@ def stop_tree(proc: subprocess.Popen, token: str | None, grace: float = TERM_GRA
         time.sleep(0.1)
     for _ in range(100):  # a process may fork while we look; look again until nothing is left
         _signal_group(sid, signal.SIGKILL)
-        pids = tree_pids(token, sid)
-        if not pids:
+        if not (pids := tree_pids(token, sid)):
             break
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -59,8 +59,7 @@ def run(tp: TrainOnlyPlan, *, timeout: float = STEP_TIMEOUT_S) -> runner.Result:
     ports = lease_ports()
     search = runner.path_before_callers(tp.launch.env["PYTHONPATH"])
     *_, head, train_step = steps(tp)  # commands and envs are the plan's; the ports are this run's lease
-    ours = {**runner.LOOPBACK_RAY, "PYTHONPATH": search, **head.env}
-    full_env = runner.clean_env({**tp.launch.env, **ours})
+    full_env = runner.clean_env({**tp.launch.env, **runner.LOOPBACK_RAY, "PYTHONPATH": search, **head.env})
     train_env = {**full_env, **train_step.env, RAY_ADDRESS_VAR: f"127.0.0.1:{ports.gcs}"}
 
     def train() -> runner.Result:
@@ -141,8 +140,7 @@ def handler(args) -> int:
     if not args.train_only:
         raise RlsmokeError("--launcher miles in `rlsmoke run` runs Miles' trainer alone", rule="run.launcher",
                            fix="add --train-only, or run Miles' whole flow with pytest --launcher miles")  # fmt: skip
-    root = args.miles_root
-    if root is None or not (Path(root) / "train.py").is_file():
+    if (root := args.miles_root) is None or not (Path(root) / "train.py").is_file():
         raise RlsmokeError(f"miles_root={root} is not a Miles checkout (no train.py)", rule="launcher.miles_root",
                            fix="pass --miles-root DIR, a checkout of radixark/miles")  # fmt: skip
     check_inject(args.inject)
@@ -152,8 +150,7 @@ def handler(args) -> int:
     host = detect()
     tp = plan_of_args(args, host.platform)
     prepare_hf(tp)
-    result = run(tp)
-    if not result.ok:
+    if not (result := run(tp)).ok:
         what = "timed out" if result.timed_out else f"exited with {result.returncode}"
         print(result.tail(20))
         print(f"error: [run.broke] `{' '.join(result.argv[:3])} ...` {what}; see {result.log}")

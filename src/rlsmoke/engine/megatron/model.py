@@ -100,8 +100,7 @@ def sequence_parallel_norms(spec) -> None:
             sequence_parallel_norms(item)
     elif dataclasses.is_dataclass(spec) and not isinstance(spec, type):  # a ModuleSpec or its submodules
         for f in dataclasses.fields(spec):
-            value = getattr(spec, f.name)
-            if value is WrappedTorchNorm:
+            if (value := getattr(spec, f.name)) is WrappedTorchNorm:
                 setattr(spec, f.name, SequenceParallelNorm)
             else:
                 sequence_parallel_norms(value)
@@ -237,8 +236,7 @@ def _mark_tensor_parallel(model) -> None:
     from megatron.core import tensor_parallel
 
     for name, module in model.named_modules():
-        weight = getattr(module, "weight", None)
-        if weight is None or hasattr(weight, "tensor_model_parallel"):
+        if (weight := getattr(module, "weight", None)) is None or hasattr(weight, "tensor_model_parallel"):
             continue
         if isinstance(module, (tensor_parallel.ColumnParallelLinear, tensor_parallel.VocabParallelEmbedding)):
             # a gated fc1 holds [gate_r; up_r] on each rank: megatron-core's stride 2

@@ -142,8 +142,7 @@ class MegatronTrainer:
                 continue
             expert = not getattr(p, "allreduce", True)  # megatron-core marks expert parameters so
             split = (par.expert_tp if expert else par.tp) if getattr(p, "tensor_model_parallel", False) else 1
-            copies = world // ((par.ep if expert else 1) * split)
-            local += main.grad.double().pow(2).sum() / copies
+            local += main.grad.double().pow(2).sum() / (world // ((par.ep if expert else 1) * split))
         [total] = self._sum([local.item()])
         return total**0.5
 
