@@ -107,14 +107,16 @@ def test_a_cache_folder_holding_a_users_file_is_not_rebuilt_over(tmp_path):
 def test_sigterm_to_prepare_leaves_no_temporary_folder(tmp_path):
     """A CI job's timeout (SIGTERM) mid-write cleans up as Ctrl-C does: exit 143, no `.OUT.tmp-*` left."""
     import signal
-    import subprocess
     import sys
     import time
 
+    from procs import ForkedCli
+
     out = tmp_path / "ck"
     env = {**os.environ, "RLSMOKE_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "rlsmoke.cli", "prepare", "glm5-744b-a40b-4layer", "--tiny",
-                             "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # the CLI from its first line in a process of its own, forked with torch imported: no interpreter's imports
+    proc = ForkedCli([sys.executable, "-m", "rlsmoke.cli", "prepare", "glm5-744b-a40b-4layer", "--tiny",
+                      "--out", str(out)], tmp_path / "io", env=env)  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".ck.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)

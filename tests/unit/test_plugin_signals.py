@@ -78,7 +78,12 @@ A_HUNG_CHILD = """
 """
 
 
-@pytest.mark.parametrize("limit, outcome", [("3", "failed"), ("0", None)], ids=["ci-limit", "no-limit"])
+LIMIT_S = 2  # past it, a test that hangs has been seen hanging
+
+
+@pytest.mark.parametrize(
+    "limit, outcome", [(str(LIMIT_S), "failed"), ("0", None)], ids=["ci-limit", "no-limit"]
+)
 def test_ci_s_test_limit_turns_a_hang_into_a_failure_with_its_stack(isolated, monkeypatch, limit, outcome):
     """.ci/run sets PYTEST_TIMEOUT: a test that hangs joining a child (as test_plugin_lease once did) fails
     with where it waited, and the session goes on. Twin: without a limit the same test is still waiting."""
@@ -86,16 +91,29 @@ def test_ci_s_test_limit_turns_a_hang_into_a_failure_with_its_stack(isolated, mo
     assert "\nexport PYTEST_TIMEOUT=" in (Path(__file__).parents[2] / ".ci/run").read_text()
     monkeypatch.setenv("PYTEST_TIMEOUT", limit)
     isolated.makepyfile(test_hang=A_HUNG_CHILD)
+    pid_file = isolated.path / "child.pid"
+    session = None
     try:
         if outcome:
             result = isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
             result.assert_outcomes(failed=1)
-            result.stdout.fnmatch_lines([">*child.join()", "*Timeout (>3.0s)*"])
+            result.stdout.fnmatch_lines([">*child.join()", f"*Timeout (>{LIMIT_S}.0s)*"])
         else:
-            with pytest.raises(pytest.Pytester.TimeoutExpired):
-                isolated.runpytest_subprocess("-p", "no:cacheprovider", timeout=6)
+            argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+            session = subprocess.Popen(
+                argv, cwd=isolated.path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+            )
+            deadline = time.monotonic() + 120
+            while not pid_file.exists() and session.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pid_file.exists(), "the hanging test never started"
+            # past the limit from the moment the test waits, not from the session's start
+            with pytest.raises(subprocess.TimeoutExpired):
+                session.wait(timeout=LIMIT_S + 1)
     finally:
-        pid_file = isolated.path / "child.pid"
+        if session is not None and session.poll() is None:
+            session.kill()
+            session.wait()
         if pid_file.exists() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the twin's child, which this test started
 

@@ -83,17 +83,13 @@ def test_seed_k_of_a_repeat_is_a_fresh_seed_k_run(case_record, request, tmp_path
     )  # the executed layout: data parallel over the ranks
 
 
-def test_without_the_restore_seed_1_starts_from_trained_weights(tmp_path, monkeypatch):
-    monkeypatch.setattr(Colocated, "restore_initial", lambda self: None)  # in this process only: the repeat
-    fresh = runner.Process(
-        _argv(CaseRun(ONE, flags=SHAPE_FLAGS), tmp_path / "fresh", seed=1),
-        env=runner.clean_env(),
-        log=tmp_path / "fresh.log",
-    )  # another process: the monkeypatch stays in this one
+@pytest.mark.parametrize("case_record", FRESH_SEED_1[:1], indirect=True)
+def test_without_the_restore_seed_1_starts_from_trained_weights(case_record, tmp_path, monkeypatch):
+    # the fresh seed 1 ran in the setup, before the patch: only the repeat goes without the restore
+    monkeypatch.setattr(Colocated, "restore_initial", lambda self: None)
     execute(RunConfig(case=CASE, tiny=True, **SHAPE), tmp_path / "repeat", repeat=2)
-    assert fresh.wait(300).ok
 
-    assert _seed_lines(tmp_path / "repeat", 1) != _seed_lines(tmp_path / "fresh")
+    assert _seed_lines(tmp_path / "repeat", 1) != _seed_lines(Path(case_record.artifacts))
 
 
 def test_a_phase_is_its_calls_less_the_offload_moves_they_made():
