@@ -26,7 +26,7 @@ from rlsmoke.models import ONE_GPU_VARIANT
 from rlsmoke.platforms import DEVICE_MEMORY_GIB, Host, detect, get_platform
 from rlsmoke.recipe import BatchShape
 from rlsmoke.runkey import default_dtype
-from rlsmoke.thresholds import check_thresholds
+from rlsmoke.thresholds import calibrated_decode, check_thresholds
 from rlsmoke.topology import plan_topology
 
 
@@ -109,6 +109,15 @@ def _defaults(case: Case, session: Session, host: Host, *, validate: bool = True
     )  # fmt: skip
 
 
+def auto_decode(cfg: RunConfig) -> str:
+    """`--rollout-decode auto`: on NVIDIA GPUs the static decode, unless the run's thresholds were calibrated
+    from `generate` (the rollout's numerics are the decode's); `generate` on CPU and ROCm, where static was
+    never measured."""
+    if cfg.platform != "nvidia":
+        return "generate"
+    return calibrated_decode(cfg.run_key) or "static"
+
+
 def resolve(case: Case, session: Session = Session()) -> RunConfig:
     """The run of `case` under `session`, decided and validated before anything heavy is imported."""
     host = Host("cpu", "CPU", 0) if case.platform == "cpu" else session.host or detect()
@@ -125,6 +134,8 @@ def resolve(case: Case, session: Session = Session()) -> RunConfig:
         limits.check_host_memory(cfg, longest.tokens)
     if session.gated:  # gated after the run: a broken thresholds file is refused before it
         check_thresholds(cfg.run_key, BUILTIN_METRICS)
+    if cfg.rollout_decode == "auto":
+        cfg = cfg.replace(rollout_decode=auto_decode(cfg))
     if cfg.platform != "cpu":  # the offload where not asked for; where --repeat and --variants keep weights
         if cfg.offload is None:
             cfg = cfg.replace(offload=residency.offload_needed(cfg))

@@ -83,7 +83,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-decode", default="auto", choices=ROLLOUT_DECODES,
                    help="static: a static KV cache, the decode step captured as CUDA graphs on a GPU before the "
                    "first rollout; a model that cannot falls back to generate, named in the summary; generate: "
-                   "transformers' own; auto (default): static on a GPU, generate on CPU")  # fmt: skip
+                   "transformers' own; auto (default): static on NVIDIA GPUs unless the run's thresholds were "
+                   "calibrated from generate; generate on CPU and ROCm")  # fmt: skip
     g.add_argument(
         "--reward",
         default=DEFAULT_REWARD,

@@ -302,6 +302,14 @@ def matching_entry(key: Mapping[str, str], thresholds_dir: Path | None = None) -
     return max(matches, key=lambda m: sum(m[1]["key"].get(f, "*") != "*" for f in KEY_FIELDS), default=None)
 
 
+def calibrated_decode(key: RunKey) -> str | None:
+    """The rollout decode the key's thresholds were calibrated from (`generate` for an entry that names none,
+    as every entry before the static decode); None where no entry matches."""
+    if (best := matching_entry(key.to_json())) is None:
+        return None
+    return best[1].get("provenance", {}).get("rollout_decode", "generate")
+
+
 def lookup_gates(key: RunKey, *, thresholds_dir: Path | None = None) -> Gates:
     """The gates of a run key: the most specific matching entry wins; no match is an error."""
     if (best := matching_entry(key.to_json(), thresholds_dir)) is None:

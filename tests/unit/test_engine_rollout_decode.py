@@ -1,4 +1,4 @@
-"""The static decode (`--rollout-decode static`, auto's choice on a GPU; engine.decode) samples what `generate` samples: the same
+"""The static decode (`--rollout-decode static`, `auto`'s choice on NVIDIA GPUs; engine.decode) samples what `generate` samples: the same
 tokens from each group's generator and the same log-probs, to fp32 rounding, on every model it supports.
 
 Why a tolerance and not equality: the static cache attends over its whole bucket (the unwritten keys
@@ -200,14 +200,35 @@ def test_every_call_s_cache_is_as_long_as_the_longest_prompt_needs(glm5):
     assert differences(own, got) == []
 
 
-def test_auto_is_the_default_static_on_a_gpu_and_generate_on_cpu_and_an_unknown_decode_is_refused():
-    from rlsmoke.engine.config import RunConfig
-    from rlsmoke.engine.rollout import decode_for
-    from rlsmoke.errors import RlsmokeError
+@pytest.mark.parametrize(("case", "platform", "device", "decided"), [
+    ("glm5-744b-a40b-4layer-1gpu", "nvidia", "H200", "static"),  # its keys: calibrated from static seeds
+    ("glm5.3-flash-4layer-1gpu", "nvidia", "H200", "generate"),  # calibrated from generate
+    ("glm5-744b-a40b-4layer", "nvidia", "H100", "static"),  # no key yet: the one its calibration will use
+    ("glm5-744b-a40b-4layer", "cpu", "CPU", "generate"),
+    ("glm5-744b-a40b-4layer", "rocm", "MI355X", "generate"),  # static never measured there
+])  # fmt: skip
+def test_auto_takes_the_decode_the_run_s_thresholds_were_calibrated_from(case, platform, device, decided):
+    """`--rollout-decode auto` (the CLI's and the suite's default) is decided once, in `resolve`: the rollout's
+    log-probs are the decode's, so a key calibrated from `generate` keeps `generate` until it is calibrated anew."""
+    from rlsmoke.cases import Case
+    from rlsmoke.platforms import Host
+    from rlsmoke.resolve import Session, resolve
 
-    assert RunConfig(case=CASES[0], tiny=True).rollout_decode == "auto"
-    assert (decode_for("auto", "cuda:0"), decode_for("auto", "cpu")) == ("static", "generate")
-    assert (decode_for("generate", "cuda:0"), decode_for("static", "cpu")) == ("generate", "static")
+    gpus = 1 if platform != "rocm" else 2
+    session = Session(host=Host(platform, device, gpus), gated=False)
+    tiny = not case.endswith("-1gpu")  # the tiny widths fit any host: the decision is the point
+    assert Session().rollout_decode == "auto"
+    assert resolve(Case(case, platform=platform, num_gpus=gpus, tiny=tiny), session).rollout_decode == decided
+
+
+def test_an_explicit_decode_is_kept_and_an_unknown_one_is_refused():
+    from rlsmoke.cases import Case
+    from rlsmoke.engine.config import RunConfig
+    from rlsmoke.errors import RlsmokeError
+    from rlsmoke.resolve import Session, resolve
+
+    chosen = Session(rollout_decode="static")
+    assert resolve(Case(CASES[0], platform="cpu", tiny=True), chosen).rollout_decode == "static"
     with pytest.raises(RlsmokeError, match=r"rollout_decode='cuda-graphs' is unknown.*--rollout-decode"):
         RunConfig(case=CASES[0], tiny=True, rollout_decode="cuda-graphs").validate()
 

@@ -33,7 +33,7 @@ COMPUTE_PATHS = ("params", "autocast")
 # The rollout's generate calls (engine.rollout.batch_for)
 ROLLOUT_BATCHES = ("auto", "group", "rank", "length")
 # The rollout's decode (engine.decode): generate, transformers' own; static, a static KV cache and CUDA graphs;
-# auto, static on a GPU and generate on CPU (engine.rollout.decode_for)
+# auto (the CLI's and the suite's), what `rlsmoke.resolve.auto_decode` decides
 ROLLOUT_DECODES = ("auto", "generate", "static")
 # name -> whether it takes a value (`rollout-noise=0.01`)
 INJECTIONS = {name: value is not None for name, value in FAULTS.items()}
@@ -189,7 +189,8 @@ class RunConfig:
     trainer: str = DEFAULT_TRAINER
     # auto: a rank's groups in one generate call on a GPU, one call per group on CPU (engine.rollout.batch_for)
     rollout_batch: str = "auto"
-    rollout_decode: str = "auto"
+    # `rlsmoke.resolve.auto_decode` decides `auto`: the decode the run's thresholds were calibrated from
+    rollout_decode: str = "generate"
 
     @functools.cached_property
     def spec(self) -> ModelSpec:

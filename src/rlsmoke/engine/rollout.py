@@ -201,16 +201,10 @@ class RolloutEngine:
         return groups
 
 
-def decode_for(choice: str, device: str) -> str:
-    """auto: the static decode on a GPU, where its captured step saves the launches; generate on CPU."""
-    if choice == "auto":
-        return "static" if device.startswith("cuda") else "generate"
-    return choice
-
-
 def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int, ckpt: Path) -> RolloutEngine:
     batch = batch_for(cfg.rollout_batch, device, cfg.spec.family, kda.choose(device, cfg.spec.family))
-    decode = decode_for(cfg.rollout_decode, device)
+    # auto is `rlsmoke.resolve`'s to decide; a config made without it keeps transformers' own
+    decode = "generate" if cfg.rollout_decode == "auto" else cfg.rollout_decode
     # the prompt file's longest prompt sizes every call's cache: one captured shape for all seeds
     longest = limits.longest_prompt(cfg.prompt_data, ckpt).tokens if decode == "static" else 0
     return RolloutEngine(model, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_response_len,
