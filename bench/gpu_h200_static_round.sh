@@ -13,7 +13,7 @@ mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570} start=$(date +%s)
 . bench/steps.sh
 for c in $SUITE_CASES; do rlsmoke prepare "$c" > /dev/null 2>&1; done &
-ten=(--platform nvidia --num-gpus 1 --repeat 10 --seed 0)
+ten=(--platform nvidia --num-gpus 1 --repeat 10 --seed 0 --rollout-decode static)  # auto keeps generate until calibrated
 glm45=glm4.5-355b-a32b-4layer glm5=glm5-744b-a40b-4layer-1gpu
 timed glm45-fsdp timeout $(( $(left) - 300 )) rlsmoke run $glm45 "${ten[@]}" --out "$out/runs/glm45-fsdp"
 timed calibrate rlsmoke calibrate "$out/runs/glm45-fsdp" --write fixtures/thresholds/builtin.json
