@@ -84,9 +84,9 @@ class RolloutWorker:
             self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device, state=state)
         lap("rollout copy")
         self.engine = rollout_engine(self.model, cfg, cfg.device, eos_id, pad_id, ckpt)
-        self.engine.capture(cfg.n_prompts, cfg.n_samples)
         if self.engine.static is not None and self.engine.static.compiled:
-            lap("rollout capture")
+            self.engine.capture(cfg.n_prompts, cfg.n_samples)
+            lap("rollout capture")  # its seconds, whether it took or fell back to generate
 
     def generate(self, prompt_ids, n: int, seed: int) -> list[Group]:
         return self.engine.generate(prompt_ids, n, seed)
