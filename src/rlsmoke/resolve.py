@@ -136,6 +136,7 @@ def resolve(case: Case, session: Session = Session()) -> RunConfig:
         check_thresholds(cfg.run_key, BUILTIN_METRICS)
     if cfg.rollout_decode == "auto":
         cfg = cfg.replace(rollout_decode=auto_decode(cfg))
+    cfg = cfg.replace(longest_prompt=longest.tokens)
     if cfg.platform != "cpu":  # the offload where not asked for; where --repeat and --variants keep weights
         if cfg.offload is None:
             cfg = cfg.replace(offload=residency.offload_needed(cfg))

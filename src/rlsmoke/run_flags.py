@@ -80,11 +80,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "length, one per prompt length (default auto: rank on GPUs, group on CPU; length for a "
         "model with KDA layers, which left padding would pass through)",
     )
-    g.add_argument("--rollout-decode", default="auto", choices=ROLLOUT_DECODES,
+    g.add_argument("--rollout-decode", default=Session.rollout_decode, choices=ROLLOUT_DECODES,
                    help="static: a static KV cache, the decode step captured as CUDA graphs on a GPU before the "
                    "first rollout; a model that cannot falls back to generate, named in the summary; generate: "
-                   "transformers' own; auto (default): static on NVIDIA GPUs unless the run's thresholds were "
-                   "calibrated from generate; generate on CPU and ROCm")  # fmt: skip
+                   "transformers' own; auto: static on NVIDIA GPUs unless the run's thresholds were calibrated "
+                   f"from generate, generate on CPU and ROCm (default: {Session.rollout_decode})")  # fmt: skip
     g.add_argument(
         "--reward",
         default=DEFAULT_REWARD,

@@ -224,11 +224,14 @@ def test_auto_takes_the_decode_the_run_s_thresholds_were_calibrated_from(case, p
 def test_an_explicit_decode_is_kept_and_an_unknown_one_is_refused():
     from rlsmoke.cases import Case
     from rlsmoke.engine.config import RunConfig
+    from rlsmoke.engine.limits import longest_prompt
     from rlsmoke.errors import RlsmokeError
     from rlsmoke.resolve import Session, resolve
 
-    chosen = Session(rollout_decode="static")
-    assert resolve(Case(CASES[0], platform="cpu", tiny=True), chosen).rollout_decode == "static"
+    chosen = resolve(Case(CASES[0], platform="cpu", tiny=True), Session(rollout_decode="static"))
+    assert chosen.rollout_decode == "static"
+    # resolve measures the prompt file once; the engine sizes the static cache from it
+    assert chosen.longest_prompt == longest_prompt(chosen.prompt_data).tokens > 0
     with pytest.raises(RlsmokeError, match=r"rollout_decode='cuda-graphs' is unknown.*--rollout-decode"):
         RunConfig(case=CASES[0], tiny=True, rollout_decode="cuda-graphs").validate()
 

@@ -191,6 +191,8 @@ class RunConfig:
     rollout_batch: str = "auto"
     # `rlsmoke.resolve.auto_decode` decides `auto`: the decode the run's thresholds were calibrated from
     rollout_decode: str = "generate"
+    # the prompt file's longest prompt in tokens (resolve's), which sizes the static decode's one cache length
+    longest_prompt: int = 0
 
     @functools.cached_property
     def spec(self) -> ModelSpec:

@@ -75,8 +75,8 @@ class StaticDecoder:
         tokens = torch.full((rows, 1), pad_id, dtype=torch.long, device=self.device)
         unchanged = lambda _ids, scores: scores  # noqa: E731
         # cudagraph trees record on the second call of a shape and replay from the third
-        last = dict(max_new_tokens=max_new_tokens, eos_id=pad_id, pad_id=pad_id, stop_after=4)
-        self.sample(tokens, torch.ones_like(tokens), unchanged, **last)
+        few_steps = dict(max_new_tokens=max_new_tokens, eos_id=pad_id, pad_id=pad_id, stop_after=4)
+        self.sample(tokens, torch.ones_like(tokens), unchanged, **few_steps)
 
     def _cache(self, rows: int, length: int):
         key = (rows, length)

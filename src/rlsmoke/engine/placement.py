@@ -83,7 +83,7 @@ class RolloutWorker:
         else:
             self.model = load_policy(ckpt, spec, cfg.rollout_dtype, cfg.device, state=state)
         lap("rollout copy")
-        self.engine = rollout_engine(self.model, cfg, cfg.device, eos_id, pad_id, ckpt)
+        self.engine = rollout_engine(self.model, cfg, cfg.device, eos_id, pad_id)
         if self.engine.static is not None and self.engine.static.compiled:
             self.engine.capture(cfg.n_prompts, cfg.n_samples)
             lap("rollout capture")  # its seconds, whether it took or fell back to generate

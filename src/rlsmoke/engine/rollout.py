@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rlsmoke.engine import decode as decode_mod
-from rlsmoke.engine import kda, limits
+from rlsmoke.engine import kda
 from rlsmoke.engine.config import Inject, RunConfig
 
 
@@ -201,15 +200,14 @@ class RolloutEngine:
         return groups
 
 
-def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int, ckpt: Path) -> RolloutEngine:
+def rollout_engine(model, cfg: RunConfig, device: str, eos_id: int, pad_id: int) -> RolloutEngine:
     batch = batch_for(cfg.rollout_batch, device, cfg.spec.family, kda.choose(device, cfg.spec.family))
     # auto is `rlsmoke.resolve`'s to decide; a config made without it keeps transformers' own
     decode = "generate" if cfg.rollout_decode == "auto" else cfg.rollout_decode
     # the prompt file's longest prompt sizes every call's cache: one captured shape for all seeds
-    longest = limits.longest_prompt(cfg.prompt_data, ckpt).tokens if decode == "static" else 0
     return RolloutEngine(model, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_response_len,
                          eos_id=eos_id, pad_id=pad_id, inject=cfg.inject, batch=batch, decode=decode,
-                         longest_prompt=longest)  # fmt: skip
+                         longest_prompt=cfg.longest_prompt)  # fmt: skip
 
 
 def keep_grouped_experts(model) -> None:

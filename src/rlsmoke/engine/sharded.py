@@ -94,7 +94,7 @@ class Rank(SharedDevice):
         shard(model, device_type="cuda" if on_gpu else "cpu", dtype=low)
         self.trainer = ShardedTrainer(model, comm_device=self.device, **trainer_options(cfg))
         self.rollout_model = load_policy(ckpt, spec, cfg.rollout_dtype, self.device)
-        self.engine = rollout_engine(self.rollout_model, cfg, self.device, eos_id, pad_id, ckpt)
+        self.engine = rollout_engine(self.rollout_model, cfg, self.device, eos_id, pad_id)
         self.engine.capture(len(range(rank, cfg.n_prompts, world)), cfg.n_samples)  # this rank's share
         self.phases = Phases(cfg, self.device, self.trainer, self.rollout_model, ranks_on_host=world)
 
