@@ -28,9 +28,4 @@ for trainer in fsdp megatron; do
 done
 timed flash timeout $(( $(left) - 5 )) rlsmoke run glm5.3-flash-4layer-1gpu "${one[@]}" --repeat 3 --seed 20 \
   --out "$out/runs/flash"
-python3 bench/seed_cost_table.py "$out"/runs/*/ > "$out/seed-costs.md" 2>&1
-for r in "$out"/runs/*/summary.json; do
-  python3 -c "import json, sys; s = json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-2], s['verdict'],
-      s.get('per_repeat_verdict'), s.get('rollout_decode'))" "$r"
-done > "$out/verdicts.txt" 2>&1
-cat "$out/timing.txt" "$out/verdicts.txt" "$out/seed-costs.md"
+runs_report "$out"
