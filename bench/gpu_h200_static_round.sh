@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The static decode (the GPU's choice under `--rollout-decode auto` where a key was calibrated from it) on one
 # fresh H200, most needed first: GLM-5 1-GPU fsdp `--repeat 3` (the first seed, the capture now at the load);
+# GLM-5.3-Flash 1-GPU `--repeat 10` (its indexer's pools fixed, so its step is captured) and its key;
 # GLM-4.5 4-layer fsdp `--repeat 10` on static seeds 0-9 and its key calibrated into this checkout's
 # thresholds (as `rlsmoke calibrate` then writes it here from the same runs); `NUM_GPUS=1 pytest -m nvidia
 # tests/e2e`, junit kept; GLM-5 megatron `--repeat 3`; then, while the budget lasts, the other keys' static
@@ -20,6 +21,8 @@ glm5_three() {  # glm5_three TRAINER: GLM-5 1-GPU's first seeds, auto's decode (
     --out "$out/runs/glm5-$1"
 }
 glm5_three fsdp
+timed flash timeout 170 rlsmoke run glm5.3-flash-4layer-1gpu "${ten[@]}" --out "$out/runs/flash"
+timed calibrate-flash rlsmoke calibrate "$out/runs/flash" --write fixtures/thresholds/builtin.json
 timed glm45-fsdp timeout $(( $(left) - 150 )) rlsmoke run $glm45 "${ten[@]}" --out "$out/runs/glm45-fsdp"
 timed calibrate rlsmoke calibrate "$out/runs/glm45-fsdp" --write fixtures/thresholds/builtin.json
 wait

@@ -236,24 +236,30 @@ def test_an_explicit_decode_is_kept_and_an_unknown_one_is_refused():
         RunConfig(case=CASES[0], tiny=True, rollout_decode="cuda-graphs").validate()
 
 
-def test_a_gpu_captures_the_models_whose_decode_step_has_fixed_shapes(loaded):
-    """UNCAPTURED is measured, not assumed: GLM-5's and GLM-4.5's decode step over the static cache traces
-    as one graph of fixed shapes; GLM-5.3-Flash's holds shapes its data decide, which a CUDA graph cannot
-    (inductor skips such a graph), so a GPU keeps generate for it and says why."""
-    model, prompts, _, _ = loaded
+def _indexers(model):
+    return [m for m in model.modules() if hasattr(m, "index_kpool")]
+
+
+def _static(model, own_pooling: bool = False) -> decode.StaticDecoder:
+    """A static decoder; `own_pooling`: with transformers' own indexer pooling, not `every_pool`."""
     static = decode.StaticDecoder(model)
-    ids = torch.tensor([prompts[0]] * 2)
-    width = ids.shape[1]
+    for indexer in _indexers(model) if own_pooling else ():
+        del indexer.get_pooled_states  # the class's method again
+    return static
+
+
+def _sized_by_data(static, prompts) -> list[str]:
+    """The shapes the data decide in one decode step over the static cache, as inductor would trace it."""
+    ids, width = torch.tensor([prompts[0]] * 2), len(prompts[0])
     cache = static._cache(2, decode.LENGTH_BUCKET)
     mask = torch.zeros(2, decode.LENGTH_BUCKET, dtype=torch.long)
     mask[:, : width + 1] = 1
     positions = torch.arange(width)[None].expand(2, -1)
-    captured = type(model).__name__ not in decode.UNCAPTURED
-    sized_by_data = []
+    found = []
 
     def inspect_graph(gm, example_inputs):  # what inductor asks before it captures a graph
         values = [n.meta["example_value"] for n in gm.graph.nodes if "example_value" in n.meta]
-        sized_by_data.extend(str(s) for v in values for s in free_unbacked_symbols(v))
+        found.extend(str(s) for v in values for s in free_unbacked_symbols(v))
         return gm.forward
 
     one_graph = torch.compile(static._forward, backend=inspect_graph, fullgraph=True, dynamic=False)
@@ -263,7 +269,49 @@ def test_a_gpu_captures_the_models_whose_decode_step_has_fixed_shapes(loaded):
             one_graph(logits.argmax(-1)[:, None], positions[:, -1:] + 1, mask, cache)
         finally:
             torch._dynamo.reset()
+    return found
+
+
+def test_a_gpu_captures_the_models_whose_decode_step_has_fixed_shapes(loaded):
+    """UNCAPTURED is measured, not assumed: each model's decode step over the static cache traces as one
+    graph of fixed shapes (GLM-5.3-Flash's with `every_pool`); one that held shapes its data decide, which
+    a CUDA graph cannot, would keep generate on a GPU and say why."""
+    model, prompts, _, _ = loaded
+    captured = type(model).__name__ not in decode.UNCAPTURED
+    sized_by_data = _sized_by_data(_static(model), prompts)
     assert (sized_by_data == []) == captured, sized_by_data[:3]
     why = decode.unsupported(model, compiled=True)
     assert (why is None) == captured
     assert decode.unsupported(model, compiled=False) is None  # eager on CPU: the tests above
+
+
+def test_flash_s_indexer_keeps_every_pool_and_selects_what_transformers_selects():
+    """The twin of the capture above: transformers' own pooling drops the pools no row sees, a shape the data
+    decide; `every_pool` keeps them, and the logits of a left-padded prefill and of each decode step over
+    the static cache come out bit for bit as transformers' own give them. A top-k of one pool (16 slots)
+    over about 120 makes the pooled keys choose, as the full model's 2048 do past 2048 slots."""
+    model, prompts, _, _ = _load(CASES[2])
+    for indexer in _indexers(model):
+        indexer.index_topk = indexer.index_kpool
+    assert _sized_by_data(_static(model, own_pooling=True), prompts) != []
+
+    def logits_of_steps(static) -> list[torch.Tensor]:
+        short, long = list(prompts[0]) * 2, list(prompts[1]) * 3
+        pad = len(long) - len(short)
+        ids = torch.tensor([[0] * pad + short, long])
+        attention = torch.ones_like(ids)
+        attention[0, :pad] = 0
+        cache = static._cache(2, decode.LENGTH_BUCKET)
+        mask = torch.zeros(2, decode.LENGTH_BUCKET, dtype=torch.long)
+        mask[:, : ids.shape[1]] = attention
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            out = [static._forward(ids, positions, mask[:, : ids.shape[1]], cache)]
+            for t in range(4):
+                mask[:, ids.shape[1] + t] = 1
+                out.append(static._forward(out[-1].argmax(-1)[:, None], positions[:, -1:] + 1 + t, mask, cache))
+        return out
+
+    transformers_own = logits_of_steps(_static(model, own_pooling=True))
+    ours = logits_of_steps(_static(model))
+    assert all(torch.equal(a, b) for a, b in zip(transformers_own, ours, strict=True))

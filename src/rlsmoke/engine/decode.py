@@ -6,6 +6,7 @@ graph and is `generate`'s own; the cache length is rounded up to LENGTH_BUCKET s
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from typing import Any
@@ -20,10 +21,37 @@ CHECK_EVERY = 16
 LENGTH_BUCKET = 128
 # Modeling whose decode step has data-dependent shapes, which a CUDA graph cannot capture (measured by
 # tracing: tests/unit/test_engine_rollout_decode.py). Eager, it decodes over the static cache all the same.
-UNCAPTURED = {
-    "Glm5NextForConditionalGeneration": "GLM-5.3-Flash's indexer keeps the key pools that a data-dependent "
-    "mask selects (nonzero): its decode step has shapes CUDA graphs cannot hold"
-}
+# GLM-5.3-Flash's indexer had one (the pools no row can see, dropped); `every_pool` keeps them.
+UNCAPTURED: dict[str, str] = {}
+
+
+def every_pool(indexer, packed_states):
+    """GLM-5.3-Flash's DSA indexer pools its keys `index_kpool` at a time from each row's first real slot and
+    drops the pools that no row can see (`pool_valid.any(0)`), whose count the data decide. This keeps every
+    pool, so the step's shapes are fixed; what the indexer selects is unchanged: a pool a row cannot see
+    scores the minimum and its slots are masked to -1, and the attention's mask is built from the set of
+    selected slots (pinned bit for bit against transformers' own in tests/unit/test_engine_rollout_decode.py)."""
+    dim, size = indexer.head_dim, indexer.index_kpool
+    keys, gates, valid = torch.split(packed_states, [dim, dim, 1], dim=-1)
+    valid = valid.bool().squeeze(-1)
+    rows, length = keys.shape[:2]
+    first = torch.where(valid.any(-1), valid.long().argmax(-1), length)  # a row's first real slot
+    span = torch.arange(-(-length // size) * size, device=keys.device).view(1, -1, size)
+    slots = first[:, None, None] + span
+    row = torch.arange(rows, device=keys.device)[:, None, None]
+    inside = slots.clamp(0, length - 1)
+    seen = valid[row, inside] & (slots < length)
+    logits = gates[row, inside].float() + indexer.index_kpool_compress_ape.float()[None, None]
+    weights = logits.masked_fill(~seen[..., None], float("-inf")).softmax(dim=2).nan_to_num()
+    pooled = (weights.to(keys.dtype) * keys[row, inside]).sum(dim=2)
+    return pooled, slots.masked_fill(~seen, -1), seen.all(-1)
+
+
+def fix_shapes(model) -> None:
+    """Bind `every_pool` to each DSA indexer of `model` that pools its keys (GLM-5.3-Flash's)."""
+    for module in model.modules():
+        if hasattr(module, "get_pooled_states") and hasattr(module, "index_kpool"):
+            module.get_pooled_states = functools.partial(every_pool, module)
 
 
 def unsupported(model, *, compiled: bool | None = None) -> str | None:
@@ -57,6 +85,7 @@ class StaticDecoder:
         self.keep_one = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # one cache per (rows, length), reset between calls: a graph holds its buffers' addresses
         self.caches: dict[tuple[int, int], Any] = {}
+        fix_shapes(model)
         self.step = self._forward
         if self.compiled:
             # compiled kernels under $RLSMOKE_CACHE unless the user chose folders: compiled once a machine
