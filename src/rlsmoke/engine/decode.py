@@ -19,18 +19,15 @@ from rlsmoke.engine import kda
 
 CHECK_EVERY = 16
 LENGTH_BUCKET = 128
-# Modeling whose decode step has data-dependent shapes, which a CUDA graph cannot capture (measured by
-# tracing: tests/unit/test_engine_rollout_decode.py). Eager, it decodes over the static cache all the same.
-# GLM-5.3-Flash's indexer had one (the pools no row can see, dropped); `every_pool` keeps them.
-UNCAPTURED: dict[str, str] = {}
 
 
 def every_pool(indexer, packed_states):
-    """GLM-5.3-Flash's DSA indexer pools its keys `index_kpool` at a time from each row's first real slot and
-    drops the pools that no row can see (`pool_valid.any(0)`), whose count the data decide. This keeps every
-    pool, so the step's shapes are fixed; what the indexer selects is unchanged: a pool a row cannot see
-    scores the minimum and its slots are masked to -1, and the attention's mask is built from the set of
-    selected slots (pinned bit for bit against transformers' own in tests/unit/test_engine_rollout_decode.py)."""
+    """A CUDA graph holds a decode step only if its shapes do not depend on the data (each model's step is
+    traced in tests/unit/test_engine_rollout_decode.py). GLM-5.3-Flash's DSA indexer pools its keys
+    `index_kpool` at a time from each row's first real slot, then drops the pools no row can see
+    (`pool_valid.any(0)`): a count the data decide. This keeps every pool; what the indexer selects is
+    unchanged, as a pool a row cannot see scores the minimum and its slots are masked to -1, and the
+    attention's mask is the set of selected slots (pinned bit for bit against transformers' own)."""
     dim, size = indexer.head_dim, indexer.index_kpool
     keys, gates, valid = torch.split(packed_states, [dim, dim, 1], dim=-1)
     valid = valid.bool().squeeze(-1)
@@ -54,12 +51,10 @@ def fix_shapes(model) -> None:
             module.get_pooled_states = functools.partial(every_pool, module)
 
 
-def unsupported(model, *, compiled: bool | None = None) -> str | None:
-    """Why `model` cannot decode over a static cache, for the summary; None when it can."""
+def unsupported(model) -> str | None:
+    """Why `model` cannot decode over a static cache, for the summary; None when it can. (A step that can
+    not be captured raises at the load's capture, which leaves the run on generate with its reason.)"""
     name, version = type(model).__name__, transformers.__version__
-    compiled = next(model.parameters()).device.type == "cuda" if compiled is None else compiled
-    if compiled and name in UNCAPTURED:
-        return f"{UNCAPTURED[name]} (transformers {version})"
     params = inspect.signature(model.forward).parameters
     if not {"cache", "past_key_values"} & set(params) or "position_ids" not in params:
         return f"{name}.forward takes no KV cache and position ids (transformers {version})"
