@@ -71,7 +71,9 @@ def test_the_reference_path_is_bound_and_the_warm_up_leaves_no_grads(monkeypatch
     case = "glm5.3-flash-4layer"
     model = load_policy(checkpoint_dir(case, tiny=True), model_spec(case, tiny=True), "float32", "cpu")
     modeling = importlib.import_module(kda.MODELING)
-    assert [getattr(modeling, name) for name in kda.KERNELS] == [kda._REFERENCE[name] for name in kda.KERNELS]
+    chunk, recurrent = kda.KERNELS
+    assert getattr(modeling, chunk) is kda._REFERENCE[chunk]
+    assert kda._DECODE["kernel"] is kda._REFERENCE[recurrent]  # behind decode_step's op
     before = {k: v.clone() for k, v in model.state_dict().items()}
     layer = next(m for m in model.modules() if type(m).__name__.endswith("LinearAttention"))
     lengths = []
@@ -84,3 +86,13 @@ def test_the_reference_path_is_bound_and_the_warm_up_leaves_no_grads(monkeypatch
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     # the rollout model generated through the whole model too: prefills at both lengths, decode steps of one token
     assert {(3, 80), (3, 96), (3, 1)} <= set(lengths), lengths
+
+
+def test_the_decode_op_s_fake_shapes_are_its_kernel_s():
+    """torch.library's own check of `decode_step` on the reference kernel: the fake (meta) outputs match
+    the real ones, no output aliases an input, and the op survives dynamo and AOT autograd."""
+    kda.install("reference")
+    rows, heads, dim = 2, 2, 8
+    q, k, v, g = (torch.randn(rows, 1, heads, dim) for _ in range(4))
+    beta, state = torch.rand(rows, 1, heads), torch.randn(rows, heads, dim, dim)
+    torch.library.opcheck(kda.decode_step, (q, k, v, -g.abs(), beta, state))

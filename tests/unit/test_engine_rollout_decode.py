@@ -311,3 +311,19 @@ def test_flash_s_indexer_keeps_every_pool_and_selects_what_transformers_selects(
     transformers_own = logits_of_steps(_static(model, own_pooling=True))
     ours = logits_of_steps(_static(model))
     assert all(torch.equal(a, b) for a, b in zip(transformers_own, ours, strict=True))
+
+
+def test_flash_s_decode_step_is_one_graph_though_its_kda_kernel_is_compiler_disabled(monkeypatch):
+    """fla's KDA kernel is `torch.compiler.disable`d: called as it is, it cuts the decode step at every KDA
+    layer (a graph break, which fullgraph refuses); through `kda.decode_step` the step stays one graph and
+    its logits are the kernel's own."""
+    from rlsmoke.engine import kda
+
+    model, prompts, _, _ = _load(CASES[2])
+    reference = kda._REFERENCE["recurrent_kimi_delta_attention"]
+    monkeypatch.setitem(kda._DECODE, "kernel", torch.compiler.disable(reference))  # as fla's is
+    assert _sized_by_data(_static(model), prompts) == []
+    modeling = __import__(kda.MODELING, fromlist=["_"])
+    monkeypatch.setattr(modeling, "recurrent_kimi_delta_attention", torch.compiler.disable(reference))
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        _sized_by_data(_static(model), prompts)

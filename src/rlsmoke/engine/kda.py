@@ -28,6 +28,7 @@ KERNELS = {"chunk_kimi_delta_attention": "chunk_kda", "recurrent_kimi_delta_atte
 # What the layer passes that fla takes; the rest of its **kwargs (attention kwargs) is not fla's.
 FLA_KWARGS = set("g beta scale initial_state output_final_state use_qk_l2norm_in_kernel cu_seqlens".split())
 _REFERENCE: dict = {}
+_DECODE: dict = {}  # the recurrent kernel decode_step calls: fla's or the reference
 CONFIGS: dict = {}  # where fla's kernel configs came from (engine.fla_configs.use), for the summary
 
 
@@ -69,7 +70,45 @@ def install(path: str) -> None:
         kernel = _REFERENCE.setdefault(name, inspect.unwrap(getattr(modeling, name)))
         if path == "fla":
             kernel = _fla_call(getattr(importlib.import_module("fla.ops.kda"), fla_name), kernel)
+        if name == "recurrent_kimi_delta_attention":
+            _DECODE["kernel"], kernel = kernel, _decode_call(kernel)
         setattr(modeling, name, kernel)
+
+
+@torch.library.custom_op("rlsmoke::kda_decode_step", mutates_args=())
+def decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """One token of KDA over the recurrent state, with the bound kernel, as one op that torch.compile keeps
+    whole: fla's kernel is `torch.compiler.disable`d, which would cut a captured decode step at every KDA
+    layer into graphs and eager calls. Contiguous copies in, new tensors out (an op's outputs alias none)."""
+    q, k, v, g, beta, state = (t.contiguous() for t in (q, k, v, g, beta, state))
+    out, final = _DECODE["kernel"](q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True)  # fmt: skip
+    return out.to(v.dtype).contiguous().clone(), final.to(torch.float32).contiguous().clone()
+
+
+@decode_step.register_fake
+def _(q, k, v, g, beta, state):
+    return torch.empty_like(v, memory_format=torch.contiguous_format), torch.empty_like(
+        state, dtype=torch.float32, memory_format=torch.contiguous_format
+    )
+
+
+def _decode_call(kernel):
+    """The layer's recurrent call: a decode step (a state in, the next state out, no grad) goes through
+    `decode_step`, anything else to `kernel` as before."""
+
+    def call(query, key, value, g, beta, initial_state=None, output_final_state=False,
+             use_qk_l2norm_in_kernel=False, **kwargs):  # fmt: skip
+        if initial_state is not None and output_final_state and use_qk_l2norm_in_kernel and \
+                kwargs.get("cu_seqlens") is None and not torch.is_grad_enabled():  # fmt: skip
+            return decode_step(query, key, value, g, beta, initial_state)
+        return kernel(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                      output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                      **kwargs)  # fmt: skip
+
+    call.__name__, call.__doc__ = getattr(kernel, "__name__", "recurrent"), kernel.__doc__
+    return call
 
 
 def _configs() -> dict:
