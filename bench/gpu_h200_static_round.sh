@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The static decode (the GPU's choice under `--rollout-decode auto` where a key was calibrated from it) on one
-# fresh H200, most needed first: GLM-5 1-GPU fsdp `--repeat 3` (the first seed, the capture now at the load);
-# GLM-5.3-Flash 1-GPU `--repeat 10` (its indexer's pools fixed, so its step is captured) and its key;
-# GLM-4.5 4-layer fsdp `--repeat 10` on static seeds 0-9 and its key calibrated into this checkout's
-# thresholds (as `rlsmoke calibrate` then writes it here from the same runs); `NUM_GPUS=1 pytest -m nvidia
-# tests/e2e`, junit kept; GLM-5 megatron `--repeat 3`; then, while the budget lasts, the other keys' static
-# seeds: GLM-4.5 megatron and both tiny widths. The suite's checkpoints are prepared beside the first batches.
+# fresh H200, most needed first: GLM-5 1-GPU `--repeat 3` with fsdp (the first seed, the capture now at the
+# load); GLM-5.3-Flash 1-GPU `--repeat 10` (its step now captured whole) and its key calibrated into this
+# checkout's thresholds (as `rlsmoke calibrate` then writes it here from the same runs); GLM-5 with megatron;
+# `NUM_GPUS=1 pytest -m nvidia tests/e2e`, junit kept; then, while the budget lasts, the other keys' static
+# seeds (GLM-4.5 4-layer with each trainer, its fsdp key calibrated; both tiny widths). The suite's
+# checkpoints are prepared beside the first batches.
 #   [BUDGET_S=570] bench/gpu_h200_static_round.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}
@@ -23,11 +23,12 @@ glm5_three() {  # glm5_three TRAINER: GLM-5 1-GPU's first seeds, auto's decode (
 glm5_three fsdp
 timed flash timeout 170 rlsmoke run glm5.3-flash-4layer-1gpu "${ten[@]}" --out "$out/runs/flash"
 timed calibrate-flash rlsmoke calibrate "$out/runs/flash" --write fixtures/thresholds/builtin.json
-timed glm45-fsdp timeout $(( $(left) - 150 )) rlsmoke run $glm45 "${ten[@]}" --out "$out/runs/glm45-fsdp"
-timed calibrate rlsmoke calibrate "$out/runs/glm45-fsdp" --write fixtures/thresholds/builtin.json
+glm5_three megatron
 wait
 timed suite timeout $(( $(left) - 5 )) bash bench/gpu_h200_suite.sh "$out/suite"
-[ "$(left)" -gt 70 ] && glm5_three megatron
+[ "$(left)" -gt 120 ] && timed glm45-fsdp timeout $(( $(left) - 15 )) rlsmoke run $glm45 "${ten[@]}" \
+  --out "$out/runs/glm45-fsdp" && timed calibrate rlsmoke calibrate "$out/runs/glm45-fsdp" \
+  --write fixtures/thresholds/builtin.json
 [ "$(left)" -gt 200 ] && timed glm45-megatron timeout $(( $(left) - 5 )) rlsmoke run $glm45 "${ten[@]}" \
   --trainer megatron --out "$out/runs/glm45-megatron"
 for c in glm5-744b-a40b-4layer $glm45; do
