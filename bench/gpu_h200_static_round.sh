@@ -17,15 +17,15 @@ for c in $SUITE_CASES; do rlsmoke prepare "$c" > /dev/null 2>&1; done &
 ten=(--platform nvidia --num-gpus 1 --repeat 10 --seed 0 --rollout-decode static)  # auto keeps generate until calibrated
 glm45=glm4.5-355b-a32b-4layer glm5=glm5-744b-a40b-4layer-1gpu
 glm5_three() {  # glm5_three TRAINER: GLM-5 1-GPU's first seeds, auto's decode (static: its keys say so)
-  timed "glm5-$1" timeout 90 rlsmoke run $glm5 --platform nvidia --num-gpus 1 --trainer "$1" --repeat 3 --seed 0 \
+  [ "$(left)" -gt 40 ] && timed "glm5-$1" timeout $(( $(left) < 95 ? $(left) - 5 : 90 )) rlsmoke run $glm5 --platform nvidia --num-gpus 1 --trainer "$1" --repeat 3 --seed 0 \
     --out "$out/runs/glm5-$1"
 }
 glm5_three fsdp
-timed flash timeout 170 rlsmoke run glm5.3-flash-4layer-1gpu "${ten[@]}" --out "$out/runs/flash"
+[ "$(left)" -gt 60 ] && timed flash timeout $(( $(left) < 175 ? $(left) - 5 : 170 )) rlsmoke run glm5.3-flash-4layer-1gpu "${ten[@]}" --out "$out/runs/flash"
 timed calibrate-flash rlsmoke calibrate "$out/runs/flash" --write fixtures/thresholds/builtin.json
 glm5_three megatron
 wait
-timed suite timeout $(( $(left) - 5 )) bash bench/gpu_h200_suite.sh "$out/suite"
+[ "$(left)" -gt 100 ] && timed suite timeout $(( $(left) - 5 )) bash bench/gpu_h200_suite.sh "$out/suite"
 [ "$(left)" -gt 120 ] && timed glm45-fsdp timeout $(( $(left) - 15 )) rlsmoke run $glm45 "${ten[@]}" \
   --out "$out/runs/glm45-fsdp" && timed calibrate rlsmoke calibrate "$out/runs/glm45-fsdp" \
   --write fixtures/thresholds/builtin.json
