@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import re
+import weakref
 from pathlib import Path
 
 from rlsmoke.shipped import FIXTURES
@@ -68,18 +69,23 @@ def use(device_name: str) -> dict:
     return {"source": "shipped", "dir": folder.name, "mode": MODE, "reason": reason}
 
 
+def instances_of(cls) -> list:
+    """The live objects of `cls` the collector tracks. A dead weak proxy among them (torch.compile leaves
+    some) raises ReferenceError at any isinstance, so proxies are passed over by their type."""
+    return [obj for obj in gc.get_objects() if type(obj) not in weakref.ProxyTypes and isinstance(obj, cls)]
+
+
 def autotuners():
     """fla's autotuned kernels in this process, with the name fla files their configs under."""
     from triton.runtime.autotuner import Autotuner
 
-    for obj in gc.get_objects():
-        if isinstance(obj, Autotuner):
-            fn = obj.fn
-            while hasattr(fn, "fn"):
-                fn = fn.fn
-            if (getattr(fn, "__module__", "") or "").startswith("fla."):
-                # the name CachedAutotuner files it under
-                yield obj, obj.fn.fn.__name__ if hasattr(obj.fn, "fn") else obj.fn.__name__
+    for obj in instances_of(Autotuner):
+        fn = obj.fn
+        while hasattr(fn, "fn"):
+            fn = fn.fn
+        if (getattr(fn, "__module__", "") or "").startswith("fla."):
+            # the name CachedAutotuner files it under
+            yield obj, obj.fn.fn.__name__ if hasattr(obj.fn, "fn") else obj.fn.__name__
 
 
 def entry(key: tuple, config) -> tuple[str, dict]:
