@@ -3,7 +3,8 @@
 # fresh H200, most needed first: GLM-5 1-GPU `--repeat 3` with fsdp (the first seed, the capture now at the
 # load); GLM-5.3-Flash 1-GPU `--repeat 10` (its step now captured whole) and its key calibrated into this
 # checkout's thresholds (as `rlsmoke calibrate` then writes it here from the same runs); GLM-5 with megatron;
-# `NUM_GPUS=1 pytest -m nvidia tests/e2e`, junit kept; then, while the budget lasts, the other keys' static
+# `NUM_GPUS=1 pytest -m nvidia tests/e2e`, junit kept; a megatron seed under torch.profiler
+# (bench/gpu_seed_profile.py); then, while the budget lasts, the other keys' static
 # seeds (GLM-4.5 4-layer with each trainer, its fsdp key calibrated; both tiny widths). The suite's
 # checkpoints are prepared beside the first batches.
 #   [BUDGET_S=570] bench/gpu_h200_static_round.sh OUT_DIR
@@ -26,6 +27,8 @@ timed calibrate-flash rlsmoke calibrate "$out/runs/flash" --write fixtures/thres
 glm5_three megatron
 wait
 [ "$(left)" -gt 100 ] && timed suite timeout $(( $(left) - 5 )) bash bench/gpu_h200_suite.sh "$out/suite"
+[ "$(left)" -gt 100 ] && timed megatron-profile timeout 90 python3 bench/gpu_seed_profile.py $glm5 --trainer megatron \
+  --out "$out/profile"  # where megatron's further seed goes over fsdp's
 [ "$(left)" -gt 120 ] && timed glm45-fsdp timeout $(( $(left) - 15 )) rlsmoke run $glm45 "${ten[@]}" \
   --out "$out/runs/glm45-fsdp" && timed calibrate rlsmoke calibrate "$out/runs/glm45-fsdp" \
   --write fixtures/thresholds/builtin.json
