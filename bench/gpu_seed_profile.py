@@ -47,7 +47,8 @@ def main() -> None:
         gpu = torch.cuda.is_available()
         with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:
             lines = one_run(*a, **kw)
-            torch.cuda.synchronize() if gpu else None
+            if gpu:
+                torch.cuda.synchronize()
         write(prof, args.out / "profile.txt")
         return lines
 

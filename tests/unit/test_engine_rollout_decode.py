@@ -280,6 +280,26 @@ def test_a_gpu_captures_every_model_s_decode_step(loaded):
     assert decode.unsupported(model) is None
 
 
+def _logits_of_steps(static, prompts) -> list[torch.Tensor]:
+    """A left-padded prefill of two rows over the static cache, then four decode steps: each one's logits."""
+    short, long = list(prompts[0]) * 2, list(prompts[1]) * 3
+    pad = len(long) - len(short)
+    ids = torch.tensor([[0] * pad + short, long])
+    attention = torch.ones_like(ids)
+    attention[0, :pad] = 0
+    cache = static._cache(2, decode.LENGTH_BUCKET)
+    mask = torch.zeros(2, decode.LENGTH_BUCKET, dtype=torch.long)
+    mask[:, : ids.shape[1]] = attention
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = [static._forward(ids, positions, mask[:, : ids.shape[1]], cache)]
+        for t in range(4):
+            mask[:, ids.shape[1] + t] = 1
+            step = positions[:, -1:] + 1 + t
+            out.append(static._forward(out[-1].argmax(-1)[:, None], step, mask, cache))
+    return out
+
+
 def test_flash_s_indexer_keeps_every_pool_and_selects_what_transformers_selects():
     """The twin of the capture above: transformers' own pooling drops the pools no row sees, a shape the data
     decide; `every_pool` keeps them, and the logits of a left-padded prefill and of each decode step over
@@ -290,40 +310,25 @@ def test_flash_s_indexer_keeps_every_pool_and_selects_what_transformers_selects(
         indexer.index_topk = indexer.index_kpool
     assert _sized_by_data(_static(model, own_pooling=True), prompts) != []
 
-    def logits_of_steps(static) -> list[torch.Tensor]:
-        short, long = list(prompts[0]) * 2, list(prompts[1]) * 3
-        pad = len(long) - len(short)
-        ids = torch.tensor([[0] * pad + short, long])
-        attention = torch.ones_like(ids)
-        attention[0, :pad] = 0
-        cache = static._cache(2, decode.LENGTH_BUCKET)
-        mask = torch.zeros(2, decode.LENGTH_BUCKET, dtype=torch.long)
-        mask[:, : ids.shape[1]] = attention
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        with torch.no_grad():
-            out = [static._forward(ids, positions, mask[:, : ids.shape[1]], cache)]
-            for t in range(4):
-                mask[:, ids.shape[1] + t] = 1
-                step = positions[:, -1:] + 1 + t
-                out.append(static._forward(out[-1].argmax(-1)[:, None], step, mask, cache))
-        return out
-
-    transformers_own = logits_of_steps(_static(model, own_pooling=True))
-    ours = logits_of_steps(_static(model))
+    transformers_own = _logits_of_steps(_static(model, own_pooling=True), prompts)
+    ours = _logits_of_steps(_static(model), prompts)
     assert all(torch.equal(a, b) for a, b in zip(transformers_own, ours, strict=True))
 
 
 def test_flash_s_decode_step_is_one_graph_though_its_kda_kernel_is_compiler_disabled(monkeypatch):
     """fla's KDA kernel is `torch.compiler.disable`d: called as it is, it cuts the decode step at every KDA
     layer (a graph break, which fullgraph refuses); through `kda.decode_step` the step stays one graph and
-    its logits are the kernel's own."""
+    its logits are the kernel's own, bit for bit."""
     from rlsmoke.engine import kda
 
     model, prompts, _, _ = _load(CASES[2])
     reference = kda._REFERENCE["recurrent_kimi_delta_attention"]
     monkeypatch.setitem(kda._DECODE, "kernel", torch.compiler.disable(reference))  # as fla's is
     assert _sized_by_data(_static(model), prompts) == []
+    through_op = _logits_of_steps(_static(model), prompts)
     modeling = __import__(kda.MODELING, fromlist=["_"])
     monkeypatch.setattr(modeling, "recurrent_kimi_delta_attention", torch.compiler.disable(reference))
     with pytest.raises(torch._dynamo.exc.Unsupported):
         _sized_by_data(_static(model), prompts)
+    direct = _logits_of_steps(_static(model), prompts)
+    assert all(torch.equal(a, b) for a, b in zip(direct, through_op, strict=True))

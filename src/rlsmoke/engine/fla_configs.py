@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import re
+import warnings
 import weakref
 from pathlib import Path
 
@@ -72,7 +73,11 @@ def use(device_name: str) -> dict:
 def instances_of(cls) -> list:
     """The live objects of `cls` the collector tracks. A dead weak proxy among them (torch.compile leaves
     some) raises ReferenceError at any isinstance, so proxies are passed over by their type."""
-    return [obj for obj in gc.get_objects() if type(obj) not in weakref.ProxyTypes and isinstance(obj, cls)]
+    with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns
+        warnings.simplefilter("ignore")
+        return [
+            obj for obj in gc.get_objects() if type(obj) not in weakref.ProxyTypes and isinstance(obj, cls)
+        ]
 
 
 def autotuners():

@@ -76,21 +76,28 @@ def install(path: str) -> None:
 
 
 @torch.library.custom_op("rlsmoke::kda_decode_step", mutates_args=())
-def decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of KDA over the recurrent state, with the bound kernel, as one op that torch.compile keeps
     whole: fla's kernel is `torch.compiler.disable`d, which would cut a captured decode step at every KDA
-    layer into graphs and eager calls. Contiguous copies in, new tensors out (an op's outputs alias none)."""
+    layer into graphs and eager calls. Contiguous inputs; both kernels return new tensors, as an op must."""
     q, k, v, g, beta, state = (t.contiguous() for t in (q, k, v, g, beta, state))
-    out, final = _DECODE["kernel"](q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
-                                   use_qk_l2norm_in_kernel=True)  # fmt: skip
-    return out.to(v.dtype).contiguous().clone(), final.to(torch.float32).contiguous().clone()
+    kwargs = {"g": g, "beta": beta, "initial_state": state, "output_final_state": True}
+    out, final = _DECODE["kernel"](q, k, v, use_qk_l2norm_in_kernel=True, **kwargs)
+    return out.to(v.dtype).contiguous(), final.to(torch.float32).contiguous()
 
 
 @decode_step.register_fake
 def _(q, k, v, g, beta, state):
-    return torch.empty_like(v, memory_format=torch.contiguous_format), torch.empty_like(
-        state, dtype=torch.float32, memory_format=torch.contiguous_format
+    contiguous = torch.contiguous_format
+    return torch.empty_like(v, memory_format=contiguous), torch.empty_like(
+        state, dtype=torch.float32, memory_format=contiguous
     )
 
 
@@ -98,14 +105,12 @@ def _decode_call(kernel):
     """The layer's recurrent call: a decode step (a state in, the next state out, no grad) goes through
     `decode_step`, anything else to `kernel` as before."""
 
-    def call(query, key, value, g, beta, initial_state=None, output_final_state=False,
-             use_qk_l2norm_in_kernel=False, **kwargs):  # fmt: skip
-        if initial_state is not None and output_final_state and use_qk_l2norm_in_kernel and \
-                kwargs.get("cu_seqlens") is None and not torch.is_grad_enabled():  # fmt: skip
+    def call(query, key, value, g, beta, initial_state=None, output_final_state=False, **kwargs):
+        one_step = initial_state is not None and output_final_state and kwargs.get("cu_seqlens") is None
+        if one_step and kwargs.get("use_qk_l2norm_in_kernel") and not torch.is_grad_enabled():
             return decode_step(query, key, value, g, beta, initial_state)
-        return kernel(query, key, value, g=g, beta=beta, initial_state=initial_state,
-                      output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                      **kwargs)  # fmt: skip
+        kwargs.update(g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state)
+        return kernel(query, key, value, **kwargs)
 
     call.__name__, call.__doc__ = getattr(kernel, "__name__", "recurrent"), kernel.__doc__
     return call
