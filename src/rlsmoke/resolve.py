@@ -111,11 +111,11 @@ def _defaults(case: Case, session: Session, host: Host, *, validate: bool = True
 
 def auto_decode(cfg: RunConfig) -> str:
     """`--rollout-decode auto`: on NVIDIA GPUs the static decode, unless the run's thresholds were calibrated
-    from `generate` (the rollout's numerics are the decode's); `generate` on CPU and ROCm, where static was
-    never measured."""
+    from `generate`, in whole or in part (a run whose static calls fell back records both); `generate` on CPU
+    and ROCm, where static was never measured."""
     if cfg.platform != "nvidia":
         return "generate"
-    return calibrated_decode(cfg.run_key) or "static"
+    return "static" if calibrated_decode(cfg.run_key) in (None, "static") else "generate"
 
 
 def resolve(case: Case, session: Session = Session()) -> RunConfig:

@@ -221,6 +221,26 @@ def test_auto_takes_the_decode_the_run_s_thresholds_were_calibrated_from(case, p
     assert resolve(Case(case, platform=platform, num_gpus=gpus, tiny=tiny), session).rollout_decode == decided
 
 
+def test_auto_keeps_generate_for_a_key_calibrated_from_a_run_that_fell_back(monkeypatch, tmp_path):
+    """A calibrating run whose static calls fell back to `generate` records both (`generate/static`): its
+    bounds hold `generate`'s numerics in part, so auto takes `generate`, a decode it can run."""
+    import json
+
+    from rlsmoke.cases import Case
+    from rlsmoke.platforms import Host
+    from rlsmoke.resolve import Session, resolve
+
+    case = Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia", num_gpus=1)
+    session = Session(host=Host("nvidia", "H200", 1), gated=False)
+    assert resolve(case, session).rollout_decode == "static"
+    shipped = json.loads((FIXTURES / "thresholds" / "builtin.json").read_text())
+    entry = next(e for e in shipped["entries"] if e["key"]["case"] == case.name and "trainer" not in e["key"])
+    entry["provenance"]["rollout_decode"] = "generate/static"
+    (tmp_path / "cluster.json").write_text(json.dumps(shipped | {"entries": [entry]}))
+    monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(tmp_path))
+    assert resolve(case, session).rollout_decode == "generate"
+
+
 def test_an_explicit_decode_is_kept_and_an_unknown_one_is_refused():
     from rlsmoke.cases import Case
     from rlsmoke.engine.config import RunConfig
