@@ -47,7 +47,7 @@ def phase_walk(cfg):
         seen["train"] = workers.offload_state()
         adv = list(grpo.group_advantages(torch.stack([g.rewards for g in groups])))
         step = workers.step(groups, [lp for lp, _ in old], adv)
-        seen["sync"] = (workers.sync(skip=False), workers.offload_state())
+        seen["sync"] = (workers.sync(skip=cfg.inject.kind == "stale-weights"), workers.offload_state())
         workers.generate([p.ids for p in prompts], cfg.n_samples, seed=1)
         seen["rollout 1"] = workers.offload_state()
         old = workers.forward_only(groups)
@@ -120,7 +120,25 @@ def test_without_offload_train_only_the_rollout_copy_takes_turns_and_the_step_is
     assert [(r["train_params"], r["rollout_copy"]) for r in seen["score"]] == [("device", "host")]
     assert [r["rollout_copy"] for r in seen["sync"][1]] == ["device"]
     assert [(r["offload"], r["offload_train"]) for r in seen["rollout 1"]] == [(True, False)]
+    # the sync writes every parameter: they were freed, not parked, and rollout 1 ran on what it wrote
+    sync, after_sync = seen["sync"]
+    assert [r["rollout_released"] for r in seen["train"]] == [sync["sync/checked_params"]] > [0]
+    assert after_sync[0]["rollout_released"] == 0 and sync["sync/mismatched_params"] == 0
     assert plain_step == step, "the rollout copy's turns changed the steps' numbers"
+
+
+def test_a_stale_weights_sync_keeps_the_rollout_copy_it_does_not_load():
+    """Twin of the release: a sync that loads nothing compares against the parked copy, so it must be
+    parked; it differs from the stepped weights (the gate trips) by what one step moved, not by garbage."""
+    from rlsmoke.engine.config import Inject
+
+    cfg = RunConfig(case=CASE, tiny=True, n_prompts=2, offload=True, offload_train=False,
+                    inject=Inject("stale-weights"))  # fmt: skip
+    _, seen = phase_walk(cfg)
+    sync, after = seen["sync"]
+    assert after[0]["rollout_released"] == 0 and seen["train"][0]["rollout_released"] == 0
+    assert sync["sync/mismatched_params"] > 0
+    assert 0 < sync["sync/max_abs_diff"] < 0.01  # lr 1e-6, one step: garbage would be far larger
 
 
 def test_offload_defaults_on_for_gpu_colocate_only():
