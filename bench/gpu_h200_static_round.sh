@@ -6,7 +6,7 @@
 # `NUM_GPUS=1 pytest -m nvidia tests/e2e`, junit kept; a megatron seed under torch.profiler
 # (bench/gpu_seed_profile.py); then, while the budget lasts, the other keys' static
 # seeds (GLM-4.5 4-layer with each trainer, its fsdp key calibrated; both tiny widths). The suite's
-# checkpoints are prepared beside the first batches.
+# checkpoints are prepared beside the first batches, side by side.
 #   [BUDGET_S=570] bench/gpu_h200_static_round.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}
@@ -14,7 +14,7 @@ out=${1:?OUT_DIR}
 mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570} start=$(date +%s)
 . bench/steps.sh
-for c in $SUITE_CASES; do rlsmoke prepare "$c" > /dev/null 2>&1; done &
+for c in $SUITE_CASES; do rlsmoke prepare "$c" > /dev/null 2>&1 & done  # side by side, as the plugin does
 ten=(--platform nvidia --num-gpus 1 --repeat 10 --seed 0 --rollout-decode static)  # auto keeps generate until calibrated
 glm45=glm4.5-355b-a32b-4layer glm5=glm5-744b-a40b-4layer-1gpu
 glm5_three() {  # glm5_three TRAINER: GLM-5 1-GPU's first seeds, auto's decode (static: its keys say so)

@@ -98,3 +98,17 @@ def declared_run(item: pytest.Item):
     module = getattr(item, "module", None)
     case = getattr(module, "CASE", None)
     return CaseRun(case, shared=tuple(getattr(module, "SHARED_RUN", ()))) if case is not None else None
+
+
+def gpu_checkpoints(items: list[pytest.Item], num_gpus: int | None) -> list[tuple[str, bool]]:
+    """(case, tiny) of the checkpoint each GPU test that is not skipped will read, in the tests' order."""
+    from rlsmoke.selection import GPU_PLATFORMS, effective_case
+
+    cases = []
+    for item in items:
+        if item.get_closest_marker("skip") is not None or (run := declared_run(item)) is None:
+            continue
+        if run.case.platform in GPU_PLATFORMS:
+            case = effective_case(run.case, num_gpus)
+            cases.append((case.name, case.tiny))
+    return cases

@@ -99,6 +99,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="mark passing runs as trusted baselines for the history band (default off)",
     )
     g.addoption(
+        "--prepare-ahead",
+        type=int,
+        metavar="N",
+        help="checkpoints of the session's GPU cases prepared side by side as it starts, N at a time; 0: each "
+        "test prepares its own (default: the cores / 4)",
+    )
+    g.addoption(
         "--run-timeout",
         type=float,
         metavar="S",
@@ -190,6 +197,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                           num_gpus=config.getoption("num_gpus"), trainer=config.getoption("trainer"))  # fmt: skip
         if not decision.run:
             item.add_marker(pytest.mark.skip(reason=decision.reason))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The GPU cases' checkpoints that are not in the cache yet start building, side by side."""
+    config = session.config
+    jobs = config.getoption("prepare_ahead")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # one xdist worker asks for the lot
+    if jobs == 0 or worker != "gw0" or config.option.collectonly or config.getoption("model_dir"):
+        return
+    if config.getoption("launcher") != "builtin":
+        return  # Miles' runs read the checkpoint their flow converts
+    from rlsmoke.checkpoints.ahead import PreparedAhead, default_jobs, missing
+
+    cases = missing(plugin_session.gpu_checkpoints(session.items, config.getoption("num_gpus")))
+    if not cases:
+        return
+    jobs = jobs or default_jobs(len(cases))
+    logs = _artifacts_root(config) / "prepare-ahead"
+    ahead = PreparedAhead(cases, logs, jobs=jobs)
+    config.add_cleanup(ahead.close)
+    if (reporter := config.pluginmanager.get_plugin("terminalreporter")) is not None:
+        names = ", ".join(name for name, _ in cases)
+        reporter.write_line(f"rlsmoke: preparing {names} ahead, {jobs} at a time (logs: {logs})")
 
 
 def _artifacts_root(config: pytest.Config) -> Path:
