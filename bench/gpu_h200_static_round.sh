@@ -1,32 +1,30 @@
 #!/usr/bin/env bash
 # The static decode (the GPU's choice under `--rollout-decode auto` where a key was calibrated from it) on one
-# fresh H200, most needed first: GLM-5 1-GPU `--repeat 3` with fsdp (the first seed, the capture now at the
-# load); GLM-5.3-Flash 1-GPU `--repeat 10` (its step now captured whole) and its key calibrated into this
-# checkout's thresholds (as `rlsmoke calibrate` then writes it here from the same runs); GLM-5 with megatron;
-# `NUM_GPUS=1 pytest -m nvidia tests/e2e`, junit kept; a megatron seed under torch.profiler
-# (bench/gpu_seed_profile.py); then, while the budget lasts, the other keys' static
-# seeds (GLM-4.5 4-layer with each trainer, its fsdp key calibrated; both tiny widths). The suite's
-# checkpoints are prepared beside the first batches, side by side.
+# fresh H200, most needed first: `NUM_GPUS=1 pytest -m nvidia tests/e2e` from nothing (the plugin prepares
+# the checkpoints side by side; inductor's and fla's caches cold), junit kept; GLM-5.3-Flash 1-GPU `--repeat
+# 10` static and its key calibrated into this checkout's thresholds (as `rlsmoke calibrate` then writes it
+# here from the same runs); GLM-5 1-GPU `--repeat 3` with each trainer (the first seed, the capture at the
+# load); the suite again, warm; a megatron seed under torch.profiler (bench/gpu_seed_profile.py); then,
+# while the budget lasts, GLM-4.5 4-layer with each trainer (its fsdp key calibrated) and both tiny widths.
 #   [BUDGET_S=570] bench/gpu_h200_static_round.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}
+start=$(date +%s)
+bash bench/gpu_h200_suite.sh "$out/fresh"  # sets up the wheels first: counted in its setup line
+echo "fresh machine, checkpoints and suite: $(( $(date +%s) - start )) s in all" | tee -a "$out/fresh/pytest.txt"
 . bench/gpu_h200_setup.sh
 mkdir -p "$out/runs"
-steps_out=$out budget=${BUDGET_S:-570} start=$(date +%s)
+steps_out=$out budget=${BUDGET_S:-570}
 . bench/steps.sh
-for c in $SUITE_CASES; do rlsmoke prepare "$c" > /dev/null 2>&1 & done  # side by side, as the plugin does
 ten=(--platform nvidia --num-gpus 1 --repeat 10 --seed 0 --rollout-decode static)  # auto keeps generate until calibrated
 glm45=glm4.5-355b-a32b-4layer glm5=glm5-744b-a40b-4layer-1gpu
-glm5_three() {  # glm5_three TRAINER: GLM-5 1-GPU's first seeds, auto's decode (static: its keys say so)
-  [ "$(left)" -gt 40 ] && timed "glm5-$1" timeout $(( $(left) < 95 ? $(left) - 5 : 90 )) rlsmoke run $glm5 --platform nvidia --num-gpus 1 --trainer "$1" --repeat 3 --seed 0 \
-    --out "$out/runs/glm5-$1"
-}
-glm5_three fsdp
 [ "$(left)" -gt 60 ] && timed flash timeout $(( $(left) < 175 ? $(left) - 5 : 170 )) rlsmoke run glm5.3-flash-4layer-1gpu "${ten[@]}" --out "$out/runs/flash"
 timed calibrate-flash rlsmoke calibrate "$out/runs/flash" --write fixtures/thresholds/builtin.json
-glm5_three megatron
-wait
-[ "$(left)" -gt 100 ] && timed suite timeout $(( $(left) - 5 )) bash bench/gpu_h200_suite.sh "$out/suite"
+for trainer in fsdp megatron; do  # GLM-5 1-GPU's first seeds, auto's decode (static: its keys say so)
+  [ "$(left)" -gt 40 ] && timed "glm5-$trainer" timeout $(( $(left) < 95 ? $(left) - 5 : 90 )) rlsmoke run $glm5 --platform nvidia --num-gpus 1 --trainer "$trainer" --repeat 3 --seed 0 \
+    --out "$out/runs/glm5-$trainer"
+done
+[ "$(left)" -gt 100 ] && timed suite-warm timeout $(( $(left) - 5 )) bash bench/gpu_h200_suite.sh "$out/warm"
 [ "$(left)" -gt 100 ] && timed megatron-profile timeout 90 python3 bench/gpu_seed_profile.py $glm5 --trainer megatron \
   --out "$out/profile"  # where megatron's further seed goes over fsdp's
 [ "$(left)" -gt 120 ] && timed glm45-fsdp timeout $(( $(left) - 15 )) rlsmoke run $glm45 "${ten[@]}" \
@@ -38,4 +36,4 @@ for c in glm5-744b-a40b-4layer $glm45; do
   [ "$(left)" -gt 40 ] && timed "${c%%-*}-tiny" timeout $(( $(left) - 5 )) rlsmoke run $c "${ten[@]}" --tiny \
     --out "$out/runs/${c%%-*}-tiny"
 done
-runs_report "$out"; tail -4 "$out/suite/pytest.txt"
+runs_report "$out"; tail -4 "$out/fresh/pytest.txt"; tail -4 "$out/warm/pytest.txt"
