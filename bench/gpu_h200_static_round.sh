@@ -4,8 +4,8 @@
 # the checkpoints side by side; inductor's and fla's caches cold), junit kept; GLM-5.3-Flash 1-GPU `--repeat
 # 10` static and its key calibrated into this checkout's thresholds (as `rlsmoke calibrate` then writes it
 # here from the same runs); GLM-5 1-GPU `--repeat 3` with each trainer (the first seed, the capture at the
-# load); the suite again, warm; a megatron seed under torch.profiler (bench/gpu_seed_profile.py); then,
-# while the budget lasts, GLM-4.5 4-layer with each trainer (its fsdp key calibrated) and both tiny widths.
+# load); the suite again, warm. What follows is the second call's, on the same machine:
+# bench/gpu_h200_round_rest.sh.
 #   [BUDGET_S=570] bench/gpu_h200_static_round.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}
@@ -17,7 +17,7 @@ mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570}
 . bench/steps.sh
 ten=(--platform nvidia --num-gpus 1 --repeat 10 --seed 0 --rollout-decode static)  # auto keeps generate until calibrated
-glm45=glm4.5-355b-a32b-4layer glm5=glm5-744b-a40b-4layer-1gpu
+glm5=glm5-744b-a40b-4layer-1gpu
 [ "$(left)" -gt 60 ] && timed flash timeout $(( $(left) < 175 ? $(left) - 5 : 170 )) rlsmoke run glm5.3-flash-4layer-1gpu "${ten[@]}" --out "$out/runs/flash"
 timed calibrate-flash rlsmoke calibrate "$out/runs/flash" --write fixtures/thresholds/builtin.json
 for trainer in fsdp megatron; do  # GLM-5 1-GPU's first seeds, auto's decode (static: its keys say so)
@@ -25,15 +25,4 @@ for trainer in fsdp megatron; do  # GLM-5 1-GPU's first seeds, auto's decode (st
     --out "$out/runs/glm5-$trainer"
 done
 [ "$(left)" -gt 100 ] && timed suite-warm timeout $(( $(left) - 5 )) bash bench/gpu_h200_suite.sh "$out/warm"
-[ "$(left)" -gt 100 ] && timed megatron-profile timeout 90 python3 bench/gpu_seed_profile.py $glm5 --trainer megatron \
-  --out "$out/profile"  # where megatron's further seed goes over fsdp's
-[ "$(left)" -gt 120 ] && timed glm45-fsdp timeout $(( $(left) - 15 )) rlsmoke run $glm45 "${ten[@]}" \
-  --out "$out/runs/glm45-fsdp" && timed calibrate rlsmoke calibrate "$out/runs/glm45-fsdp" \
-  --write fixtures/thresholds/builtin.json
-[ "$(left)" -gt 200 ] && timed glm45-megatron timeout $(( $(left) - 5 )) rlsmoke run $glm45 "${ten[@]}" \
-  --trainer megatron --out "$out/runs/glm45-megatron"
-for c in glm5-744b-a40b-4layer $glm45; do
-  [ "$(left)" -gt 40 ] && timed "${c%%-*}-tiny" timeout $(( $(left) - 5 )) rlsmoke run $c "${ten[@]}" --tiny \
-    --out "$out/runs/${c%%-*}-tiny"
-done
 runs_report "$out"; tail -4 "$out/fresh/pytest.txt"; tail -4 "$out/warm/pytest.txt"
