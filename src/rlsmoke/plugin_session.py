@@ -102,13 +102,15 @@ def declared_run(item: pytest.Item):
 
 def gpu_checkpoints(items: list[pytest.Item], num_gpus: int | None) -> list[tuple[str, bool]]:
     """(case, tiny) of the checkpoint each GPU test that is not skipped will read, in the tests' order."""
+    from rlsmoke.cases import Case
     from rlsmoke.selection import GPU_PLATFORMS, effective_case
 
     cases = []
     for item in items:
         if item.get_closest_marker("skip") is not None or (run := declared_run(item)) is None:
             continue
-        if run.case.platform in GPU_PLATFORMS:
+        # a unit module's CASE may be a case's name
+        if isinstance(run.case, Case) and run.case.platform in GPU_PLATFORMS:
             case = effective_case(run.case, num_gpus)
             cases.append((case.name, case.tiny))
     return cases

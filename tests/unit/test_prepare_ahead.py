@@ -73,17 +73,20 @@ def test_reads_its_checkpoint(pytestconfig):
 
 @pytest.mark.parametrize("jobs", [None, "0"], ids=["ahead", "off"])
 def test_a_gpu_session_starts_its_checkpoints_before_its_first_test(isolated, cache, jobs):
-    isolated.makepyfile(test_gpu=GPU_MODULE)
+    # a unit module names its case by a string: no checkpoint of its own to prepare
+    isolated.makepyfile(
+        test_gpu=GPU_MODULE, test_named='CASE = "glm4.5-355b-a32b-4layer"\ndef test_y():\n    pass\n'
+    )
     art = isolated.path / "art"
     flags = ["--platform", "nvidia", "--num-gpus", "1", f"--artifacts-dir={art}"]
     result = isolated.runpytest_subprocess(*flags, *(["--prepare-ahead", jobs] if jobs else []))
     if jobs == "0":  # each test prepares its own: no log, and the test's check fails
-        result.assert_outcomes(failed=1)
+        result.assert_outcomes(failed=1, passed=1)
         assert (
             "preparing" not in result.stdout.str() and "glm5-744b-a40b-4layer-tiny.log" in result.stdout.str()
         )
     else:
-        result.assert_outcomes(passed=1)
+        result.assert_outcomes(passed=2)
         result.stdout.fnmatch_lines(["rlsmoke: preparing glm5-744b-a40b-4layer ahead, 1 at a time*"])
 
 
