@@ -203,7 +203,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """The GPU cases' checkpoints that are not in the cache yet start building, side by side."""
     config = session.config
     jobs = config.getoption("prepare_ahead")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # one xdist worker asks for the lot
+    worker = getattr(config, "workerinput", {}).get("workerid", "gw0")  # one xdist worker asks for the lot
     if jobs == 0 or worker != "gw0" or config.option.collectonly or config.getoption("model_dir"):
         return
     if config.getoption("launcher") != "builtin":
