@@ -24,7 +24,7 @@ def test_each_missing_checkpoint_is_prepared_once_side_by_side(cache, tmp_path):
     assert missing([*TINY, TINY[0]]) == TINY  # each once, in order
     ahead = PreparedAhead(TINY, tmp_path / "logs", jobs=2)
     try:
-        assert ahead.wait() == {name: 0 for name, _ in TINY}
+        assert ahead.wait() == {f"{name}-tiny": 0 for name, _ in TINY}
     finally:
         ahead.close()
     assert missing(TINY) == []
@@ -90,7 +90,9 @@ def test_a_gpu_session_starts_its_checkpoints_before_its_first_test(isolated, ca
         result.stdout.fnmatch_lines(["rlsmoke: preparing glm5-744b-a40b-4layer ahead, 1 at a time*"])
 
 
-def test_the_option_is_an_integer(isolated):
+@pytest.mark.parametrize("value", ["two", "-1"])
+def test_the_option_is_a_count(isolated, value):
     isolated.makepyfile("def test_x():\n    pass\n")
-    result = isolated.runpytest("--prepare-ahead", "two")
+    result = isolated.runpytest("--prepare-ahead", value)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--prepare-ahead" in result.stderr.str()

@@ -51,17 +51,18 @@ class PreparedAhead:
 
     def _prepare(self, name: str, tiny: bool) -> int:
         argv = [sys.executable, "-m", "rlsmoke.cli", "prepare", name, "--tiny" if tiny else "--no-tiny"]
+        label = f"{name}{'-tiny' if tiny else ''}"
         with self._lock:
             if self.closed:
                 return -1
-            with open(self.log_dir / f"{name}{'-tiny' if tiny else ''}.log", "w") as log:
+            with open(self.log_dir / f"{label}.log", "w") as log:
                 proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True)  # fmt: skip
-            self._live[name] = proc
+            self._live[label] = proc
         code = proc.wait()
         with self._lock:
-            self._live.pop(name, None)
-            self.exit_codes[name] = code
+            self._live.pop(label, None)
+            self.exit_codes[label] = code
         return code
 
     def wait(self) -> dict[str, int]:
