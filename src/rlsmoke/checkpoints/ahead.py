@@ -36,7 +36,7 @@ def missing(cases: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
 
 
 class PreparedAhead:
-    """`rlsmoke prepare` of each case, `jobs` at a time, logs in `log_dir/<case>.log`. `close()` ends what is
+    """`rlsmoke prepare` of each case, `jobs` at a time, logs in `log_dir/<case>[-tiny].log`. `close()` ends what is
     still running (an interrupted session): a checkpoint is written into a temporary folder and renamed
     whole, so an ended one leaves nothing half-written in the cache."""
 
