@@ -13,7 +13,7 @@ from rlsmoke.shipped import FIXTURES
 
 @pytest.mark.parametrize(("case", "platform", "device", "decided"), [
     ("glm5-744b-a40b-4layer-1gpu", "nvidia", "H200", "static"),  # its keys: calibrated from static seeds
-    ("glm5.3-flash-4layer-1gpu", "nvidia", "H200", "generate"),  # calibrated from generate
+    ("glm5.3-flash-4layer-1gpu", "nvidia", "H200", "static"),  # calibrated anew from static seeds
     ("glm5-744b-a40b-4layer", "nvidia", "H100", "static"),  # no key yet: the one its calibration will use
     ("glm5-744b-a40b-4layer", "cpu", "CPU", "generate"),
     ("glm5-744b-a40b-4layer", "rocm", "MI355X", "generate"),  # static never measured there
@@ -28,15 +28,16 @@ def test_auto_takes_the_decode_the_run_s_thresholds_were_calibrated_from(case, p
     assert resolve(Case(case, platform=platform, num_gpus=gpus, tiny=tiny), session).rollout_decode == decided
 
 
-def test_auto_keeps_generate_for_a_key_calibrated_from_a_run_that_fell_back(monkeypatch, tmp_path):
-    """A calibrating run whose static calls fell back to `generate` records both (`generate/static`): its
-    bounds hold `generate`'s numerics in part, so auto takes `generate`, a decode it can run."""
+@pytest.mark.parametrize("calibrated_from", ["generate", "generate/static"])
+def test_auto_keeps_generate_for_a_key_calibrated_from_it(monkeypatch, tmp_path, calibrated_from):
+    """A key calibrated from `generate` keeps it until it is calibrated anew; so does one whose static calls
+    fell back to `generate` (`generate/static`): its bounds hold `generate`'s numerics in part."""
     case = Case("glm5-744b-a40b-4layer-1gpu", platform="nvidia", num_gpus=1)
     session = Session(host=Host("nvidia", "H200", 1), gated=False)
     assert resolve(case, session).rollout_decode == "static"
     shipped = json.loads((FIXTURES / "thresholds" / "builtin.json").read_text())
     entry = next(e for e in shipped["entries"] if e["key"]["case"] == case.name and "trainer" not in e["key"])
-    entry["provenance"]["rollout_decode"] = "generate/static"
+    entry["provenance"]["rollout_decode"] = calibrated_from
     (tmp_path / "cluster.json").write_text(json.dumps(shipped | {"entries": [entry]}))
     monkeypatch.setenv("RLSMOKE_THRESHOLDS_DIR", str(tmp_path))
     assert resolve(case, session).rollout_decode == "generate"
