@@ -23,8 +23,8 @@ def check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--run-timeout={timeout} must be a number of seconds > 0. Drop it for the "
                                 f"default ({TIMEOUT_DEFAULTS})")  # fmt: skip
     if (ahead := config.getoption("prepare_ahead", None)) is not None and ahead < 0:
-        raise pytest.UsageError(f"--prepare-ahead={ahead} must be >= 0. Pass 0 to leave each checkpoint to its "
-                                "test, or drop it for the default (the cores / 4)")  # fmt: skip
+        fix = "Pass 0 to leave each checkpoint to its test, or drop it for the default (the cores / 4)"
+        raise pytest.UsageError(f"--prepare-ahead={ahead} must be >= 0. {fix}")
     if history := config.getoption("history", None):
         if (path := Path(history)).is_dir():
             raise pytest.UsageError(f"--history={path} is a folder. Pass a sqlite file (made if missing)")

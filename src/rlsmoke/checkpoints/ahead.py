@@ -56,8 +56,8 @@ class PreparedAhead:
             if self.closed:
                 return -1
             with open(self.log_dir / f"{label}.log", "w") as log:
-                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)  # fmt: skip
+                # a group of its own: close() ends it and all it started
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self._live[label] = proc
         code = proc.wait()
         with self._lock:
