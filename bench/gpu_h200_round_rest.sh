@@ -1,31 +1,29 @@
 #!/usr/bin/env bash
 # The static round's second call, on the same warm H200 (its caches and checkpoints kept; the thresholds as
-# the first call's `calibrate` wrote them here): GLM-5.3-Flash's new key against ten seeds it never saw
-# (100-109) and the one-sided temperature of 0.95 on five (200-204); a megatron seed under torch.profiler;
-# then, while the budget lasts, GLM-4.5 4-layer static with each trainer (its fsdp key calibrated) and both
-# tiny widths.
-#   [BUDGET_S=570] bench/gpu_h200_round_rest.sh OUT_DIR
+# the first call's `calibrate` wrote them, copied back here first): the newly calibrated key (`CHECK`,
+# default GLM-4.5 4-layer with the megatron trainer) against ten seeds it never saw (100-109) and the
+# one-sided temperature of 0.95 on five (200-204); then, while the budget lasts, both tiny widths calibrated
+# anew from ten static seeds, and a megatron seed under torch.profiler. (At 6e61c33: `CHECK=flash`, then
+# GLM-4.5's fsdp key calibrated and the tiny widths run against their old keys.)
+#   [BUDGET_S=570] [CHECK=flash] bench/gpu_h200_round_rest.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}
 . bench/gpu_h200_setup.sh
 mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570} start=$(date +%s)
 . bench/steps.sh
-flash=glm5.3-flash-4layer-1gpu glm45=glm4.5-355b-a32b-4layer glm5=glm5-744b-a40b-4layer-1gpu
+declare -A keys=([flash]="glm5.3-flash-4layer-1gpu" [glm45-megatron]="glm4.5-355b-a32b-4layer --trainer megatron"
+                 [glm45-fsdp]="glm4.5-355b-a32b-4layer")
+check=${CHECK:-glm45-megatron} glm5=glm5-744b-a40b-4layer-1gpu
 one=(--platform nvidia --num-gpus 1)
-ten=("${one[@]}" --repeat 10 --seed 0 --rollout-decode static)  # auto keeps generate until calibrated
-timed flash-100 timeout 150 rlsmoke run $flash "${one[@]}" --repeat 10 --seed 100 --out "$out/runs/flash-100"
-timed flash-twin-t095 timeout 100 rlsmoke run $flash "${one[@]}" --repeat 5 --seed 200 \
-  --inject temperature-mismatch --rollout-temperature 0.95 --out "$out/runs/flash-twin-t095"
-[ "$(left)" -gt 100 ] && timed megatron-profile timeout 90 python3 bench/gpu_seed_profile.py $glm5 --trainer megatron \
-  --out "$out/profile"  # where megatron's further seed goes over fsdp's
-[ "$(left)" -gt 120 ] && timed glm45-fsdp timeout $(( $(left) - 15 )) rlsmoke run $glm45 "${ten[@]}" \
-  --out "$out/runs/glm45-fsdp" && timed calibrate rlsmoke calibrate "$out/runs/glm45-fsdp" \
-  --write fixtures/thresholds/builtin.json
-[ "$(left)" -gt 200 ] && timed glm45-megatron timeout $(( $(left) - 5 )) rlsmoke run $glm45 "${ten[@]}" \
-  --trainer megatron --out "$out/runs/glm45-megatron"
-for c in glm5-744b-a40b-4layer $glm45; do
-  [ "$(left)" -gt 40 ] && timed "${c%%-*}-tiny" timeout $(( $(left) - 5 )) rlsmoke run $c "${ten[@]}" --tiny \
-    --out "$out/runs/${c%%-*}-tiny"
+timed "$check-100" timeout 170 rlsmoke run ${keys[$check]} "${one[@]}" --repeat 10 --seed 100 --out "$out/runs/$check-100"
+timed "$check-twin-t095" timeout 110 rlsmoke run ${keys[$check]} "${one[@]}" --repeat 5 --seed 200 \
+  --inject temperature-mismatch --rollout-temperature 0.95 --out "$out/runs/$check-twin-t095"
+for c in glm5-744b-a40b-4layer glm4.5-355b-a32b-4layer; do  # the tiny widths' keys from static seeds
+  [ "$(left)" -gt 60 ] && timed "${c%%-*}-tiny" timeout $(( $(left) - 5 )) rlsmoke run $c "${one[@]}" --tiny --repeat 10 \
+    --seed 0 --rollout-decode static --out "$out/runs/${c%%-*}-tiny" && timed "calibrate-${c%%-*}-tiny" \
+    rlsmoke calibrate "$out/runs/${c%%-*}-tiny" --write fixtures/thresholds/builtin.json
 done
+[ "$(left)" -gt 100 ] && timed megatron-profile timeout 120 python3 bench/gpu_seed_profile.py $glm5 --trainer megatron \
+  --out "$out/profile"  # where megatron's further seed goes over fsdp's
 runs_report "$out"
