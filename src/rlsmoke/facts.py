@@ -64,6 +64,8 @@ OFFLOAD_DEFAULT = (
 
 # How long the suite lets one run take before it stops it, by platform (seconds).
 RUN_TIMEOUT_S = {"cpu": 900.0, "nvidia": 3600.0, "rocm": 3600.0}
+# threads making a synthesized checkpoint's chunks at most (checkpoints.shards.write_shards)
+SYNTHESIS_THREADS = 4
 
 # --- the modeling code ---------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from rlsmoke.checkpoints.ahead import PreparedAhead, missing
-from rlsmoke.checkpoints.cache import cache_key, cache_root, prepare
+from rlsmoke.checkpoints.cache import cached_folder, prepare
 
 pytest_plugins = ["pytester"]
 
@@ -30,9 +30,7 @@ def test_each_missing_checkpoint_is_prepared_once_side_by_side(cache, tmp_path):
         ahead.close()
     assert missing(TINY) == []
     for name, tiny in TINY:
-        assert prepare(name, tiny=tiny) == cache_root() / cache_key(
-            name, tiny=tiny, seed=0, dialect=None, fp8=False
-        )
+        assert prepare(name, tiny=tiny) == cached_folder(name, tiny=tiny)
         assert str(cache) in (tmp_path / "logs" / f"{name}-tiny.log").read_text()  # its stdout: the folder
 
 
@@ -46,7 +44,8 @@ def test_close_ends_a_preparation_and_leaves_no_checkpoint_behind(cache, tmp_pat
         deadline = time.monotonic() + 60
         while not list(cache.glob("checkpoints/.*tmp-*")) and time.monotonic() < deadline:
             time.sleep(0.2)  # until it is writing
-        (proc,) = ahead._live.values()
+        (launched,) = ahead._live.values()
+        proc = launched.proc
     finally:
         ahead.close(grace_s=20)
     assert proc.returncode is not None

@@ -25,6 +25,12 @@ def cache_key(case: str, *, tiny: bool, seed: int, dialect: str | None, fp8: boo
     return f"{case}-{width}-seed{seed}-{dialect or 'native'}{'-fp8' if fp8 else ''}-v{FORMAT_VERSION}"
 
 
+def cached_folder(case_name: str, *, tiny: bool, seed: int = 0, dialect: str | None = None, fp8: bool = False,
+                  cache_dir: Path | str | None = None) -> Path:  # fmt: skip
+    """Where `prepare` keeps the checkpoint of these arguments (there or not)."""
+    return cache_root(cache_dir) / cache_key(case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8)
+
+
 def prepare(
     case_name: str,
     *,
@@ -44,9 +50,8 @@ def prepare(
 
     if dialect is not None:
         check_dialect_name(dialect, model_spec(case_name, tiny=tiny).hf_model_type)
-    root = cache_root(cache_dir)
-    key = cache_key(case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8)
-    out = root / key
+    out = cached_folder(case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8, cache_dir=cache_dir)
+    root, key = out.parent, out.name
 
     def intact(say_why: bool) -> bool:
         if not out.is_dir():

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from rlsmoke.facts import SYNTHESIS_THREADS
+
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MANIFEST_NAME = "checksums.sha256"
@@ -100,7 +102,7 @@ def write_shards(
     """Write `plans` as HF shards plus the index into `out`."""
     groups = split_into_shards(plans, max_shard_bytes)
     tasks = [(p, i) for group in groups for p in group for i in range(p.n_chunks)]
-    chunks = _prefetch(tasks, workers or max(1, min(4, os.cpu_count() or 1)))
+    chunks = _prefetch(tasks, workers or max(1, min(SYNTHESIS_THREADS, os.cpu_count() or 1)))
     weight_map: dict[str, str] = {}
     digests: dict[str, str] = {}
     for n, group in enumerate(groups):
