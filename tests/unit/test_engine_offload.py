@@ -47,7 +47,7 @@ def phase_walk(cfg):
         seen["train"] = workers.offload_state()
         adv = list(grpo.group_advantages(torch.stack([g.rewards for g in groups])))
         step = workers.step(groups, [lp for lp, _ in old], adv)
-        seen["sync"] = (workers.sync(skip=cfg.inject.kind == "stale-weights"), workers.offload_state())
+        seen["sync"] = (workers.sync(skip=cfg.inject.skips_sync), workers.offload_state())
         workers.generate([p.ids for p in prompts], cfg.n_samples, seed=1)
         seen["rollout 1"] = workers.offload_state()
         old = workers.forward_only(groups)

@@ -58,6 +58,11 @@ class Inject:
     kind: str = ""  # "" means no fault
     value: float = 0.0
 
+    @property
+    def skips_sync(self) -> bool:
+        """stale-weights: the sync loads nothing and compares the rollout copy as it was."""
+        return self.kind == "stale-weights"
+
     def __str__(self) -> str:
         if not self.kind:
             return "none"
@@ -265,7 +270,7 @@ class RunConfig:
             )
         if self.inject.kind == "rollout-noise" and self.inject.value <= 0:
             problems.append("inject=rollout-noise needs SIGMA > 0. Adjust --inject rollout-noise=0.01")
-        if self.inject.kind == "stale-weights" and self.num_rollout < 2:
+        if self.inject.skips_sync and self.num_rollout < 2:
             problems.append("inject=stale-weights needs a sync, so num_rollout >= 2. Adjust --num-rollout")
         if self.inject.kind.startswith("bridge-") and self.trainer != "megatron":
             problems.append(f"inject={self.inject.kind} is a bridge defect: it needs --trainer megatron")

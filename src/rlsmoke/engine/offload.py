@@ -232,7 +232,7 @@ class Phases:
         self._rebuilt: list = []  # (compute, main) pairs whose compute storage is freed while parked
         # a sync that loads every weight rewrites the rollout copy: its parameters are freed, not parked (GLM-4.5
         # 4-layer on one H200: 7.7 s of a 13.4 s seed moved 12.9 GB out and back); stale-weights keeps them
-        self.sync_rewrites = cfg.inject.kind != "stale-weights"
+        self.sync_rewrites = not cfg.inject.skips_sync
         self._released: list = []  # (parameter, shape) of the rollout copy, freed until the sync
 
     def enter(self, phase: str) -> None:

@@ -58,7 +58,7 @@ def one_run(cfg: RunConfig, workers, prompts, tokenizer, seed: int, log: RunLog,
             step.update(clock("train_step", workers.step, groups, old_lp, advantages))
             if i == cfg.num_rollout - 2:  # the last step: its moments are dead weight from here on
                 workers.drop_optimizer_state()
-            step.update(clock("sync", workers.sync, skip=cfg.inject.kind == "stale-weights"))
+            step.update(clock("sync", workers.sync, skip=cfg.inject.skips_sync))
         for kind, metrics in (("rollout", rollout), ("step", step)):
             lines.append({"kind": kind, "index": i, "metrics": metrics})
             log(f"{kind} {i}: {metrics!r}")

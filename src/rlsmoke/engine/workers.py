@@ -122,4 +122,4 @@ class SharedDevice(TrainCalls):
         """`rlsmoke run --variants`: the next run's fault and rollout temperature, on both sides."""
         self.engine.set_variant(inject, temperature)
         self.trainer.set_variant(inject, temperature)
-        self.phases.sync_rewrites = inject.kind != "stale-weights"
+        self.phases.sync_rewrites = not inject.skips_sync
