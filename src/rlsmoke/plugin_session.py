@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from rlsmoke.facts import RUN_TIMEOUT_S, in_words
+from rlsmoke.facts import RUN_TIMEOUT_S, SYNTHESIS_THREADS, in_words
 
 SESSION_LOCK = ".pytest-session.lock"  # in the artifacts root: one session's at a time
 TIMEOUT_DEFAULTS = in_words(RUN_TIMEOUT_S, "{:.0f}".format)  # "900 on cpu, 3600 on nvidia and rocm"
+AHEAD_DEFAULT = f"the cores / {SYNTHESIS_THREADS}"  # builds side by side, each on SYNTHESIS_THREADS threads
 
 
 def check_options(config: pytest.Config) -> None:
@@ -23,7 +24,7 @@ def check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--run-timeout={timeout} must be a number of seconds > 0. Drop it for the "
                                 f"default ({TIMEOUT_DEFAULTS})")  # fmt: skip
     if (ahead := config.getoption("prepare_ahead", None)) is not None and ahead < 0:
-        fix = "Pass 0 to leave each checkpoint to its test, or drop it for the default (the cores / 4)"
+        fix = f"Pass 0 to leave each checkpoint to its test, or drop it for the default ({AHEAD_DEFAULT})"
         raise pytest.UsageError(f"--prepare-ahead={ahead} must be >= 0. {fix}")
     if history := config.getoption("history", None):
         if (path := Path(history)).is_dir():

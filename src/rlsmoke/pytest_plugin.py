@@ -103,7 +103,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         metavar="N",
         help="checkpoints of the session's GPU cases prepared side by side as it starts, N at a time; 0: each "
-        "test prepares its own (default: the cores / 4)",
+        f"test prepares its own (default: {plugin_session.AHEAD_DEFAULT})",
     )
     g.addoption(
         "--run-timeout",
