@@ -12,12 +12,10 @@ out=${1:?OUT_DIR}
 mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570} start=$(date +%s)
 . bench/steps.sh
-declare -A keys=([flash]="glm5.3-flash-4layer-1gpu" [glm45-megatron]="glm4.5-355b-a32b-4layer --trainer megatron"
-                 [glm45-fsdp]="glm4.5-355b-a32b-4layer")
 check=${CHECK:-glm45-megatron} glm5=glm5-744b-a40b-4layer-1gpu
 one=(--platform nvidia --num-gpus 1)
-timed "$check-100" timeout 170 rlsmoke run ${keys[$check]} "${one[@]}" --repeat 10 --seed 100 --out "$out/runs/$check-100"
-timed "$check-twin-t095" timeout 110 rlsmoke run ${keys[$check]} "${one[@]}" --repeat 5 --seed 200 \
+timed "$check-100" timeout 170 rlsmoke run ${KEY_RUNS[$check]} "${one[@]}" --repeat 10 --seed 100 --out "$out/runs/$check-100"
+timed "$check-twin-t095" timeout 110 rlsmoke run ${KEY_RUNS[$check]} "${one[@]}" --repeat 5 --seed 200 \
   --inject temperature-mismatch --rollout-temperature 0.95 --out "$out/runs/$check-twin-t095"
 for c in glm5-744b-a40b-4layer glm4.5-355b-a32b-4layer; do  # the tiny widths' keys from static seeds
   [ "$(left)" -gt 60 ] && timed "${c%%-*}-tiny" timeout $(( $(left) - 5 )) rlsmoke run $c "${one[@]}" --tiny --repeat 10 \

@@ -18,10 +18,8 @@ steps_out=$out budget=${BUDGET_S:-570}
 . bench/steps.sh
 ten=(--platform nvidia --num-gpus 1 --repeat 10 --seed 0 --rollout-decode static)  # auto keeps generate until calibrated
 glm5=glm5-744b-a40b-4layer-1gpu
-declare -A keys=([flash]="glm5.3-flash-4layer-1gpu" [glm45-megatron]="glm4.5-355b-a32b-4layer --trainer megatron"
-                 [glm45-fsdp]="glm4.5-355b-a32b-4layer")
 for k in ${CALIBRATE:-glm45-megatron}; do  # ten static seeds, then the key from them
-  [ "$(left)" -gt 60 ] && timed "$k" timeout $(( $(left) < 175 ? $(left) - 5 : 170 )) rlsmoke run ${keys[$k]} "${ten[@]}" \
+  [ "$(left)" -gt 60 ] && timed "$k" timeout $(( $(left) < 175 ? $(left) - 5 : 170 )) rlsmoke run ${KEY_RUNS[$k]} "${ten[@]}" \
     --out "$out/runs/$k" && timed "calibrate-$k" rlsmoke calibrate "$out/runs/$k" --write fixtures/thresholds/builtin.json
 done
 for trainer in fsdp megatron; do  # GLM-5 1-GPU's first seeds, auto's decode (static: its keys say so)

@@ -14,3 +14,6 @@ runs_report() {  # runs_report OUT: each run's verdicts (OUT/verdicts.txt) and w
   done > "$1/verdicts.txt" 2>&1
   cat "$1/timing.txt" "$1/verdicts.txt" "$1/seed-costs.md"
 }
+# The one-GPU H200 keys a static round calibrates or checks, by short name: `rlsmoke run`'s case and flags.
+declare -A KEY_RUNS=([flash]="glm5.3-flash-4layer-1gpu" [glm45-megatron]="glm4.5-355b-a32b-4layer --trainer megatron"
+                     [glm45-fsdp]="glm4.5-355b-a32b-4layer")
