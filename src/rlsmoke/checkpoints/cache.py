@@ -25,8 +25,15 @@ def cache_key(case: str, *, tiny: bool, seed: int, dialect: str | None, fp8: boo
     return f"{case}-{width}-seed{seed}-{dialect or 'native'}{'-fp8' if fp8 else ''}-v{FORMAT_VERSION}"
 
 
-def cached_folder(case_name: str, *, tiny: bool, seed: int = 0, dialect: str | None = None, fp8: bool = False,
-                  cache_dir: Path | str | None = None) -> Path:  # fmt: skip
+def cached_folder(
+    case_name: str,
+    *,
+    tiny: bool,
+    seed: int = 0,
+    dialect: str | None = None,
+    fp8: bool = False,
+    cache_dir: Path | str | None = None,
+) -> Path:
     """Where `prepare` keeps the checkpoint of these arguments (there or not)."""
     return cache_root(cache_dir) / cache_key(case_name, tiny=tiny, seed=seed, dialect=dialect, fp8=fp8)
 
