@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The static decode on one fresh H200, most needed first: `NUM_GPUS=1 pytest -m nvidia tests/e2e` from nothing
-# (the plugin prepares the checkpoints side by side; inductor's and fla's caches cold; every suite key now
-# calibrated from static seeds), junit kept; the keys still `generate`'s calibrated anew from ten static seeds
-# each (`CALIBRATE`, default GLM-4.5 4-layer with the megatron trainer), written into this checkout's
-# thresholds as `rlsmoke calibrate` writes them; GLM-5 1-GPU `--repeat 3` with each trainer (the first seed,
-# the capture at the load); the suite again, warm. The second call on the same machine:
-# bench/gpu_h200_round_rest.sh. (At 6e61c33 the calibrated key was GLM-5.3-Flash's: `CALIBRATE=flash`.)
-#   [BUDGET_S=570] [CALIBRATE="glm45-megatron flash ..."] bench/gpu_h200_static_round.sh OUT_DIR
+# One fresh H200, most needed first: `NUM_GPUS=1 pytest -m nvidia tests/e2e` from nothing (the plugin prepares
+# the checkpoints side by side; inductor's and fla's caches cold; every suite key calibrated from static
+# seeds), junit kept; GLM-5 1-GPU with the megatron trainer, its experts grouped (`GroupedExperts`): seeds 0-9
+# against its key (a key they fail is calibrated anew from them, as `rlsmoke calibrate` writes it), ten
+# seeds it never saw (100-109) and the one-sided temperature of 0.95 (200-204); the suite again, warm; the
+# experts bench (grouped against SequentialMLP on this device); GLM-5 fsdp `--repeat 3`. The second call on
+# the same machine: bench/gpu_h200_round_rest.sh. (As it ran at 6e61c33: `git show 6e61c33:bench/...`.)
+#   [BUDGET_S=570] [CHECK=glm5-megatron] bench/gpu_h200_static_round.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}
 start=$(date +%s)
@@ -16,15 +16,11 @@ echo "fresh machine, checkpoints and suite: $(( $(date +%s) - start )) s in all"
 mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570}
 . bench/steps.sh
-ten=(--platform nvidia --num-gpus 1 --repeat 10 --seed 0 --rollout-decode static)  # auto keeps generate until calibrated
-glm5=glm5-744b-a40b-4layer-1gpu
-for k in ${CALIBRATE:-glm45-megatron}; do  # ten static seeds, then the key from them
-  [ "$(left)" -gt 60 ] && timed "$k" timeout $(( $(left) < 175 ? $(left) - 5 : 170 )) rlsmoke run ${KEY_RUNS[$k]} "${ten[@]}" \
-    --out "$out/runs/$k" && timed "calibrate-$k" rlsmoke calibrate "$out/runs/$k" --write fixtures/thresholds/builtin.json
-done
-for trainer in fsdp megatron; do  # GLM-5 1-GPU's first seeds, auto's decode (static: its keys say so)
-  [ "$(left)" -gt 40 ] && timed "glm5-$trainer" timeout $(( $(left) < 95 ? $(left) - 5 : 90 )) rlsmoke run $glm5 --platform nvidia --num-gpus 1 --trainer "$trainer" --repeat 3 --seed 0 \
-    --out "$out/runs/glm5-$trainer"
-done
-[ "$(left)" -gt 100 ] && timed suite-warm timeout $(( $(left) - 5 )) bash bench/gpu_h200_suite.sh "$out/warm"
+check=${CHECK:-glm5-megatron}
+[ "$(left)" -gt 60 ] && check_key "$check" 0
+[ "$(left)" -gt 100 ] && timed suite-warm timeout 150 bash bench/gpu_h200_suite.sh "$out/warm"
+[ "$(left)" -gt 40 ] && timed experts-bench timeout 60 python3 bench/megatron_experts.py glm5-744b-a40b-4layer-1gpu \
+  --device cuda
+[ "$(left)" -gt 40 ] && timed glm5-fsdp timeout $(( $(left) < 95 ? $(left) - 5 : 90 )) rlsmoke run glm5-744b-a40b-4layer-1gpu \
+  --platform nvidia --num-gpus 1 --repeat 3 --seed 0 --out "$out/runs/glm5-fsdp"
 runs_report "$out"; tail -4 "$out/fresh/pytest.txt"; tail -4 "$out/warm/pytest.txt"

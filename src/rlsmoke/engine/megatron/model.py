@@ -18,6 +18,7 @@ import torch
 
 from rlsmoke.bridge.convert import Parallel, padded_vocab
 from rlsmoke.engine.megatron import refusal
+from rlsmoke.engine.megatron.experts import experts_cls
 from rlsmoke.engine.megatron.flags import config_kwargs, flag_value
 from rlsmoke.errors import RlsmokeError
 from rlsmoke.models import ModelSpec
@@ -113,8 +114,9 @@ def transformer_config(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dt
     mla = "--multi-latent-attention" in argv
     kw = config_kwargs(argv, mla=mla)
     kw.update(
-        # no grouped GEMM without TransformerEngine: SequentialMLP, one Linear pair per expert (same math);
-        # the fused kernels, the MoE permute's too, stay off as megatron-core's defaults have them
+        # megatron-core's grouped GEMMs need TransformerEngine or grouped_gemm: SequentialMLP's modules, run
+        # grouped by `experts.GroupedExperts`; the fused kernels, the MoE permute's too, stay off as
+        # megatron-core's defaults have them
         moe_grouped_gemm=False,
         tensor_model_parallel_size=par.tp,
         expert_model_parallel_size=par.ep,
@@ -147,14 +149,19 @@ def transformer_config(spec: ModelSpec, par: Parallel, *, params_dtype: torch.dt
 
 
 def layer_spec(config):
-    """The local block spec with our core attention and MLA's down projections duplicated as TE's spec
-    does: split by rows, the shared RoPE key's grad was 50-110% off at TP=2 (tiny GLM-5)."""
+    """The local block spec with our core attention, the routed experts grouped (`GroupedExperts`) and MLA's
+    down projections duplicated as TE's spec does: split by rows, the shared RoPE key's grad was 50-110% off
+    at TP=2 (tiny GLM-5)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.post_training.modelopt.layers import Linear
+    from megatron.core.transformer.moe.experts import SequentialMLP
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
-    core = core_attention_cls()
+    core, grouped = core_attention_cls(), experts_cls()
     for layer in block.layer_specs:
+        experts = getattr(getattr(layer.submodules.mlp, "submodules", None), "experts", None)
+        if experts is not None and experts.module is SequentialMLP:
+            experts.module = grouped
         attention = layer.submodules.self_attention.submodules
         attention.core_attention = core
         if hasattr(attention, "linear_kv_down_proj"):
