@@ -32,18 +32,6 @@ def test_a_kda_path_that_cannot_run_is_refused(monkeypatch, asked, fla, device):
     assert err.value.rule == "kda.path"
 
 
-def test_the_triton_cache_lives_with_the_checkpoints_unless_the_user_chose(monkeypatch, tmp_path):
-    monkeypatch.setenv("RLSMOKE_CACHE", str(tmp_path))
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    kda.triton_cache()
-    import os
-
-    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
-    monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")
-    kda.triton_cache()
-    assert os.environ["TRITON_CACHE_DIR"] == "/elsewhere"
-
-
 def test_fla_s_call_takes_only_what_fla_accepts():
     seen = {}
 

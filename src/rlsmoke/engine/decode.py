@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from typing import Any
 
 import torch
 import transformers
-
-from rlsmoke.checkpoints.cache_paths import cache_home
-from rlsmoke.engine import kda
 
 CHECK_EVERY = 16
 LENGTH_BUCKET = 128
@@ -83,9 +79,7 @@ class StaticDecoder:
         fix_shapes(model)
         self.step = self._forward
         if self.compiled:
-            # compiled kernels under $RLSMOKE_CACHE unless the user chose folders: compiled once a machine
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
-            kda.triton_cache()
+            # its kernels are kept under $RLSMOKE_CACHE (rlsmoke.engine set the folders at its import)
             self.step = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
 
     def _forward(self, tokens, positions, mask, cache) -> torch.Tensor:

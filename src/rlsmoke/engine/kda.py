@@ -3,7 +3,7 @@
 transformers' reference KDA is PyTorch loops, the rollout's whole cost. With `fla` importable on CUDA the
 engine binds fla's `chunk_kda` / `fused_recurrent_kda` instead; `RLSMOKE_KDA=reference|fla` forces one.
 fla compiles and autotunes on first use (minutes on an H200): `warm_up` pays it before the first seed
-(`timing.compile_s`), into `$RLSMOKE_CACHE/triton` unless TRITON_CACHE_DIR is set.
+(`timing.compile_s`), into `$RLSMOKE_CACHE/triton` unless TRITON_CACHE_DIR is set (`rlsmoke.engine`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from rlsmoke.checkpoints.cache_paths import cache_home
 from rlsmoke.engine import fla_configs
 from rlsmoke.errors import RlsmokeError
 
@@ -50,19 +49,11 @@ def choose(device: str, family: str) -> str:
     return asked or ("fla" if can_fla else "reference")
 
 
-def triton_cache() -> None:
-    """Compiled kernels next to the checkpoints ($RLSMOKE_CACHE/triton), unless the user chose a folder."""
-    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_home() / "triton"))
-    # the autotuner's choice is kept too (Triton >= 3.3)
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-
-
 def install(path: str) -> None:
     """Bind the KDA functions transformers' layer calls to `path`'s implementation (a process-wide choice)."""
     if not path:
         return
     if path == "fla":
-        triton_cache()
         if not CONFIGS:
             CONFIGS.update(_configs())
     modeling = importlib.import_module(MODELING)
