@@ -92,11 +92,11 @@ def test_a_users_folder_named_like_a_builds_leftover_is_kept(tmp_path, capsys):
 
 
 def test_a_cache_folder_holding_a_users_file_is_not_rebuilt_over(tmp_path):
-    from rlsmoke.checkpoints.cache import cache_key, cache_root
+    from rlsmoke.checkpoints.cache import cached_folder
     from rlsmoke.checkpoints.cache import prepare as cached
     from rlsmoke.errors import CheckpointError
 
-    folder = cache_root() / cache_key(CASE, tiny=True, seed=0, dialect=None, fp8=False)
+    folder = cached_folder(CASE, tiny=True)
     folder.mkdir(parents=True)
     (folder / "mine").write_text("x\n")
     with pytest.raises(CheckpointError, match="not_ours|did not write") as caught:
