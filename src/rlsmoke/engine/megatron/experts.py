@@ -5,8 +5,9 @@ megatron-core offers only `SequentialMLP`: an MLP module per expert, two linear 
 GLM-5 4-layer's 64 experts made a further megatron seed host-bound (3,576 linear calls, 74,703 launches a
 seed on an H200). `GroupedExperts` keeps `SequentialMLP`'s modules and parameters (the bridge, DDP, the
 offload and the sync see the same tensors) and computes what each expert's `MLP.forward` computes, the
-non-fused branch, with `torch._grouped_mm` over the experts' stacked weights. On CPU, and on a GPU without a
-grouped kernel, torch runs a matmul per expert: the same bits as `SequentialMLP` (tests pin it).
+non-fused branch, with `torch._grouped_mm` over the experts' stacked weights. On CPU torch runs a matmul per
+expert: the same bits as `SequentialMLP`, forward and backward (tests pin it); on an H100 the grouped
+kernel sums in its own order, off in the last bf16 bits (`bench/megatron_experts.py`).
 """
 
 from __future__ import annotations
