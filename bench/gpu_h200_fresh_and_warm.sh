@@ -6,5 +6,5 @@ set -uo pipefail
 out=${1:?OUT_DIR}; shift
 t0=$(date +%s)
 bash bench/gpu_h200_suite.sh "$out/fresh" "$@"
-echo "fresh machine, checkpoints and suite: $(( $(date +%s) - t0 )) s in all" | tee -a "$out/fresh/pytest.txt"
+echo "fresh machine, the suite script with its evidence (env.txt, artifacts.tgz): $(( $(date +%s) - t0 )) s" | tee -a "$out/fresh/pytest.txt"
 bash bench/gpu_h200_suite.sh "$out/warm" "$@"

@@ -11,7 +11,7 @@ set -uo pipefail
 out=${1:?OUT_DIR}
 start=$(date +%s)
 bash bench/gpu_h200_suite.sh "$out/fresh"  # sets up the wheels first: counted in its setup line
-echo "fresh machine, checkpoints and suite: $(( $(date +%s) - start )) s in all" | tee -a "$out/fresh/pytest.txt"
+echo "fresh machine, the suite script with its evidence (env.txt, artifacts.tgz): $(( $(date +%s) - start )) s" | tee -a "$out/fresh/pytest.txt"
 . bench/gpu_h200_setup.sh
 mkdir -p "$out/runs"
 steps_out=$out budget=${BUDGET_S:-570}

@@ -7,7 +7,7 @@
 #   bench/gpu_h200_suite.sh OUT_DIR [PYTEST_ARGS...]
 set -uo pipefail
 out=${1:?OUT_DIR}; shift
-t0=$(date +%s)
+t0=$(date +%s) start_s=$(date +%s)
 . bench/gpu_h200_setup.sh
 mkdir -p "$out"
 if [ ! -d "$RLSMOKE_CACHE/triton" ] && ls .gpu-tree/triton.tgz.* > /dev/null 2>&1; then
@@ -23,6 +23,8 @@ for log in artifacts/prepare-ahead/*.log; do  # when each of this session's buil
   [ -f "$log" ] && [ "$(stat -c %Y "$log")" -ge "$t0" ] && echo "checkpoint $(basename "$log" .log) ready $(( $(stat -c %Y "$log") - t0 )) s after pytest's start"
 done | tee "$out/prepare.txt" >> "$out/pytest.txt"
 echo "pytest, checkpoints prepared beside it: $pytest_s s wall, exit $rc" | tee -a "$out/pytest.txt"
+# the fresh host's figure (docs/benchmarks.md): the wheels, the checkpoints and the suite, not the evidence below
+echo "wheels, checkpoints and suite: $(( $(date +%s) - start_s )) s in all" | tee -a "$out/pytest.txt"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c 'import torch, transformers, sys; print(torch.__version__, transformers.__version__, sys.version)'
   python3 -c 'import fla, triton; print("fla", fla.__version__, "triton", triton.__version__)'; date; } > "$out/env.txt" 2>&1
