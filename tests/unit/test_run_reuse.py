@@ -1,12 +1,15 @@
 """`--repeat K` loads once: seed k of a repeat run restores the initial weights in place and gives the
 same bits as a fresh `rlsmoke run --seed k`, for each trainer and at 2 gloo ranks (FSDP2, the path two
-GPUs take). The twin skips the restore and sees seed 1 start from seed 0's trained weights.
+GPUs take), though only a run's first seed has deterministic mode's NaN fill. The twin skips the restore
+and sees seed 1 start from seed 0's trained weights; the fill's twin reads memory never written.
 """
 
 import json
 from pathlib import Path
 
 import pytest
+import torch
+import torch.utils.deterministic as det
 
 from rlsmoke.cases import Case
 from rlsmoke.engine import megatron
@@ -14,6 +17,7 @@ from rlsmoke.engine.config import RunConfig
 from rlsmoke.engine.placement import Colocated
 from rlsmoke.engine.run import execute
 from rlsmoke.engine.timing import phase_seconds
+from rlsmoke.errors import RunError
 from rlsmoke.processes import here, runner
 from rlsmoke.suite import CaseRun, builtin_argv
 
@@ -116,3 +120,37 @@ def test_initial_weights_kept_on_the_device_restore_seed_k(tmp_path, monkeypatch
     assert summary["memory"]["initial_on_device"] is True
     assert "initial weights: kept on the device" in (tmp_path / "repeat" / "run.log").read_text()
     assert (_seed_lines(tmp_path / "repeat", 1) == _seed_lines(tmp_path / "fresh")) is not aliased
+
+
+def test_the_nan_fill_runs_the_first_seed_only(monkeypatch, tmp_path):
+    """Each run's first seed has deterministic mode's NaN fill; a further seed, from the restore on, not."""
+    filled = []
+    seed = Colocated.manual_seed
+
+    def seeded(self, s):  # each seed's start, after a further seed's restore
+        filled.append(det.fill_uninitialized_memory)
+        seed(self, s)
+
+    monkeypatch.setattr(Colocated, "manual_seed", seeded)
+    cfg = RunConfig(case=CASE, tiny=True, **SHAPE)
+    execute(cfg, tmp_path / "repeat", repeat=3)
+    execute(cfg, tmp_path / "next", repeat=1)  # the next run in this process starts with it again
+
+    assert filled == [True, False, False, True]
+
+
+def test_twin_memory_read_before_written_in_the_first_seed_stops_the_run(monkeypatch, tmp_path):
+    """What the fill is kept for: a log-prob that reads a `torch.empty` it never wrote is NaN, and the
+    loss's finite check names it."""
+    from rlsmoke.engine import train
+
+    logprobs = train.token_logprobs
+
+    def reads_unwritten(model, group, temperature=1.0):
+        logp, entropy = logprobs(model, group, temperature)
+        return logp + torch.empty_like(logp) * 0, entropy
+
+    monkeypatch.setattr(train, "token_logprobs", reads_unwritten)
+    with pytest.raises(RunError) as caught:
+        execute(RunConfig(case=CASE, tiny=True, **SHAPE), tmp_path / "run", repeat=1)
+    assert caught.value.rule == "train.finite_loss"

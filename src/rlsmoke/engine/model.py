@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.utils.deterministic
 import transformers
 
 from rlsmoke.checkpoints import prepare
@@ -42,6 +43,7 @@ def process_settings(threads: int | None) -> None:
     # CPU backward (MoE index ops) is nondeterministic in the last bits with more threads (measured)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True  # a run's first seed: `reuse.first_seed_only`
     if torch.cuda.is_available():  # cuDNN's SDPA plans every new shape and has a nondeterministic backward
         torch.backends.cuda.enable_cudnn_sdp(False)
     transformers.logging.set_verbosity_error()

@@ -4,6 +4,8 @@ The main parameters are kept in the narrowest dtype that gives them back bit for
 the estimate counts it, else in host memory; AdamW's moments are dropped. Derived copies are rebuilt as
 the step and sync rebuild them, but parameters that rebuild would not reproduce are kept as they are.
 Seed k then starts from the same bits as a fresh `--seed k` run (tests/unit/test_run_reuse.py).
+
+A restore also ends deterministic mode's NaN fill of each `torch.empty` in its process (`first_seed_only`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.utils.deterministic
 
 from rlsmoke.engine.model import TORCH_DTYPES
 from rlsmoke.engine.offload import local_shard, pins
 
 CHUNK = 1 << 24  # elements cast at a time: no device temporary larger than 64 MiB in fp32
+
+
+def first_seed_only() -> None:
+    """The NaN fill (an op that reads memory it never wrote shows as NaN, and the run's finite checks
+    stop it) off from a further seed or run on: it runs the kernels the first seed ran with the fill,
+    and the fill costs a launch per `torch.empty` (25,157 in a megatron seed of GLM-5 4-layer on an H200).
+    Nothing correct reads what the fill wrote: seed k of a `--repeat` gives a fresh `--seed k` run's bits."""
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def _resharded(model: torch.nn.Module) -> torch.nn.Module:
@@ -87,6 +98,7 @@ class DerivedCopy:
 
     @torch.no_grad()
     def restore(self, model: torch.nn.Module, derived: Iterable[tuple[str, torch.Tensor]]) -> None:
+        first_seed_only()  # a rollout process restores only this
         params = dict(model.named_parameters())
         for name, t in derived:  # consumed in full: under FSDP2 each item is a collective
             if name in params and name not in self.kept and params[name].shape == t.shape:
@@ -107,6 +119,7 @@ class InitialState:
 
     def restore(self, trainer) -> None:
         """Main weights as kept, no moments, no grads: a fresh optimizer's first step comes next."""
+        first_seed_only()
         trainer.optimizer.zero_grad(set_to_none=True)
         for p in trainer.model.parameters():
             p.grad = None
