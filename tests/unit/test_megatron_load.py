@@ -107,8 +107,9 @@ def test_unfilled_leaves_the_nan_fill_off_only_inside_and_as_it_was_after():
 
     from rlsmoke.engine.read import unfilled
 
-    before = torch.are_deterministic_algorithms_enabled()
+    before, filled = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True)
+    det.fill_uninitialized_memory = True  # torch's default, whatever ran in this process before
     try:
         assert torch.empty(8).isnan().all()  # deterministic mode fills what torch.empty hands out
         with unfilled():
@@ -119,3 +120,4 @@ def test_unfilled_leaves_the_nan_fill_off_only_inside_and_as_it_was_after():
         assert det.fill_uninitialized_memory is True
     finally:
         torch.use_deterministic_algorithms(before)
+        det.fill_uninitialized_memory = filled

@@ -134,9 +134,12 @@ def test_the_nan_fill_runs_the_first_seed_only(monkeypatch, tmp_path):
     monkeypatch.setattr(Colocated, "manual_seed", seeded)
     cfg = RunConfig(case=CASE, tiny=True, **SHAPE)
     execute(cfg, tmp_path / "repeat", repeat=3)
+    # the caller's own setting, which a run leaves as it found it
+    monkeypatch.setattr(det, "fill_uninitialized_memory", False)
     execute(cfg, tmp_path / "next", repeat=1)  # the next run in this process starts with it again
 
     assert filled == [True, False, False, True]
+    assert det.fill_uninitialized_memory is False
 
 
 def test_twin_memory_read_before_written_in_the_first_seed_stops_the_run(monkeypatch, tmp_path):

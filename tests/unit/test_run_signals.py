@@ -173,3 +173,38 @@ def test_a_run_of_ranks_signalled_alone_leaves_no_process_behind(tmp_path, sig):
     while time.monotonic() < ended + OUTLIVE_S and [pid for pid in seen if alive(pid)]:
         time.sleep(0.1)
     assert not [pid for pid in seen if alive(pid)], [_cmdline(pid)[:120] for pid in seen if alive(pid)]
+
+
+# A rank whose SIGINT lands inside a weakref callback: the handler's SystemExit is raised there.
+IN_A_CALLBACK = """
+import gc, os, signal, sys, weakref
+from rlsmoke.engine import signals
+signals.in_rank()
+if sys.argv[1] == "default-hook":
+    sys.unraisablehook = sys.__unraisablehook__
+class Key: pass
+def callback(_):
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10000):  # the handler runs between these bytecodes, inside the callback
+        pass
+key = Key()
+ref = weakref.ref(key, callback)
+del key
+gc.collect()
+print("the rank went on")
+"""
+
+
+@pytest.mark.parametrize("hook", ["rank-hook", "default-hook"], ids=["rank", "twin-default-hook"])
+def test_a_rank_interrupted_inside_a_weakref_callback_ends_quietly(hook):
+    """Python prints an exception raised in a finalizer or weakref callback as "Exception ignored", with
+    a traceback, and goes on; a rank ends there with 130 and says nothing. The twin, with Python's own
+    hook back, prints the traceback and runs on."""
+    done = subprocess.run(
+        [sys.executable, "-c", IN_A_CALLBACK, hook], capture_output=True, text=True, timeout=60
+    )
+    if hook == "rank-hook":
+        assert (done.returncode, done.stdout, done.stderr) == (128 + signal.SIGINT, "", ""), done
+    else:
+        assert done.returncode == 0 and "the rank went on" in done.stdout, done
+        assert "Exception ignored" in done.stderr and "Traceback" in done.stderr, done

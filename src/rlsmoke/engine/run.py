@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.utils.deterministic as det
 import transformers
 
 from rlsmoke.artifacts import RunLog, write_atomic
@@ -94,6 +95,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
     t0 = time.perf_counter()
     transformers.logging.set_verbosity_error()  # the KDA fallback warnings would bury the table
     mem_estimate = estimate(cfg.spec, plan_of_run(cfg))
+    fill_before = det.fill_uninitialized_memory  # a further seed turns it off (engine.reuse.first_seed_only)
     done: list[tuple[list, dict, list, set]] = []  # each run's metrics lines, timing, memory peaks, decodes
 
     def unfinished(text: str) -> None:  # each open run's log: the load's lines, or what cut the command short
@@ -174,6 +176,7 @@ def _execute(cfg: RunConfig, runs: list[tuple[RunConfig, Path]], *, repeat: int,
         finally:
             workers.close()
             del workers
+            det.fill_uninitialized_memory = fill_before  # as the caller's process had it
             if torch.cuda.is_available():  # the device's memory back for the process's next run
                 gc.collect()
                 torch.cuda.empty_cache()

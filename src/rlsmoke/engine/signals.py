@@ -110,10 +110,26 @@ def in_rank() -> None:
     """At a rank process's start, after `in_child` (`engine.procs` calls that for every rank)."""
     for signum in STOP:
         signal.signal(signum, _rank_interrupted if signum == signal.SIGINT else signal.SIG_DFL)
+    sys.unraisablehook = _rank_unraisable
+
+
+class _RankInterrupted(SystemExit):
+    pass
 
 
 def _rank_interrupted(signum, frame) -> None:
-    raise SystemExit(128 + signum)  # multiprocessing ends a process on SystemExit without a traceback
+    raise _RankInterrupted(128 + signum)  # multiprocessing ends a process on SystemExit without a traceback
+
+
+def _rank_unraisable(unraisable) -> None:
+    """A SIGINT that lands in a finalizer or a weakref callback: Python would print its SystemExit as
+    "Exception ignored" with a traceback and go on; the rank ends there instead, as quietly."""
+    if isinstance(unraisable.exc_value, _RankInterrupted):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(unraisable.exc_value.code)
+    sys.__unraisablehook__(unraisable)
 
 
 def _on_signal(signum, frame) -> None:
