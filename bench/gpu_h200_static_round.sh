@@ -24,7 +24,7 @@ check=${CHECK:-glm5-megatron}
   --device cuda
 [ "$(left)" -gt 40 ] && timed glm5-fsdp timeout $(( $(left) < 95 ? $(left) - 5 : 90 )) rlsmoke run glm5-744b-a40b-4layer-1gpu \
   --platform nvidia --num-gpus 1 --repeat 3 --seed 0 --out "$out/runs/glm5-fsdp"
-# its further seeds run without the NaN fill: the same forward bits as 6e61c33's, which had it on every seed?
+# its further seeds ran without the NaN fill: their forward-side bits against 6e61c33's, which had it on every seed
 [ -f "$out/runs/glm5-fsdp/metrics.jsonl" ] && python3 bench/same_bits.py "$out/runs/glm5-fsdp" \
   fixtures/golden/gpu/h200-glm5-fsdp-static-capture-at-load-seeds-0-2.json > "$out/runs/glm5-fsdp-same-bits.txt" 2>&1
 runs_report "$out"; tail -4 "$out/fresh/pytest.txt"; tail -4 "$out/warm/pytest.txt"
