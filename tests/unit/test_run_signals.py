@@ -110,20 +110,31 @@ def test_an_interrupted_async_run_stops_every_process_and_says_interrupted(tmp_p
     assert not [d for d in temp_dirs if Path(d).exists()], temp_dirs
 
 
-def test_signals_ctrl_c_on_a_run_of_several_ranks_is_one_line_without_a_rank_s_traceback(tmp_path):
-    """A terminal's Ctrl-C reaches the driver and its ranks alike: the driver stops the run, the ranks
-    end without a word, run.log names the signal once."""
-    out = tmp_path / "out"
-    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "4", "--tiny",
-            "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
+def _ranks_at_work(tmp_path: Path, out: Path, ranks: int) -> ForkedCli:
+    """A long tiny run of `ranks` CPU ranks, returned once they have started and worked a second."""
+    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", str(ranks),
+            "--tiny", "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
     proc = ForkedCli(argv, tmp_path / "io")
     try:
         deadline = time.monotonic() + 240
-        while len(descendants(proc.pid)) < 4 or not (out / "run.log").exists():
+        while len(descendants(proc.pid)) < ranks or not (out / "run.log").exists():
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the ranks never started"
             time.sleep(0.05)
         time.sleep(1.0)  # the ranks at work
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc
+
+
+def test_signals_ctrl_c_on_a_run_of_several_ranks_is_one_line_without_a_rank_s_traceback(tmp_path):
+    """A terminal's Ctrl-C reaches the driver and its ranks alike: the driver stops the run, the ranks
+    end without a word, run.log names the signal once."""
+    out = tmp_path / "out"
+    proc = _ranks_at_work(tmp_path, out, ranks=4)
+    try:
         os.killpg(proc.pid, signal.SIGINT)  # the whole foreground group, as a terminal sends it
         stdout, stderr = proc.communicate(timeout=120)
     finally:
@@ -142,16 +153,8 @@ def test_a_run_of_ranks_signalled_alone_leaves_no_process_behind(tmp_path, sig):
     SIGKILL cannot be handled, but the ranks, the fork server and its resource tracker die with the run
     (the parent-death signal) instead of running on."""
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "rlsmoke.cli", "run", CASE, "--platform", "cpu", "--num-gpus", "2", "--tiny",
-            "--repeat", "50", "--records-only", "--out", str(out)]  # fmt: skip
-    proc = ForkedCli(argv, tmp_path / "io")
+    proc = _ranks_at_work(tmp_path, out, ranks=2)
     try:
-        deadline = time.monotonic() + 240
-        while len(descendants(proc.pid)) < 2 or not (out / "run.log").exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the ranks never started"
-            time.sleep(0.05)
-        time.sleep(1.0)  # the ranks at work
         seen = descendants(proc.pid)
         assert len(seen) >= 2, seen
         proc.send_signal(sig)  # the driver alone: nothing else is told
