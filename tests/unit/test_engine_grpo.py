@@ -175,6 +175,48 @@ def test_nan_loss_is_a_named_run_error(tmp_path, torch):
     assert err.value.rule == "train.finite_loss"
 
 
+def _group_sums(torch, seed: int, loss: float | None = None):
+    from rlsmoke.engine.train import group_loss
+
+    g = torch.Generator().manual_seed(seed)
+    logp, old_lp = -torch.rand(4, 6, generator=g), -torch.rand(4, 6, generator=g)
+    entropy, mask = torch.rand(4, 6, generator=g), (torch.rand(4, 6, generator=g) > 0.2).float()
+    got, sums = group_loss(logp, entropy, mask, old_lp, torch.randn(4, generator=g), eps_clip=0.2,
+                           eps_clip_high=0.28, entropy_coef=0.0)  # fmt: skip
+    return (got if loss is None else torch.tensor(loss)), sums
+
+
+def test_step_sums_are_the_groups_sums_added_in_python_one_by_one(torch):
+    """The sums stay on the device until the step's last group (one wait for the host, not one a group)
+    and come out as the per-group `.item()` sums gave them, bit for bit."""
+    from rlsmoke.engine.rollout import Group
+    from rlsmoke.engine.train import STEP_SUMS, StepSums
+
+    step_sums, expected = StepSums(), dict.fromkeys(STEP_SUMS, 0.0)
+    for i in range(3):
+        loss, sums = _group_sums(torch, i)
+        step_sums.add(Group(i, 2, torch.zeros(4, 8), torch.ones(4, 6), torch.zeros(4, 6)), loss, sums)
+        for k, v in sums.items():
+            expected[k] += v.item()
+    assert isinstance(expected["pg_clipfrac"], float) and expected["pg_clipfrac"] > 0  # counted, as ints
+    assert step_sums.totals() == expected
+    assert StepSums().totals() == dict.fromkeys(STEP_SUMS, 0.0)
+
+
+def test_step_sums_name_the_first_group_whose_loss_was_not_finite(torch):
+    from rlsmoke.engine.rollout import Group
+    from rlsmoke.engine.train import StepSums
+    from rlsmoke.errors import RunError
+
+    step_sums = StepSums()
+    for i, loss in enumerate([None, math.inf, math.nan]):
+        step_sums.add(Group(10 + i, 2, torch.zeros(4, 8), torch.ones(4, 6), torch.zeros(4, 6)),
+                      *_group_sums(torch, i, loss))  # fmt: skip
+    with pytest.raises(RunError, match="loss is inf on group 11") as err:
+        step_sums.totals()
+    assert err.value.rule == "train.finite_loss"
+
+
 def test_kl_loss_is_miles_low_var_kl_of_the_policy_to_the_reference_at_the_rollout_temperature(torch):
     # Miles: compute_approx_kl(log_probs, ref_log_probs, "low_var_kl"), both at --rollout-temperature
     from rlsmoke.engine.model import checkpoint_dir, load_policy

@@ -39,17 +39,40 @@ STEP_SUMS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "kl_loss")
 
 
 def group_loss(logp, entropy, mask, old_lp, adv, *, eps_clip: float, eps_clip_high: float,
-               entropy_coef: float) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+               entropy_coef: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
     """One group's token-summed loss (PPO clip less the entropy bonus) and its sums for the metrics."""
     loss_tok, clipped, ppo_kl = grpo.policy_loss(logp, old_lp, adv, mask, eps_clip, eps_clip_high)
-    sums = {"pg_loss": loss_tok.sum().item(), "pg_clipfrac": clipped.sum().item(), "ppo_kl": ppo_kl.sum().item(),
-            "entropy_loss": (entropy.detach() * mask).sum().item()}  # fmt: skip
+    sums = {"pg_loss": loss_tok.sum(), "pg_clipfrac": clipped.sum(), "ppo_kl": ppo_kl.sum(),
+            "entropy_loss": (entropy.detach() * mask).sum()}  # fmt: skip
     return loss_tok.sum() - entropy_coef * (entropy * mask).sum(), sums
 
 
-def require_finite(loss: torch.Tensor, group: Group) -> None:
-    if not torch.isfinite(loss):
-        raise RunError(f"loss is {loss.item()} on group {group.prompt_index}", rule="train.finite_loss")
+class StepSums:
+    """A step's per-group losses and metric sums, kept on the device until the groups are done: reading
+    them group by group made the host wait for each forward before it could launch its backward."""
+
+    def __init__(self) -> None:
+        self._groups: list[tuple[Group, torch.Tensor, dict[str, torch.Tensor]]] = []
+
+    def add(self, group: Group, loss: torch.Tensor, sums: dict[str, torch.Tensor]) -> None:
+        self._groups.append((group, loss.detach(), sums))
+
+    def totals(self) -> dict[str, float]:
+        """The sums over the groups, added in Python group by group; `train.finite_loss` names the first
+        group whose loss was not finite. Call it before the grads are read."""
+        totals = dict.fromkeys(STEP_SUMS, 0.0)
+        if not self._groups:
+            return totals
+        keys = list(self._groups[0][2])
+        rows = [torch.stack([loss for _, loss, _ in self._groups]).tolist()]
+        rows += [torch.stack([sums[k] for _, _, sums in self._groups]).tolist() for k in keys]
+        for (group, _, _), loss in zip(self._groups, rows[0], strict=True):
+            if not math.isfinite(loss):
+                raise RunError(f"loss is {loss} on group {group.prompt_index}", rule="train.finite_loss")
+        for k, values in zip(keys, rows[1:], strict=True):
+            for v in values:
+                totals[k] += v
+        return totals
 
 
 def step_metrics(sums: dict[str, float], total_tokens: float, *, grad_norm: float, lr: float, changed: float,
@@ -106,7 +129,8 @@ class Trainer:
         """The old log-probs and entropies, eval mode, no graph: what Miles' compute_log_prob does."""
         self.model.eval()
         with self.autocast():
-            return [tuple(t.cpu() for t in token_logprobs(self.model, g, self.temperature)) for g in groups]
+            out = [token_logprobs(self.model, g, self.temperature) for g in groups]
+        return [(logp.cpu(), entropy.cpu()) for logp, entropy in out]  # one wait, after the last forward
 
     def autocast(self):
         device = next(self.model.parameters()).device
@@ -121,7 +145,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         device = next(self.model.parameters()).device
         total_tokens = sum(g.mask.sum() for g in groups).clamp(min=1).item()
-        sums = dict.fromkeys(STEP_SUMS, 0.0)
+        step_sums = StepSums()
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)  # (n, R)
             with self.autocast():
@@ -133,12 +157,11 @@ class Trainer:
                     ref_lp, _ = token_logprobs(self.ref_model, g, self.temperature)
                 kl = grpo.k3(logp, ref_lp) * mask
                 loss = loss + self.kl_coef * kl.sum()
-                sums["kl_loss"] += kl.sum().item()
-            require_finite(loss, g)
+                group_sums["kl_loss"] = kl.sum()
+            step_sums.add(g, loss, group_sums)
             (loss / total_tokens).backward()
             precision.accumulate_grads(self._pairs)
-            for k, v in group_sums.items():
-                sums[k] += v
+        sums = step_sums.totals()
         params = [p for p in self.master.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip).item()  # the norm before clipping
         if not math.isfinite(grad_norm):

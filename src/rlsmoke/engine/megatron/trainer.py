@@ -76,7 +76,8 @@ class MegatronTrainer:
     def forward_only(self, groups):
         """The old log-probs and entropies, eval mode, no graph (no autocast: the params are the dtype)."""
         self.model.eval()
-        return [tuple(t.cpu() for t in train.token_logprobs(self.model, g, self.temperature)) for g in groups]
+        out = [train.token_logprobs(self.model, g, self.temperature) for g in groups]
+        return [(logp.cpu(), entropy.cpu()) for logp, entropy in out]  # one wait, after the last forward
 
     def _sum(self, values: list[float], group=None) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
@@ -95,18 +96,17 @@ class MegatronTrainer:
         self._reached.clear()
         device = torch.device(self.comm_device)
         total_tokens = max(self._sum([float(sum(g.mask.sum() for g in groups))], dp_group)[0], 1.0)
-        sums = dict.fromkeys(train.STEP_SUMS, 0.0)
+        step_sums = train.StepSums()
         for g, old_lp, adv in zip(groups, old, advantages, strict=True):
             mask = g.mask.to(device)
             logp, entropy = train.token_logprobs(self.model, g, self.temperature)
             loss, group_sums = train.group_loss(logp, entropy, mask, old_lp.to(device), adv.to(device),
                                                 eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
                                                 entropy_coef=cfg.entropy_coef)  # fmt: skip
-            train.require_finite(loss, g)
+            step_sums.add(g, loss, group_sums)
             with device_shim(self.comm_device):  # SP's backward asks megatron-core's device too
                 (loss / total_tokens).backward()
-            for k, v in group_sums.items():
-                sums[k] += v
+        sums = step_sums.totals()
         with device_shim(self.comm_device):
             finalize_model_grads([self.ddp])  # DP reduction, SP norms across TP
         for i, (p, main) in enumerate(self._pairs):
