@@ -121,3 +121,41 @@ def test_flash_s_kda_layers_carry_left_padding():
     for g in groups:
         train_lp, _ = token_logprobs(model, g, temperature=0.9)
         assert (train_lp - g.rollout_logprobs).abs()[g.mask > 0].max() < 1e-4
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="a CUDA device's draws are checked where there is one"))])  # fmt: skip
+def test_the_group_sampler_draws_what_multinomial_draws_from_each_group_s_generator(device):
+    """One argmax over the batch, no validity read on the host: the tokens and the generators' states
+    after are what `torch.multinomial` per group gives."""
+    rows = [slice(0, 4), slice(4, 8), slice(8, 12)]
+    scores = torch.randn(12, 5000, generator=torch.Generator().manual_seed(1)).mul(4).to(device)
+
+    def generators():
+        return [torch.Generator(device=device).manual_seed(100 + k) for k in range(len(rows))]
+
+    ours, theirs = generators(), generators()
+    for _ in range(5):  # consecutive steps draw on from each generator
+        picked = GroupSampler(0.9, rows, ours)(None, scores).argmax(-1)
+        probs = torch.softmax(scores / 0.9, dim=-1)
+        drawn = torch.cat(
+            [torch.multinomial(probs[r], 1, generator=g)[:, 0] for r, g in zip(rows, theirs, strict=True)]
+        )
+        assert torch.equal(picked, drawn)
+    assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_a_rollout_whose_log_probs_are_not_finite_stops_the_run(setup):
+    """`rollout.finite_logprobs`: a NaN in the rollout model's logits stops the run naming the group (the
+    gates' means skip non-finite tokens, so this rule is what sees a broken rollout)."""
+    from rlsmoke.errors import RunError
+
+    model, prompts, eos = setup
+    healthy = _engine(model, eos, "rank").generate(prompts, N, SEED)
+    assert all(torch.isfinite(g.rollout_logprobs[g.mask > 0]).all() for g in healthy)
+    broken = load_policy(checkpoint_dir(CASE, tiny=True), model_spec(CASE, tiny=True), "float32", "cpu")
+    with torch.no_grad():
+        broken.lm_head.weight[:, 0] = float("nan")  # every row's logits NaN
+    with pytest.raises(RunError, match="not finite on group 0") as err:
+        _engine(broken, eos, "rank").generate(prompts, N, SEED)
+    assert err.value.rule == "rollout.finite_logprobs"

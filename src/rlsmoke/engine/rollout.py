@@ -14,6 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from rlsmoke.engine import decode as decode_mod
 from rlsmoke.engine import kda
 from rlsmoke.engine.config import Inject, RunConfig
+from rlsmoke.errors import RunError
 
 
 @dataclass
@@ -48,16 +49,22 @@ class _Noise(LogitsProcessor):
 
 
 class GroupSampler(LogitsProcessor):
-    """Samples each group's tokens from its own generator and leaves only those for generate's greedy pick."""
+    """Samples each group's tokens from its own generator and leaves only those for generate's greedy pick.
+
+    What `torch.multinomial(probs[rows], 1, generator=g)` draws, bit for bit (torch draws one sample as
+    argmax(p / q), q ~ Exp(1) from g), with one argmax over all groups and without its two reads of
+    the probabilities' validity on the host, which stalled each decode step once a group; non-finite
+    log-probs are the rollout's own rule (`rollout.finite_logprobs`)."""
 
     def __init__(self, temperature: float, rows: list[slice], generators: list[torch.Generator]):
         self.temperature, self.rows, self.generators = temperature, rows, generators
 
     def __call__(self, input_ids, scores):
         probs = torch.softmax(scores / self.temperature, dim=-1)
-        chosen = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
+        q = torch.empty_like(probs)
         for rows, g in zip(self.rows, self.generators, strict=True):
-            chosen[rows] = torch.multinomial(probs[rows], num_samples=1, generator=g)[:, 0]
+            q[rows].exponential_(1, generator=g)
+        chosen = probs.div_(q).argmax(-1)
         return torch.full_like(scores, float("-inf")).scatter_(1, chosen[:, None], 0.0)
 
 
@@ -188,6 +195,11 @@ class RolloutEngine:
             response = out[:, width:]  # (N, R'), R' <= max_new_tokens when every sample hit EOS early
         logprobs = recorder.finish(response[:, -1])  # (N, R')
         mask = response_mask(response, self.eos_id)
+        if bool((broken := (mask > 0) & ~torch.isfinite(logprobs)).any()):
+            row = int(broken.any(1).nonzero()[0, 0])
+            index = prompts[next(k for k, r in enumerate(rows) if r.start <= row < r.stop)][0]
+            raise RunError(f"a sampled token's rollout log-prob is not finite on group {index}",
+                           rule="rollout.finite_logprobs")  # fmt: skip
         groups = []
         for (index, ids), r in zip(prompts, rows, strict=True):
             # a group ends where its own longest sample ends, as a call for it alone would (the static decode
