@@ -198,8 +198,8 @@ class RolloutEngine:
         if bool((broken := (mask > 0) & ~torch.isfinite(logprobs)).any()):
             row = int(broken.any(1).nonzero()[0, 0])
             index = prompts[next(k for k, r in enumerate(rows) if r.start <= row < r.stop)][0]
-            raise RunError(f"a sampled token's rollout log-prob is not finite on group {index}",
-                           rule="rollout.finite_logprobs")  # fmt: skip
+            message = f"a sampled token's rollout log-prob is not finite on group {index}"
+            raise RunError(message, rule="rollout.finite_logprobs")
         groups = []
         for (index, ids), r in zip(prompts, rows, strict=True):
             # a group ends where its own longest sample ends, as a call for it alone would (the static decode
