@@ -196,8 +196,7 @@ class RolloutEngine:
         logprobs = recorder.finish(response[:, -1])  # (N, R')
         mask = response_mask(response, self.eos_id)
         if bool((broken := (mask > 0) & ~torch.isfinite(logprobs)).any()):
-            row = int(broken.any(1).nonzero()[0, 0])
-            index = prompts[next(k for k, r in enumerate(rows) if r.start <= row < r.stop)][0]
+            index = prompts[int(broken.any(1).nonzero()[0, 0]) // n][0]  # n rows a prompt, in order
             message = f"a sampled token's rollout log-prob is not finite on group {index}"
             raise RunError(message, rule="rollout.finite_logprobs")
         groups = []
